@@ -1,0 +1,1 @@
+//! kuport node executor

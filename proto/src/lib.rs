@@ -1,0 +1,12 @@
+//! kuport's wire types and what every component needs to agree on about them: the canonical
+//! order of a node state, its version, and its canonical text.
+
+pub mod canonical;
+pub mod text;
+
+/// The generated types of package kuport.v1.
+pub mod v1 {
+    tonic::include_proto!("kuport.v1");
+}
+
+pub use canonical::{canonicalize, version};
