@@ -1,1 +1,258 @@
-//! CRD types
+//! kuport's API, group kuport.wlz.li, version v1alpha1: PortMapClass and PortMap.
+//!
+//! The shapes follow note 000's manifests, which must apply unchanged.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group.
+pub const GROUP: &str = "kuport.wlz.li";
+
+/// Default first VNI of a class: VNI = base + slot.
+pub const DEFAULT_VNI_BASE: u32 = 4200;
+/// Default UDP port of kuport's VXLAN links; never the CNI's (Cilium uses 8472).
+pub const DEFAULT_VXLAN_PORT: u16 = 4790;
+/// Default subnet from which each node pair takes one /31.
+pub const DEFAULT_LINK_SUBNET: &str = "169.254.77.0/24";
+
+/// Which nodes accept a class's traffic and how it is carried to the pod.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kuport.wlz.li",
+    version = "v1alpha1",
+    kind = "PortMapClass",
+    shortname = "pmc",
+    status = "PortMapClassStatus"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapClassSpec {
+    /// Accepting nodes by name, each with the interfaces it accepts on.
+    pub nodes: BTreeMap<String, ClassNode>,
+    /// Single (default): one serving node carries a mapping. Multi: every accepting node does.
+    #[serde(default)]
+    pub serving_mode: ServingMode,
+    /// The ports mappings of this class may publish.
+    #[serde(default)]
+    pub ports: PortPolicy,
+    /// Namespaces whose PortMaps may use this class; absent selects every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// How a reply returns when the pod is not on the node that accepted the request.
+    #[serde(default)]
+    pub return_path: ReturnPath,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassNode {
+    /// Interface names that accept traffic, such as enp1s0 or wt0.
+    pub interfaces: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ServingMode {
+    #[default]
+    Single,
+    Multi,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortPolicy {
+    #[serde(default = "default_min_port")]
+    pub min: u16,
+    #[serde(default = "default_max_port")]
+    pub max: u16,
+    /// Ports no mapping may publish, even inside min..max.
+    #[serde(default)]
+    pub reserved: Vec<u16>,
+}
+
+fn default_min_port() -> u16 {
+    1
+}
+fn default_max_port() -> u16 {
+    65535
+}
+
+impl Default for PortPolicy {
+    fn default() -> Self {
+        Self { min: default_min_port(), max: default_max_port(), reserved: Vec::new() }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReturnPath {
+    #[serde(default)]
+    pub mode: ReturnPathMode,
+    #[serde(default)]
+    pub vxlan: VxlanSpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ReturnPathMode {
+    /// Build a VXLAN link from each programming node that lacks the pod to the pod's node.
+    #[default]
+    Vxlan,
+    /// Build no link; refuse any mapping that would need one.
+    None,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VxlanSpec {
+    /// The first VNI; a link's VNI is this plus its slot.
+    #[serde(default = "default_vni")]
+    pub vni: u32,
+    /// The links' UDP port; must differ from the CNI's (8472 for Cilium).
+    #[serde(default = "default_vxlan_port")]
+    pub port: u16,
+    /// IPv4 subnet from which each node pair takes one /31.
+    #[serde(default = "default_subnet")]
+    pub subnet: String,
+}
+
+fn default_vni() -> u32 {
+    DEFAULT_VNI_BASE
+}
+fn default_vxlan_port() -> u16 {
+    DEFAULT_VXLAN_PORT
+}
+fn default_subnet() -> String {
+    DEFAULT_LINK_SUBNET.to_string()
+}
+
+impl Default for VxlanSpec {
+    fn default() -> Self {
+        Self { vni: default_vni(), port: default_vxlan_port(), subnet: default_subnet() }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapClassStatus {
+    /// Link slots claimed by node pairs. A slot never changes while its pair uses it.
+    #[serde(default)]
+    pub links: Vec<LinkSlot>,
+    /// What the class knows of each node it involves, so a new leader computes the same MTUs.
+    #[serde(default)]
+    pub nodes: Vec<ClassNodeStatus>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkSlot {
+    /// The two node names, sorted.
+    pub pair: Vec<String>,
+    pub slot: u32,
+    /// The pair's /31: the first node of `pair` takes the lower address.
+    pub subnet: String,
+    /// Set once no mapping uses the link; the slot is released 24 h later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unused_since: Option<Time>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassNodeStatus {
+    pub name: String,
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub underlay_address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub underlay_mtu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_mtu: Option<u32>,
+    /// Addresses of the node's accepting interfaces.
+    #[serde(default)]
+    pub addresses: Vec<InterfaceAddress>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceAddress {
+    pub interface: String,
+    pub address: String,
+}
+
+/// Publishes a port or port range and delivers it to one pod behind a Service.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kuport.wlz.li",
+    version = "v1alpha1",
+    kind = "PortMap",
+    namespaced,
+    shortname = "pm",
+    status = "PortMapStatus"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapSpec {
+    pub class_name: String,
+    pub protocol: Protocol,
+    /// The published port, or the first of a range.
+    pub port: u16,
+    /// The last port of an inclusive range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_port: Option<u16>,
+    /// Narrows the class's interfaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interfaces: Option<Vec<String>>,
+    pub service_ref: ServiceRef,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+pub enum Protocol {
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceRef {
+    pub name: String,
+    /// The Service port's name; may be omitted when the Service has one port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The one pod that receives the traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<EndpointStatus>,
+    /// Where clients can dial the mapping.
+    #[serde(default)]
+    pub published: Vec<PublishedAddress>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStatus {
+    pub node: String,
+    pub address: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishedAddress {
+    pub node: String,
+    pub interface: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub address: String,
+}

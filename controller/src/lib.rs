@@ -1,1 +1,5 @@
+//! kuport's controller: observe the cluster, compute every node's desired state, stream it.
+
 pub mod api;
+pub mod compute;
+pub mod render;

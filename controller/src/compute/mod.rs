@@ -1,0 +1,332 @@
+//! The computation: from what the cluster holds, every node's desired state and every status.
+//!
+//! Pure: no I/O, no clock (the caller passes `now`), no dependence on input order. The stages
+//! follow the questions note 000 asks of a mapping, in order:
+//!
+//! 1. [`admission`]: may it publish these ports here? (Accepted)
+//! 2. [`placement`]: which pod, and which nodes program it? (Programmed)
+//! 3. [`links`]: which node pairs need a link, and their slots and numbers.
+//! 4. [`datapath`]: the nftables elements, links, routes and rules of every node.
+
+pub mod admission;
+pub mod datapath;
+#[cfg(test)]
+mod golden;
+pub mod links;
+pub mod observe;
+pub mod placement;
+pub mod status;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
+use kuport_proto::v1::NodeState;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{
+    ClassNodeStatus, EndpointStatus, InterfaceAddress, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus,
+    PublishedAddress, ReturnPathMode,
+};
+use admission::MapKey;
+use datapath::LinkEnd;
+use links::{LinkKey, VXLAN_OVERHEAD};
+use placement::Placement;
+use status::{Refusal, condition, reason};
+
+/// Controller settings that describe the CNI kuport runs beside.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The device through which the host reaches local pods (Cilium: cilium_host).
+    pub cni_host_device: String,
+    /// Matches every CNI device; a reply leaving through none of them is claimed.
+    pub cni_device_wildcard: String,
+    /// Matches the host side of pods' interfaces, where their replies arrive (Cilium: lxc*).
+    pub cni_pod_device_wildcard: String,
+    /// The CNI's VXLAN port, which kuport's links must not use (Cilium: 8472).
+    pub cni_vxlan_port: u16,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            cni_host_device: "cilium_host".into(),
+            cni_device_wildcard: "cilium_*".into(),
+            cni_pod_device_wildcard: "lxc*".into(),
+            cni_vxlan_port: 8472,
+        }
+    }
+}
+
+/// What an executor reports about its node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFacts {
+    pub node: String,
+    #[serde(default)]
+    pub underlay_address: Option<Ipv4Addr>,
+    #[serde(default)]
+    pub underlay_mtu: Option<u32>,
+    /// The node's interfaces; None until reported, which leaves every interface possible.
+    #[serde(default)]
+    pub interfaces: Option<Vec<InterfaceFacts>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceFacts {
+    pub name: String,
+    #[serde(default)]
+    pub addresses: Vec<String>,
+}
+
+/// Everything the computation reads.
+#[derive(Clone, Debug, Default)]
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+    pub namespaces: Vec<Namespace>,
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+    pub classes: Vec<PortMapClass>,
+    pub port_maps: Vec<PortMap>,
+    pub facts: Vec<NodeFacts>,
+    pub now: Timestamp,
+}
+
+/// Everything the computation decides.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outputs {
+    pub node_states: BTreeMap<String, NodeState>,
+    pub port_maps: BTreeMap<MapKey, PortMapStatus>,
+    pub classes: BTreeMap<String, PortMapClassStatus>,
+    /// For each programmed mapping, the nodes whose executors must acknowledge it.
+    pub programming: BTreeMap<MapKey, Vec<String>>,
+}
+
+pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
+    let view = observe::View::new(cluster, settings.cni_vxlan_port);
+    let now = cluster.now;
+    let vxlan: BTreeMap<String, _> =
+        view.classes.iter().map(|(n, c)| (n.clone(), links::class_vxlan(c, settings))).collect();
+
+    // 1 and 2: judge and place every mapping, oldest first.
+    let mut verdicts: Vec<(MapKey, Result<Placement, Refusal>)> = Vec::new();
+    for (key, admitted) in admission::admit(&view, &cluster.port_maps) {
+        let placed = admitted.and_then(|a| placement::place(&view, a));
+        // Replies from one pod port can return one way only: by one serving node's link, or
+        // (Multi) by whichever link each request came in on.
+        let placed = placed.and_then(|p| {
+            let clash = verdicts.iter().find_map(|(k, v)| match v {
+                Ok(q) if placement::same_pod_port(&p, q) && p.return_route() != q.return_route() => Some(k.clone()),
+                _ => None,
+            });
+            match clash {
+                None => Ok(p),
+                Some((ns, name)) => Err(Refusal::programmed(
+                    reason::RETURN_PATH_UNAVAILABLE,
+                    format!(
+                        "pod {} port {} already answers the older PortMap {ns}/{name} through another node",
+                        p.endpoint.pod, p.endpoint.port
+                    ),
+                )),
+            }
+        });
+        verdicts.push((key, placed));
+    }
+
+    // 3: links for every programming node that lacks the pod.
+    let mut needed = BTreeSet::new();
+    for (_, v) in &verdicts {
+        if let Ok(p) = v {
+            for node in p.remote_nodes() {
+                needed.insert(LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node));
+            }
+        }
+    }
+    let alloc = links::allocate(&view.classes, &vxlan, &needed, now);
+
+    // 4: build the nodes, refusing mappings whose links cannot be built.
+    let all_nodes = view.nodes.keys().cloned().chain(view.classes.values().flat_map(|c| c.spec.nodes.keys().cloned()));
+    let mut builder = datapath::Builder::new(settings, all_nodes);
+    let mut out = Outputs::default();
+    let previous: BTreeMap<MapKey, &PortMap> = cluster.port_maps.iter().map(|pm| (admission::key_of(pm), pm)).collect();
+    for (key, verdict) in verdicts {
+        let verdict = verdict.and_then(|p| {
+            let ends = link_ends(&view, &alloc, &p)?;
+            builder.add(&p, &ends);
+            Ok(p)
+        });
+        let Some(pm) = previous.get(&key) else { continue };
+        if let Ok(p) = &verdict {
+            out.programming.insert(key.clone(), p.nodes.keys().cloned().collect());
+        }
+        out.port_maps.insert(key, port_map_status(&view, pm, &verdict, now));
+    }
+    out.node_states = builder.finish();
+    for (name, class) in &view.classes {
+        let rows = alloc.rows.get(name).cloned().unwrap_or_default();
+        out.classes.insert(name.clone(), class_status(&view, class, &vxlan[name], &alloc, rows, now));
+    }
+    out
+}
+
+/// Both ends of every link a placement needs, or why one cannot be built.
+fn link_ends(
+    view: &observe::View,
+    alloc: &links::Allocation,
+    p: &Placement,
+) -> Result<BTreeMap<String, (LinkEnd, LinkEnd)>, Refusal> {
+    let mut ends = BTreeMap::new();
+    for node in p.remote_nodes() {
+        let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
+        let numbers = match alloc.needed.get(&key) {
+            Some(Ok(n)) => n,
+            Some(Err((_, message))) => {
+                return Err(Refusal::programmed(reason::RETURN_PATH_UNAVAILABLE, message.clone()));
+            }
+            None => return Err(Refusal::programmed(reason::RETURN_PATH_UNAVAILABLE, "no link was planned".into())),
+        };
+        let near = LinkEnd::new(view, &key, numbers, node);
+        let far = LinkEnd::new(view, &key, numbers, &p.endpoint.node);
+        let (Some(near), Some(far)) = (near, far) else {
+            let missing: Vec<&str> = [node.as_str(), p.endpoint.node.as_str()]
+                .into_iter()
+                .filter(|n| view.node(n).underlay.is_none())
+                .collect();
+            return Err(Refusal::programmed(
+                reason::RETURN_PATH_UNAVAILABLE,
+                format!("no underlay address is known for node {} yet", missing.join(", ")),
+            ));
+        };
+        ends.insert(node.clone(), (near, far));
+    }
+    Ok(ends)
+}
+
+fn port_map_status(
+    view: &observe::View,
+    pm: &PortMap,
+    verdict: &Result<Placement, Refusal>,
+    now: Timestamp,
+) -> PortMapStatus {
+    let generation = pm.metadata.generation;
+    let prev = pm.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+    let cond = |t: &str, ok: bool, r: &str, m: String| condition(prev, t, ok, r, m, generation, now);
+    let mut st = PortMapStatus { observed_generation: generation, ..Default::default() };
+    match verdict {
+        Ok(p) => {
+            st.endpoint =
+                Some(EndpointStatus { node: p.endpoint.node.clone(), address: p.endpoint.address.to_string() });
+            for (node, ifaces) in &p.nodes {
+                let v = view.node(node);
+                for iface in ifaces {
+                    let addrs = v.addresses_of(iface);
+                    if addrs.is_empty() {
+                        st.published.push(PublishedAddress {
+                            node: node.clone(),
+                            interface: iface.clone(),
+                            address: String::new(),
+                        });
+                    }
+                    for a in addrs {
+                        st.published.push(PublishedAddress {
+                            node: node.clone(),
+                            interface: iface.clone(),
+                            address: a.clone(),
+                        });
+                    }
+                }
+            }
+            st.published.sort();
+            let nodes: Vec<&str> = p.nodes.keys().map(String::as_str).collect();
+            st.conditions = vec![
+                cond(status::ACCEPTED, true, reason::ACCEPTED, String::new()),
+                cond(status::PROGRAMMED, true, reason::PROGRAMMED, format!("programmed on {}", nodes.join(", "))),
+            ];
+        }
+        Err(r) if r.condition == status::ACCEPTED => {
+            st.conditions = vec![
+                cond(status::ACCEPTED, false, r.reason, r.message.clone()),
+                cond(status::PROGRAMMED, false, reason::NOT_ACCEPTED, "the mapping is not accepted".into()),
+            ];
+        }
+        Err(r) => {
+            st.conditions = vec![
+                cond(status::ACCEPTED, true, reason::ACCEPTED, String::new()),
+                cond(status::PROGRAMMED, false, r.reason, r.message.clone()),
+            ];
+        }
+    }
+    st
+}
+
+fn class_status(
+    view: &observe::View,
+    class: &PortMapClass,
+    vxlan: &Result<links::ClassVxlan, (&'static str, String)>,
+    alloc: &links::Allocation,
+    rows: Vec<crate::api::LinkSlot>,
+    now: Timestamp,
+) -> PortMapClassStatus {
+    let name = class.metadata.name.clone().unwrap_or_default();
+    let mut nodes: BTreeSet<String> = class.spec.nodes.keys().cloned().collect();
+    for r in &rows {
+        nodes.extend(r.pair.iter().cloned());
+    }
+    let node_rows = nodes
+        .into_iter()
+        .map(|n| {
+            let v = view.node(&n);
+            let mut addresses: Vec<InterfaceAddress> = class
+                .spec
+                .nodes
+                .get(&n)
+                .map(|cn| {
+                    cn.interfaces
+                        .iter()
+                        .flat_map(|i| {
+                            v.addresses_of(i)
+                                .iter()
+                                .map(|a| InterfaceAddress { interface: i.clone(), address: a.clone() })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            addresses.sort();
+            let message = match (v.exists, v.ready) {
+                (false, _) => "no Node object".to_string(),
+                (true, false) => "Node is not Ready".to_string(),
+                _ => String::new(),
+            };
+            ClassNodeStatus {
+                name: n,
+                ready: v.ready,
+                message,
+                underlay_address: v.underlay.map(|a| a.to_string()),
+                underlay_mtu: v.underlay_mtu,
+                link_mtu: Some(v.mtu().saturating_sub(VXLAN_OVERHEAD)),
+                addresses,
+            }
+        })
+        .collect();
+    let exhausted = alloc.needed.iter().find_map(|(k, r)| match r {
+        Err((rsn, m)) if k.class == name && *rsn == reason::SUBNET_EXHAUSTED => Some(m.clone()),
+        _ => None,
+    });
+    let prev = class.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+    let generation = class.metadata.generation;
+    let ready = match (class.spec.return_path.mode, vxlan, exhausted) {
+        (ReturnPathMode::Vxlan, Err((rsn, m)), _) => {
+            condition(prev, status::READY, false, rsn, m.clone(), generation, now)
+        }
+        (ReturnPathMode::Vxlan, Ok(_), Some(m)) => {
+            condition(prev, status::READY, false, reason::SUBNET_EXHAUSTED, m, generation, now)
+        }
+        _ => condition(prev, status::READY, true, reason::READY, String::new(), generation, now),
+    };
+    PortMapClassStatus { links: rows, nodes: node_rows, conditions: vec![ready] }
+}

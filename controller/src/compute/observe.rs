@@ -1,0 +1,163 @@
+//! Indexes over the observed cluster: what the computation reads, in the shapes it reads them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use super::{Cluster, NodeFacts};
+use crate::api::{PortMapClass, PortMapClassStatus};
+
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// A link's MTU when neither end has reported its underlay yet: Ethernet's 1500.
+pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
+
+/// What the computation knows of one node.
+#[derive(Clone, Debug, Default)]
+pub struct NodeView {
+    pub exists: bool,
+    pub ready: bool,
+    /// The executor's underlay address, else the Node's InternalIP, else a class status row's.
+    pub underlay: Option<Ipv4Addr>,
+    /// The executor's underlay MTU, else a class status row's.
+    pub underlay_mtu: Option<u32>,
+    /// Interface names and addresses, when the executor has reported them.
+    pub interfaces: Option<BTreeMap<String, Vec<String>>>,
+}
+
+impl NodeView {
+    /// Whether `iface` may exist: unknown until the executor reports.
+    pub fn may_have(&self, iface: &str) -> bool {
+        self.interfaces.as_ref().is_none_or(|m| m.contains_key(iface))
+    }
+
+    pub fn addresses_of(&self, iface: &str) -> &[String] {
+        self.interfaces.as_ref().and_then(|m| m.get(iface)).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The underlay MTU this node's links start from.
+    pub fn mtu(&self) -> u32 {
+        self.underlay_mtu.unwrap_or(DEFAULT_UNDERLAY_MTU)
+    }
+}
+
+pub struct View<'a> {
+    pub nodes: BTreeMap<String, NodeView>,
+    pub namespaces: BTreeMap<String, &'a Namespace>,
+    pub services: BTreeMap<(String, String), &'a Service>,
+    /// Slices by (namespace, service name), in name order.
+    pub slices: BTreeMap<(String, String), Vec<&'a EndpointSlice>>,
+    pub classes: BTreeMap<String, &'a PortMapClass>,
+    /// UDP ports that carry VXLAN: every class's and the CNI's.
+    pub vxlan_ports: BTreeSet<u16>,
+}
+
+impl<'a> View<'a> {
+    pub fn new(cluster: &'a Cluster, cni_vxlan_port: u16) -> Self {
+        let mut nodes: BTreeMap<String, NodeView> = BTreeMap::new();
+        for node in &cluster.nodes {
+            let Some(name) = node.metadata.name.clone() else { continue };
+            nodes.insert(
+                name,
+                NodeView { exists: true, ready: node_ready(node), underlay: internal_ip(node), ..Default::default() },
+            );
+        }
+        // Rows a previous leader wrote: the fallback for facts no executor has sent yet.
+        let mut classes: Vec<&PortMapClass> = cluster.classes.iter().collect();
+        classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        for class in &classes {
+            for row in class.status.iter().flat_map(|s: &PortMapClassStatus| &s.nodes) {
+                let view = nodes.entry(row.name.clone()).or_default();
+                if view.underlay.is_none() {
+                    view.underlay = row.underlay_address.as_deref().and_then(|a| a.parse().ok());
+                }
+                if view.underlay_mtu.is_none() {
+                    view.underlay_mtu = row.underlay_mtu;
+                }
+            }
+        }
+        let mut facts: Vec<&NodeFacts> = cluster.facts.iter().collect();
+        facts.sort_by(|a, b| a.node.cmp(&b.node));
+        for f in facts {
+            let view = nodes.entry(f.node.clone()).or_default();
+            if let Some(a) = f.underlay_address {
+                view.underlay = Some(a);
+            }
+            if let Some(m) = f.underlay_mtu {
+                view.underlay_mtu = Some(m);
+            }
+            if let Some(ifaces) = &f.interfaces {
+                view.interfaces = Some(ifaces.iter().map(|i| (i.name.clone(), i.addresses.clone())).collect());
+            }
+        }
+        let namespaces = cluster.namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n))).collect();
+        let services = cluster
+            .services
+            .iter()
+            .filter_map(|s| Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), s)))
+            .collect();
+        let mut slices: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
+        for slice in &cluster.endpoint_slices {
+            let (Some(ns), Some(svc)) = (
+                slice.metadata.namespace.clone(),
+                slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)).cloned(),
+            ) else {
+                continue;
+            };
+            slices.entry((ns, svc)).or_default().push(slice);
+        }
+        for list in slices.values_mut() {
+            list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        }
+        let classes = cluster.classes.iter().filter_map(|c| Some((c.metadata.name.clone()?, c))).collect();
+        let vxlan_ports =
+            cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).chain([cni_vxlan_port]).collect();
+        View { nodes, namespaces, services, slices, classes, vxlan_ports }
+    }
+
+    pub fn node(&self, name: &str) -> NodeView {
+        self.nodes.get(name).cloned().unwrap_or_default()
+    }
+
+    pub fn namespace_labels(&self, ns: &str) -> BTreeMap<String, String> {
+        self.namespaces.get(ns).and_then(|n| n.metadata.labels.clone()).unwrap_or_default()
+    }
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn internal_ip(node: &Node) -> Option<Ipv4Addr> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse().ok())
+}
+
+/// Whether `labels` satisfy `selector`, with Kubernetes' semantics. An unknown operator selects
+/// nothing, so a typo narrows access instead of widening it.
+pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_match = selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
+    let exprs_match = selector.match_expressions.iter().flatten().all(|e| {
+        let values: BTreeSet<&String> = e.values.iter().flatten().collect();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    labels_match && exprs_match
+}
