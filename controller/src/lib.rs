@@ -2,4 +2,5 @@
 
 pub mod api;
 pub mod compute;
+pub mod crds;
 pub mod render;

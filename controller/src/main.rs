@@ -7,13 +7,43 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use k8s_openapi::jiff::Timestamp;
 use kuport_controller::compute::{Settings, compute};
-use kuport_controller::render;
+use kuport_controller::{crds, render};
 
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    cni: CniArgs,
+}
+
+/// The CNI kuport runs beside; the defaults are Cilium's device names.
+#[derive(clap::Args)]
+struct CniArgs {
+    /// The device through which the host reaches local pods.
+    #[arg(long, global = true, env = "KUPORT_CNI_HOST_DEVICE", default_value = "cilium_host")]
+    cni_host_device: String,
+    /// Matches every CNI device.
+    #[arg(long, global = true, env = "KUPORT_CNI_DEVICES", default_value = "cilium_*")]
+    cni_devices: String,
+    /// Matches the host side of pods' interfaces.
+    #[arg(long, global = true, env = "KUPORT_CNI_POD_DEVICES", default_value = "lxc*")]
+    cni_pod_devices: String,
+    /// The CNI's VXLAN port, which kuport's links never use.
+    #[arg(long, global = true, env = "KUPORT_CNI_VXLAN_PORT", default_value_t = 8472)]
+    cni_vxlan_port: u16,
+}
+
+impl CniArgs {
+    fn settings(&self) -> Settings {
+        Settings {
+            cni_host_device: self.cni_host_device.clone(),
+            cni_device_wildcard: self.cni_devices.clone(),
+            cni_pod_device_wildcard: self.cni_pod_devices.clone(),
+            cni_vxlan_port: self.cni_vxlan_port,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -27,6 +57,8 @@ enum Command {
         #[arg(long)]
         now: Option<Timestamp>,
     },
+    /// Prints the CustomResourceDefinitions (crds/ holds this output).
+    Crds,
 }
 
 fn main() -> ExitCode {
@@ -40,11 +72,16 @@ fn main() -> ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    match cli.command {
         Command::Render { dir, now } => {
             let cluster = render::load_dir(&dir, now.unwrap_or_else(Timestamp::now))
                 .with_context(|| format!("reading {}", dir.display()))?;
-            print!("{}", render::render_text(&compute(&cluster, &Settings::default())));
+            print!("{}", render::render_text(&compute(&cluster, &cli.cni.settings())));
+            Ok(())
+        }
+        Command::Crds => {
+            print!("{}", crds::yaml()?);
             Ok(())
         }
     }
