@@ -49,10 +49,14 @@ fn bad_input_names_file_object_and_field() {
     );
     assert!(e.starts_with("bad.yaml: document 1: PortMap apps/web: field spec.port:"), "{e}");
 
-    let e = load_err("---\n---\napiVersion: kuport.wlz.li/v1alpha1\nkind: PortMap\nmetadata: {name: x, namespace: y}\nspec: {className: c, protocol: SCTP, port: 1, serviceRef: {name: s}}\n");
+    let e = load_err(
+        "---\n---\napiVersion: kuport.wlz.li/v1alpha1\nkind: PortMap\nmetadata: {name: x, namespace: y}\nspec: {className: c, protocol: SCTP, port: 1, serviceRef: {name: s}}\n",
+    );
     assert!(e.contains("document 2") && e.contains("field spec.protocol") && e.contains("SCTP"), "{e}");
 
-    let e = load_err("apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: c}\nspec: {nodes: {a: {interfaces: wt0}}}\n");
+    let e = load_err(
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: c}\nspec: {nodes: {a: {interfaces: wt0}}}\n",
+    );
     assert!(e.contains("PortMapClass c: field spec.nodes.a.interfaces"), "{e}");
 
     let e = load_err("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n");

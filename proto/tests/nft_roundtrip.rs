@@ -22,33 +22,21 @@ struct Netns {
 impl Netns {
     fn new() -> Self {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "kuport-rt-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = format!("kuport-rt-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
         let out = run(Command::new("ip").args(["netns", "add", &name]));
-        assert!(
-            out.status.success(),
-            "ip netns add {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "ip netns add {name}: {}", String::from_utf8_lossy(&out.stderr));
         Netns { name }
     }
 
     fn exec(&self, args: &[&str]) -> Output {
-        run(Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(args))
+        run(Command::new("ip").args(["netns", "exec", &self.name]).args(args))
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
         // Best effort: a panic in drop during unwinding would abort and hide the real failure.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }
 
@@ -70,21 +58,16 @@ fn run(cmd: &mut Command) -> Output {
 
 fn is_root() -> bool {
     // The effective uid is the second field of /proc/self/status's Uid line.
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .is_some_and(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(|euid| euid == "0"))
-                .unwrap_or(false)
-        })
+    std::fs::read_to_string("/proc/self/status").ok().is_some_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1).map(|euid| euid == "0"))
+            .unwrap_or(false)
+    })
 }
 
 fn has(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd)
-        .arg(arg)
-        .output()
-        .is_ok_and(|o| o.status.success())
+    Command::new(cmd).arg(arg).output().is_ok_and(|o| o.status.success())
 }
 
 /// Whether the environment can run the round trip; panics with the reason if it cannot and
@@ -136,17 +119,11 @@ fn load_and_list(t: &NftTable, rendered: &str) -> Result<String, String> {
     };
     let load = ns.exec(&["nft", "-f", path]);
     if !load.status.success() {
-        return Err(format!(
-            "nft -f failed:\n{}",
-            String::from_utf8_lossy(&load.stderr)
-        ));
+        return Err(format!("nft -f failed:\n{}", String::from_utf8_lossy(&load.stderr)));
     }
     let list = ns.exec(&["nft", "-s", "list", "table", family(t), &t.name]);
     if !list.status.success() {
-        return Err(format!(
-            "nft list failed:\n{}",
-            String::from_utf8_lossy(&list.stderr)
-        ));
+        return Err(format!("nft list failed:\n{}", String::from_utf8_lossy(&list.stderr)));
     }
     Ok(String::from_utf8_lossy(&list.stdout).into_owned())
 }

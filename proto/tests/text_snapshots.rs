@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use kuport_proto::text::{ip_commands, nft_table, node_state};
 use kuport_proto::v1::{
-    Address, ChainPolicy, ChainType, CmpOp, Hook, IpRule, Link, NetnsState, NftChain, NftFamily,
-    NftMatch, NftRule, NftStatement, NftValue, NodeState, Route, Selector, Sysctl, Vxlan, link,
+    Address, ChainPolicy, ChainType, CmpOp, Hook, IpRule, Link, NetnsState, NftChain, NftFamily, NftMatch, NftRule,
+    NftStatement, NftValue, NodeState, Route, Selector, Sysctl, Vxlan, link,
 };
 
 #[test]
@@ -48,10 +48,7 @@ fn inet() {
 fn host_netns() -> NetnsState {
     NetnsState {
         path: String::new(),
-        sysctls: vec![Sysctl {
-            key: "net.ipv4.ip_forward".into(),
-            value: "1".into(),
-        }],
+        sysctls: vec![Sysctl { key: "net.ipv4.ip_forward".into(), value: "1".into() }],
         nft_tables: vec![kuport_table()],
         links: vec![Link {
             name: "kup-wt0".into(),
@@ -64,39 +61,14 @@ fn host_netns() -> NetnsState {
                 ttl: 64,
             })),
         }],
-        addresses: vec![Address {
-            dev: "kup-wt0".into(),
-            cidr: "169.254.77.2/31".into(),
-        }],
+        addresses: vec![Address { dev: "kup-wt0".into(), cidr: "169.254.77.2/31".into() }],
         routes: vec![
-            Route {
-                table: 100,
-                dst: "default".into(),
-                via: "169.254.77.3".into(),
-                dev: "kup-wt0".into(),
-            },
-            Route {
-                table: 254,
-                dst: "100.64.0.0/10".into(),
-                via: String::new(),
-                dev: "kup-wt0".into(),
-            },
+            Route { table: 100, dst: "default".into(), via: "169.254.77.3".into(), dev: "kup-wt0".into() },
+            Route { table: 254, dst: "100.64.0.0/10".into(), via: String::new(), dev: "kup-wt0".into() },
         ],
         ip_rules: vec![
-            IpRule {
-                pref: 101,
-                fwmark: 0x6b70_0001,
-                fwmask: 0xffff_ffff,
-                to: "100.64.0.2/32".into(),
-                table: 254,
-            },
-            IpRule {
-                pref: 102,
-                fwmark: 0x6b70_0000,
-                fwmask: 0xffff_0000,
-                to: String::new(),
-                table: 100,
-            },
+            IpRule { pref: 101, fwmark: 0x6b70_0001, fwmask: 0xffff_ffff, to: "100.64.0.2/32".into(), table: 254 },
+            IpRule { pref: 102, fwmark: 0x6b70_0000, fwmask: 0xffff_0000, to: String::new(), table: 100 },
         ],
     }
 }
@@ -110,17 +82,11 @@ fn ip_commands_of_a_netns() {
 fn whole_node_state() {
     let pod = NetnsState {
         path: "/var/run/netns/cni-1234".into(),
-        sysctls: vec![Sysctl {
-            key: "net.ipv4.conf.all.rp_filter".into(),
-            value: "0".into(),
-        }],
+        sysctls: vec![Sysctl { key: "net.ipv4.conf.all.rp_filter".into(), value: "0".into() }],
         nft_tables: vec![table(NftFamily::Ip, "nothing", vec![], vec![])],
         ..NetnsState::default()
     };
-    let state = NodeState {
-        node: "node-a".into(),
-        netns: vec![host_netns(), pod],
-    };
+    let state = NodeState { node: "node-a".into(), netns: vec![host_netns(), pod] };
     insta::assert_snapshot!(node_state(&state));
 }
 
@@ -128,14 +94,12 @@ fn whole_node_state() {
 #[test]
 fn invalid_model() {
     let bad_match = |sel: i32, op: i32, value: Option<NftValue>, mask: u32| NftMatch {
-        kind: Some(kuport_proto::v1::nft_match::Kind::Compare(
-            kuport_proto::v1::Compare {
-                selector: sel,
-                op,
-                value,
-                mask,
-            },
-        )),
+        kind: Some(kuport_proto::v1::nft_match::Kind::Compare(kuport_proto::v1::Compare {
+            selector: sel,
+            op,
+            value,
+            mask,
+        })),
     };
     let rules = vec![
         NftRule::default(),
@@ -144,34 +108,15 @@ fn invalid_model() {
         rule(vec![bad_match(99, 7, None, 0)], vec![accept()]),
         rule(vec![eq(Selector::IpSaddr, ifname("eth0"))], vec![accept()]),
         rule(vec![eq(Selector::IpSaddr, addr("fd00::1"))], vec![accept()]),
-        rule(
-            vec![eq(Selector::Ip6Saddr, addr("not an address"))],
-            vec![accept()],
-        ),
+        rule(vec![eq(Selector::Ip6Saddr, addr("not an address"))], vec![accept()]),
         rule(vec![eq(Selector::ThDport, ports(90, 80))], vec![accept()]),
         rule(
-            vec![eq(
-                Selector::L4proto,
-                NftValue {
-                    value: Some(kuport_proto::v1::nft_value::Value::Proto(3)),
-                },
-            )],
+            vec![eq(Selector::L4proto, NftValue { value: Some(kuport_proto::v1::nft_value::Value::Proto(3)) })],
             vec![accept()],
         ),
-        rule(
-            vec![bad_match(
-                Selector::MetaSkuid as i32,
-                CmpOp::Eq as i32,
-                Some(id(1)),
-                0xff,
-            )],
-            vec![accept()],
-        ),
+        rule(vec![bad_match(Selector::MetaSkuid as i32, CmpOp::Eq as i32, Some(id(1)), 0xff)], vec![accept()]),
         rule(vec![eq(Selector::MetaMark, id(1))], vec![accept()]),
-        rule(
-            vec![lookup(&[], "nowhere", false)],
-            vec![verdict(kuport_proto::v1::VerdictKind::Jump, "")],
-        ),
+        rule(vec![lookup(&[], "nowhere", false)], vec![verdict(kuport_proto::v1::VerdictKind::Jump, "")]),
         rule(
             vec![],
             vec![nat_map(
@@ -181,44 +126,20 @@ fn invalid_model() {
                 "nowhere",
             )],
         ),
-        rule(
-            vec![],
-            vec![nat_to(
-                kuport_proto::v1::NatKind::Dnat,
-                NftFamily::Ip,
-                "",
-                None,
-            )],
-        ),
-        rule(
-            vec![],
-            vec![verdict(kuport_proto::v1::VerdictKind::Unspecified, "")],
-        ),
+        rule(vec![], vec![nat_to(kuport_proto::v1::NatKind::Dnat, NftFamily::Ip, "", None)]),
+        rule(vec![], vec![verdict(kuport_proto::v1::VerdictKind::Unspecified, "")]),
     ];
-    let mut bad_chain = base_chain(
-        "bad",
-        ChainType::Unspecified,
-        Hook::Unspecified,
-        0,
-        ChainPolicy::Accept,
-        rules,
-    );
+    let mut bad_chain = base_chain("bad", ChainType::Unspecified, Hook::Unspecified, 0, ChainPolicy::Accept, rules);
     if let Some(base) = bad_chain.base.as_mut() {
         base.policy = 9;
     }
     let bad_set = set(
         "bad_set",
-        &[
-            kuport_proto::v1::NftType::Unspecified,
-            kuport_proto::v1::NftType::Ipv4Addr,
-        ],
+        &[kuport_proto::v1::NftType::Unspecified, kuport_proto::v1::NftType::Ipv4Addr],
         &[kuport_proto::v1::NftType::Mark],
         false,
         false,
-        vec![
-            elem(vec![port(1)], vec![mark(1), mark(2)]),
-            elem(vec![], vec![]),
-        ],
+        vec![elem(vec![port(1)], vec![mark(1), mark(2)]), elem(vec![], vec![])],
     );
     let mut t = table(
         NftFamily::Unspecified,
@@ -227,13 +148,6 @@ fn invalid_model() {
         vec![bad_chain, NftChain::default()],
     );
     t.family = 42;
-    let ns = NetnsState {
-        links: vec![Link {
-            name: "x".into(),
-            mtu: 0,
-            kind: None,
-        }],
-        ..NetnsState::default()
-    };
+    let ns = NetnsState { links: vec![Link { name: "x".into(), mtu: 0, kind: None }], ..NetnsState::default() };
     insta::assert_snapshot!(format!("{}{}", nft_table(&t), ip_commands(&ns)));
 }

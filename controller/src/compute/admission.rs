@@ -158,29 +158,37 @@ pub fn proto_text(p: Protocol) -> &'static str {
     }
 }
 
-/// The ports already claimed, in buckets whose intervals never overlap: per class and
-/// protocol (a class's clients dial one port space), and per accepting node, interface and
-/// protocol (two classes on one interface share the kernel's DNAT map).
+/// Where published ports must not overlap.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Bucket {
+    /// A class's clients dial one port space.
+    Class(String, Protocol),
+    /// Two classes on one interface share the kernel's DNAT map.
+    Interface { node: String, iface: String, proto: Protocol },
+}
+
+/// Disjoint claimed intervals: first port to (last port, owner).
+type Intervals = BTreeMap<u16, (u16, MapKey)>;
+
+/// The ports already claimed, bucket by bucket.
 #[derive(Default)]
 struct Claims {
-    buckets: BTreeMap<(String, String, String, Protocol), BTreeMap<u16, (u16, MapKey)>>,
+    buckets: BTreeMap<Bucket, Intervals>,
 }
 
 impl Claims {
     fn claim(&mut self, a: &Admitted) -> Result<(), Refusal> {
-        let mut buckets = vec![("class".to_string(), a.class_name.clone(), String::new(), a.protocol)];
+        let mut buckets = vec![Bucket::Class(a.class_name.clone(), a.protocol)];
         for (node, ifaces) in &a.accepting {
             for iface in ifaces {
-                buckets.push(("iface".to_string(), node.clone(), iface.clone(), a.protocol));
+                buckets.push(Bucket::Interface { node: node.clone(), iface: iface.clone(), proto: a.protocol });
             }
         }
         for b in &buckets {
-            if let Some(owner) = self.overlap(b, a.ports) {
-                let (ns, name) = owner;
-                let place = if b.0 == "class" {
-                    format!("in PortMapClass {:?}", a.class_name)
-                } else {
-                    format!("on node {} interface {}", b.1, b.2)
+            if let Some((ns, name)) = self.overlap(b, a.ports) {
+                let place = match b {
+                    Bucket::Class(class, _) => format!("in PortMapClass {class:?}"),
+                    Bucket::Interface { node, iface, .. } => format!("on node {node} interface {iface}"),
                 };
                 return Err(Refusal::accepted(
                     reason::PORT_CONFLICT,
@@ -198,7 +206,7 @@ impl Claims {
         Ok(())
     }
 
-    fn overlap(&self, bucket: &(String, String, String, Protocol), (first, last): (u16, u16)) -> Option<MapKey> {
+    fn overlap(&self, bucket: &Bucket, (first, last): (u16, u16)) -> Option<MapKey> {
         let intervals = self.buckets.get(bucket)?;
         // Intervals in a bucket are disjoint, so only the last one starting at or before `last`
         // can reach into [first, last].

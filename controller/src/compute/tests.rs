@@ -142,7 +142,6 @@ impl World {
                     })
                     .collect(),
             ),
-            ..Default::default()
         });
         self
     }

@@ -3,10 +3,10 @@
 #![allow(dead_code)]
 
 use kuport_proto::v1::{
-    BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Counter, Hook, L4Proto, MapLookup, Nat,
-    NatKind, NatTarget, NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement,
-    NftTable, NftType, NftValue, PortRange, Redirect, Selector, SetLookup, SetMark, Verdict,
-    VerdictKind, nat, nft_match, nft_statement, nft_value, redirect, set_mark,
+    BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Counter, Hook, L4Proto, MapLookup, Nat, NatKind, NatTarget,
+    NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue, PortRange,
+    Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value, redirect,
+    set_mark,
 };
 
 use L4Proto::{Tcp, Udp};
@@ -16,37 +16,25 @@ use Selector as S;
 // ---- values ----------------------------------------------------------------------------------
 
 pub fn ifname(s: &str) -> NftValue {
-    NftValue {
-        value: Some(nft_value::Value::Ifname(s.into())),
-    }
+    NftValue { value: Some(nft_value::Value::Ifname(s.into())) }
 }
 pub fn addr(s: &str) -> NftValue {
-    NftValue {
-        value: Some(nft_value::Value::Addr(s.into())),
-    }
+    NftValue { value: Some(nft_value::Value::Addr(s.into())) }
 }
 pub fn proto(p: L4Proto) -> NftValue {
-    NftValue {
-        value: Some(nft_value::Value::Proto(p as i32)),
-    }
+    NftValue { value: Some(nft_value::Value::Proto(p as i32)) }
 }
 pub fn port(p: u32) -> NftValue {
     ports(p, p)
 }
 pub fn ports(first: u32, last: u32) -> NftValue {
-    NftValue {
-        value: Some(nft_value::Value::Port(PortRange { first, last })),
-    }
+    NftValue { value: Some(nft_value::Value::Port(PortRange { first, last })) }
 }
 pub fn mark(m: u32) -> NftValue {
-    NftValue {
-        value: Some(nft_value::Value::Mark(m)),
-    }
+    NftValue { value: Some(nft_value::Value::Mark(m)) }
 }
 pub fn id(i: u32) -> NftValue {
-    NftValue {
-        value: Some(nft_value::Value::Id(i)),
-    }
+    NftValue { value: Some(nft_value::Value::Id(i)) }
 }
 
 // ---- sets --------------------------------------------------------------------------------------
@@ -80,12 +68,7 @@ pub fn set(
 
 pub fn cmp_full(sel: Selector, op: CmpOp, value: NftValue, mask: u32) -> NftMatch {
     NftMatch {
-        kind: Some(nft_match::Kind::Compare(Compare {
-            selector: sel as i32,
-            op: op as i32,
-            value: Some(value),
-            mask,
-        })),
+        kind: Some(nft_match::Kind::Compare(Compare { selector: sel as i32, op: op as i32, value: Some(value), mask })),
     }
 }
 pub fn eq(sel: Selector, value: NftValue) -> NftMatch {
@@ -113,10 +96,7 @@ pub fn counter() -> NftStatement {
     st(nft_statement::Kind::Counter(Counter {}))
 }
 pub fn verdict(kind: VerdictKind, chain: &str) -> NftStatement {
-    st(nft_statement::Kind::Verdict(Verdict {
-        kind: kind as i32,
-        chain: chain.into(),
-    }))
+    st(nft_statement::Kind::Verdict(Verdict { kind: kind as i32, chain: chain.into() }))
 }
 pub fn accept() -> NftStatement {
     verdict(VerdictKind::Accept, "")
@@ -125,28 +105,14 @@ pub fn drop() -> NftStatement {
     verdict(VerdictKind::Drop, "")
 }
 pub fn map_lookup(key: &[Selector], map: &str) -> MapLookup {
-    MapLookup {
-        key: key.iter().map(|s| *s as i32).collect(),
-        map: map.into(),
-    }
+    MapLookup { key: key.iter().map(|s| *s as i32).collect(), map: map.into() }
 }
 pub fn nat(kind: NatKind, family: NftFamily, to: nat::To) -> NftStatement {
-    st(nft_statement::Kind::Nat(Nat {
-        kind: kind as i32,
-        family: family as i32,
-        to: Some(to),
-    }))
+    st(nft_statement::Kind::Nat(Nat { kind: kind as i32, family: family as i32, to: Some(to) }))
 }
 pub fn nat_to(kind: NatKind, family: NftFamily, a: &str, p: Option<(u32, u32)>) -> NftStatement {
     let port = p.map(|(first, last)| PortRange { first, last });
-    nat(
-        kind,
-        family,
-        nat::To::Target(NatTarget {
-            addr: a.into(),
-            port,
-        }),
-    )
+    nat(kind, family, nat::To::Target(NatTarget { addr: a.into(), port }))
 }
 pub fn nat_sel(kind: NatKind, family: NftFamily, sel: Selector) -> NftStatement {
     nat(kind, family, nat::To::Selector(sel as i32))
@@ -155,19 +121,13 @@ pub fn nat_map(kind: NatKind, family: NftFamily, key: &[Selector], map: &str) ->
     nat(kind, family, nat::To::Map(map_lookup(key, map)))
 }
 pub fn redirect_port(first: u32, last: u32) -> NftStatement {
-    st(nft_statement::Kind::Redirect(Redirect {
-        to: Some(redirect::To::Port(PortRange { first, last })),
-    }))
+    st(nft_statement::Kind::Redirect(Redirect { to: Some(redirect::To::Port(PortRange { first, last })) }))
 }
 pub fn redirect_map(key: &[Selector], map: &str) -> NftStatement {
-    st(nft_statement::Kind::Redirect(Redirect {
-        to: Some(redirect::To::Map(map_lookup(key, map))),
-    }))
+    st(nft_statement::Kind::Redirect(Redirect { to: Some(redirect::To::Map(map_lookup(key, map))) }))
 }
 pub fn meta_mark_set(from: set_mark::From) -> NftStatement {
-    st(nft_statement::Kind::MetaMarkSet(SetMark {
-        from: Some(from),
-    }))
+    st(nft_statement::Kind::MetaMarkSet(SetMark { from: Some(from) }))
 }
 pub fn ct_mark_set(from: set_mark::From) -> NftStatement {
     st(nft_statement::Kind::CtMarkSet(SetMark { from: Some(from) }))
@@ -176,10 +136,7 @@ pub fn ct_mark_set(from: set_mark::From) -> NftStatement {
 // ---- chains and tables -------------------------------------------------------------------------
 
 pub fn rule(matches: Vec<NftMatch>, statements: Vec<NftStatement>) -> NftRule {
-    NftRule {
-        matches,
-        statements,
-    }
+    NftRule { matches, statements }
 }
 
 pub fn base_chain(
@@ -192,31 +149,17 @@ pub fn base_chain(
 ) -> NftChain {
     NftChain {
         name: name.into(),
-        base: Some(BaseChain {
-            r#type: ty as i32,
-            hook: hook as i32,
-            priority,
-            policy: policy as i32,
-        }),
+        base: Some(BaseChain { r#type: ty as i32, hook: hook as i32, priority, policy: policy as i32 }),
         rules,
     }
 }
 
 pub fn chain(name: &str, rules: Vec<NftRule>) -> NftChain {
-    NftChain {
-        name: name.into(),
-        base: None,
-        rules,
-    }
+    NftChain { name: name.into(), base: None, rules }
 }
 
 pub fn table(family: NftFamily, name: &str, sets: Vec<NftSet>, chains: Vec<NftChain>) -> NftTable {
-    NftTable {
-        family: family as i32,
-        name: name.into(),
-        sets,
-        chains,
-    }
+    NftTable { family: family as i32, name: name.into(), sets, chains }
 }
 
 // ---- fixtures ----------------------------------------------------------------------------------
@@ -234,22 +177,10 @@ pub fn kuport_table() -> NftTable {
         false,
         true,
         vec![
-            elem(
-                vec![ifname("enp1s0"), proto(Udp), port(27015)],
-                vec![addr("10.244.18.107"), port(27015)],
-            ),
-            elem(
-                vec![ifname("enp1s0"), proto(Tcp), port(80)],
-                vec![addr("10.244.1.2"), port(8080)],
-            ),
-            elem(
-                vec![ifname("eth0"), proto(Tcp), port(443)],
-                vec![addr("10.0.0.1"), port(443)],
-            ),
-            elem(
-                vec![ifname("wt0"), proto(Udp), port(5353)],
-                vec![addr("10.244.3.4"), port(53)],
-            ),
+            elem(vec![ifname("enp1s0"), proto(Udp), port(27015)], vec![addr("10.244.18.107"), port(27015)]),
+            elem(vec![ifname("enp1s0"), proto(Tcp), port(80)], vec![addr("10.244.1.2"), port(8080)]),
+            elem(vec![ifname("eth0"), proto(Tcp), port(443)], vec![addr("10.0.0.1"), port(443)]),
+            elem(vec![ifname("wt0"), proto(Udp), port(5353)], vec![addr("10.244.3.4"), port(53)]),
         ],
     );
     let publish_range = set(
@@ -259,18 +190,9 @@ pub fn kuport_table() -> NftTable {
         true,
         true,
         vec![
-            elem(
-                vec![ifname("enp1s0"), proto(Udp), ports(27015, 27115)],
-                vec![addr("10.244.18.107")],
-            ),
-            elem(
-                vec![ifname("enp1s0"), proto(Tcp), ports(30000, 30010)],
-                vec![addr("10.244.1.1")],
-            ),
-            elem(
-                vec![ifname("eth0"), proto(Tcp), port(8443)],
-                vec![addr("10.244.1.9")],
-            ),
+            elem(vec![ifname("enp1s0"), proto(Udp), ports(27015, 27115)], vec![addr("10.244.18.107")]),
+            elem(vec![ifname("enp1s0"), proto(Tcp), ports(30000, 30010)], vec![addr("10.244.1.1")]),
+            elem(vec![ifname("eth0"), proto(Tcp), port(8443)], vec![addr("10.244.1.9")]),
         ],
     );
     let link_range = set(
@@ -280,12 +202,7 @@ pub fn kuport_table() -> NftTable {
         true,
         true,
         vec![elem(
-            vec![
-                ifname("wt0"),
-                addr("100.64.0.2"),
-                proto(Udp),
-                ports(27015, 27115),
-            ],
+            vec![ifname("wt0"), addr("100.64.0.2"), proto(Udp), ports(27015, 27115)],
             vec![addr("10.244.18.107")],
         )],
     );
@@ -296,14 +213,8 @@ pub fn kuport_table() -> NftTable {
         false,
         true,
         vec![
-            elem(
-                vec![ifname("wt0"), addr("100.64.0.2"), proto(Tcp), port(80)],
-                vec![addr("10.244.1.2"), port(8080)],
-            ),
-            elem(
-                vec![ifname("wt0"), addr("100.64.0.3"), proto(Tcp), port(80)],
-                vec![addr("10.244.1.3"), port(8080)],
-            ),
+            elem(vec![ifname("wt0"), addr("100.64.0.2"), proto(Tcp), port(80)], vec![addr("10.244.1.2"), port(8080)]),
+            elem(vec![ifname("wt0"), addr("100.64.0.3"), proto(Tcp), port(80)], vec![addr("10.244.1.3"), port(8080)]),
         ],
     );
     let claim = set(
@@ -313,24 +224,9 @@ pub fn kuport_table() -> NftTable {
         true,
         true,
         vec![
-            key(vec![
-                ifname("enp1s0"),
-                addr("192.168.1.10"),
-                proto(Udp),
-                ports(27015, 27115),
-            ]),
-            key(vec![
-                ifname("enp1s0"),
-                addr("192.168.1.10"),
-                proto(Tcp),
-                port(80),
-            ]),
-            key(vec![
-                ifname("wt0"),
-                addr("100.64.0.0/10"),
-                proto(Tcp),
-                ports(1, 65535),
-            ]),
+            key(vec![ifname("enp1s0"), addr("192.168.1.10"), proto(Udp), ports(27015, 27115)]),
+            key(vec![ifname("enp1s0"), addr("192.168.1.10"), proto(Tcp), port(80)]),
+            key(vec![ifname("wt0"), addr("100.64.0.0/10"), proto(Tcp), ports(1, 65535)]),
         ],
     );
     let reply_claim = set(
@@ -352,14 +248,8 @@ pub fn kuport_table() -> NftTable {
         true,
         true,
         vec![
-            elem(
-                vec![addr("10.244.18.107"), proto(Udp), ports(27015, 27115)],
-                vec![mark(0x6b70_0001)],
-            ),
-            elem(
-                vec![addr("10.244.1.2"), proto(Tcp), port(8080)],
-                vec![mark(0x6b70_0002)],
-            ),
+            elem(vec![addr("10.244.18.107"), proto(Udp), ports(27015, 27115)], vec![mark(0x6b70_0001)]),
+            elem(vec![addr("10.244.1.2"), proto(Tcp), port(8080)], vec![mark(0x6b70_0002)]),
         ],
     );
     let ct_mark = set(
@@ -368,10 +258,7 @@ pub fn kuport_table() -> NftTable {
         &[T::Mark],
         false,
         false,
-        vec![
-            elem(vec![ifname("enp1s0")], vec![mark(0x6b70_0001)]),
-            elem(vec![ifname("wt0")], vec![mark(0x6b70_0002)]),
-        ],
+        vec![elem(vec![ifname("enp1s0")], vec![mark(0x6b70_0001)]), elem(vec![ifname("wt0")], vec![mark(0x6b70_0002)])],
     );
     let pre = base_chain(
         "kup-pre",
@@ -380,19 +267,10 @@ pub fn kuport_table() -> NftTable {
         -110,
         ChainPolicy::Accept,
         vec![
-            rule(
-                vec![],
-                vec![nat_map(NatKind::Dnat, IP, &PUBLISH_KEY, "publish_port")],
-            ),
-            rule(
-                vec![],
-                vec![nat_map(NatKind::Dnat, IP, &PUBLISH_KEY, "publish_range")],
-            ),
+            rule(vec![], vec![nat_map(NatKind::Dnat, IP, &PUBLISH_KEY, "publish_port")]),
+            rule(vec![], vec![nat_map(NatKind::Dnat, IP, &PUBLISH_KEY, "publish_range")]),
             rule(vec![], vec![nat_map(NatKind::Dnat, IP, &KEY4, "link_port")]),
-            rule(
-                vec![],
-                vec![nat_map(NatKind::Dnat, IP, &KEY4, "link_range")],
-            ),
+            rule(vec![], vec![nat_map(NatKind::Dnat, IP, &KEY4, "link_range")]),
         ],
     );
     let post = base_chain(
@@ -403,22 +281,10 @@ pub fn kuport_table() -> NftTable {
         ChainPolicy::Accept,
         vec![
             rule(
-                vec![cmp_full(
-                    S::CtMark,
-                    CmpOp::Eq,
-                    mark(0x6b70_0000),
-                    0xffff_0000,
-                )],
+                vec![cmp_full(S::CtMark, CmpOp::Eq, mark(0x6b70_0000), 0xffff_0000)],
                 vec![counter(), nat_sel(NatKind::Snat, IP, S::IpSaddr)],
             ),
-            rule(
-                vec![lookup(
-                    &[S::IpSaddr, S::L4proto, S::ThSport],
-                    "reply_claim",
-                    false,
-                )],
-                vec![counter(), accept()],
-            ),
+            rule(vec![lookup(&[S::IpSaddr, S::L4proto, S::ThSport], "reply_claim", false)], vec![counter(), accept()]),
         ],
     );
     let mangle = base_chain(
@@ -430,18 +296,10 @@ pub fn kuport_table() -> NftTable {
         vec![
             rule(
                 vec![lookup(&KEY4, "claim", false)],
-                vec![ct_mark_set(set_mark::From::Map(map_lookup(
-                    &[S::Iifname],
-                    "ct_mark",
-                )))],
+                vec![ct_mark_set(set_mark::From::Map(map_lookup(&[S::Iifname], "ct_mark")))],
             ),
             rule(
-                vec![cmp_full(
-                    S::CtMark,
-                    CmpOp::Eq,
-                    mark(0x6b70_0000),
-                    0xffff_0000,
-                )],
+                vec![cmp_full(S::CtMark, CmpOp::Eq, mark(0x6b70_0000), 0xffff_0000)],
                 vec![meta_mark_set(set_mark::From::Selector(S::CtMark as i32))],
             ),
             rule(
@@ -456,16 +314,7 @@ pub fn kuport_table() -> NftTable {
     table(
         IP,
         "kuport",
-        vec![
-            publish_port,
-            publish_range,
-            link_range,
-            link_port,
-            claim,
-            reply_claim,
-            return_mark,
-            ct_mark,
-        ],
+        vec![publish_port, publish_range, link_range, link_port, claim, reply_claim, return_mark, ct_mark],
         vec![pre, post, mangle],
     )
 }
@@ -474,38 +323,10 @@ pub fn kuport_table() -> NftTable {
 /// normalisations nft applies to them (dependency kill, port merge, prefix and mask forms).
 pub fn matches_table() -> NftTable {
     let a = |ms: Vec<NftMatch>| rule(ms, vec![accept()]);
-    let ports3 = set(
-        "ports3",
-        &[T::Ipv4Addr, T::InetProto, T::InetService],
-        &[],
-        false,
-        false,
-        vec![],
-    );
-    let pp = set(
-        "pp",
-        &[T::InetProto, T::InetService],
-        &[],
-        false,
-        false,
-        vec![],
-    );
-    let marks = set(
-        "marks",
-        &[T::Mark],
-        &[],
-        false,
-        false,
-        vec![key(vec![mark(1)])],
-    );
-    let protos = set(
-        "protos",
-        &[T::InetProto],
-        &[],
-        false,
-        false,
-        vec![key(vec![proto(Tcp)])],
-    );
+    let ports3 = set("ports3", &[T::Ipv4Addr, T::InetProto, T::InetService], &[], false, false, vec![]);
+    let pp = set("pp", &[T::InetProto, T::InetService], &[], false, false, vec![]);
+    let marks = set("marks", &[T::Mark], &[], false, false, vec![key(vec![mark(1)])]);
+    let protos = set("protos", &[T::InetProto], &[], false, false, vec![key(vec![proto(Tcp)])]);
     let c = chain(
         "matches",
         vec![
@@ -530,66 +351,26 @@ pub fn matches_table() -> NftTable {
             a(vec![ne(S::ThDport, port(4))]),
             // The explicit protocol match is the th selector's dependency and disappears.
             a(vec![eq(S::L4proto, proto(Tcp)), eq(S::ThDport, port(80))]),
-            a(vec![
-                eq(S::L4proto, proto(Udp)),
-                eq(S::IpDaddr, addr("1.2.3.4")),
-                ne(S::ThDport, port(53)),
-            ]),
+            a(vec![eq(S::L4proto, proto(Udp)), eq(S::IpDaddr, addr("1.2.3.4")), ne(S::ThDport, port(53))]),
             a(vec![eq(S::L4proto, proto(Tcp)), eq(S::TcpDport, port(80))]),
             a(vec![ne(S::L4proto, proto(Tcp)), eq(S::ThDport, port(80))]),
             a(vec![eq(S::ThDport, port(80)), eq(S::L4proto, proto(Tcp))]),
             // Port merges.
             a(vec![eq(S::ThDport, port(80)), eq(S::ThSport, port(1))]),
-            a(vec![
-                eq(S::L4proto, proto(Udp)),
-                eq(S::ThDport, port(80)),
-                eq(S::ThSport, port(1)),
-            ]),
+            a(vec![eq(S::L4proto, proto(Udp)), eq(S::ThDport, port(80)), eq(S::ThSport, port(1))]),
             a(vec![eq(S::TcpDport, port(80)), eq(S::ThSport, port(1))]),
             a(vec![eq(S::ThSport, port(1)), eq(S::TcpDport, port(80))]),
-            a(vec![
-                eq(S::UdpSport, port(1)),
-                eq(S::IpDaddr, addr("1.2.3.4")),
-                eq(S::ThDport, port(2)),
-            ]),
-            a(vec![
-                eq(S::IpDaddr, addr("1.1.1.1")),
-                eq(S::IpSaddr, addr("2.2.2.2")),
-            ]),
+            a(vec![eq(S::UdpSport, port(1)), eq(S::IpDaddr, addr("1.2.3.4")), eq(S::ThDport, port(2))]),
+            a(vec![eq(S::IpDaddr, addr("1.1.1.1")), eq(S::IpSaddr, addr("2.2.2.2"))]),
             // Marks and ids.
             a(vec![eq(S::MetaMark, mark(1))]),
             a(vec![ne(S::MetaMark, mark(0x6b70_0001))]),
-            a(vec![cmp_full(
-                S::MetaMark,
-                CmpOp::Eq,
-                mark(0x6b70_0000),
-                0xffff_0000,
-            )]),
-            a(vec![cmp_full(
-                S::CtMark,
-                CmpOp::Neq,
-                mark(0x6b70_0000),
-                0xffff_0000,
-            )]),
-            a(vec![cmp_full(
-                S::CtMark,
-                CmpOp::Eq,
-                mark(0x6b00_0000),
-                0xff00_ff00,
-            )]),
-            a(vec![cmp_full(
-                S::CtMark,
-                CmpOp::Neq,
-                mark(0x6b00_0000),
-                0xff00_ff00,
-            )]),
+            a(vec![cmp_full(S::MetaMark, CmpOp::Eq, mark(0x6b70_0000), 0xffff_0000)]),
+            a(vec![cmp_full(S::CtMark, CmpOp::Neq, mark(0x6b70_0000), 0xffff_0000)]),
+            a(vec![cmp_full(S::CtMark, CmpOp::Eq, mark(0x6b00_0000), 0xff00_ff00)]),
+            a(vec![cmp_full(S::CtMark, CmpOp::Neq, mark(0x6b00_0000), 0xff00_ff00)]),
             a(vec![cmp_full(S::MetaMark, CmpOp::Eq, mark(1), 0xffff_ffff)]),
-            a(vec![cmp_full(
-                S::MetaMark,
-                CmpOp::Eq,
-                mark(0x8000_0000),
-                0x8000_0000,
-            )]),
+            a(vec![cmp_full(S::MetaMark, CmpOp::Eq, mark(0x8000_0000), 0x8000_0000)]),
             a(vec![eq(S::CtMark, mark(0))]),
             a(vec![eq(S::MetaSkuid, id(1000))]),
             a(vec![ne(S::MetaSkuid, id(0))]),
@@ -597,45 +378,22 @@ pub fn matches_table() -> NftTable {
             // Lookups.
             a(vec![lookup(&[S::MetaMark], "marks", false)]),
             a(vec![lookup(&[S::L4proto], "protos", true)]),
-            a(vec![lookup(
-                &[S::IpDaddr, S::L4proto, S::ThDport],
-                "ports3",
-                false,
-            )]),
-            a(vec![lookup(
-                &[S::IpSaddr, S::L4proto, S::TcpDport],
-                "ports3",
-                true,
-            )]),
-            a(vec![
-                eq(S::L4proto, proto(Tcp)),
-                lookup(&[S::IpDaddr, S::L4proto, S::ThDport], "ports3", false),
-            ]),
-            a(vec![
-                eq(S::L4proto, proto(Udp)),
-                lookup(&[S::L4proto, S::ThDport], "pp", false),
-            ]),
+            a(vec![lookup(&[S::IpDaddr, S::L4proto, S::ThDport], "ports3", false)]),
+            a(vec![lookup(&[S::IpSaddr, S::L4proto, S::TcpDport], "ports3", true)]),
+            a(vec![eq(S::L4proto, proto(Tcp)), lookup(&[S::IpDaddr, S::L4proto, S::ThDport], "ports3", false)]),
+            a(vec![eq(S::L4proto, proto(Udp)), lookup(&[S::L4proto, S::ThDport], "pp", false)]),
             // Verdicts and regular chains.
             rule(vec![eq(S::Iifname, ifname("eth1"))], vec![counter()]),
             rule(vec![], vec![counter(), accept()]),
-            rule(
-                vec![eq(S::Iifname, ifname("eth2"))],
-                vec![verdict(VerdictKind::Jump, "sub")],
-            ),
-            rule(
-                vec![eq(S::Iifname, ifname("eth3"))],
-                vec![verdict(VerdictKind::Goto, "sub")],
-            ),
+            rule(vec![eq(S::Iifname, ifname("eth2"))], vec![verdict(VerdictKind::Jump, "sub")]),
+            rule(vec![eq(S::Iifname, ifname("eth3"))], vec![verdict(VerdictKind::Goto, "sub")]),
             rule(vec![], vec![counter(), drop()]),
         ],
     );
     let sub = chain(
         "sub",
         vec![
-            rule(
-                vec![eq(S::Oifname, ifname("eth0"))],
-                vec![verdict(VerdictKind::Return, "")],
-            ),
+            rule(vec![eq(S::Oifname, ifname("eth0"))], vec![verdict(VerdictKind::Return, "")]),
             rule(vec![], vec![drop()]),
         ],
     );
@@ -648,12 +406,7 @@ pub fn matches_table() -> NftTable {
         ChainPolicy::Drop,
         vec![rule(vec![], vec![verdict(VerdictKind::Jump, "matches")])],
     );
-    table(
-        IP,
-        "vocab_matches",
-        vec![ports3, pp, marks, protos],
-        vec![c, sub, empty, input],
-    )
+    table(IP, "vocab_matches", vec![ports3, pp, marks, protos], vec![c, sub, empty, input])
 }
 
 /// Every nat, redirect and mark statement, and chain priorities near and far from the named
@@ -669,14 +422,8 @@ pub fn statements_table() -> NftTable {
         false,
         vec![elem(vec![port(80)], vec![addr("10.0.0.1")])],
     );
-    let by_key = set(
-        "by_key",
-        &[T::Ifname, T::InetProto, T::InetService],
-        &[T::Ipv4Addr, T::InetService],
-        false,
-        false,
-        vec![],
-    );
+    let by_key =
+        set("by_key", &[T::Ifname, T::InetProto, T::InetService], &[T::Ipv4Addr, T::InetService], false, false, vec![]);
     let redir = set(
         "redir",
         &[T::InetProto, T::InetService],
@@ -697,14 +444,7 @@ pub fn statements_table() -> NftTable {
             elem(vec![ifname("wt0"), addr("10.0.0.1")], vec![mark(3)]),
         ],
     );
-    let mark_by_port = set(
-        "mark_by_port",
-        &[T::InetService],
-        &[T::Mark],
-        false,
-        false,
-        vec![],
-    );
+    let mark_by_port = set("mark_by_port", &[T::InetService], &[T::Mark], false, false, vec![]);
     let pre = base_chain(
         "pre",
         ChainType::Nat,
@@ -713,48 +453,19 @@ pub fn statements_table() -> NftTable {
         ChainPolicy::Accept,
         vec![
             rule(vec![], vec![nat_to(Dnat, IP, "10.0.0.1", None)]),
-            rule(
-                vec![tcp()],
-                vec![nat_to(Dnat, IP, "10.0.0.1", Some((80, 80)))],
-            ),
-            rule(
-                vec![tcp()],
-                vec![nat_to(Dnat, IP, "10.0.0.1", Some((80, 90)))],
-            ),
+            rule(vec![tcp()], vec![nat_to(Dnat, IP, "10.0.0.1", Some((80, 80)))]),
+            rule(vec![tcp()], vec![nat_to(Dnat, IP, "10.0.0.1", Some((80, 90)))]),
             rule(vec![tcp()], vec![nat_to(Dnat, IP, "", Some((80, 80)))]),
-            rule(
-                vec![eq(S::UdpDport, port(53))],
-                vec![nat_to(Dnat, IP, "", Some((5300, 5310)))],
-            ),
+            rule(vec![eq(S::UdpDport, port(53))], vec![nat_to(Dnat, IP, "", Some((5300, 5310)))]),
             rule(vec![], vec![nat_sel(Dnat, IP, S::IpDaddr)]),
             rule(vec![], vec![nat_map(Dnat, IP, &[S::ThDport], "by_port")]),
-            rule(
-                vec![tcp()],
-                vec![nat_map(Dnat, IP, &[S::ThDport], "by_port")],
-            ),
+            rule(vec![tcp()], vec![nat_map(Dnat, IP, &[S::ThDport], "by_port")]),
             rule(vec![], vec![nat_map(Dnat, IP, &[S::TcpDport], "by_port")]),
-            rule(
-                vec![tcp()],
-                vec![counter(), nat_map(Dnat, IP, &[S::ThDport], "by_port")],
-            ),
-            rule(
-                vec![],
-                vec![nat_map(
-                    Dnat,
-                    IP,
-                    &[S::Iifname, S::L4proto, S::ThDport],
-                    "by_key",
-                )],
-            ),
+            rule(vec![tcp()], vec![counter(), nat_map(Dnat, IP, &[S::ThDport], "by_port")]),
+            rule(vec![], vec![nat_map(Dnat, IP, &[S::Iifname, S::L4proto, S::ThDport], "by_key")]),
             rule(vec![tcp()], vec![redirect_port(8080, 8080)]),
-            rule(
-                vec![eq(S::TcpDport, port(80))],
-                vec![redirect_port(8080, 8090)],
-            ),
-            rule(
-                vec![tcp()],
-                vec![redirect_map(&[S::L4proto, S::ThDport], "redir")],
-            ),
+            rule(vec![eq(S::TcpDport, port(80))], vec![redirect_port(8080, 8090)]),
+            rule(vec![tcp()], vec![redirect_map(&[S::L4proto, S::ThDport], "redir")]),
         ],
     );
     let post = base_chain(
@@ -765,10 +476,7 @@ pub fn statements_table() -> NftTable {
         ChainPolicy::Accept,
         vec![
             rule(vec![], vec![nat_to(Snat, IP, "10.0.0.1", None)]),
-            rule(
-                vec![tcp()],
-                vec![nat_to(Snat, IP, "10.0.0.1", Some((1000, 2000)))],
-            ),
+            rule(vec![tcp()], vec![nat_to(Snat, IP, "10.0.0.1", Some((1000, 2000)))]),
             rule(vec![], vec![nat_sel(Snat, IP, S::IpSaddr)]),
         ],
     );
@@ -780,55 +488,21 @@ pub fn statements_table() -> NftTable {
         ChainPolicy::Drop,
         vec![
             rule(vec![], vec![meta_mark_set(set_mark::From::Value(1))]),
-            rule(
-                vec![],
-                vec![meta_mark_set(set_mark::From::Value(0x6b70_0001))],
-            ),
-            rule(
-                vec![],
-                vec![meta_mark_set(set_mark::From::Selector(S::CtMark as i32))],
-            ),
-            rule(
-                vec![],
-                vec![meta_mark_set(set_mark::From::Map(map_lookup(
-                    &[S::Iifname, S::IpSaddr],
-                    "mark_by_if",
-                )))],
-            ),
-            rule(
-                vec![],
-                vec![ct_mark_set(set_mark::From::Value(0x6b70_0000))],
-            ),
-            rule(
-                vec![],
-                vec![ct_mark_set(set_mark::From::Selector(S::MetaMark as i32))],
-            ),
-            rule(
-                vec![],
-                vec![ct_mark_set(set_mark::From::Map(map_lookup(
-                    &[S::Iifname, S::IpSaddr],
-                    "mark_by_if",
-                )))],
-            ),
+            rule(vec![], vec![meta_mark_set(set_mark::From::Value(0x6b70_0001))]),
+            rule(vec![], vec![meta_mark_set(set_mark::From::Selector(S::CtMark as i32))]),
+            rule(vec![], vec![meta_mark_set(set_mark::From::Map(map_lookup(&[S::Iifname, S::IpSaddr], "mark_by_if")))]),
+            rule(vec![], vec![ct_mark_set(set_mark::From::Value(0x6b70_0000))]),
+            rule(vec![], vec![ct_mark_set(set_mark::From::Selector(S::MetaMark as i32))]),
+            rule(vec![], vec![ct_mark_set(set_mark::From::Map(map_lookup(&[S::Iifname, S::IpSaddr], "mark_by_if")))]),
             rule(
                 vec![eq(S::L4proto, proto(Udp))],
-                vec![ct_mark_set(set_mark::From::Map(map_lookup(
-                    &[S::ThDport],
-                    "mark_by_port",
-                )))],
+                vec![ct_mark_set(set_mark::From::Map(map_lookup(&[S::ThDport], "mark_by_port")))],
             ),
-            rule(
-                vec![],
-                vec![meta_mark_set(set_mark::From::Map(map_lookup(
-                    &[S::UdpDport],
-                    "mark_by_port",
-                )))],
-            ),
+            rule(vec![], vec![meta_mark_set(set_mark::From::Map(map_lookup(&[S::UdpDport], "mark_by_port")))]),
         ],
     );
-    let prio = |name: &str, ty: ChainType, hook: Hook, p: i32| {
-        base_chain(name, ty, hook, p, ChainPolicy::Accept, vec![])
-    };
+    let prio =
+        |name: &str, ty: ChainType, hook: Hook, p: i32| base_chain(name, ty, hook, p, ChainPolicy::Accept, vec![]);
     table(
         IP,
         "vocab_statements",
@@ -850,19 +524,11 @@ pub fn statements_table() -> NftTable {
 
 /// Element order and line wrapping for every key type, interval or not.
 pub fn sets_table() -> NftTable {
-    let addrs4: Vec<_> = [9, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12]
-        .iter()
-        .map(|i| key(vec![addr(&format!("10.0.0.{i}"))]))
-        .collect();
+    let addrs4: Vec<_> =
+        [9, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12].iter().map(|i| key(vec![addr(&format!("10.0.0.{i}"))])).collect();
     let services: Vec<_> = (1..=12).rev().map(|p| key(vec![port(p * 100)])).collect();
-    let marks: Vec<_> = [7, 0x6b70_0001, 1, 2, 3, 0x100, 5]
-        .iter()
-        .map(|m| key(vec![mark(*m)]))
-        .collect();
-    let ifnames: Vec<_> = ["eth0", "wt0", "enp1s0", "a", "lo"]
-        .iter()
-        .map(|n| key(vec![ifname(n)]))
-        .collect();
+    let marks: Vec<_> = [7, 0x6b70_0001, 1, 2, 3, 0x100, 5].iter().map(|m| key(vec![mark(*m)])).collect();
+    let ifnames: Vec<_> = ["eth0", "wt0", "enp1s0", "a", "lo"].iter().map(|n| key(vec![ifname(n)])).collect();
     let ifnames_i = ifnames.clone();
     table(
         IP,
@@ -900,14 +566,7 @@ pub fn sets_table() -> NftTable {
                 ],
             ),
             set("marks", &[T::Mark], &[], false, true, marks),
-            set(
-                "protos",
-                &[T::InetProto],
-                &[],
-                false,
-                false,
-                vec![key(vec![proto(Udp)]), key(vec![proto(Tcp)])],
-            ),
+            set("protos", &[T::InetProto], &[], false, false, vec![key(vec![proto(Udp)]), key(vec![proto(Tcp)])]),
             set("ifs", &[T::Ifname], &[], false, false, ifnames),
             set("ifsi", &[T::Ifname], &[], true, false, ifnames_i),
             set(
@@ -922,24 +581,14 @@ pub fn sets_table() -> NftTable {
                     elem(vec![addr("9.0.0.1")], vec![mark(2)]),
                 ],
             ),
-            set(
-                "mark_map",
-                &[T::Mark],
-                &[T::Mark],
-                false,
-                false,
-                vec![elem(vec![mark(1)], vec![mark(2)])],
-            ),
+            set("mark_map", &[T::Mark], &[T::Mark], false, false, vec![elem(vec![mark(1)], vec![mark(2)])]),
             set(
                 "port_map",
                 &[T::InetService],
                 &[T::Ipv4Addr],
                 false,
                 false,
-                vec![
-                    elem(vec![port(443)], vec![addr("10.0.0.2")]),
-                    elem(vec![port(80)], vec![addr("10.0.0.1")]),
-                ],
+                vec![elem(vec![port(443)], vec![addr("10.0.0.2")]), elem(vec![port(80)], vec![addr("10.0.0.1")])],
             ),
             set(
                 "triples",
@@ -982,14 +631,7 @@ pub fn sets_table() -> NftTable {
                 ],
             ),
             set("empty", &[T::Ipv4Addr], &[], false, false, vec![]),
-            set(
-                "empty_counted",
-                &[T::Ipv4Addr, T::InetService],
-                &[T::Mark],
-                true,
-                true,
-                vec![],
-            ),
+            set("empty_counted", &[T::Ipv4Addr, T::InetService], &[T::Mark], true, true, vec![]),
         ],
         vec![],
     )
@@ -1022,11 +664,7 @@ pub fn ip6_table() -> NftTable {
                 &[],
                 true,
                 false,
-                vec![
-                    key(vec![addr("fd00::1/64")]),
-                    key(vec![addr("::ffff:1.2.3.4")]),
-                    key(vec![addr("fd01::5/128")]),
-                ],
+                vec![key(vec![addr("fd00::1/64")]), key(vec![addr("::ffff:1.2.3.4")]), key(vec![addr("fd01::5/128")])],
             ),
             set(
                 "pub6",
@@ -1034,10 +672,7 @@ pub fn ip6_table() -> NftTable {
                 &[T::Ipv6Addr, T::InetService],
                 false,
                 true,
-                vec![elem(
-                    vec![ifname("eth0"), proto(Tcp), port(80)],
-                    vec![addr("fd00::10"), port(8080)],
-                )],
+                vec![elem(vec![ifname("eth0"), proto(Tcp), port(80)], vec![addr("fd00::10"), port(8080)])],
             ),
             set("by_if6", &[T::Ifname], &[T::Ipv6Addr], false, false, vec![]),
             set(
@@ -1046,11 +681,7 @@ pub fn ip6_table() -> NftTable {
                 &[],
                 true,
                 false,
-                vec![key(vec![
-                    addr("fd00::/64"),
-                    proto(Udp),
-                    ports(27015, 27115),
-                ])],
+                vec![key(vec![addr("fd00::/64"), proto(Udp), ports(27015, 27115)])],
             ),
         ],
         vec![
@@ -1061,39 +692,15 @@ pub fn ip6_table() -> NftTable {
                 -90,
                 ChainPolicy::Accept,
                 vec![
+                    rule(vec![eq(S::Ip6Saddr, addr("fd00::1/64"))], vec![nat_to(Dnat, IP6, "fd00::1", None)]),
                     rule(
-                        vec![eq(S::Ip6Saddr, addr("fd00::1/64"))],
-                        vec![nat_to(Dnat, IP6, "fd00::1", None)],
-                    ),
-                    rule(
-                        vec![
-                            eq(S::Ip6Daddr, addr("fd00::5/128")),
-                            eq(S::L4proto, proto(Tcp)),
-                        ],
+                        vec![eq(S::Ip6Daddr, addr("fd00::5/128")), eq(S::L4proto, proto(Tcp))],
                         vec![nat_to(Dnat, IP6, "fd00::1", Some((80, 90)))],
                     ),
-                    rule(
-                        vec![],
-                        vec![nat_map(
-                            Dnat,
-                            IP6,
-                            &[S::Iifname, S::L4proto, S::ThDport],
-                            "pub6",
-                        )],
-                    ),
+                    rule(vec![], vec![nat_map(Dnat, IP6, &[S::Iifname, S::L4proto, S::ThDport], "pub6")]),
                     rule(vec![], vec![nat_map(Dnat, IP6, &[S::Iifname], "by_if6")]),
-                    rule(
-                        vec![ne(S::Ip6Daddr, addr("::ffff:1.2.3.4"))],
-                        vec![nat_sel(Dnat, IP6, S::Ip6Daddr)],
-                    ),
-                    rule(
-                        vec![lookup(
-                            &[S::Ip6Daddr, S::L4proto, S::ThDport],
-                            "claim6",
-                            false,
-                        )],
-                        vec![accept()],
-                    ),
+                    rule(vec![ne(S::Ip6Daddr, addr("::ffff:1.2.3.4"))], vec![nat_sel(Dnat, IP6, S::Ip6Daddr)]),
+                    rule(vec![lookup(&[S::Ip6Daddr, S::L4proto, S::ThDport], "claim6", false)], vec![accept()]),
                 ],
             ),
             base_chain(
@@ -1102,10 +709,7 @@ pub fn ip6_table() -> NftTable {
                 Hook::Postrouting,
                 100,
                 ChainPolicy::Accept,
-                vec![rule(
-                    vec![eq(S::Ip6Saddr, addr("fd00::1"))],
-                    vec![nat_sel(Snat, IP6, S::Ip6Saddr)],
-                )],
+                vec![rule(vec![eq(S::Ip6Saddr, addr("fd00::1"))], vec![nat_sel(Snat, IP6, S::Ip6Saddr)])],
             ),
         ],
     )
@@ -1128,14 +732,7 @@ pub fn inet_table() -> NftTable {
                 false,
                 vec![],
             ),
-            set(
-                "s6",
-                &[T::Ipv6Addr, T::InetProto, T::InetService],
-                &[],
-                false,
-                false,
-                vec![],
-            ),
+            set("s6", &[T::Ipv6Addr, T::InetProto, T::InetService], &[], false, false, vec![]),
         ],
         vec![
             base_chain(
@@ -1145,35 +742,14 @@ pub fn inet_table() -> NftTable {
                 0,
                 ChainPolicy::Accept,
                 vec![
+                    rule(vec![eq(S::IpSaddr, addr("1.1.1.1")), eq(S::IpDaddr, addr("2.2.2.2"))], vec![accept()]),
+                    rule(vec![eq(S::Ip6Saddr, addr("fd00::1")), eq(S::Ip6Daddr, addr("fd00::/64"))], vec![accept()]),
+                    rule(vec![eq(S::L4proto, proto(Tcp)), eq(S::ThDport, port(80))], vec![accept()]),
                     rule(
-                        vec![
-                            eq(S::IpSaddr, addr("1.1.1.1")),
-                            eq(S::IpDaddr, addr("2.2.2.2")),
-                        ],
+                        vec![eq(S::L4proto, proto(Tcp)), lookup(&[S::Ip6Daddr, S::L4proto, S::ThDport], "s6", false)],
                         vec![accept()],
                     ),
-                    rule(
-                        vec![
-                            eq(S::Ip6Saddr, addr("fd00::1")),
-                            eq(S::Ip6Daddr, addr("fd00::/64")),
-                        ],
-                        vec![accept()],
-                    ),
-                    rule(
-                        vec![eq(S::L4proto, proto(Tcp)), eq(S::ThDport, port(80))],
-                        vec![accept()],
-                    ),
-                    rule(
-                        vec![
-                            eq(S::L4proto, proto(Tcp)),
-                            lookup(&[S::Ip6Daddr, S::L4proto, S::ThDport], "s6", false),
-                        ],
-                        vec![accept()],
-                    ),
-                    rule(
-                        vec![eq(S::Iifname, ifname("x")), eq(S::IpSaddr, addr("1.1.1.1"))],
-                        vec![drop()],
-                    ),
+                    rule(vec![eq(S::Iifname, ifname("x")), eq(S::IpSaddr, addr("1.1.1.1"))], vec![drop()]),
                 ],
             ),
             base_chain(
@@ -1185,27 +761,10 @@ pub fn inet_table() -> NftTable {
                 vec![
                     rule(vec![], vec![nat_to(Dnat, IP, "10.0.0.1", None)]),
                     rule(vec![], vec![nat_to(Dnat, IP6, "fd00::1", None)]),
-                    rule(
-                        vec![eq(S::L4proto, proto(Tcp))],
-                        vec![nat_to(Dnat, IP, "10.0.0.1", Some((80, 80)))],
-                    ),
-                    rule(
-                        vec![eq(S::L4proto, proto(Tcp))],
-                        vec![nat_to(Dnat, IP6, "fd00::1", Some((80, 90)))],
-                    ),
-                    rule(
-                        vec![eq(S::L4proto, proto(Tcp))],
-                        vec![nat_to(Dnat, IP, "", Some((80, 80)))],
-                    ),
-                    rule(
-                        vec![],
-                        vec![nat_map(
-                            Dnat,
-                            IP,
-                            &[S::Iifname, S::L4proto, S::ThDport],
-                            "pub4",
-                        )],
-                    ),
+                    rule(vec![eq(S::L4proto, proto(Tcp))], vec![nat_to(Dnat, IP, "10.0.0.1", Some((80, 80)))]),
+                    rule(vec![eq(S::L4proto, proto(Tcp))], vec![nat_to(Dnat, IP6, "fd00::1", Some((80, 90)))]),
+                    rule(vec![eq(S::L4proto, proto(Tcp))], vec![nat_to(Dnat, IP, "", Some((80, 80)))]),
+                    rule(vec![], vec![nat_map(Dnat, IP, &[S::Iifname, S::L4proto, S::ThDport], "pub4")]),
                     rule(vec![], vec![nat_map(Dnat, IP, &[S::Iifname], "a4")]),
                     rule(vec![], vec![nat_sel(Dnat, IP, S::IpDaddr)]),
                 ],
@@ -1236,11 +795,7 @@ pub fn unstable_table() -> NftTable {
         vec![],
         vec![chain(
             "c",
-            vec![a(vec![
-                eq(S::L4proto, proto(Tcp)),
-                eq(S::L4proto, proto(Tcp)),
-                eq(S::ThDport, port(80)),
-            ])],
+            vec![a(vec![eq(S::L4proto, proto(Tcp)), eq(S::L4proto, proto(Tcp)), eq(S::ThDport, port(80))])],
         )],
     )
 }
