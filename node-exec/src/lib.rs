@@ -1,1 +1,3 @@
 //! kuport node executor
+pub mod nft;
+pub mod route;

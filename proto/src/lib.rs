@@ -2,6 +2,7 @@
 //! order of a node state, its version, and its canonical text.
 
 pub mod canonical;
+pub mod owned;
 pub mod text;
 
 /// The generated types of package kuport.v1.

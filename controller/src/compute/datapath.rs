@@ -31,7 +31,7 @@ use super::observe::View;
 use super::placement::{Placement, l4};
 use crate::api::ServingMode;
 
-pub const TABLE: &str = "kuport";
+pub const TABLE: &str = kuport_proto::owned::NFT_TABLE;
 pub const CHAIN_PRE: &str = "kup-pre";
 pub const CHAIN_POST: &str = "kup-post";
 pub const CHAIN_MANGLE: &str = "kup-mangle";

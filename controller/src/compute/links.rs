@@ -16,22 +16,11 @@ use super::Settings;
 use super::status::reason;
 use crate::api::{LinkSlot, PortMapClass};
 
-/// kuport's prefix in packet and conntrack marks ("kp"): a mark carries it exactly when it
-/// names one of kuport's links.
-pub const MARK_PREFIX: u32 = 0x6b70_0000;
-/// The part of a mark that holds the prefix.
-pub const MARK_PREFIX_MASK: u32 = 0xffff_0000;
+pub use kuport_proto::owned::{MAIN_TABLE, MARK_PREFIX, MARK_PREFIX_MASK, PREF_DIVERT, PREF_LOOP_GUARD};
 /// A link's routing table is this plus its slot (slot 1 uses table 201).
 pub const TABLE_BASE: u32 = 200;
 /// Tables the kernel reserves (default, main, local); slots that would map onto them are skipped.
 pub const RESERVED_TABLES: [u32; 3] = [253, 254, 255];
-/// The main routing table.
-pub const MAIN_TABLE: u32 = 254;
-/// The loop guard: a marked packet whose destination is the peer (the encapsulated packet,
-/// which inherits the mark) is routed by main instead of back into the link.
-pub const PREF_LOOP_GUARD: u32 = 101;
-/// Diverts marked replies into the link's table. Above the mesh's rules (105, 110), below local (100).
-pub const PREF_DIVERT: u32 = 102;
 /// Bytes VXLAN adds: outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14.
 pub const VXLAN_OVERHEAD: u32 = 50;
 /// The outer header's TTL.
