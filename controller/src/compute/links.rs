@@ -16,11 +16,11 @@ use super::Settings;
 use super::status::reason;
 use crate::api::{LinkSlot, PortMapClass};
 
-pub use kuport_proto::owned::{MAIN_TABLE, MARK_PREFIX, MARK_PREFIX_MASK, PREF_DIVERT, PREF_LOOP_GUARD};
+pub use kuport_proto::owned::{
+    MAIN_TABLE, MARK_PREFIX, MARK_PREFIX_MASK, PREF_DIVERT, PREF_LOOP_GUARD, RESERVED_TABLES,
+};
 /// A link's routing table is this plus its slot (slot 1 uses table 201).
 pub const TABLE_BASE: u32 = 200;
-/// Tables the kernel reserves (default, main, local); slots that would map onto them are skipped.
-pub const RESERVED_TABLES: [u32; 3] = [253, 254, 255];
 /// Bytes VXLAN adds: outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14.
 pub const VXLAN_OVERHEAD: u32 = 50;
 /// The outer header's TTL.

@@ -115,13 +115,18 @@ pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
 
     // 1 and 2: judge and place every mapping, oldest first.
     let mut verdicts: Vec<(MapKey, Result<Placement, Refusal>)> = Vec::new();
+    // Programmed mappings by pod address and protocol, for the one-way-return check.
+    let mut by_pod: BTreeMap<(Ipv4Addr, crate::api::Protocol), Vec<usize>> = BTreeMap::new();
     for (key, admitted) in admission::admit(&view, &cluster.port_maps) {
         let placed = admitted.and_then(|a| placement::place(&view, a));
         // Replies from one pod port can return one way only: by one serving node's link, or
         // (Multi) by whichever link each request came in on.
         let placed = placed.and_then(|p| {
-            let clash = verdicts.iter().find_map(|(k, v)| match v {
-                Ok(q) if placement::same_pod_port(&p, q) && p.return_route() != q.return_route() => Some(k.clone()),
+            let pod = (p.endpoint.address, p.admitted.protocol);
+            let clash = by_pod.get(&pod).into_iter().flatten().find_map(|i| match &verdicts[*i] {
+                (k, Ok(q)) if placement::same_pod_port(&p, q) && p.return_route() != q.return_route() => {
+                    Some(k.clone())
+                }
                 _ => None,
             });
             match clash {
@@ -135,6 +140,9 @@ pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
                 )),
             }
         });
+        if let Ok(p) = &placed {
+            by_pod.entry((p.endpoint.address, p.admitted.protocol)).or_default().push(verdicts.len());
+        }
         verdicts.push((key, placed));
     }
 

@@ -44,6 +44,9 @@ impl NodeView {
     }
 }
 
+static UNKNOWN_NODE: NodeView =
+    NodeView { exists: false, ready: false, underlay: None, underlay_mtu: None, interfaces: None };
+
 pub struct View<'a> {
     pub nodes: BTreeMap<String, NodeView>,
     pub namespaces: BTreeMap<String, &'a Namespace>,
@@ -118,8 +121,9 @@ impl<'a> View<'a> {
         View { nodes, namespaces, services, slices, classes, vxlan_ports }
     }
 
-    pub fn node(&self, name: &str) -> NodeView {
-        self.nodes.get(name).cloned().unwrap_or_default()
+    /// What is known of `name`; an unknown node is neither present nor ready.
+    pub fn node(&self, name: &str) -> &NodeView {
+        self.nodes.get(name).unwrap_or(&UNKNOWN_NODE)
     }
 
     pub fn namespace_labels(&self, ns: &str) -> BTreeMap<String, String> {
