@@ -16,6 +16,8 @@ pub mod links;
 pub mod observe;
 pub mod placement;
 pub mod status;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 #[cfg(test)]
 mod tests;
 

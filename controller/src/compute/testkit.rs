@@ -1,0 +1,269 @@
+//! Builders for small clusters and the golden scenarios, shared by the controller's tests and by
+//! the executor's root tests (which apply every golden state to a real kernel). Compiled for
+//! tests and with the `testkit` feature only.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+
+use super::*;
+use crate::api::Protocol::{Tcp, Udp};
+use crate::api::*;
+
+/// The fixed time every test computes at.
+pub fn now() -> Timestamp {
+    Timestamp::from_second(1_795_000_000).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// A small cluster written the way a test reads it.
+#[derive(Clone, Default)]
+pub struct World {
+    pub c: Cluster,
+}
+
+impl World {
+    pub fn new() -> Self {
+        World { c: Cluster { now: now(), ..Default::default() } }
+    }
+
+    pub fn node(mut self, name: &str, ip: &str, ready: bool) -> Self {
+        self.c.nodes.push(Node {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            status: Some(NodeStatus {
+                addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: ip.into() }]),
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        self
+    }
+
+    pub fn facts(mut self, name: &str, mtu: u32, ifaces: &[(&str, &str)]) -> Self {
+        self.c.facts.push(NodeFacts {
+            node: name.into(),
+            underlay_address: None,
+            underlay_mtu: Some(mtu),
+            interfaces: Some(
+                ifaces
+                    .iter()
+                    .map(|(i, a)| InterfaceFacts { name: (*i).into(), addresses: vec![(*a).into()] })
+                    .collect(),
+            ),
+        });
+        self
+    }
+
+    pub fn class(mut self, name: &str, mode: ServingMode, rp: ReturnPathMode, nodes: &[(&str, &[&str])]) -> Self {
+        let spec = PortMapClassSpec {
+            nodes: nodes
+                .iter()
+                .map(|(n, i)| ((*n).into(), ClassNode { interfaces: i.iter().map(|s| (*s).into()).collect() }))
+                .collect(),
+            serving_mode: mode,
+            ports: PortPolicy::default(),
+            namespace_selector: None,
+            return_path: ReturnPath { mode: rp, vxlan: VxlanSpec::default() },
+        };
+        let mut c = PortMapClass::new(name, spec);
+        c.metadata.generation = Some(1);
+        self.c.classes.push(c);
+        self
+    }
+
+    pub fn edit_class(mut self, name: &str, f: impl FnOnce(&mut PortMapClassSpec)) -> Self {
+        if let Some(c) = self.c.classes.iter_mut().find(|c| c.metadata.name.as_deref() == Some(name)) {
+            f(&mut c.spec);
+        }
+        self
+    }
+
+    pub fn namespace(mut self, name: &str, labels: &[(&str, &str)]) -> Self {
+        self.c.namespaces.push(Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(labels.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        self
+    }
+
+    /// A Service with one port named `port_name` and its EndpointSlice.
+    pub fn service(mut self, ns: &str, name: &str, proto: &str, port: i32, eps: &[(&str, &str, &str, bool)]) -> Self {
+        self.c.services.push(Service {
+            metadata: ObjectMeta { name: Some(name.into()), namespace: Some(ns.into()), ..Default::default() },
+            spec: Some(ServiceSpec {
+                ports: Some(vec![ServicePort {
+                    name: Some("p".into()),
+                    protocol: Some(proto.into()),
+                    port,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        self.c.endpoint_slices.push(EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}-x")),
+                namespace: Some(ns.into()),
+                labels: Some(BTreeMap::from([(observe::SERVICE_NAME_LABEL.to_string(), name.to_string())])),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            ports: Some(vec![EndpointPort {
+                name: Some("p".into()),
+                protocol: Some(proto.into()),
+                port: Some(port),
+                ..Default::default()
+            }]),
+            endpoints: Some(
+                eps.iter()
+                    .map(|(pod, node, ip, ready)| Endpoint {
+                        addresses: vec![(*ip).into()],
+                        conditions: Some(EndpointConditions { ready: Some(*ready), ..Default::default() }),
+                        node_name: Some((*node).into()),
+                        target_ref: Some(k8s_openapi::api::core::v1::ObjectReference {
+                            name: Some((*pod).into()),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+        });
+        self
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn port_map(
+        mut self,
+        ns: &str,
+        name: &str,
+        class: &str,
+        proto: Protocol,
+        port: u16,
+        end: Option<u16>,
+        svc: &str,
+        age: i64,
+    ) -> Self {
+        let mut pm = PortMap::new(
+            name,
+            PortMapSpec {
+                class_name: class.into(),
+                protocol: proto,
+                port,
+                end_port: end,
+                interfaces: None,
+                service_ref: ServiceRef { name: svc.into(), port: Some("p".into()) },
+            },
+        );
+        pm.metadata.namespace = Some(ns.into());
+        pm.metadata.generation = Some(1);
+        pm.metadata.creation_timestamp = Timestamp::from_second(1_700_000_000 + age).ok().map(Time);
+        self.c.port_maps.push(pm);
+        self
+    }
+
+    pub fn edit_map(mut self, name: &str, f: impl FnOnce(&mut PortMapSpec)) -> Self {
+        if let Some(pm) = self.c.port_maps.iter_mut().find(|p| p.metadata.name.as_deref() == Some(name)) {
+            f(&mut pm.spec);
+        }
+        self
+    }
+
+    pub fn run(&self) -> Outputs {
+        compute(&self.c, &Settings::default())
+    }
+}
+
+const EDGE: &[(&str, &[&str])] = &[("edge-a", &["enp1s0", "wt0"])];
+
+fn nodes() -> World {
+    World::new()
+        .node("edge-a", "100.64.93.143", true)
+        .node("worker-b", "100.64.0.2", true)
+        .node("worker-c", "100.64.0.3", true)
+        .facts("edge-a", 1420, &[("enp1s0", "203.0.113.9"), ("wt0", "100.64.93.143")])
+        .facts("worker-b", 1380, &[("wt0", "100.64.0.2")])
+        .facts("worker-c", 1420, &[("wt0", "100.64.0.3")])
+}
+
+/// Every golden scenario: a name and its cluster.
+pub fn scenarios() -> Vec<(&'static str, World)> {
+    use ReturnPathMode::{None as NoPath, Vxlan};
+    use ServingMode::{Multi, Single};
+    vec![
+        (
+            "local_pod_port_and_range",
+            nodes()
+                .class("public", Single, Vxlan, EDGE)
+                .service("web", "web", "TCP", 8080, &[("web-0", "edge-a", "10.244.0.7", true)])
+                .service("games", "game", "UDP", 27015, &[("game-0", "edge-a", "10.244.0.107", true)])
+                .port_map("web", "web", "public", Tcp, 3000, None, "web", 0)
+                .port_map("games", "game", "public", Udp, 27015, Some(27115), "game", 1),
+        ),
+        (
+            "single_remote_pod",
+            nodes()
+                .class("public", Single, Vxlan, EDGE)
+                .service("web", "web", "TCP", 3000, &[("web-0", "worker-b", "10.244.1.7", true)])
+                .service("games", "game", "UDP", 27015, &[("game-0", "worker-b", "10.244.1.107", true)])
+                .port_map("web", "web", "public", Tcp, 3000, None, "web", 0)
+                .port_map("games", "game", "public", Udp, 27015, Some(27115), "game", 1),
+        ),
+        (
+            "multi_pod_node_two_links",
+            nodes()
+                .class("pair", Multi, Vxlan, &[("edge-a", &["wt0"]), ("worker-c", &["wt0"])])
+                .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])
+                .port_map("ns", "m", "pair", Tcp, 3000, None, "svc", 0),
+        ),
+        (
+            "multi_three_accepting",
+            nodes()
+                .class(
+                    "intranet",
+                    Multi,
+                    Vxlan,
+                    &[("edge-a", &["wt0"]), ("worker-b", &["wt0"]), ("worker-c", &["wt0"])],
+                )
+                .edit_class("intranet", |s| {
+                    s.return_path.vxlan.vni = 4300;
+                    s.return_path.vxlan.subnet = "169.254.79.0/24".into();
+                })
+                .service("ns", "dns", "UDP", 5353, &[("dns-0", "worker-b", "10.244.1.53", true)])
+                .port_map("ns", "dns", "intranet", Udp, 5353, None, "dns", 0),
+        ),
+        (
+            "none_refusal",
+            nodes()
+                .class("public", Single, NoPath, EDGE)
+                .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])
+                .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0),
+        ),
+        (
+            "two_classes_one_pair",
+            nodes()
+                .class("public", Single, Vxlan, EDGE)
+                .class("mesh", Single, Vxlan, &[("edge-a", &["wt0"])])
+                .edit_class("mesh", |s| s.return_path.vxlan.vni = 4400)
+                .service("ns", "web", "TCP", 3000, &[("web-0", "worker-b", "10.244.1.7", true)])
+                .service("ns", "api", "TCP", 9000, &[("api-0", "worker-b", "10.244.1.9", true)])
+                .port_map("ns", "web", "public", Tcp, 3000, None, "web", 0)
+                .port_map("ns", "api", "mesh", Tcp, 9000, None, "api", 1)
+                .edit_map("web", |s| s.interfaces = Some(vec!["enp1s0".into()])),
+        ),
+    ]
+}
