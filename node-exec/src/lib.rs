@@ -1,3 +1,4 @@
 //! kuport node executor
+pub mod executor;
 pub mod nft;
 pub mod route;

@@ -116,7 +116,7 @@ pub fn normalize(table: &NftTable) -> Result<NftTable, NftError> {
     Ok(t)
 }
 
-fn normalize_element(set: &NftSet, e: &NftElement) -> Result<NftElement, NftError> {
+pub(crate) fn normalize_element(set: &NftSet, e: &NftElement) -> Result<NftElement, NftError> {
     let object = format!("element {} of set {}", encode::element_name(e), set.name);
     let bad = |reason: &str| NftError::Invalid { object: object.clone(), reason: reason.into() };
     if e.key.len() != set.key.len() || e.data.len() != set.data.len() {
@@ -216,11 +216,16 @@ pub fn apply_table_with(
     opts: &ApplyOptions,
 ) -> Result<ApplyReport, NftError> {
     let want = normalize(desired)?;
+    let mut sock = open_socket(netns)?;
+    apply_normal(&mut sock, &want, opts)
+}
+
+/// The read-back apply of a table already in normal form, on an open socket.
+pub(crate) fn apply_normal(sock: &mut Socket, want: &NftTable, opts: &ApplyOptions) -> Result<ApplyReport, NftError> {
     let fam = family_code(want.family)?;
     let family = NftFamily::try_from(want.family).unwrap_or(NftFamily::Unspecified);
-    let mut sock = open_socket(netns)?;
-    let have = read_with(&mut sock, family, &want.name)?;
-    let diffs = diff(&want, have.as_ref());
+    let have = read_with(sock, family, &want.name)?;
+    let diffs = diff(want, have.as_ref());
     let budget = opts.max_ops_per_batch.max(1);
     let mut report = ApplyReport { mode: ApplyMode::Unchanged, writes: 0, batches: 0, diffs: diffs.clone() };
     if diffs.is_empty() {
@@ -229,19 +234,25 @@ pub fn apply_table_with(
     let batches = match &have {
         Some(have) if diffs.iter().all(NftDiff::is_element) => {
             report.mode = ApplyMode::Elements;
-            element_batches(fam, &want, have, budget)?
+            element_batches(fam, want, have, budget)?
         }
         _ => {
             report.mode = ApplyMode::Replaced;
-            replace_batches(fam, &want, budget)?
+            replace_batches(fam, want, budget)?
         }
     };
+    send(sock, &batches, &mut report)?;
+    Ok(report)
+}
+
+/// Commits `batches` in order, counting them and their messages in `report`.
+pub(crate) fn send(sock: &mut Socket, batches: &[Vec<Msg>], report: &mut ApplyReport) -> Result<(), NftError> {
     for (i, b) in batches.iter().enumerate() {
         sock.batch(b).map_err(|errs| refused(errs, i, batches.len()))?;
         report.batches += 1;
         report.writes += b.len();
     }
-    Ok(report)
+    Ok(())
 }
 
 fn refused(errs: Vec<KernelError>, index: usize, total: usize) -> NftError {
@@ -261,7 +272,7 @@ fn refused(errs: Vec<KernelError>, index: usize, total: usize) -> NftError {
 }
 
 /// Packs messages into batches of at most `budget` operations; `head` stays whole.
-fn pack(head: Vec<Msg>, rest: Vec<Vec<Msg>>, budget: usize) -> Vec<Vec<Msg>> {
+pub(crate) fn pack(head: Vec<Msg>, rest: Vec<Vec<Msg>>, budget: usize) -> Vec<Vec<Msg>> {
     let mut out = Vec::new();
     let mut cur = head;
     let mut ops: usize =
@@ -286,7 +297,7 @@ fn chunks<'a>(elems: &'a [&'a NftElement], budget: usize) -> impl Iterator<Item 
     elems.chunks(budget)
 }
 
-fn replace_batches(fam: u8, t: &NftTable, budget: usize) -> Result<Vec<Vec<Msg>>, NftError> {
+pub(crate) fn replace_batches(fam: u8, t: &NftTable, budget: usize) -> Result<Vec<Vec<Msg>>, NftError> {
     // Adding before deleting makes the delete valid whether or not the table exists.
     let mut head =
         vec![encode::new_table(fam, &t.name), encode::del_table(fam, &t.name), encode::new_table(fam, &t.name)];

@@ -8,8 +8,10 @@
 //! Layout: `consts` (every kernel number, named once), `attr` (TLVs), `expr` (expressions),
 //! `value` (datatypes, values, selectors), `rule` (model rule <-> expressions), `encode`
 //! (model -> messages), `decode` (dumps -> model), `netlink` (socket, batches, dumps),
-//! `diff`, `apply`.
+//! `diff`, `apply`, `applier` (remembers the last applied table, so a small change is a small
+//! transaction without a kernel read).
 
+mod applier;
 mod apply;
 mod attr;
 mod consts;
@@ -20,12 +22,14 @@ mod expr;
 mod netlink;
 mod rule;
 mod value;
+pub mod watch;
 
 #[cfg(test)]
 mod tests;
 
 use std::path::PathBuf;
 
+pub use applier::Applier;
 pub use apply::{
     ApplyMode, ApplyOptions, ApplyReport, apply_table, apply_table_with, normalize, read_table, remove_table,
 };

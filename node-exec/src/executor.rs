@@ -1,0 +1,423 @@
+//! The executor: makes one network namespace match its desired [`NetnsState`] (links, addresses,
+//! routes, rules, sysctls through [`route`]; nftables through [`nft`]), keeps it so, and
+//! notices outside changes.
+//!
+//! Order of one apply (make before break):
+//! 1. links, addresses, routes, rules and sysctls the new state adds or changes, while every
+//!    object of the previously applied state that the new one drops is still kept;
+//! 2. the nftables tables (each one transaction), or the removal of kuport's table when the
+//!    state has none;
+//! 3. only then the removal of the links, addresses, routes and rules no longer desired.
+//!
+//! A refusal stops the apply where it is: what already works is never torn down for something
+//! new that failed, and nothing is torn down on drop or shutdown either.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kuport_proto::owned;
+use kuport_proto::v1::{NetnsState, NftFamily};
+
+use crate::{nft, route};
+
+/// How long a burst of change notifications is collected before one check: a deleted link
+/// takes its addresses and routes with it, each announced on its own.
+pub const DEBOUNCE: Duration = Duration::from_millis(50);
+/// How often the kernel is checked without any notification (a lost or missed event).
+pub const BACKSTOP: Duration = Duration::from_secs(30);
+
+/// One object the kernel (or validation) refused, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectError {
+    /// The object, named the way `ip` or `nft` would: `add route default via ... table 201`.
+    pub object: String,
+    /// The kernel's reason (errno text and extended-ack message), or the validation's.
+    pub reason: String,
+}
+
+impl std::fmt::Display for ObjectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.object, self.reason)
+    }
+}
+
+/// What one apply did.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// Writes sent to the kernel (netlink messages and sysctl writes), refused ones included.
+    pub writes: usize,
+    /// What was written, in order.
+    pub actions: Vec<String>,
+    /// The refusals; empty on success.
+    pub errors: Vec<ObjectError>,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} write(s)", self.writes)?;
+        for a in &self.actions {
+            write!(f, "\n  {a}")?;
+        }
+        for e in &self.errors {
+            write!(f, "\n  refused: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+fn join(errors: &[ObjectError]) -> String {
+    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// Part of the state was refused; the namespace keeps what it had for that part.
+    #[error("refused after {} write(s): {}", report.writes, join(&report.errors))]
+    Refused { report: Report },
+    /// The kernel's state could not be read (for a drift check).
+    #[error("reading {what}: {reason}")]
+    Read { what: String, reason: String },
+    /// A change subscription could not be made or ended.
+    #[error("watching {what}: {reason}")]
+    Watch { what: &'static str, reason: String },
+}
+
+/// What the executor has done so far; shared with whoever reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Applies attempted (the first one, updates, repairs).
+    pub applies: u64,
+    /// Drift episodes: each outside change found (and repaired) counts once, however many
+    /// checks and repair attempts it takes.
+    pub drift_repairs: u64,
+    /// The differences of the last drift found, named.
+    pub last_differences: Vec<String>,
+    /// The last failure (apply or check), None once an apply succeeds again.
+    pub last_error: Option<String>,
+}
+
+/// A handle to an executor's [`Stats`], readable from any thread.
+#[derive(Debug, Clone, Default)]
+pub struct StatsHandle(Arc<Mutex<Stats>>);
+
+impl StatsHandle {
+    pub fn get(&self) -> Stats {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Stats> {
+        // Stats stay meaningful even if a holder panicked.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Applies and keeps the desired state of one network namespace.
+#[derive(Debug)]
+pub struct Executor {
+    /// None: the caller's namespace.
+    netns: Option<PathBuf>,
+    /// The state last asked for: what the drift loop keeps.
+    desired: Option<NetnsState>,
+    /// The state last applied in full: its objects stay until a new state's tables are in.
+    applied: Option<NetnsState>,
+    /// Inside a drift episode (found, not yet repaired).
+    drifting: bool,
+    /// One applier per table: it remembers what it applied, so a change sends only the delta
+    /// without reading the table back. Forgotten whenever drift is found.
+    tables: BTreeMap<(i32, String), nft::Applier>,
+    stats: StatsHandle,
+}
+
+impl Executor {
+    pub fn new(netns: Option<PathBuf>) -> Self {
+        let netns = netns.filter(|p| !p.as_os_str().is_empty());
+        Executor {
+            netns,
+            desired: None,
+            applied: None,
+            drifting: false,
+            tables: BTreeMap::new(),
+            stats: StatsHandle::default(),
+        }
+    }
+
+    pub fn netns(&self) -> Option<&Path> {
+        self.netns.as_deref()
+    }
+
+    pub fn stats(&self) -> StatsHandle {
+        self.stats.clone()
+    }
+
+    /// Makes the namespace match `desired` (see the module's order). Applying the state the
+    /// namespace already has writes nothing.
+    pub fn apply(&mut self, desired: &NetnsState) -> Result<Report, ExecError> {
+        self.desired = Some(desired.clone());
+        let result = self.apply_inner(desired);
+        let mut stats = self.stats.lock();
+        stats.applies += 1;
+        stats.last_error = result.as_ref().err().map(ToString::to_string);
+        result
+    }
+
+    fn apply_inner(&mut self, desired: &NetnsState) -> Result<Report, ExecError> {
+        let netns = self.netns.as_deref();
+        let mut report = Report::default();
+
+        // 1. Make: the new objects, with the old ones still in place.
+        let before = self.applied.as_ref().map(|prev| keep_previous(desired, prev));
+        // A merge the route model refuses (e.g. two states' objects clash) is skipped: the
+        // desired state alone is then applied in one step.
+        let before = before.filter(|b| route::Desired::from_proto(b).is_ok());
+        route_step(netns, before.as_ref().unwrap_or(desired), &mut report)?;
+
+        // 2. The tables: each is one transaction, so a refusal leaves the old table whole.
+        let mut own_table = false;
+        for t in &desired.nft_tables {
+            own_table |= t.family == NftFamily::Ip as i32 && t.name == owned::NFT_TABLE;
+            let applier = self.tables.entry((t.family, t.name.clone())).or_insert_with(|| nft::Applier::new(netns));
+            match applier.apply(t) {
+                Ok(r) => {
+                    report.writes += r.writes;
+                    if r.writes > 0 {
+                        report.actions.push(format!(
+                            "nft table {}: {:?}, {} message(s) in {} transaction(s) for {} difference(s)",
+                            t.name,
+                            r.mode,
+                            r.writes,
+                            r.batches,
+                            r.diffs.len()
+                        ));
+                    }
+                }
+                Err(e) => {
+                    report.errors.push(nft_error(&t.name, e));
+                    return Err(ExecError::Refused { report });
+                }
+            }
+        }
+        if !own_table {
+            self.tables.remove(&(NftFamily::Ip as i32, owned::NFT_TABLE.to_string()));
+            match nft::remove_table(netns, NftFamily::Ip, owned::NFT_TABLE) {
+                Ok(true) => {
+                    // One transaction of two messages: add (so the delete is valid) and delete.
+                    report.writes += 2;
+                    report.actions.push(format!("delete nft table ip {}", owned::NFT_TABLE));
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    report.errors.push(nft_error(owned::NFT_TABLE, e));
+                    return Err(ExecError::Refused { report });
+                }
+            }
+        }
+
+        // 3. Break: what the new state no longer has.
+        if before.as_ref().is_some_and(|b| b != desired) {
+            route_step(netns, desired, &mut report)?;
+        }
+        self.applied = Some(desired.clone());
+        Ok(report)
+    }
+
+    /// The named differences between `desired` and the kernel; empty when it matches.
+    pub fn differences(&self, desired: &NetnsState) -> Result<Vec<String>, ExecError> {
+        let netns = self.netns.as_deref();
+        let read = |what: &str, reason: String| ExecError::Read { what: what.to_string(), reason };
+        let model = route::Desired::from_proto(desired).map_err(|e| read("desired state", e.to_string()))?;
+        let observed =
+            route::read(netns, &model).map_err(|e| read("links, addresses, routes and rules", e.to_string()))?;
+        let mut out: Vec<String> = route::diff(&model, &observed).iter().map(ToString::to_string).collect();
+        let mut own_table = false;
+        for t in &desired.nft_tables {
+            own_table |= t.family == NftFamily::Ip as i32 && t.name == owned::NFT_TABLE;
+            let want = nft::normalize(t).map_err(|e| read("desired nft table", e.to_string()))?;
+            let family = NftFamily::try_from(t.family).unwrap_or(NftFamily::Unspecified);
+            let have = nft::read_table(netns, family, &t.name).map_err(|e| read("nft table", e.to_string()))?;
+            out.extend(nft::diff(&want, have.as_ref()).iter().map(|d| format!("nft table {}: {d}", t.name)));
+        }
+        if !own_table
+            && nft::read_table(netns, NftFamily::Ip, owned::NFT_TABLE)
+                .map_err(|e| read("nft table", e.to_string()))?
+                .is_some()
+        {
+            out.push(format!("extra nft table ip {}", owned::NFT_TABLE));
+        }
+        Ok(out)
+    }
+
+    /// One drift check: when the kernel differs from the desired state, re-applies it. Returns
+    /// the differences found (empty: nothing to do, which is also what our own writes cause).
+    pub fn check(&mut self) -> Vec<String> {
+        let Some(desired) = self.desired.clone() else { return Vec::new() };
+        let found = match self.differences(&desired) {
+            Ok(d) => d,
+            Err(e) => {
+                self.stats.lock().last_error = Some(e.to_string());
+                return Vec::new();
+            }
+        };
+        if found.is_empty() {
+            self.drifting = false;
+            return found;
+        }
+        {
+            let mut stats = self.stats.lock();
+            if !self.drifting {
+                stats.drift_repairs += 1;
+            }
+            stats.last_differences = found.clone();
+        }
+        self.drifting = true;
+        // The kernel changed under the appliers: the repair must start from what it holds.
+        for applier in self.tables.values_mut() {
+            applier.forget();
+        }
+        if self.apply(&desired).is_ok() {
+            self.drifting = false;
+        }
+        found
+    }
+
+    /// Applies `desired`, then keeps it until `stop` completes: waits for link, address,
+    /// route, rule and nftables change notifications (or the [`BACKSTOP`] timer), collects a
+    /// burst for [`DEBOUNCE`], then [`Executor::check`]s. A failed apply is recorded in the
+    /// stats and retried at the next check. Never tears anything down on exit.
+    pub async fn keep<F: Future<Output = ()>>(&mut self, desired: &NetnsState, stop: F) -> Result<(), ExecError> {
+        // Subscribe first, so that no change after the apply goes unnoticed.
+        let mut links = route::subscribe(self.netns.as_deref())
+            .map_err(|e| ExecError::Watch { what: "rtnetlink", reason: e.to_string() })?;
+        let mut tables = nft::watch::subscribe(self.netns.as_deref())
+            .map_err(|e| ExecError::Watch { what: "nftables", reason: e.to_string() })?;
+        // Failures are in the stats; the next check retries.
+        let _ = self.apply(desired);
+        let mut backstop = tokio::time::interval(BACKSTOP);
+        backstop.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        backstop.tick().await;
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                _ = &mut stop => return Ok(()),
+                n = links.recv() => if n.is_none() {
+                    return Err(ExecError::Watch { what: "rtnetlink", reason: "subscription ended".into() });
+                },
+                n = tables.recv() => if n.is_none() {
+                    return Err(ExecError::Watch { what: "nftables", reason: "subscription ended".into() });
+                },
+                _ = backstop.tick() => {}
+            }
+            tokio::time::sleep(DEBOUNCE).await;
+            links.drain();
+            tables.drain();
+            self.check();
+            // What the repair itself caused is checked by the next round, and finds nothing.
+        }
+    }
+}
+
+/// `desired` plus every link, address, route, rule and sysctl of `prev` that `desired` does not
+/// replace: the state to hold while the new tables go in.
+fn keep_previous(desired: &NetnsState, prev: &NetnsState) -> NetnsState {
+    let mut s = desired.clone();
+    let dropped_links: Vec<&str> = prev
+        .links
+        .iter()
+        .filter(|l| !desired.links.iter().any(|d| d.name == l.name))
+        .map(|l| l.name.as_str())
+        .collect();
+    s.links.extend(prev.links.iter().filter(|l| dropped_links.contains(&l.name.as_str())).cloned());
+    s.addresses.extend(
+        prev.addresses
+            .iter()
+            .filter(|a| dropped_links.contains(&a.dev.as_str()) && !desired.addresses.contains(a))
+            .cloned(),
+    );
+    s.routes.extend(
+        prev.routes.iter().filter(|r| !desired.routes.iter().any(|d| (d.table, &d.dst) == (r.table, &r.dst))).cloned(),
+    );
+    s.ip_rules.extend(
+        prev.ip_rules
+            .iter()
+            .filter(|r| !desired.ip_rules.iter().any(|d| (d.pref, d.fwmark, &d.to) == (r.pref, r.fwmark, &r.to)))
+            .cloned(),
+    );
+    s.sysctls.extend(prev.sysctls.iter().filter(|p| !desired.sysctls.iter().any(|d| d.key == p.key)).cloned());
+    s
+}
+
+/// One route::apply, folded into `report`; Err once anything was refused.
+fn route_step(netns: Option<&Path>, state: &NetnsState, report: &mut Report) -> Result<(), ExecError> {
+    match route::apply(netns, state) {
+        Ok(r) => {
+            report.writes += r.writes;
+            report.actions.extend(r.actions);
+            Ok(())
+        }
+        Err(e) => {
+            report.writes += e.report.writes;
+            report.actions.extend(e.report.actions);
+            report.errors.extend(e.errors.into_iter().map(route_error));
+            Err(ExecError::Refused { report: std::mem::take(report) })
+        }
+    }
+}
+
+fn route_error(e: route::Error) -> ObjectError {
+    let (object, reason) = match e {
+        route::Error::Kernel { op, object, reason, .. } => (format!("{op} {object}"), reason),
+        route::Error::Invalid { object, reason } => (object, format!("invalid: {reason}")),
+        route::Error::NoDevice { object, dev } => (object, format!("device {dev} does not exist")),
+        route::Error::Sysctl { key, source } => (format!("sysctl {key}"), source.to_string()),
+        route::Error::Netns { path, source } => (format!("network namespace {}", path.display()), source.to_string()),
+        route::Error::Io { what, source } => (what.to_string(), source.to_string()),
+    };
+    ObjectError { object, reason }
+}
+
+fn nft_error(table: &str, e: nft::NftError) -> ObjectError {
+    match e {
+        nft::NftError::Kernel { object, reason, .. } => {
+            ObjectError { object: format!("nft table {table}: {object}"), reason }
+        }
+        nft::NftError::Invalid { object, reason } => {
+            ObjectError { object: format!("nft table {table}: {object}"), reason: format!("invalid: {reason}") }
+        }
+        other => ObjectError { object: format!("nft table {table}"), reason: other.to_string() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kuport_proto::v1::{Address, IpRule, Link, Route};
+
+    fn link(name: &str) -> Link {
+        Link { name: name.into(), mtu: 1370, kind: None }
+    }
+
+    #[test]
+    fn keeps_what_the_new_state_drops_until_the_tables_are_in() {
+        let prev = NetnsState {
+            links: vec![link("kup-a"), link("kup-b")],
+            addresses: vec![
+                Address { dev: "kup-a".into(), cidr: "169.254.77.2/31".into() },
+                Address { dev: "kup-b".into(), cidr: "169.254.77.4/31".into() },
+            ],
+            routes: vec![Route { table: 201, dst: "default".into(), via: "169.254.77.3".into(), dev: "kup-a".into() }],
+            ip_rules: vec![IpRule { pref: 102, fwmark: 1, fwmask: 1, to: String::new(), table: 201 }],
+            ..Default::default()
+        };
+        let desired =
+            NetnsState { links: vec![link("kup-b")], addresses: vec![prev.addresses[1].clone()], ..Default::default() };
+        let merged = keep_previous(&desired, &prev);
+        assert_eq!(merged.links.len(), 2);
+        assert_eq!(merged.addresses.len(), 2);
+        assert_eq!(merged.routes, prev.routes);
+        assert_eq!(merged.ip_rules, prev.ip_rules);
+        // Nothing to keep when the previous state is the desired one.
+        assert_eq!(keep_previous(&prev, &prev), prev);
+    }
+}

@@ -1,0 +1,121 @@
+//! kuport-node-exec: applies a node's desired network state, once (`apply`) or kept against
+//! drift (`keep`). The state comes from a JSON file for now; a later version streams it from
+//! the controller.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use kuport_node_exec::executor::Executor;
+use kuport_proto::v1::{NetnsState, NodeState};
+
+#[derive(Parser)]
+#[command(name = "kuport-node-exec", about = "Makes this node's kernel match its kuport state")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct Target {
+    /// A NodeState as JSON.
+    #[arg(long)]
+    state: PathBuf,
+    /// Apply the host entry (empty path) inside this namespace instead, e.g. /var/run/netns/NAME.
+    #[arg(long)]
+    netns: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Applies every namespace entry once and prints what was written.
+    Apply(Target),
+    /// Applies, then keeps the state (repairing drift) until SIGTERM or Ctrl-C. Nothing is
+    /// torn down on exit.
+    Keep(Target),
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Apply(t) => {
+            let mut failed = 0;
+            for (netns, state) in entries(&t)? {
+                let label = label(netns.as_deref());
+                match Executor::new(netns).apply(&state) {
+                    Ok(report) => println!("netns {label}: {report}"),
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("netns {label}: {e}");
+                    }
+                }
+            }
+            anyhow::ensure!(failed == 0, "{failed} namespace(s) refused");
+            Ok(())
+        }
+        Command::Keep(t) => keep(entries(&t)?),
+    }
+}
+
+/// The state's namespace entries, each with the namespace to apply it in.
+fn entries(t: &Target) -> anyhow::Result<Vec<(Option<PathBuf>, NetnsState)>> {
+    let text = std::fs::read_to_string(&t.state).with_context(|| format!("reading {}", t.state.display()))?;
+    let state: NodeState = serde_json::from_str(&text).with_context(|| format!("parsing {}", t.state.display()))?;
+    Ok(state
+        .netns
+        .into_iter()
+        .map(|ns| {
+            let path = if ns.path.is_empty() { t.netns.clone() } else { Some(PathBuf::from(&ns.path)) };
+            (path, ns)
+        })
+        .collect())
+}
+
+fn label(netns: Option<&Path>) -> String {
+    netns.map_or_else(|| "host".to_string(), |p| p.display().to_string())
+}
+
+fn keep(entries: Vec<(Option<PathBuf>, NetnsState)>) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("building the runtime")?;
+    rt.block_on(async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let loops = entries.into_iter().map(|(netns, state)| {
+            let mut stop = stop_rx.clone();
+            async move {
+                let label = label(netns.as_deref());
+                let mut ex = Executor::new(netns);
+                let stats = ex.stats();
+                let result =
+                    ex.keep(&state, async move { while stop.changed().await.is_ok() && !*stop.borrow() {} }).await;
+                let s = stats.get();
+                eprintln!(
+                    "netns {label}: {} apply(s), {} drift repair(s), last error: {}",
+                    s.applies,
+                    s.drift_repairs,
+                    s.last_error.as_deref().unwrap_or("none")
+                );
+                result.map_err(|e| anyhow::anyhow!("netns {label}: {e}"))
+            }
+        });
+        let all = futures::future::join_all(loops);
+        tokio::pin!(all);
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        let results = tokio::select! {
+            r = &mut all => r,
+            _ = term.recv() => { let _ = stop_tx.send(true); all.await }
+            _ = tokio::signal::ctrl_c() => { let _ = stop_tx.send(true); all.await }
+        };
+        results.into_iter().collect::<anyhow::Result<Vec<()>>>().map(|_| ())
+    })
+}
