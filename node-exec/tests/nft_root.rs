@@ -1,6 +1,10 @@
 //! Root tests of the nf_tables applier in scratch network namespaces, with the `nft` CLI as
 //! the oracle. They fail when not run as root unless KUPORT_SKIP_ROOT_TESTS=1.
 
+#[path = "common/host.rs"]
+mod host;
+use host::{root, run};
+
 mod common {
     include!("common/example.rs");
 }
@@ -15,21 +19,6 @@ use kuport_node_exec::nft::{
     ApplyMode, ApplyOptions, NftError, apply_table, apply_table_with, normalize, read_table, remove_table,
 };
 use kuport_proto::v1::{L4Proto, NftFamily, Verdict, VerdictKind, nft_statement};
-
-/// Ok(true) when the test may run; Ok(false) to skip; panics when not root and not skipping.
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("KUPORT_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
-        eprintln!("skipped: not root and KUPORT_SKIP_ROOT_TESTS=1");
-        return false;
-    }
-    panic!(
-        "these tests need root (network namespaces, nf_tables); run as root or set KUPORT_SKIP_ROOT_TESTS=1 to skip"
-    );
-}
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
@@ -59,12 +48,6 @@ impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
     }
-}
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn example_file() -> String {

@@ -1,6 +1,10 @@
 //! Root tests of `kuport_node_exec::route` against a real kernel, each in a scratch namespace.
 //! The oracle is `ip`. Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1.
 
+#[path = "common/host.rs"]
+mod host;
+use host::{root, run};
+
 use std::{
     path::PathBuf,
     process::Command,
@@ -77,25 +81,6 @@ impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
-}
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd} {args:?}: {e}"));
-    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// True to run; false (after printing a skip line) when skipping is allowed. Panics otherwise.
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("KUPORT_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
-        println!("skipped: not root and KUPORT_SKIP_ROOT_TESTS=1");
-        return false;
-    }
-    panic!("these tests need root (CI runs them as root); set KUPORT_SKIP_ROOT_TESTS=1 to skip");
 }
 
 struct Want {
