@@ -25,6 +25,8 @@ start=$(date +%s)
 # The lab's control plane: etcd, kube-apiserver, kubectl and helm built from the Go module proxy
 # (about 30 minutes cold on two cores, cached in $cache/bin), started and exercised once.
 bash e2e/controlplane/smoke.sh
+# The Helm chart: lint, golden renders, RBAC checks, install/upgrade/uninstall on the lab's API server.
+bash e2e/chart/test.sh
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

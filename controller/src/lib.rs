@@ -3,4 +3,6 @@
 pub mod api;
 pub mod compute;
 pub mod crds;
+pub mod ctl;
 pub mod render;
+pub mod serve;

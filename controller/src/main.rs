@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use k8s_openapi::jiff::Timestamp;
 use kuport_controller::compute::{Settings, compute};
-use kuport_controller::{crds, render};
+use kuport_controller::{crds, render, serve};
 
 #[derive(Parser)]
 #[command(version, about)]
@@ -59,6 +59,33 @@ enum Command {
     },
     /// Prints the CustomResourceDefinitions (crds/ holds this output).
     Crds,
+    /// Runs the controller: computes every node's state and streams it to the executors.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Read the inputs from this folder of manifests (watched for changes) instead of the
+    /// Kubernetes API.
+    #[arg(long)]
+    manifests: Option<PathBuf>,
+    /// The gRPC address: NodeSync, Debug, health and reflection.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    listen: String,
+    /// The address executors are sent to when this replica leads (host:port).
+    #[arg(long, env = "KUPORT_ADVERTISE")]
+    advertise: Option<String>,
+    /// error, warn, info, debug or trace (or a tracing filter).
+    #[arg(long, env = "KUPORT_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    #[arg(long, env = "KUPORT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 fn main() -> ExitCode {
@@ -84,5 +111,35 @@ fn run() -> anyhow::Result<()> {
             print!("{}", crds::yaml()?);
             Ok(())
         }
+        Command::Run(args) => run_controller(args, cli.cni.settings()),
     }
+}
+
+fn run_controller(args: RunArgs, settings: Settings) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .with_context(|| format!("--log-level {:?}", args.log_level))?;
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
+    let Some(manifests) = args.manifests else {
+        anyhow::bail!("--manifests: required (the Kubernetes API source is not built yet)");
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("building the runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("--listen {}: cannot bind", args.listen))?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        };
+        serve::run_standalone(serve::Standalone { manifests, settings, advertise: args.advertise }, listener, stop)
+            .await
+    })
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use kuport_proto::owned;
 use kuport_proto::v1::{NetnsState, NftFamily};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::{nft, route};
 
@@ -287,20 +288,51 @@ impl Executor {
     /// burst for [`DEBOUNCE`], then [`Executor::check`]s. A failed apply is recorded in the
     /// stats and retried at the next check. Never tears anything down on exit.
     pub async fn keep<F: Future<Output = ()>>(&mut self, desired: &NetnsState, stop: F) -> Result<(), ExecError> {
+        let (_commands, rx) = mpsc::channel(1);
+        self.keep_loop(Some(desired), rx, stop).await
+    }
+
+    /// Like [`Executor::keep`], but the state to keep arrives as [`Command`]s (each answered
+    /// with its apply's result); ends when every sender is dropped.
+    pub async fn serve(&mut self, commands: mpsc::Receiver<Command>) -> Result<(), ExecError> {
+        self.keep_loop(None, commands, std::future::pending()).await
+    }
+
+    async fn keep_loop<F: Future<Output = ()>>(
+        &mut self,
+        initial: Option<&NetnsState>,
+        mut commands: mpsc::Receiver<Command>,
+        stop: F,
+    ) -> Result<(), ExecError> {
         // Subscribe first, so that no change after the apply goes unnoticed.
         let mut links = route::subscribe(self.netns.as_deref())
             .map_err(|e| ExecError::Watch { what: "rtnetlink", reason: e.to_string() })?;
         let mut tables = nft::watch::subscribe(self.netns.as_deref())
             .map_err(|e| ExecError::Watch { what: "nftables", reason: e.to_string() })?;
-        // Failures are in the stats; the next check retries.
-        let _ = self.apply(desired);
+        if let Some(desired) = initial {
+            // Failures are in the stats; the next check retries.
+            let _ = self.apply(desired);
+        }
         let mut backstop = tokio::time::interval(BACKSTOP);
         backstop.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         backstop.tick().await;
+        let mut open = true;
         tokio::pin!(stop);
         loop {
             tokio::select! {
                 _ = &mut stop => return Ok(()),
+                c = commands.recv(), if open => match c {
+                    Some(Command::Apply(state, reply)) => {
+                        let result = self.apply(&state);
+                        // Our own writes are not drift.
+                        links.drain();
+                        tables.drain();
+                        let _ = reply.send(result);
+                        continue;
+                    }
+                    None if initial.is_none() => return Ok(()),
+                    None => open = false,
+                },
                 n = links.recv() => if n.is_none() {
                     return Err(ExecError::Watch { what: "rtnetlink", reason: "subscription ended".into() });
                 },
@@ -316,6 +348,60 @@ impl Executor {
             // What the repair itself caused is checked by the next round, and finds nothing.
         }
     }
+}
+
+/// A request to an executor run by [`Executor::serve`] or [`spawn_keeper`].
+#[derive(Debug)]
+pub enum Command {
+    /// Make this the state to keep, and answer with the apply's result.
+    Apply(Arc<NetnsState>, oneshot::Sender<Result<Report, ExecError>>),
+}
+
+/// An executor kept on its own thread (applies block on netlink; a 50,000-mapping cold apply
+/// takes seconds, which must not stall anyone's runtime).
+#[derive(Debug, Clone)]
+pub struct Keeper {
+    commands: mpsc::Sender<Command>,
+    stats: StatsHandle,
+}
+
+impl Keeper {
+    /// Makes `state` the state to keep; resolves once it was applied (or refused).
+    pub async fn apply(&self, state: Arc<NetnsState>) -> Result<Report, ExecError> {
+        let gone = || ExecError::Watch {
+            what: "executor",
+            reason: self.stats.get().last_error.unwrap_or_else(|| "its thread ended".into()),
+        };
+        let (reply, answer) = oneshot::channel();
+        self.commands.send(Command::Apply(state, reply)).await.map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())?
+    }
+
+    pub fn stats(&self) -> StatsHandle {
+        self.stats.clone()
+    }
+}
+
+/// Starts an executor for `netns` on a thread of its own; it keeps whatever it was last asked
+/// to apply until every [`Keeper`] clone is dropped, and tears nothing down then either.
+pub fn spawn_keeper(netns: Option<PathBuf>) -> Result<Keeper, ExecError> {
+    let mut ex = Executor::new(netns);
+    let stats = ex.stats();
+    let (commands, rx) = mpsc::channel(4);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ExecError::Watch { what: "executor runtime", reason: e.to_string() })?;
+    let st = stats.clone();
+    std::thread::Builder::new()
+        .name("kuport-keeper".into())
+        .spawn(move || {
+            if let Err(e) = rt.block_on(ex.serve(rx)) {
+                st.lock().last_error = Some(e.to_string());
+            }
+        })
+        .map_err(|e| ExecError::Watch { what: "executor thread", reason: e.to_string() })?;
+    Ok(Keeper { commands, stats })
 }
 
 /// `desired` plus every link, address, route, rule and sysctl of `prev` that `desired` does not

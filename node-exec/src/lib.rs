@@ -2,3 +2,4 @@
 pub mod executor;
 pub mod nft;
 pub mod route;
+pub mod sync;

@@ -1,6 +1,6 @@
-//! kuport-node-exec: applies a node's desired network state, once (`apply`) or kept against
-//! drift (`keep`). The state comes from a JSON file for now; a later version streams it from
-//! the controller.
+//! kuport-node-exec: makes a node's kernel match its desired network state. `run` streams the
+//! state from the controller and keeps it; `apply` and `keep` take it from a JSON file (for
+//! debugging and the lab).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use kuport_node_exec::executor::Executor;
+use kuport_node_exec::sync;
 use kuport_proto::v1::{NetnsState, NodeState};
 
 #[derive(Parser)]
@@ -27,8 +28,60 @@ struct Target {
     netns: Option<PathBuf>,
 }
 
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The controller's NodeSync address.
+    #[arg(long, env = "KUPORT_CONTROLLER")]
+    controller: String,
+    /// This node's Kubernetes name.
+    #[arg(long, env = "NODE_NAME")]
+    node: String,
+    /// Apply the node's (host) entry inside this namespace, e.g. /var/run/netns/NAME.
+    #[arg(long)]
+    netns: Option<PathBuf>,
+    /// Where the last applied state is kept, so a restart keeps it before reconnecting.
+    #[arg(long, default_value = "/var/lib/kuport")]
+    state_dir: PathBuf,
+    /// The interface other nodes reach this one through; by default the default route's.
+    #[arg(long)]
+    underlay_interface: Option<String>,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+#[derive(clap::Args)]
+struct LogArgs {
+    /// error, warn, info, debug or trace (or a tracing filter such as kuport_node_exec=debug).
+    #[arg(long, env = "KUPORT_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    #[arg(long, env = "KUPORT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogArgs {
+    fn init(&self) -> anyhow::Result<()> {
+        let filter = tracing_subscriber::EnvFilter::try_new(&self.log_level)
+            .with_context(|| format!("--log-level {:?}", self.log_level))?;
+        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        match self.log_format {
+            LogFormat::Text => builder.init(),
+            LogFormat::Json => builder.json().init(),
+        }
+        Ok(())
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Streams this node's state from the controller, applies it and keeps it (repairing
+    /// drift), also while the controller is away. Nothing is torn down on exit.
+    Run(RunArgs),
     /// Applies every namespace entry once and prints what was written.
     Apply(Target),
     /// Applies, then keeps the state (repairing drift) until SIGTERM or Ctrl-C. Nothing is
@@ -64,6 +117,7 @@ fn run() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Keep(t) => keep(entries(&t)?),
+        Command::Run(args) => run_sync(args),
     }
 }
 
@@ -117,5 +171,28 @@ fn keep(entries: Vec<(Option<PathBuf>, NetnsState)>) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => { let _ = stop_tx.send(true); all.await }
         };
         results.into_iter().collect::<anyhow::Result<Vec<()>>>().map(|_| ())
+    })
+}
+
+fn run_sync(args: RunArgs) -> anyhow::Result<()> {
+    args.log.init()?;
+    let mut cfg = sync::Config::new(args.controller, args.node);
+    cfg.netns = args.netns;
+    cfg.state_dir = Some(args.state_dir);
+    cfg.underlay_interface = args.underlay_interface;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("building the runtime")?;
+    rt.block_on(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        };
+        let keepers = sync::NodeKeepers::new(cfg.netns.clone());
+        sync::run(cfg, keepers, stop).await;
+        tracing::info!("stopping; the applied state stays in place");
+        Ok(())
     })
 }

@@ -8,6 +8,9 @@ pub mod text;
 /// The generated types of package kuport.v1.
 pub mod v1 {
     tonic::include_proto!("kuport.v1");
+
+    /// The encoded descriptors of package kuport.v1, for gRPC reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("kuport_descriptor");
 }
 
 pub use canonical::{canonicalize, version};

@@ -184,6 +184,22 @@ pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
     out
 }
 
+/// The nodes whose executors must apply a programmed mapping: its accepting nodes, and the
+/// pod's node when any of them lacks the pod (it holds the link's far end and the return path).
+pub fn must_ack(out: &Outputs, key: &MapKey) -> Vec<String> {
+    let Some(accepting) = out.programming.get(key) else { return Vec::new() };
+    let mut nodes = accepting.clone();
+    let pod = out.port_maps.get(key).and_then(|s| s.endpoint.as_ref()).map(|e| e.node.clone());
+    if let Some(pod) = pod
+        && accepting.iter().any(|n| *n != pod)
+        && !nodes.contains(&pod)
+    {
+        nodes.push(pod);
+    }
+    nodes.sort();
+    nodes
+}
+
 /// Both ends of every link a placement needs, or why one cannot be built.
 fn link_ends(
     view: &observe::View,

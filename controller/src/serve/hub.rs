@@ -1,0 +1,355 @@
+//! The hub: what the controller knows at run time, between its inputs and its executors.
+//!
+//! Inputs (from a manifest folder or, later, the Kubernetes API) and the facts executors report
+//! go in; a recompute (debounced: [`QUIET`] of quiet, [`AT_MOST`] at most) runs the pure
+//! [`compute`] and publishes each node's state, stamped with the leader's term and a sequence
+//! number, on that node's channel. Only nodes whose version changed get a new message.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kuport_proto::v1::{
+    Applied, DesiredState, ExecutorMessage, Hello, NodeFacts as WireFacts, NodeState, ObjectError, executor_message,
+};
+use tokio::sync::{Notify, watch};
+
+use super::leader::Leadership;
+use crate::api::{PortMapClassStatus, PortMapStatus};
+use crate::compute::admission::MapKey;
+use crate::compute::{Cluster, InterfaceFacts, NodeFacts, Outputs, Settings, compute};
+
+/// A recompute waits for this much quiet after the last change...
+pub const QUIET: Duration = Duration::from_millis(100);
+/// ...but never longer than this after the first one.
+pub const AT_MOST: Duration = Duration::from_secs(1);
+
+/// A node's stream of desired states (None until the first compute that knows the node).
+pub type DesiredRx = watch::Receiver<Option<Arc<DesiredState>>>;
+
+/// What the controller knows of one node and its executor.
+#[derive(Debug)]
+struct NodeEntry {
+    tx: watch::Sender<Option<Arc<DesiredState>>>,
+    /// The connected executor's session id.
+    session: Option<u64>,
+    executor_version: String,
+    /// When the executor connected or disconnected.
+    since: Instant,
+    /// The last state the executor applied (ok Ack, or what it held when it said Hello).
+    acked: Option<Applied>,
+    /// The refusal of the latest answer, empty after an ok.
+    errors: Vec<ObjectError>,
+    drift_repairs: u64,
+    last_drift: Vec<String>,
+    facts: Option<WireFacts>,
+}
+
+impl NodeEntry {
+    fn new() -> Self {
+        NodeEntry {
+            tx: watch::channel(None).0,
+            session: None,
+            executor_version: String::new(),
+            since: Instant::now(),
+            acked: None,
+            errors: Vec::new(),
+            drift_repairs: 0,
+            last_drift: Vec::new(),
+            facts: None,
+        }
+    }
+
+    fn desired(&self) -> Option<Arc<DesiredState>> {
+        self.tx.borrow().clone()
+    }
+}
+
+/// One node as the Debug service shows it.
+#[derive(Debug, Clone)]
+pub struct NodeView {
+    pub node: String,
+    pub desired: Option<Arc<DesiredState>>,
+    pub connected: bool,
+    pub executor_version: String,
+    pub since: Duration,
+    pub acked: Option<Applied>,
+    pub errors: Vec<ObjectError>,
+    pub drift_repairs: u64,
+    pub last_drift: Vec<String>,
+    pub facts: Option<WireFacts>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The latest inputs; None until the source delivered them once.
+    inputs: Option<Cluster>,
+    /// The statuses the last compute decided, fed back as the objects' stored status (slots
+    /// and condition times survive recomputes, as they would through the API server).
+    class_status: BTreeMap<String, PortMapClassStatus>,
+    port_map_status: BTreeMap<MapKey, PortMapStatus>,
+    outputs: Arc<Outputs>,
+    term: u64,
+    sequence: u64,
+    next_session: u64,
+    nodes: BTreeMap<String, NodeEntry>,
+    /// The source's last error (a bad manifest); the previous inputs stay in use.
+    source_error: Option<String>,
+    computes: u64,
+}
+
+/// Shared by the source, the recompute loop and every gRPC session.
+#[derive(Debug)]
+pub struct Hub {
+    inner: Mutex<Inner>,
+    changed: Notify,
+    settings: Settings,
+    leadership: watch::Receiver<Leadership>,
+    /// Set when the controller stops: every session ends, so the server can finish.
+    closing: watch::Sender<bool>,
+}
+
+impl Hub {
+    pub fn new(settings: Settings, leadership: watch::Receiver<Leadership>) -> Arc<Self> {
+        let closing = watch::channel(false).0;
+        Arc::new(Hub { inner: Mutex::default(), changed: Notify::new(), settings, leadership, closing })
+    }
+
+    /// Ends every executor session (the controller is stopping).
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The data stays consistent per field even if a holder panicked.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.clone()
+    }
+
+    /// New inputs from the source (facts in them are defaults; reported facts win).
+    pub fn set_inputs(&self, cluster: Cluster) {
+        let mut inner = self.lock();
+        inner.inputs = Some(cluster);
+        inner.source_error = None;
+        drop(inner);
+        self.changed.notify_one();
+    }
+
+    /// The source could not read its inputs; the previous ones stay in use.
+    pub fn set_source_error(&self, error: String) {
+        self.lock().source_error = Some(error);
+    }
+
+    pub fn source_error(&self) -> Option<String> {
+        self.lock().source_error.clone()
+    }
+
+    /// An executor said Hello: registers its session and returns the node's state channel.
+    pub fn connect(&self, hello: &Hello) -> (u64, DesiredRx) {
+        let mut inner = self.lock();
+        inner.next_session += 1;
+        let session = inner.next_session;
+        let entry = inner.nodes.entry(hello.node.clone()).or_insert_with(NodeEntry::new);
+        entry.session = Some(session);
+        entry.executor_version = hello.executor_version.clone();
+        entry.since = Instant::now();
+        entry.errors.clear();
+        if let Some(a) = &hello.applied {
+            entry.acked = Some(a.clone());
+        }
+        let rx = entry.tx.subscribe();
+        let new_node = inner.inputs.is_some() && !inner.outputs.node_states.contains_key(&hello.node);
+        drop(inner);
+        if new_node {
+            // Publish at least an empty state for a node the inputs do not name.
+            self.changed.notify_one();
+        }
+        (session, rx)
+    }
+
+    /// The session ended (a newer session of the same node is left alone).
+    pub fn disconnect(&self, node: &str, session: u64) {
+        let mut inner = self.lock();
+        if let Some(e) = inner.nodes.get_mut(node)
+            && e.session == Some(session)
+        {
+            e.session = None;
+            e.since = Instant::now();
+        }
+    }
+
+    /// A message from a connected executor.
+    pub fn receive(&self, node: &str, message: ExecutorMessage) {
+        let mut inner = self.lock();
+        let Some(entry) = inner.nodes.get_mut(node) else { return };
+        let mut recompute = false;
+        match message.message {
+            Some(executor_message::Message::Facts(f)) => {
+                recompute = entry.facts.as_ref() != Some(&f);
+                entry.facts = Some(f);
+            }
+            Some(executor_message::Message::Ack(a)) => {
+                if a.ok {
+                    entry.acked = Some(Applied { term: a.term, sequence: a.sequence, version: a.version });
+                    entry.errors.clear();
+                } else {
+                    entry.errors = a.errors;
+                }
+            }
+            Some(executor_message::Message::Drift(d)) => {
+                entry.drift_repairs = d.repairs;
+                entry.last_drift = d.differences;
+            }
+            Some(executor_message::Message::Hello(_)) | None => {}
+        }
+        drop(inner);
+        if recompute {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Every node known, by name.
+    pub fn nodes(&self) -> Vec<NodeView> {
+        let inner = self.lock();
+        inner.nodes.iter().map(|(n, e)| view(n, e)).collect()
+    }
+
+    pub fn node(&self, name: &str) -> Option<NodeView> {
+        let inner = self.lock();
+        inner.nodes.get(name).map(|e| view(name, e))
+    }
+
+    /// The last compute's outputs and the inputs it ran on.
+    pub fn outputs(&self) -> (Arc<Outputs>, Option<Cluster>) {
+        let inner = self.lock();
+        (inner.outputs.clone(), inner.inputs.clone())
+    }
+
+    pub fn computes(&self) -> u64 {
+        self.lock().computes
+    }
+
+    /// Recomputes whenever something changed, debounced, until the process ends.
+    pub async fn recompute_loop(self: Arc<Self>) {
+        let mut leadership = self.leadership.clone();
+        loop {
+            tokio::select! {
+                _ = self.changed.notified() => {}
+                r = leadership.changed() => if r.is_err() { return },
+            }
+            let first = tokio::time::Instant::now();
+            loop {
+                let quiet = tokio::time::sleep(QUIET);
+                let deadline = tokio::time::sleep_until(first + AT_MOST);
+                tokio::select! {
+                    _ = self.changed.notified() => continue,
+                    _ = quiet => break,
+                    _ = deadline => break,
+                }
+            }
+            let hub = self.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || hub.recompute()).await {
+                tracing::error!(error = %e, "recompute panicked");
+            }
+        }
+    }
+
+    /// One compute and publish, now. Does nothing before the first inputs.
+    pub fn recompute(&self) {
+        let started = Instant::now();
+        let (mut cluster, term) = {
+            let inner = self.lock();
+            let Some(inputs) = &inner.inputs else { return };
+            let mut cluster = inputs.clone();
+            for c in &mut cluster.classes {
+                if let Some(s) = c.metadata.name.as_ref().and_then(|n| inner.class_status.get(n)) {
+                    c.status = Some(s.clone());
+                }
+            }
+            for pm in &mut cluster.port_maps {
+                let key = crate::compute::admission::key_of(pm);
+                if let Some(s) = inner.port_map_status.get(&key) {
+                    pm.status = Some(s.clone());
+                }
+            }
+            for (node, e) in &inner.nodes {
+                if let Some(f) = &e.facts {
+                    cluster.facts.retain(|x| &x.node != node);
+                    cluster.facts.push(facts_input(node, f));
+                }
+            }
+            (cluster, self.leadership.borrow().term)
+        };
+        cluster.now = Timestamp::now();
+        let out = compute(&cluster, &self.settings);
+
+        let mut inner = self.lock();
+        inner.computes += 1;
+        inner.class_status = out.classes.clone();
+        inner.port_map_status = out.port_maps.clone();
+        let restamp = inner.term != term;
+        inner.term = term;
+        let mut names: Vec<String> = out.node_states.keys().cloned().collect();
+        names.extend(inner.nodes.keys().filter(|n| !out.node_states.contains_key(*n)).cloned());
+        let mut published = 0;
+        for name in names {
+            let state = out
+                .node_states
+                .get(&name)
+                .cloned()
+                .unwrap_or_else(|| NodeState { node: name.clone(), ..Default::default() });
+            let version = kuport_proto::version(&state);
+            let same =
+                inner.nodes.get(&name).and_then(NodeEntry::desired).is_some_and(|d| d.version == version && !restamp);
+            if same {
+                continue;
+            }
+            inner.sequence += 1;
+            let sequence = inner.sequence;
+            let entry = inner.nodes.entry(name).or_insert_with(NodeEntry::new);
+            entry.tx.send_replace(Some(Arc::new(DesiredState { term, sequence, version, state: Some(state) })));
+            published += 1;
+        }
+        inner.outputs = Arc::new(out);
+        tracing::info!(published, elapsed_ms = started.elapsed().as_millis() as u64, "computed");
+    }
+}
+
+fn view(node: &str, e: &NodeEntry) -> NodeView {
+    NodeView {
+        node: node.to_string(),
+        desired: e.desired(),
+        connected: e.session.is_some(),
+        executor_version: e.executor_version.clone(),
+        since: e.since.elapsed(),
+        acked: e.acked.clone(),
+        errors: e.errors.clone(),
+        drift_repairs: e.drift_repairs,
+        last_drift: e.last_drift.clone(),
+        facts: e.facts.clone(),
+    }
+}
+
+/// Reported facts as the computation reads them.
+fn facts_input(node: &str, f: &WireFacts) -> NodeFacts {
+    NodeFacts {
+        node: node.to_string(),
+        underlay_address: f.underlay_address.parse::<Ipv4Addr>().ok(),
+        underlay_mtu: (f.underlay_mtu > 0).then_some(f.underlay_mtu),
+        interfaces: Some(
+            f.interfaces
+                .iter()
+                .map(|i| InterfaceFacts { name: i.name.clone(), addresses: i.addresses.clone() })
+                .collect(),
+        ),
+    }
+}

@@ -1,0 +1,93 @@
+//! The controller at run time: observe (a source feeds the [`hub::Hub`]), compute (the hub's
+//! debounced recompute), stream (NodeSync to each executor) and report (the Debug service).
+//!
+//! One gRPC port serves NodeSync (leader only), Debug (every replica), the standard health
+//! service and reflection, so grpcurl works without .proto files.
+
+pub mod debug;
+pub mod hub;
+pub mod leader;
+pub mod source;
+pub mod sync;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kuport_proto::v1::debug_server::DebugServer;
+use kuport_proto::v1::node_sync_server::NodeSyncServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::compute::Settings;
+pub use hub::Hub;
+
+/// The largest message either side accepts: a 50,000-mapping node state is about 20 MB.
+pub const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+
+/// A controller that reads a manifest folder instead of the Kubernetes API.
+pub struct Standalone {
+    pub manifests: PathBuf,
+    pub settings: Settings,
+    /// The address executors are sent to (host:port); the listener's by default.
+    pub advertise: Option<String>,
+}
+
+/// Serves the hub's services on `listener` until `stop` completes.
+pub async fn serve_grpc<F>(hub: Arc<Hub>, listener: TcpListener, stop: F) -> Result<(), tonic::transport::Error>
+where
+    F: std::future::Future<Output = ()> + Send,
+{
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<NodeSyncServer<sync::SyncService>>().await;
+    health.set_serving::<DebugServer<debug::DebugService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kuport_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| {
+            tracing::error!(error = %e, "reflection");
+            e
+        });
+    let closer = hub.clone();
+    let stop = async move {
+        stop.await;
+        // Streams never end by themselves; a graceful shutdown waits for them.
+        closer.close();
+    };
+    let mut router = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .add_service(health_service)
+        .add_service(
+            NodeSyncServer::new(sync::SyncService::new(hub.clone()))
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+        .add_service(
+            DebugServer::new(debug::DebugService::new(hub))
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        );
+    if let Ok(r) = reflection {
+        router = router.add_service(r);
+    }
+    router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await
+}
+
+/// Runs a standalone controller on `listener`: the folder source, the recompute loop and the
+/// gRPC services, until `stop` completes.
+pub async fn run_standalone<F>(cfg: Standalone, listener: TcpListener, stop: F) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = ()> + Send,
+{
+    let address: SocketAddr = listener.local_addr()?;
+    let (_lead_tx, lead_rx) = leader::standalone(cfg.advertise.unwrap_or_else(|| address.to_string()));
+    let hub = Hub::new(cfg.settings, lead_rx);
+    let source = tokio::spawn(source::watch_folder(cfg.manifests, hub.clone()));
+    let recompute = tokio::spawn(hub.clone().recompute_loop());
+    tracing::info!(%address, "serving NodeSync, Debug, health and reflection");
+    let served = serve_grpc(hub, listener, stop).await;
+    source.abort();
+    recompute.abort();
+    served.map_err(Into::into)
+}

@@ -1,0 +1,360 @@
+#!/usr/bin/env bash
+# Tests of the Helm chart charts/kuport, without the running controller (no kubelet: pods never
+# start). Offline: helm lint, golden renders, the CRD copy, RBAC and security contexts of the
+# render. Online, against the lab's real kube-apiserver (e2e/controlplane): install, every object
+# there, the RBAC as the API server evaluates it, the CRDs accept note 000's examples, upgrade,
+# uninstall keeps only the CRDs.
+#
+# Usage: e2e/chart/test.sh            (UPDATE_GOLDEN=1 rewrites e2e/chart/golden/*.yaml)
+# Prints "N passed, M failed" last and exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export LC_ALL=C
+
+t0=$(date +%s)
+chart=charts/kuport
+here=e2e/chart
+ns=kuport-system
+release=kuport
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/kuport-chart.XXXXXX")
+state="$work/controlplane" # up.sh creates it
+passed=0
+failed=0
+failures=()
+
+log() { printf '[chart] %s\n' "$*" >&2; }
+
+finish() {
+  local rc=$?
+  if [ -f "$state/.kuport-controlplane" ]; then
+    if [ "$failed" != 0 ] || [ "$rc" != 0 ]; then
+      for l in kube-apiserver etcd; do
+        [ -f "$state/$l.log" ] && { echo "----- $l.log (tail)" >&2; tail -n 20 "$state/$l.log" >&2; }
+      done
+    fi
+    e2e/controlplane/down.sh "$state" >/dev/null 2>&1 || log "down.sh failed for $state"
+  fi
+  rm -rf "$work"
+  if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then
+    log "FAILED outside a check (exit $rc)"
+    failed=1
+  fi
+  if ((failed)); then
+    log "failed:"
+    printf '[chart]   %s\n' "${failures[@]:-setup}" >&2
+  fi
+  log "finished in $(($(date +%s) - t0))s"
+  echo "$passed passed, $failed failed"
+  ((failed == 0)) || exit 1
+  exit 0
+}
+trap finish EXIT
+
+# check NAME FUNCTION ARGS...: runs the function in a subshell with errexit in force (so every
+# failing command inside fails the check), counts it and goes on with the next check.
+check() {
+  local name=$1 rc
+  shift
+  set +e
+  (
+    set -euo pipefail
+    "$@"
+  ) >"$work/check.log" 2>&1
+  rc=$?
+  set -e
+  if [ "$rc" = 0 ]; then
+    passed=$((passed + 1))
+    log "ok: $name"
+  else
+    failed=$((failed + 1))
+    failures+=("$name")
+    log "FAIL: $name"
+    sed 's/^/    /' "$work/check.log" >&2
+  fi
+}
+
+# ------------------------------------------------------------------------------- binaries
+# Cached in ${KUPORT_CACHE:-~/.cache/kuport}/bin: instant when present, else built (~30 min).
+bin=$(e2e/controlplane/build.sh helm kubectl kube-apiserver etcd | tail -n1)
+for b in helm kubectl kube-apiserver etcd; do
+  [ -x "$bin/$b" ] || { log "missing $bin/$b after build.sh"; exit 1; }
+done
+log "binaries in $bin ($(($(date +%s) - t0))s)"
+helm() { "$bin/helm" "$@"; }
+kubectl() { "$bin/kubectl" "$@"; }
+# Helm keeps its config, cache and data (repositories, plugins) out of the user's home.
+export HELM_CONFIG_HOME="$work/helm/config" HELM_CACHE_HOME="$work/helm/cache" HELM_DATA_HOME="$work/helm/data"
+# The offline checks must not reach any cluster.
+export KUBECONFIG=/dev/null
+
+render() { # VARIANT: helm template of the chart with the variant's values
+  local args=()
+  [ "$1" = custom ] && args=(-f "$here/custom-values.yaml")
+  helm template "$release" "$chart" -n "$ns" "${args[@]}"
+}
+
+# kubectl's go-template over every object of a rendered file, with no cluster (--local).
+objects() { # FILE TEMPLATE
+  kubectl label --local -f "$1" kuport-chart-test- -o go-template="$2" 2>"$work/label.err" \
+    || { cat "$work/label.err"; return 1; }
+}
+
+# One line per granted (kind/name, apiGroup, resource, verb); "core" for the "" group.
+rbac_rules() { # FILE
+  objects "$1" '{{if or (eq .kind "ClusterRole") (eq .kind "Role")}}{{$o := printf "%s/%s" .kind .metadata.name}}{{range .rules}}{{$r := .}}{{range .apiGroups}}{{$g := .}}{{range $r.resources}}{{$res := .}}{{range $r.verbs}}{{$o}} {{if $g}}{{$g}}{{else}}core{{end}} {{$res}} {{.}}{{"\n"}}{{end}}{{end}}{{end}}{{if or $r.nonResourceURLs $r.resourceNames}}{{$o}} has nonResourceURLs or resourceNames{{"\n"}}{{end}}{{end}}{{end}}' | sort
+}
+
+bindings() { # FILE: "Kind/name -> RoleKind/role Subject:ns/name ..."
+  objects "$1" '{{if or (eq .kind "ClusterRoleBinding") (eq .kind "RoleBinding")}}{{.kind}}/{{.metadata.name}} -> {{.roleRef.kind}}/{{.roleRef.name}}{{range .subjects}} {{.kind}}:{{.namespace}}/{{.name}}{{end}}{{"\n"}}{{end}}' | sort
+}
+
+expect_eq() { # WHAT GOT WANT
+  if [ "$2" != "$3" ]; then
+    echo "$1:"
+    diff -u <(printf '%s\n' "$3") <(printf '%s\n' "$2") | sed '1s/.*/--- want/;2s/.*/+++ got/' || true
+    return 1
+  fi
+}
+
+# The controller's grants: exactly what the code uses (see the brief in templates/controller-rbac.yaml).
+want_cluster_rules() { # CLUSTERROLE
+  local cr=$1 g r v
+  {
+    for r in nodes namespaces services pods; do for v in get list watch; do echo "ClusterRole/$cr core $r $v"; done; done
+    for v in get list watch; do echo "ClusterRole/$cr discovery.k8s.io endpointslices $v"; done
+    for r in portmapclasses portmaps; do
+      for v in get list watch; do echo "ClusterRole/$cr kuport.wlz.li $r $v"; done
+      for v in get patch update; do echo "ClusterRole/$cr kuport.wlz.li $r/status $v"; done
+    done
+    for g in events.k8s.io core; do for v in create patch; do echo "ClusterRole/$cr $g events $v"; done; done
+  } | sort
+}
+
+want_role_rules() { # ROLE
+  local v
+  for v in get create update patch; do echo "Role/$1 coordination.k8s.io leases $v"; done | sort
+}
+
+# ------------------------------------------------------------------------ offline checks
+lint() { # [VALUES]
+  local args=()
+  [ -n "${1:-}" ] && args=(-f "$1")
+  helm lint --strict "$chart" "${args[@]}"
+}
+check "helm lint (default values)" lint
+check "helm lint (custom values)" lint "$here/custom-values.yaml"
+
+render default >"$work/default.yaml"
+render custom >"$work/custom.yaml"
+
+golden() { # VARIANT
+  local want="$here/golden/$1.yaml" got="$work/$1.yaml"
+  if [ "${UPDATE_GOLDEN:-}" = 1 ]; then
+    mkdir -p "$here/golden"
+    cp "$got" "$want"
+    echo "rewrote $want"
+    return 0
+  fi
+  [ -f "$want" ] || { echo "$want is missing; run UPDATE_GOLDEN=1 $0"; return 1; }
+  diff -u "$want" "$got" || { echo "render differs from $want; if intended: UPDATE_GOLDEN=1 $0"; return 1; }
+}
+check "helm template matches golden/default.yaml" golden default
+check "helm template matches golden/custom.yaml" golden custom
+
+crds_fresh() {
+  diff -u crds/kuport.wlz.li.yaml "$chart/crds/kuport.wlz.li.yaml" \
+    || { echo "stale: cp crds/kuport.wlz.li.yaml $chart/crds/"; return 1; }
+}
+check "chart crds/ equals crds/kuport.wlz.li.yaml" crds_fresh
+
+schema_rejects() {
+  if helm template "$release" "$chart" --set controller.replica=3 >/dev/null 2>"$work/schema.err"; then
+    echo "a misspelt value (controller.replica) was accepted"
+    return 1
+  fi
+  grep -q "additional properties 'replica' not allowed" "$work/schema.err" || { cat "$work/schema.err"; return 1; }
+  if helm template "$release" "$chart" --set log.level=verbose >/dev/null 2>"$work/schema.err"; then
+    echo "log.level=verbose was accepted"
+    return 1
+  fi
+  grep -q "/log/level" "$work/schema.err" || { cat "$work/schema.err"; return 1; }
+}
+check "values.schema.json rejects unknown keys and bad values" schema_rejects
+
+no_wildcards() { # FILE
+  local rules bad
+  rules=$(rbac_rules "$1")
+  [ -n "$rules" ] || { echo "no RBAC rules found in $1"; return 1; }
+  bad=$(grep -E ' \*( |$)|\* |nonResourceURLs' <<<"$rules" || true)
+  [ -z "$bad" ] || { echo "wildcards or non-resource rules:"; echo "$bad"; return 1; }
+}
+check "RBAC: no * in any verb, resource or apiGroup (default)" no_wildcards "$work/default.yaml"
+check "RBAC: no * in any verb, resource or apiGroup (custom)" no_wildcards "$work/custom.yaml"
+
+exact_rbac() { # FILE PREFIX
+  local file=$1 c="$2-controller"
+  local got
+  got=$(rbac_rules "$file")
+  expect_eq "grants" "$got" "$( (want_cluster_rules "$c"; want_role_rules "$c-leader-election") | sort)"
+  # The Role is namespaced to the release namespace; only the leases Role is a Role.
+  [ "$(objects "$file" '{{if eq .kind "Role"}}{{.metadata.namespace}}{{"\n"}}{{end}}')" = "$ns" ]
+}
+check "RBAC: controller ClusterRole and leases Role grant exactly the list (default)" exact_rbac "$work/default.yaml" kuport
+check "RBAC: controller ClusterRole and leases Role grant exactly the list (custom)" exact_rbac "$work/custom.yaml" portmapper
+
+exec_unbound() { # FILE PREFIX
+  local file=$1 p=$2 got
+  got=$(bindings "$file")
+  expect_eq "bindings" "$got" "$(printf '%s\n' \
+    "ClusterRoleBinding/$p-controller -> ClusterRole/$p-controller ServiceAccount:$ns/$p-controller" \
+    "RoleBinding/$p-controller-leader-election -> Role/$p-controller-leader-election ServiceAccount:$ns/$p-controller" | sort)"
+  if grep -q "$p-node-exec" <<<"$got"; then echo "the executor is bound"; return 1; fi
+  # No token either: on its ServiceAccount and on its pods.
+  expect_eq "executor SA automount" \
+    "$(objects "$file" '{{if and (eq .kind "ServiceAccount") (eq .metadata.name "'"$p"'-node-exec")}}{{.automountServiceAccountToken}}{{end}}')" false
+  expect_eq "executor pod automount" \
+    "$(objects "$file" '{{if eq .kind "DaemonSet"}}{{.spec.template.spec.automountServiceAccountToken}}{{end}}')" false
+}
+check "RBAC: the executor has no binding and no token (default)" exec_unbound "$work/default.yaml" kuport
+check "RBAC: the executor has no binding and no token (custom)" exec_unbound "$work/custom.yaml" portmapper
+
+security() {
+  local f="$work/default.yaml"
+  expect_eq "controller security" "$(objects "$f" '{{if eq .kind "Deployment"}}{{with .spec.template.spec}}{{.securityContext.runAsNonRoot}} {{range .containers}}{{.securityContext.readOnlyRootFilesystem}} {{.securityContext.allowPrivilegeEscalation}} {{.securityContext.capabilities.drop}} {{.securityContext.capabilities.add}}{{end}}{{end}}{{end}}')" \
+    "true true false [ALL] <no value>"
+  expect_eq "executor security" "$(objects "$f" '{{if eq .kind "DaemonSet"}}{{with .spec.template.spec}}{{.hostNetwork}} {{.dnsPolicy}} {{.priorityClassName}} {{.tolerations}} {{range .containers}}{{.securityContext.runAsUser}} {{.securityContext.privileged}} {{.securityContext.readOnlyRootFilesystem}} {{.securityContext.capabilities.drop}} {{.securityContext.capabilities.add}}{{end}}{{end}}{{end}}')" \
+    "true ClusterFirstWithHostNet system-node-critical [map[operator:Exists]] 0 false true [ALL] [NET_ADMIN]"
+  expect_eq "executor update strategy" "$(objects "$f" '{{if eq .kind "DaemonSet"}}{{.spec.updateStrategy.type}} {{.spec.updateStrategy.rollingUpdate.maxUnavailable}} {{.spec.template.spec.terminationGracePeriodSeconds}}{{end}}')" \
+    "RollingUpdate 1 5"
+  # The custom values' privileged executor must not also carry allowPrivilegeEscalation=false
+  # (the API rejects that pair); the server-side dry run below proves it is accepted.
+  expect_eq "privileged executor" "$(objects "$work/custom.yaml" '{{if eq .kind "DaemonSet"}}{{range .spec.template.spec.containers}}{{.securityContext.privileged}} {{.securityContext.allowPrivilegeEscalation}}{{end}}{{end}}')" \
+    "true <no value>"
+}
+check "security contexts (controller non-root, read-only, no caps; executor NET_ADMIN only)" security
+
+# --------------------------------------------------------- against a real API server
+t1=$(date +%s)
+e2e/controlplane/up.sh "$state" >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; exit 1; }
+# shellcheck disable=SC1091
+. "$state/env" # KUBECONFIG, PATH
+log "API server up in $(($(date +%s) - t1))s"
+
+install() {
+  helm install "$release" "$chart" -n "$ns" --create-namespace --wait=false | tee "$work/install.out"
+  grep -q "kuportctl --controller http://127.0.0.1:9443 nodes" "$work/install.out"
+  grep -q "port-forward svc/kuport-controller 9443" "$work/install.out"
+}
+check "helm install (NOTES show kuportctl)" install
+
+all_objects() {
+  kubectl -n "$ns" get deploy/kuport-controller ds/kuport-node-exec svc/kuport-controller \
+    sa/kuport-controller sa/kuport-node-exec role/kuport-controller-leader-election \
+    rolebinding/kuport-controller-leader-election pdb/kuport-controller
+  kubectl get clusterrole/kuport-controller clusterrolebinding/kuport-controller \
+    crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li
+  kubectl wait --for=condition=Established --timeout=60s crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li
+  expect_eq "service ports" "$(kubectl -n "$ns" get svc kuport-controller -o jsonpath='{range .spec.ports[*]}{.name}:{.port} {end}')" "grpc:9443 metrics:9090 "
+  expect_eq "pdb" "$(kubectl -n "$ns" get pdb kuport-controller -o jsonpath='{.spec.minAvailable}')" 1
+}
+check "every object exists (deploy, ds, svc, sa, (cluster)role(binding), pdb, CRDs)" all_objects
+
+# The API server's own RBAC evaluation, impersonating each ServiceAccount.
+can() { # yes|no SA VERB RESOURCE [kubectl auth can-i flags]
+  local want=$1 sa=$2 got
+  shift 2
+  got=$(kubectl auth can-i "$@" --as="system:serviceaccount:$ns:$sa" 2>/dev/null || true)
+  [ "$got" = "$want" ] || { echo "can-i $* as $sa: got '$got', want '$want'"; return 1; }
+}
+rbac_live() {
+  local c=kuport-controller e=kuport-node-exec r v bad=0
+  for r in nodes namespaces services pods endpointslices.discovery.k8s.io portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li; do
+    for v in get list watch; do can yes "$c" "$v" "$r" -A || bad=1; done
+  done
+  for r in portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li; do
+    for v in get patch update; do can yes "$c" "$v" "$r" --subresource=status -A || bad=1; done
+    # status only: never the spec, never create or delete
+    for v in update patch create delete; do can no "$c" "$v" "$r" -A || bad=1; done
+  done
+  for r in events events.events.k8s.io; do for v in create patch; do can yes "$c" "$v" "$r" -A || bad=1; done; done
+  for v in get create update patch; do can yes "$c" "$v" leases.coordination.k8s.io -n "$ns" || bad=1; done
+  can no "$c" create leases.coordination.k8s.io -n default || bad=1
+  can no "$c" list leases.coordination.k8s.io -n "$ns" || bad=1
+  for r in secrets configmaps; do can no "$c" get "$r" -A || bad=1; done
+  for v in create update patch delete; do can no "$c" "$v" pods -A || bad=1; done
+  # The executor: nothing, cluster-wide or in its own namespace.
+  for r in nodes pods services endpointslices.discovery.k8s.io portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li; do
+    can no "$e" get "$r" -A || bad=1
+  done
+  for r in leases.coordination.k8s.io pods secrets configmaps events; do
+    for v in get create; do can no "$e" "$v" "$r" -n "$ns" || bad=1; done
+  done
+  return $bad
+}
+check "RBAC as the API server evaluates it (kubectl auth can-i --as each ServiceAccount)" rbac_live
+
+examples() {
+  # Note 000's two classes, then the example workloads' Namespaces, Services, EndpointSlices
+  # and PortMaps.
+  kubectl apply -f examples/cluster/classes.yaml
+  kubectl apply -f examples/cluster/web.yaml -f examples/cluster/game.yaml -f examples/cluster/dns.yaml
+  kubectl get pmc,pm -A
+  expect_eq "classes" "$(kubectl get pmc -o jsonpath='{.items[*].metadata.name}')" "intranet public"
+  expect_eq "portmaps" "$(kubectl get pm -A -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name} {end}')" "games/game intranet/dns web/web "
+  # The schema's defaults are applied (servingMode Single, ports 1..65535 unless given).
+  expect_eq "defaults" "$(kubectl get pmc public -o jsonpath='{.spec.servingMode} {.spec.returnPath.vxlan.port}')" "Single 4790"
+  # And the schema is enforced.
+  if kubectl apply -f - <<'EOF' 2>"$work/bad.err"; then
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: bad, namespace: web}
+spec: {className: public, port: 70000, protocol: SCTP, serviceRef: {name: web}}
+EOF
+    echo "an invalid PortMap was accepted"
+    return 1
+  fi
+  grep -q "spec.protocol" "$work/bad.err" && grep -q "spec.port" "$work/bad.err" || { cat "$work/bad.err"; return 1; }
+}
+check "the CRDs accept note 000's examples and reject an invalid PortMap" examples
+
+custom_server() {
+  # The custom render (privileged executor, NodePort, percentages, ...) passes the API server's
+  # validation too.
+  kubectl create --dry-run=server -f "$work/custom.yaml" -o name
+}
+check "the custom render passes server-side validation (dry run)" custom_server
+
+upgrade() {
+  helm upgrade "$release" "$chart" -n "$ns" --set controller.replicas=3 --set log.level=debug --wait=false >/dev/null
+  expect_eq "release" "$(helm list -n "$ns" -o json | grep -o '"revision":"[0-9]*","updated":"[^"]*","status":"[a-z]*"' | sed 's/,"updated":"[^"]*"//')" \
+    '"revision":"2","status":"deployed"'
+  expect_eq "replicas" "$(kubectl -n "$ns" get deploy kuport-controller -o jsonpath='{.spec.replicas}')" 3
+  kubectl -n "$ns" get deploy kuport-controller -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q '"--log-level","debug"'
+  kubectl -n "$ns" get ds kuport-node-exec -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q '"--log-level","debug"'
+  # Values not given are the chart defaults again, not the previous release's.
+  expect_eq "spread" "$(kubectl -n "$ns" get deploy kuport-controller -o jsonpath='{.spec.template.spec.topologySpreadConstraints[0].topologyKey}')" kubernetes.io/hostname
+}
+check "helm upgrade (replicas 3, log level debug) is visible" upgrade
+
+uninstall() {
+  helm uninstall "$release" -n "$ns"
+  local o left
+  for o in deploy/kuport-controller ds/kuport-node-exec svc/kuport-controller sa/kuport-controller \
+    sa/kuport-node-exec role/kuport-controller-leader-election rolebinding/kuport-controller-leader-election \
+    pdb/kuport-controller; do
+    if kubectl -n "$ns" get "$o" >/dev/null 2>&1; then echo "$o is left"; return 1; fi
+  done
+  for o in clusterrole/kuport-controller clusterrolebinding/kuport-controller; do
+    if kubectl get "$o" >/dev/null 2>&1; then echo "$o is left"; return 1; fi
+  done
+  left=$(kubectl get deploy,ds,svc,sa,role,rolebinding,pdb,clusterrole,clusterrolebinding -A \
+    -l app.kubernetes.io/instance="$release" -o name)
+  [ -z "$left" ] || { echo "left with the release label:"; echo "$left"; return 1; }
+  [ -z "$(helm list -n "$ns" -q)" ]
+  # The CRDs stay, and with them the custom resources.
+  kubectl get crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li
+  kubectl get pmc public intranet
+  kubectl -n web get pm web
+}
+check "helm uninstall leaves the CRDs and nothing else of the release" uninstall

@@ -1,0 +1,635 @@
+//! A lab: the topology built from network namespaces and veths, with a Cilium-like CNI on each
+//! node and an echo server in each pod.
+//!
+//! Namespaces: one per node, pod and client, named `<lab id>-<host>`, and one switch namespace
+//! `<lab id>_switch` holding a bridge per underlay network. The lab id is unique on the machine,
+//! so labs run side by side; interface names repeat freely inside namespaces.
+//!
+//! Each node, as Cilium sets it up as far as kuport's rules care:
+//! - the underlay interface (`wt0`), a veth into the switch's bridge for its network;
+//! - each public interface, a bridge whose ports are veths to the attached clients (`lab-c*`),
+//!   with a /32 route to each attached client's address;
+//! - `cilium_host`/`cilium_net`, a veth pair, with the router address (the pod CIDR's first) on
+//!   `cilium_host`;
+//! - per pod, a veth `lxc<hash>` whose peer is the pod's `eth0`. Traffic to a pod leaves
+//!   through `cilium_host` (route `POD/32 dev cilium_host`, a permanent neighbour entry for the
+//!   pod's MAC), and a tc clsact egress u32 filter on `cilium_host` redirects it to the pod's
+//!   `lxc` device. The pod's replies arrive on `lxc*`; its default route is the router address;
+//! - the CNI's masquerade in nftables table `ip nat` (see [`cni_ruleset`]).
+
+use std::collections::BTreeMap;
+use std::io::BufRead as _;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use kuport_controller::api::PortMapClassStatus;
+use kuport_node_exec::executor::Executor;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::echo::PodServer;
+use crate::objects::{Objects, generate};
+use crate::probe::{Answer, ProbeError, probe};
+use crate::sys::{self, ip_batch, netns_path, tc_batch};
+use crate::topology::{NodeSpec, PodSpec, Ports, Protocol, Topology, router};
+
+/// How long a probe waits by default.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How the pods' echo servers run.
+#[derive(Debug, Clone, Default)]
+pub enum ServerMode {
+    /// On a runtime inside this process; they stop with the lab.
+    #[default]
+    InProcess,
+    /// As detached `BIN serve` processes that outlive this one (`kuport-lab up`), logging to
+    /// `log_dir`.
+    Processes { bin: PathBuf, log_dir: PathBuf },
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct LabOptions {
+    /// The lab id; a fresh unique one when None.
+    pub id: Option<String>,
+    pub servers: ServerMode,
+}
+
+/// What a lab is, enough to find and tear it down from another process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    pub id: String,
+    pub topology: Topology,
+    /// Every namespace the lab made, in order.
+    pub namespaces: Vec<String>,
+    /// Echo server processes by pod.
+    #[serde(default)]
+    pub servers: BTreeMap<String, u32>,
+    /// The class statuses last computed, fed back into the next computation as the
+    /// controller's status writes would be.
+    #[serde(default)]
+    pub classes: BTreeMap<String, PortMapClassStatus>,
+}
+
+enum Servers {
+    InProcess {
+        rt: Option<tokio::runtime::Runtime>,
+        pods: BTreeMap<String, PodServer>,
+    },
+    Processes {
+        bin: PathBuf,
+        log_dir: PathBuf,
+        pids: BTreeMap<String, u32>,
+    },
+    /// Attached to a lab another process made: its servers are processes it knows by pid.
+    Attached {
+        pids: BTreeMap<String, u32>,
+    },
+}
+
+pub struct Lab {
+    id: String,
+    topology: Topology,
+    namespaces: Vec<String>,
+    /// Tear everything down on drop.
+    armed: bool,
+    servers: Servers,
+    pub(crate) executors: BTreeMap<String, Executor>,
+    pub(crate) classes: BTreeMap<String, PortMapClassStatus>,
+}
+
+impl std::fmt::Debug for Lab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lab").field("id", &self.id).field("namespaces", &self.namespaces).finish_non_exhaustive()
+    }
+}
+
+/// A lab id no namespace on this machine uses yet.
+fn fresh_id() -> anyhow::Result<String> {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let existing = sys::netns_list()?;
+    loop {
+        let id = format!("kl{}x{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
+        if !existing.iter().any(|n| n.starts_with(&format!("{id}-")) || n.starts_with(&format!("{id}_"))) {
+            return Ok(id);
+        }
+    }
+}
+
+/// The host-side device of a pod's veth, as Cilium names them: `lxc` and 12 hex digits.
+pub fn lxc_name(pod: &PodSpec) -> String {
+    let hash = Sha256::digest(format!("{}/{}", pod.namespace, pod.name));
+    format!("lxc{}", &hex::encode(hash)[..12])
+}
+
+fn mac(first: u8, a: Ipv4Addr) -> String {
+    let o = a.octets();
+    format!("{first:02x}:4c:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3])
+}
+
+/// The pod's `eth0` MAC and its host-side `lxc` MAC (locally administered, from the address).
+fn pod_macs(pod: &PodSpec) -> (String, String) {
+    (mac(0x02, pod.address), mac(0x06, pod.address))
+}
+
+/// The CNI's NAT rules on a node, in their own table (never kuport's): what kuport's claims
+/// must beat.
+///
+/// - Note 000 quotes Cilium's host-to-cluster SNAT, `oifname "cilium_host" ip saddr != <pod
+///   cidr> ip daddr != <pod cidr>`; it is here as quoted (to the router address) and never
+///   matches traffic *to* a pod.
+/// - The rule the project's lab measured (shared/seeds/README.md), `oifname "cilium_host" ip
+///   saddr != <pod cidr> masquerade`, rewrites every forwarded packet entering the pod network:
+///   without kuport's request claim a pod sees the node's router address as the client.
+/// - Pod traffic leaving the node by a non-CNI device (for anywhere outside the cluster's pod
+///   CIDRs) is masqueraded to the node's address.
+pub fn cni_ruleset(node: &NodeSpec, all_pod_cidrs: &[String]) -> String {
+    let cidr = node.pod_cidr.0.trunc();
+    let router = router(node);
+    let cluster = all_pod_cidrs.join(", ");
+    format!(
+        "table ip nat {{
+	chain POSTROUTING {{
+		type nat hook postrouting priority srcnat; policy accept;
+		counter jump CILIUM_POST_nat
+	}}
+	chain CILIUM_POST_nat {{
+		oifname \"cilium_host\" ip saddr != {cidr} ip daddr != {cidr} counter snat ip to {router} comment \"cilium host->cluster masquerade\"
+		oifname \"cilium_host\" ip saddr != {cidr} counter masquerade comment \"lab: forwarded traffic entering the pod network\"
+		ip saddr {cidr} ip daddr != {{ {cluster} }} oifname != \"cilium_*\" counter masquerade comment \"cilium masquerade non-cluster\"
+	}}
+}}
+"
+    )
+}
+
+impl Lab {
+    /// Builds `topology` with in-process echo servers; everything is removed on drop.
+    pub fn up(topology: &Topology) -> anyhow::Result<Lab> {
+        Lab::create(topology, LabOptions::default())
+    }
+
+    pub fn create(topology: &Topology, options: LabOptions) -> anyhow::Result<Lab> {
+        if !sys::is_root() {
+            bail!("a lab needs root (network namespaces)");
+        }
+        topology.validate().map_err(|(field, reason)| anyhow!("topology: field {field}: {reason}"))?;
+        let id = match options.id {
+            Some(id) => id,
+            None => fresh_id()?,
+        };
+        let servers = match options.servers {
+            ServerMode::InProcess => Servers::InProcess {
+                rt: Some(
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(1)
+                        .thread_name(format!("{id}-echo"))
+                        .enable_all()
+                        .build()
+                        .context("starting the echo servers' runtime")?,
+                ),
+                pods: BTreeMap::new(),
+            },
+            ServerMode::Processes { bin, log_dir } => Servers::Processes { bin, log_dir, pids: BTreeMap::new() },
+        };
+        let mut lab = Lab {
+            id,
+            topology: topology.clone(),
+            namespaces: Vec::new(),
+            armed: true,
+            servers,
+            executors: BTreeMap::new(),
+            classes: BTreeMap::new(),
+        };
+        // On any error the half-built lab is dropped, which removes what it made.
+        lab.build()?;
+        Ok(lab)
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The namespace name of a host (node, pod or client).
+    pub fn netns_name(&self, host: &str) -> String {
+        format!("{}-{host}", self.id)
+    }
+
+    /// The namespace of a host, checked to exist in the topology.
+    pub fn netns(&self, host: &str) -> anyhow::Result<PathBuf> {
+        if !self.topology.hosts().iter().any(|(h, _)| *h == host) {
+            let names: Vec<_> = self.topology.hosts().iter().map(|(h, _)| h.to_string()).collect();
+            bail!("no host {host:?} in this lab (hosts: {})", names.join(", "));
+        }
+        Ok(netns_path(&self.netns_name(host)))
+    }
+
+    fn switch(&self) -> String {
+        format!("{}_switch", self.id)
+    }
+
+    /// Every namespace the lab has made.
+    pub fn namespaces(&self) -> &[String] {
+        &self.namespaces
+    }
+
+    /// The cluster objects the lab's topology stands for.
+    pub fn objects(&self) -> Objects {
+        generate(&self.topology)
+    }
+
+    fn add_netns(&mut self, name: String) -> anyhow::Result<()> {
+        sys::run("ip", &["netns", "add", &name], None)?;
+        self.namespaces.push(name);
+        Ok(())
+    }
+
+    fn build(&mut self) -> anyhow::Result<()> {
+        let t = self.topology.clone();
+        let switch = self.switch();
+        self.add_netns(switch.clone())?;
+        for (host, _) in t.hosts() {
+            self.add_netns(self.netns_name(host))?;
+        }
+        let no_bridge_nf = [("net.bridge.bridge-nf-call-iptables", "0")];
+        sys::sysctls(&netns_path(&switch), &no_bridge_nf)?;
+        let mut lines = vec!["link set lo up".to_string()];
+        for (i, _) in t.networks().iter().enumerate() {
+            lines.push(format!("link add br{i} type bridge"));
+            lines.push(format!("link set br{i} up"));
+        }
+        ip_batch(&switch, &lines)?;
+
+        let cidrs: Vec<String> = t.nodes.iter().map(|n| n.pod_cidr.0.trunc().to_string()).collect();
+        for (ni, node) in t.nodes.iter().enumerate() {
+            let ns = self.netns_name(&node.name);
+            // Forwarding first, so every device made afterwards forwards too.
+            sys::sysctls(
+                &netns_path(&ns),
+                &[("net.ipv4.ip_forward", "1"), ("net.bridge.bridge-nf-call-iptables", "0")],
+            )?;
+            let u = &node.underlay;
+            let mut lines = vec![
+                "link set lo up".to_string(),
+                format!("link add name {} mtu {} type veth peer name n{ni} netns {switch}", u.interface, u.mtu),
+                format!("addr add {} dev {}", u.address, u.interface),
+                format!("link set dev {} up", u.interface),
+                "link add cilium_host type veth peer name cilium_net".into(),
+                format!("addr add {}/32 dev cilium_host", router(node)),
+                "link set cilium_net up".into(),
+                "link set cilium_host up".into(),
+            ];
+            for p in &node.public {
+                lines.push(format!("link add name {} type bridge", p.interface));
+                lines.push(format!("addr add {} dev {}", p.address, p.interface));
+                lines.push(format!("link set dev {} up", p.interface));
+            }
+            for (ci, c) in t.clients.iter().enumerate() {
+                for (j, a) in c.attach.iter().enumerate() {
+                    let Some((n, iface)) = a.split_once('/') else { continue };
+                    if n != node.name {
+                        continue;
+                    }
+                    let client_ns = self.netns_name(&c.name);
+                    lines.push(format!("link add lab-c{ci}-{j} type veth peer name eth{j} netns {client_ns}"));
+                    lines.push(format!("link set dev lab-c{ci}-{j} master {iface} up"));
+                    lines.push(format!("route add {}/32 dev {iface}", c.address));
+                }
+            }
+            for pod in t.pods.iter().filter(|p| p.node == node.name) {
+                lines.extend(self.pod_lines_on_node(pod));
+            }
+            ip_batch(&ns, &lines)?;
+            self.sync_tc(node)?;
+            sys::nft(&ns, &cni_ruleset(node, &cidrs))?;
+            // The underlay port on the switch.
+            let net = t.networks().iter().position(|n| *n == u.network).unwrap_or_default();
+            ip_batch(&switch, &[format!("link set n{ni} mtu {} master br{net} up", u.mtu)])?;
+        }
+        for pod in &t.pods {
+            self.pod_inside(pod)?;
+        }
+        for c in &t.clients {
+            let mut lines = vec!["link set lo up".to_string()];
+            for (j, a) in c.attach.iter().enumerate() {
+                let (n, iface) = a.split_once('/').unwrap_or_default();
+                let node = t.node(n).ok_or_else(|| anyhow!("client {}: no node {n}", c.name))?;
+                let gw = node.public.iter().find(|p| p.interface == iface).map(|p| p.address.addr());
+                let gw = gw.ok_or_else(|| anyhow!("client {}: no interface {a}", c.name))?;
+                if j == 0 {
+                    lines.push(format!("addr add {}/32 dev eth0", c.address));
+                }
+                lines.push(format!("link set eth{j} up"));
+                lines.push(format!("route add {gw}/32 dev eth{j} scope link"));
+                if j == 0 {
+                    lines.push(format!("route add default via {gw} dev eth0"));
+                }
+            }
+            ip_batch(&self.netns_name(&c.name), &lines)?;
+        }
+        for pod in &t.pods {
+            self.start_server(pod)?;
+        }
+        Ok(())
+    }
+
+    /// The node-side `ip` lines of one pod: its veth and the route and neighbour through
+    /// `cilium_host`.
+    fn pod_lines_on_node(&self, pod: &PodSpec) -> Vec<String> {
+        let (eth0, lxc_mac) = pod_macs(pod);
+        let lxc = lxc_name(pod);
+        let pod_ns = self.netns_name(&pod.name);
+        vec![
+            format!("link add {lxc} address {lxc_mac} type veth peer name eth0 address {eth0} netns {pod_ns}"),
+            format!("link set {lxc} up"),
+            format!("route add {}/32 dev cilium_host", pod.address),
+            format!("neigh add {} lladdr {eth0} dev cilium_host nud permanent", pod.address),
+        ]
+    }
+
+    /// The pod's own namespace: its address, the router as default route.
+    fn pod_inside(&self, pod: &PodSpec) -> anyhow::Result<()> {
+        let node = self.topology.node(&pod.node).ok_or_else(|| anyhow!("pod {}: no node {}", pod.name, pod.node))?;
+        let (_, lxc_mac) = pod_macs(pod);
+        let r = router(node);
+        ip_batch(
+            &self.netns_name(&pod.name),
+            &[
+                "link set lo up".into(),
+                format!("addr add {}/32 dev eth0", pod.address),
+                "link set eth0 up".into(),
+                format!("route add {r}/32 dev eth0 scope link"),
+                format!("route add default via {r} dev eth0"),
+                format!("neigh add {r} lladdr {lxc_mac} dev eth0 nud permanent"),
+            ],
+        )
+    }
+
+    /// Rewrites `cilium_host`'s egress filters: one redirect per pod on the node.
+    fn sync_tc(&self, node: &NodeSpec) -> anyhow::Result<()> {
+        let ns = self.netns_name(&node.name);
+        let has_qdisc = sys::run("tc", &["-n", &ns, "qdisc", "show", "dev", "cilium_host"], None)?.contains("clsact");
+        let mut lines = Vec::new();
+        if has_qdisc {
+            lines.push("filter del dev cilium_host egress".to_string());
+        } else {
+            lines.push("qdisc add dev cilium_host clsact".to_string());
+        }
+        for pod in self.topology.pods.iter().filter(|p| p.node == node.name) {
+            lines.push(format!(
+                "filter add dev cilium_host egress protocol ip prio 1 u32 match ip dst {}/32 action mirred egress redirect dev {}",
+                pod.address,
+                lxc_name(pod)
+            ));
+        }
+        tc_batch(&ns, &lines)
+    }
+
+    fn start_server(&mut self, pod: &PodSpec) -> anyhow::Result<()> {
+        let path = netns_path(&self.netns_name(&pod.name));
+        match &mut self.servers {
+            Servers::InProcess { rt, pods } => {
+                let rt = rt.as_ref().ok_or_else(|| anyhow!("the lab is shutting down"))?;
+                pods.insert(pod.name.clone(), PodServer::start(rt.handle(), &path, &pod.name, &pod.tcp, &pod.udp)?);
+            }
+            Servers::Processes { bin, log_dir, pids } => {
+                let pid = spawn_server(bin, log_dir, &path, pod)?;
+                pids.insert(pod.name.clone(), pid);
+            }
+            Servers::Attached { .. } => bail!("this process did not make the lab; it cannot start servers"),
+        }
+        Ok(())
+    }
+
+    fn stop_server(&mut self, pod: &str) {
+        match &mut self.servers {
+            Servers::InProcess { pods, .. } => {
+                if let Some(s) = pods.remove(pod) {
+                    s.stop();
+                }
+            }
+            Servers::Processes { pids, .. } | Servers::Attached { pids } => {
+                if let Some(pid) = pids.remove(pod) {
+                    kill_server(pid, &self.id);
+                }
+            }
+        }
+    }
+
+    /// Moves a pod to another node with a new address (a rescheduled pod gets one from its new
+    /// node's pod CIDR): its namespace and server are made anew. Program the lab again for
+    /// kuport to follow.
+    pub fn move_pod(&mut self, pod: &str, node: &str, address: Ipv4Addr) -> anyhow::Result<()> {
+        let mut t = self.topology.clone();
+        let p = t.pods.iter_mut().find(|p| p.name == pod).ok_or_else(|| anyhow!("no pod {pod:?}"))?;
+        let old_node = std::mem::replace(&mut p.node, node.to_string());
+        p.address = address;
+        t.validate().map_err(|(field, reason)| anyhow!("moving pod {pod}: field {field}: {reason}"))?;
+        let old = self.topology.pod(pod).cloned().ok_or_else(|| anyhow!("no pod {pod:?}"))?;
+        self.stop_server(pod);
+        let ns = self.netns_name(pod);
+        sys::netns_del(&ns)?;
+        self.namespaces.retain(|n| *n != ns);
+        // The old node: the veth went with the namespace; the route and neighbour stay unless
+        // removed.
+        let old_ns = self.netns_name(&old_node);
+        let _ = ip_batch(
+            &old_ns,
+            &[
+                format!("route del {}/32 dev cilium_host", old.address),
+                format!("neigh del {} dev cilium_host", old.address),
+            ],
+        );
+        self.topology = t;
+        let old_spec = self.topology.node(&old_node).cloned().ok_or_else(|| anyhow!("no node {old_node}"))?;
+        self.sync_tc(&old_spec)?;
+        self.add_netns(ns)?;
+        let spec = self.topology.pod(pod).cloned().ok_or_else(|| anyhow!("no pod {pod:?}"))?;
+        let node_spec = self.topology.node(node).cloned().ok_or_else(|| anyhow!("no node {node}"))?;
+        ip_batch(&self.netns_name(node), &self.pod_lines_on_node(&spec))?;
+        self.sync_tc(&node_spec)?;
+        self.pod_inside(&spec)?;
+        self.start_server(&spec)
+    }
+
+    /// Sets a pod's endpoint condition (its server keeps running).
+    pub fn set_pod_ready(&mut self, pod: &str, ready: bool) -> anyhow::Result<()> {
+        let p = self.topology.pods.iter_mut().find(|p| p.name == pod).ok_or_else(|| anyhow!("no pod {pod:?}"))?;
+        p.ready = ready;
+        Ok(())
+    }
+
+    /// Probes from a host with the default timeout.
+    pub fn probe(&self, from: &str, to: SocketAddrV4, protocol: Protocol) -> Result<Answer, ProbeError> {
+        self.probe_with(from, to, protocol, PROBE_TIMEOUT)
+    }
+
+    pub fn probe_with(
+        &self,
+        from: &str,
+        to: SocketAddrV4,
+        protocol: Protocol,
+        timeout: Duration,
+    ) -> Result<Answer, ProbeError> {
+        let path = self.netns(from).map_err(|e| ProbeError::Io(e.to_string()))?;
+        probe(&path, to, protocol, timeout)
+    }
+
+    /// Runs `ip` inside a host's namespace; its stdout.
+    pub fn ip(&self, host: &str, args: &[&str]) -> anyhow::Result<String> {
+        self.netns(host)?;
+        sys::ip(&self.netns_name(host), args)
+    }
+
+    /// Runs a command inside a host's namespace; its stdout.
+    pub fn exec(&self, host: &str, cmd: &[&str]) -> anyhow::Result<String> {
+        self.netns(host)?;
+        let ns = self.netns_name(host);
+        let mut args = vec!["netns", "exec", ns.as_str()];
+        args.extend_from_slice(cmd);
+        sys::run("ip", &args, None)
+    }
+
+    /// What another process needs to attach to this lab or tear it down.
+    pub fn record(&self) -> Record {
+        let servers = match &self.servers {
+            Servers::Processes { pids, .. } | Servers::Attached { pids } => pids.clone(),
+            Servers::InProcess { .. } => BTreeMap::new(),
+        };
+        Record {
+            id: self.id.clone(),
+            topology: self.topology.clone(),
+            namespaces: self.namespaces.clone(),
+            servers,
+            classes: self.classes.clone(),
+        }
+    }
+
+    /// A lab another process made (it is not torn down on drop).
+    pub fn attach(record: Record) -> Lab {
+        Lab {
+            id: record.id,
+            topology: record.topology,
+            namespaces: record.namespaces,
+            armed: false,
+            servers: Servers::Attached { pids: record.servers },
+            executors: BTreeMap::new(),
+            classes: record.classes,
+        }
+    }
+
+    /// Leaves everything in place when this handle goes (`kuport-lab up`).
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Echo server processes by pod (empty for in-process servers).
+    pub fn server_pids(&self) -> BTreeMap<String, u32> {
+        self.record().servers
+    }
+
+    /// Stops the servers and removes every namespace; the first error, after trying all.
+    pub fn teardown(mut self) -> anyhow::Result<()> {
+        self.armed = false;
+        self.teardown_inner()
+    }
+
+    fn teardown_inner(&mut self) -> anyhow::Result<()> {
+        let pods: Vec<String> = match &self.servers {
+            Servers::InProcess { pods, .. } => pods.keys().cloned().collect(),
+            Servers::Processes { pids, .. } | Servers::Attached { pids } => pids.keys().cloned().collect(),
+        };
+        for pod in pods {
+            self.stop_server(&pod);
+        }
+        if let Servers::InProcess { rt, .. } = &mut self.servers
+            && let Some(rt) = rt.take()
+        {
+            rt.shutdown_timeout(Duration::from_millis(500));
+        }
+        self.executors.clear();
+        let mut first = None;
+        // Pods and clients first, then nodes, then the switch: the reverse of creation.
+        for ns in self.namespaces.drain(..).rev() {
+            if let Err(e) = sys::netns_del(&ns) {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if self.armed
+            && let Err(e) = self.teardown_inner()
+        {
+            eprintln!("lab {}: teardown: {e:#}", self.id);
+        }
+    }
+}
+
+/// Starts `BIN serve` for a pod, detached (own session), and waits until it serves.
+fn spawn_server(bin: &Path, log_dir: &Path, netns: &Path, pod: &PodSpec) -> anyhow::Result<u32> {
+    use std::os::unix::process::CommandExt as _;
+    std::fs::create_dir_all(log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
+    let log_path = log_dir.join(format!("serve-{}.log", pod.name));
+    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let list = |p: &[Ports]| p.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve").arg("--netns").arg(netns).arg("--pod").arg(&pod.name);
+    if !pod.tcp.is_empty() {
+        cmd.arg("--tcp").arg(list(&pod.tcp));
+    }
+    if !pod.udp.is_empty() {
+        cmd.arg("--udp").arg(list(&pod.udp));
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+    // SAFETY: setsid is async-signal-safe; the child leaves our session and process group.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().with_context(|| format!("starting {} serve", bin.display()))?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line).context("waiting for the echo server")?;
+    if line.trim() != "ready" {
+        let _ = child.wait();
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        bail!("the echo server of pod {} did not start: {}", pod.name, log.trim());
+    }
+    Ok(child.id())
+}
+
+/// Kills an echo server process, only if it still is one of this lab's.
+fn kill_server(pid: u32, lab_id: &str) {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    if !(cmdline.contains(" serve ") && cmdline.contains(&format!("{lab_id}-"))) {
+        return;
+    }
+    // SAFETY: kill has no memory preconditions.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM);
+    }
+    // Wait (briefly) until it has exited: gone, or a zombie its parent has yet to reap.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.is_empty() || stat.contains(") Z ") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

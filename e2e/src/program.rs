@@ -1,0 +1,78 @@
+//! The datapath driver, for now: compute every node's state from the lab's objects and the
+//! user's manifests, and apply each in its node's namespace with the executor, in process.
+//!
+//! This is the seam the controller and the executors (over gRPC, with the API server) replace
+//! later: [`program`] is the one call the rest of the lab makes.
+
+use std::collections::BTreeMap;
+
+use anyhow::bail;
+use k8s_openapi::jiff::Timestamp;
+use kuport_controller::compute::{Outputs, Settings, compute as compute_outputs};
+use kuport_node_exec::executor::Executor;
+use kuport_proto::v1::{NetnsState, NodeState};
+
+use crate::lab::Lab;
+use crate::manifests::Manifests;
+use crate::sys::netns_path;
+
+/// Computes every node's state and applies it: the lab's datapath follows the manifests.
+pub fn program(lab: &mut Lab, manifests: &Manifests) -> anyhow::Result<Outputs> {
+    let out = compute(lab, manifests);
+    apply(lab, &out.node_states)?;
+    Ok(out)
+}
+
+/// What the controller would decide for the lab's objects and `manifests`, now. The class
+/// statuses of the previous computation are fed back, as the controller's status writes would
+/// be, so link slots stay put.
+pub fn compute(lab: &mut Lab, manifests: &Manifests) -> Outputs {
+    let mut cluster = lab.objects().with(&manifests.cluster);
+    cluster.now = Timestamp::now();
+    for class in &mut cluster.classes {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        if class.status.is_none()
+            && let Some(s) = lab.classes.get(&name)
+        {
+            class.status = Some(s.clone());
+        }
+    }
+    let out = compute_outputs(&cluster, &Settings::default());
+    lab.classes = out.classes.clone();
+    out
+}
+
+/// Applies node states, each in its node's namespace; a node of the lab without a state gets
+/// the empty one (kuport's objects removed).
+pub fn apply(lab: &mut Lab, states: &BTreeMap<String, NodeState>) -> anyhow::Result<()> {
+    let mut failures = Vec::new();
+    let nodes: Vec<String> = lab.topology().nodes.iter().map(|n| n.name.clone()).collect();
+    for name in states.keys().filter(|n| !nodes.contains(n)) {
+        // The controller computes states for every node a class names; those outside the lab
+        // have no namespace to apply them in.
+        let empty = states[name].netns.iter().all(|n| *n == NetnsState { path: n.path.clone(), ..Default::default() });
+        if !empty {
+            failures.push(format!("{name}: a state for a node the lab does not have"));
+        }
+    }
+    for node in nodes {
+        let path = netns_path(&lab.netns_name(&node));
+        let state = states.get(&node).cloned().unwrap_or_default();
+        let mut host = NetnsState::default();
+        for ns in state.netns {
+            if ns.path.is_empty() {
+                host = ns;
+            } else {
+                failures.push(format!("{node}: namespace {}: pod namespaces are not applied by the lab yet", ns.path));
+            }
+        }
+        let ex = lab.executors.entry(node.clone()).or_insert_with(|| Executor::new(Some(path)));
+        if let Err(e) = ex.apply(&host) {
+            failures.push(format!("{node}: {e}"));
+        }
+    }
+    if !failures.is_empty() {
+        bail!("applying: {}", failures.join("; "));
+    }
+    Ok(())
+}

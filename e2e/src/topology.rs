@@ -1,0 +1,578 @@
+//! The lab's topology: which nodes, pods, Services and internet clients exist, and which hosts
+//! reach which. Read from YAML; every error names the file, the field and the reason.
+//!
+//! Reachability: nodes whose underlays name the same `network` share one L2 segment (a bridge
+//! in the lab's switch namespace) and reach each other by their underlay addresses; nodes on
+//! different networks cannot. A client reaches exactly the node interfaces it `attach`es to:
+//! the first carries its default route, each further one only the route to that interface's
+//! address, and every node it attaches to routes the client's address back out that interface
+//! (a worker's "own internet connection").
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::str::FromStr;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+/// The topology `kuport-lab up` uses when given none.
+pub const DEFAULT_YAML: &str = include_str!("../topologies/default.yaml");
+/// Three accepting workers with a client entering at each: the Multi scenarios.
+pub const MULTI_YAML: &str = include_str!("../topologies/multi.yaml");
+
+/// Pods may not serve more ports than this (each is one socket in the echo server).
+pub const MAX_PORTS_PER_POD: u32 = 2048;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    #[error("{file}: cannot read: {source}")]
+    Read { file: String, source: std::io::Error },
+    #[error("{file}: field {field}: {reason}")]
+    Field { file: String, field: String, reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Topology {
+    /// Namespaces with labels (for classes' namespace selectors). Namespaces that pods and
+    /// Services name exist without being listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<NamespaceSpec>,
+    pub nodes: Vec<NodeSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<PodSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceSpec>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clients: Vec<ClientSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NamespaceSpec {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSpec {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// The Node's Ready condition.
+    #[serde(default = "yes")]
+    pub ready: bool,
+    /// The node's pod CIDR; its first address is the CNI's router address on `cilium_host`.
+    pub pod_cidr: Cidr,
+    pub underlay: Underlay,
+    /// Public interfaces: clients attach to them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub public: Vec<PublicInterface>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Underlay {
+    /// The node's underlay interface (the mesh's device on a real cluster).
+    #[serde(default = "default_underlay_interface")]
+    pub interface: String,
+    /// Nodes on the same network reach each other.
+    #[serde(default = "default_network")]
+    pub network: String,
+    /// The node's underlay address with the segment's prefix length: the Node's InternalIP.
+    pub address: Cidr,
+    #[serde(default = "default_mtu")]
+    pub mtu: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PublicInterface {
+    pub interface: String,
+    /// The interface's address with its prefix length.
+    pub address: Cidr,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodSpec {
+    pub name: String,
+    pub namespace: String,
+    pub node: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Inside the node's pod CIDR.
+    pub address: Ipv4Addr,
+    /// The endpoint's ready condition.
+    #[serde(default = "yes")]
+    pub ready: bool,
+    /// TCP ports the pod's echo server listens on (a port or "first-last").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tcp: Vec<Ports>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub udp: Vec<Ports>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceSpec {
+    pub name: String,
+    pub namespace: String,
+    /// Pods of the namespace whose labels include all of these are its endpoints.
+    pub selector: BTreeMap<String, String>,
+    pub ports: Vec<ServicePortSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServicePortSpec {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    /// The pod's port; the Service port when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_port: Option<u16>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Protocol {
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientSpec {
+    pub name: String,
+    /// The client's one address (a /32), outside every pod CIDR.
+    pub address: Ipv4Addr,
+    /// `node/interface` of public interfaces; the first carries the default route.
+    pub attach: Vec<String>,
+}
+
+/// An IPv4 address with a prefix length, as `100.64.0.11/16`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Cidr(pub Ipv4Net);
+
+impl Cidr {
+    pub fn addr(&self) -> Ipv4Addr {
+        self.0.addr()
+    }
+}
+
+impl TryFrom<String> for Cidr {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Ipv4Net::from_str(&s).map(Cidr).map_err(|_| format!("{s:?} is not an IPv4 address with a prefix length"))
+    }
+}
+
+impl From<Cidr> for String {
+    fn from(c: Cidr) -> String {
+        c.0.to_string()
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A port or an inclusive range `first-last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "PortsRaw", into = "PortsRaw")]
+pub struct Ports {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl Ports {
+    pub fn iter(&self) -> impl Iterator<Item = u16> {
+        self.first..=self.last
+    }
+    pub fn len(&self) -> u32 {
+        u32::from(self.last) - u32::from(self.first) + 1
+    }
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl fmt::Display for Ports {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last { write!(f, "{}", self.first) } else { write!(f, "{}-{}", self.first, self.last) }
+    }
+}
+
+impl FromStr for Ports {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not a port (1-65535) or a range first-last");
+        let port = |p: &str| p.trim().parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(bad);
+        let (first, last) = match s.split_once('-') {
+            Some((a, b)) => (port(a)?, port(b)?),
+            None => (port(s)?, port(s)?),
+        };
+        if first > last {
+            return Err(format!("{s:?}: the range ends before it starts"));
+        }
+        Ok(Ports { first, last })
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum PortsRaw {
+    One(u32),
+    Text(String),
+}
+
+impl TryFrom<PortsRaw> for Ports {
+    type Error = String;
+    fn try_from(raw: PortsRaw) -> Result<Self, String> {
+        match raw {
+            PortsRaw::One(n) => Ports::from_str(&n.to_string()),
+            PortsRaw::Text(s) => Ports::from_str(&s),
+        }
+    }
+}
+
+impl From<Ports> for PortsRaw {
+    fn from(p: Ports) -> PortsRaw {
+        if p.first == p.last { PortsRaw::One(p.first.into()) } else { PortsRaw::Text(p.to_string()) }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_underlay_interface() -> String {
+    "wt0".into()
+}
+fn default_network() -> String {
+    "underlay".into()
+}
+fn default_mtu() -> u32 {
+    1500
+}
+
+impl Topology {
+    /// The shipped default topology.
+    pub fn default_lab() -> Topology {
+        Topology::parse("topologies/default.yaml", DEFAULT_YAML).expect("the shipped default topology is valid")
+    }
+
+    /// The shipped Multi topology.
+    pub fn multi_lab() -> Topology {
+        Topology::parse("topologies/multi.yaml", MULTI_YAML).expect("the shipped Multi topology is valid")
+    }
+
+    pub fn load(path: &Path) -> Result<Topology, TopologyError> {
+        let file = path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|source| TopologyError::Read { file: file.clone(), source })?;
+        Topology::parse(&file, &text)
+    }
+
+    /// Parses and validates; `file` names the source in errors.
+    pub fn parse(file: &str, text: &str) -> Result<Topology, TopologyError> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        let topology: Topology = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            let reason = e.into_inner().to_string();
+            // serde_yaml starts its message with the path of the enclosing mapping; the field
+            // already says where.
+            let reason = match reason.split_once(": ") {
+                Some((p, r)) if field.starts_with(p) => r.to_string(),
+                _ => reason,
+            };
+            TopologyError::Field {
+                file: file.to_string(),
+                field: if field == "." { "(document)".into() } else { field },
+                reason,
+            }
+        })?;
+        topology.validate().map_err(|(field, reason)| TopologyError::Field {
+            file: file.to_string(),
+            field,
+            reason,
+        })?;
+        Ok(topology)
+    }
+
+    pub fn to_yaml(&self) -> String {
+        serde_yaml::to_string(self).expect("a topology serializes")
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeSpec> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    pub fn pod(&self, name: &str) -> Option<&PodSpec> {
+        self.pods.iter().find(|p| p.name == name)
+    }
+
+    pub fn client(&self, name: &str) -> Option<&ClientSpec> {
+        self.clients.iter().find(|c| c.name == name)
+    }
+
+    /// Every host (node, pod, client) by name: each is one network namespace.
+    pub fn hosts(&self) -> Vec<(&str, HostKind)> {
+        let nodes = self.nodes.iter().map(|n| (n.name.as_str(), HostKind::Node));
+        let pods = self.pods.iter().map(|p| (p.name.as_str(), HostKind::Pod));
+        let clients = self.clients.iter().map(|c| (c.name.as_str(), HostKind::Client));
+        nodes.chain(pods).chain(clients).collect()
+    }
+
+    /// The underlay networks, in order of first mention.
+    pub fn networks(&self) -> Vec<&str> {
+        let mut seen = Vec::new();
+        for n in &self.nodes {
+            if !seen.contains(&n.underlay.network.as_str()) {
+                seen.push(n.underlay.network.as_str());
+            }
+        }
+        seen
+    }
+
+    /// The clients attached to `node`'s public interface `iface`.
+    pub fn clients_on(&self, node: &str, iface: &str) -> Vec<&ClientSpec> {
+        let key = format!("{node}/{iface}");
+        self.clients.iter().filter(|c| c.attach.contains(&key)).collect()
+    }
+
+    /// Checks what YAML alone cannot; the error is (field path, reason).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let mut hosts = BTreeSet::new();
+        let err = |field: String, reason: String| Err((field, reason));
+        if self.nodes.is_empty() {
+            return err("nodes".into(), "at least one node is needed".into());
+        }
+        for (i, n) in self.namespaces.iter().enumerate() {
+            check_name(&n.name).or_else(|r| err(format!("namespaces[{i}].name"), r))?;
+        }
+        let mut cidrs: Vec<(&str, Ipv4Net)> = Vec::new();
+        let mut underlays = BTreeSet::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let f = |s: &str| format!("nodes[{i}].{s}");
+            check_name(&n.name).or_else(|r| err(f("name"), r))?;
+            if !hosts.insert(n.name.as_str()) {
+                return err(f("name"), format!("{:?} names a second host", n.name));
+            }
+            let cidr = n.pod_cidr.0.trunc();
+            if n.pod_cidr.0.prefix_len() > 29 {
+                return err(f("podCidr"), format!("{} is too small: at most /29", n.pod_cidr));
+            }
+            if let Some((other, _)) = cidrs.iter().find(|(_, c)| c.contains(&cidr) || cidr.contains(c)) {
+                return err(f("podCidr"), format!("{cidr} overlaps node {other}'s pod CIDR"));
+            }
+            cidrs.push((&n.name, cidr));
+            let u = &n.underlay;
+            check_iface(&u.interface).or_else(|r| err(f("underlay.interface"), r))?;
+            check_name(&u.network).or_else(|r| err(f("underlay.network"), r))?;
+            if !(576..=9000).contains(&u.mtu) {
+                return err(f("underlay.mtu"), format!("{} is outside 576-9000", u.mtu));
+            }
+            if u.address.0.prefix_len() >= 31 || u.address.addr() == u.address.0.network() {
+                return err(f("underlay.address"), format!("{} is not a host address on a segment", u.address));
+            }
+            if !underlays.insert(u.address.addr()) {
+                return err(f("underlay.address"), format!("{} is another node's too", u.address.addr()));
+            }
+            let mut ifaces = BTreeSet::from([u.interface.as_str()]);
+            for (j, p) in n.public.iter().enumerate() {
+                check_iface(&p.interface).or_else(|r| err(f(&format!("public[{j}].interface")), r))?;
+                if !ifaces.insert(p.interface.as_str()) {
+                    return err(f(&format!("public[{j}].interface")), format!("{:?} is named twice", p.interface));
+                }
+                if p.address.0.prefix_len() >= 31 {
+                    return err(
+                        f(&format!("public[{j}].address")),
+                        format!("{}: use a prefix of /30 or wider", p.address),
+                    );
+                }
+            }
+        }
+        for (i, p) in self.pods.iter().enumerate() {
+            let f = |s: &str| format!("pods[{i}].{s}");
+            check_name(&p.name).or_else(|r| err(f("name"), r))?;
+            check_name(&p.namespace).or_else(|r| err(f("namespace"), r))?;
+            if !hosts.insert(p.name.as_str()) {
+                return err(f("name"), format!("{:?} names a second host (pod names are unique in a lab)", p.name));
+            }
+            let Some(node) = self.node(&p.node) else {
+                return err(f("node"), format!("no node is named {:?}", p.node));
+            };
+            let cidr = node.pod_cidr.0.trunc();
+            if !cidr.contains(&p.address) {
+                return err(f("address"), format!("{} is outside node {}'s pod CIDR {cidr}", p.address, node.name));
+            }
+            if [cidr.network(), cidr.broadcast(), router(node)].contains(&p.address) {
+                return err(
+                    f("address"),
+                    format!("{} is the network, broadcast or router address of {cidr}", p.address),
+                );
+            }
+            if let Some(q) = self.pods[..i].iter().find(|q| q.address == p.address) {
+                return err(f("address"), format!("{} is pod {}'s address too", p.address, q.name));
+            }
+            let count: u32 = p.tcp.iter().chain(&p.udp).map(Ports::len).sum();
+            if count > MAX_PORTS_PER_POD {
+                return err(f("tcp"), format!("{count} ports in all; at most {MAX_PORTS_PER_POD}"));
+            }
+        }
+        for (i, s) in self.services.iter().enumerate() {
+            let f = |s: &str| format!("services[{i}].{s}");
+            check_name(&s.name).or_else(|r| err(f("name"), r))?;
+            check_name(&s.namespace).or_else(|r| err(f("namespace"), r))?;
+            if self.services[..i].iter().any(|o| o.name == s.name && o.namespace == s.namespace) {
+                return err(f("name"), format!("Service {}/{} is defined twice", s.namespace, s.name));
+            }
+            if s.ports.is_empty() {
+                return err(f("ports"), "a Service needs at least one port".into());
+            }
+            for (j, p) in s.ports.iter().enumerate() {
+                if p.port == 0 || p.target_port == Some(0) {
+                    return err(f(&format!("ports[{j}]")), "ports are 1-65535".into());
+                }
+            }
+        }
+        for (i, c) in self.clients.iter().enumerate() {
+            let f = |s: &str| format!("clients[{i}].{s}");
+            check_name(&c.name).or_else(|r| err(f("name"), r))?;
+            if !hosts.insert(c.name.as_str()) {
+                return err(f("name"), format!("{:?} names a second host", c.name));
+            }
+            if let Some((node, _)) = cidrs.iter().find(|(_, n)| n.contains(&c.address)) {
+                return err(f("address"), format!("{} is inside node {node}'s pod CIDR", c.address));
+            }
+            if c.attach.is_empty() {
+                return err(f("attach"), "a client attaches to at least one node interface".into());
+            }
+            for (j, a) in c.attach.iter().enumerate() {
+                let found = a
+                    .split_once('/')
+                    .and_then(|(n, i)| self.node(n).map(|n| n.public.iter().any(|p| p.interface == i)));
+                if found != Some(true) {
+                    return err(
+                        f(&format!("attach[{j}]")),
+                        format!("{a:?} is not node/interface of a public interface"),
+                    );
+                }
+                if c.attach[..j].contains(a) {
+                    return err(f(&format!("attach[{j}]")), format!("{a:?} is listed twice"));
+                }
+            }
+            if c.attach.len() > 8 {
+                return err(f("attach"), "at most 8 attachments".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which kind of host a namespace is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostKind {
+    Node,
+    Pod,
+    Client,
+}
+
+/// The CNI's router address on a node: the first address of its pod CIDR, on `cilium_host`.
+pub fn router(node: &NodeSpec) -> Ipv4Addr {
+    let net = u32::from(node.pod_cidr.0.network());
+    Ipv4Addr::from(net + 1)
+}
+
+/// Kubernetes-style names: lowercase letters, digits and '-', starting and ending alphanumeric.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 40
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok { Ok(()) } else { Err(format!("{name:?} is not a name: 1-40 of a-z, 0-9 and '-', not at either end")) }
+}
+
+/// Interface names the lab can create and that do not clash with the CNI's or kuport's own.
+fn check_iface(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 15 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+        return Err(format!("{name:?} is not an interface name (1-15 of a-z, 0-9, '-', '_', '.')"));
+    }
+    if name == "lo" || ["cilium_", "lxc", "kup-", "lab-"].iter().any(|p| name.starts_with(p)) {
+        return Err(format!("{name:?} is reserved by the lab, the CNI or kuport"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_topologies_parse() {
+        let t = Topology::default_lab();
+        assert!(t.node("edge-a").is_some() && t.node("worker-1").is_some() && t.node("worker-2").is_some());
+        assert!(!t.clients.is_empty());
+        let m = Topology::multi_lab();
+        assert_eq!(m.nodes.len(), 3);
+        // Round trip.
+        assert_eq!(Topology::parse("x", &t.to_yaml()).unwrap(), t);
+        assert_eq!(Topology::parse("x", &m.to_yaml()).unwrap(), m);
+    }
+
+    fn error(text: &str) -> String {
+        Topology::parse("t.yaml", text).unwrap_err().to_string()
+    }
+
+    const NODE: &str = "nodes:\n- name: a\n  podCidr: 10.244.1.0/24\n  underlay: {address: 100.64.0.1/16}\n";
+
+    #[test]
+    fn errors_name_file_field_and_reason() {
+        assert_eq!(
+            error("nodes:\n- name: a\n  podCidr: 10.244.1.0/33\n  underlay: {address: 100.64.0.1/16}\n"),
+            "t.yaml: field nodes[0].podCidr: \"10.244.1.0/33\" is not an IPv4 address with a prefix length at line 2 column 3"
+        );
+        let e = error(&format!("{NODE}  colour: red\n"));
+        assert!(e.starts_with("t.yaml: field nodes[0].colour: unknown field `colour`"), "{e}");
+        let e = error(&format!("{NODE}pods:\n- {{name: p, namespace: n, node: a, address: 10.244.2.5, tcp: [80]}}\n"));
+        assert_eq!(e, "t.yaml: field pods[0].address: 10.244.2.5 is outside node a's pod CIDR 10.244.1.0/24");
+        let e =
+            error(&format!("{NODE}pods:\n- {{name: p, namespace: n, node: a, address: 10.244.1.5, udp: [\"9-3\"]}}\n"));
+        assert!(e.starts_with("t.yaml: field pods[0].udp[0]: \"9-3\": the range ends before it starts"), "{e}");
+        let e = error(&format!("{NODE}clients:\n- {{name: c, address: 1.2.3.4, attach: [a/enp1s0]}}\n"));
+        assert_eq!(e, "t.yaml: field clients[0].attach[0]: \"a/enp1s0\" is not node/interface of a public interface");
+        let e = error(&format!("{NODE}pods:\n- {{name: a, namespace: n, node: a, address: 10.244.1.5}}\n"));
+        assert!(e.contains("field pods[0].name: \"a\" names a second host"), "{e}");
+        let e = error("nodes: []\n");
+        assert_eq!(e, "t.yaml: field nodes: at least one node is needed");
+        let e = error(&format!("{NODE}  public: [{{interface: lxc0, address: 1.2.3.4/24}}]\n"));
+        assert!(e.contains("field nodes[0].public[0].interface: \"lxc0\" is reserved"), "{e}");
+    }
+
+    #[test]
+    fn ports_parse() {
+        assert_eq!("27015-27115".parse::<Ports>().unwrap().len(), 101);
+        assert_eq!("80".parse::<Ports>().unwrap(), Ports { first: 80, last: 80 });
+        assert!("0".parse::<Ports>().is_err());
+        assert!("70000".parse::<Ports>().is_err());
+    }
+}

@@ -1,0 +1,283 @@
+//! Ablations: each test removes one element of the computed datapath from one node (in the
+//! test, on the computed NodeState, before applying it) and shows what note 000 says breaks.
+//! Each first proves the full state works in the same lab, so the failure is the ablation's.
+//!
+//! Single cases use the shipped default lab: the game range (UDP 27015-27115) published on
+//! edge-a's enp1s0 and delivered to game-0 on worker-2 over the link. client-1 can also be
+//! reached from worker-2's own internet connection, client-2 only through edge-a. Multi cases use
+//! the Multi lab: the pod on worker-1, client-2 entering at worker-2.
+//! Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1. Each lab is removed on drop.
+
+mod common;
+use common::*;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::time::Duration;
+
+use kuport_lab::Protocol::{Tcp, Udp};
+use kuport_lab::program::{apply, compute};
+use kuport_lab::sys::in_netns;
+use kuport_lab::topology::{PodSpec, Protocol as P, ServicePortSpec, ServiceSpec};
+use kuport_lab::{Lab, Manifests, ProbeError, Topology};
+use kuport_proto::v1::{NftRule, NodeState, nft_statement, nft_value, set_mark};
+
+const GAME: &str = "203.0.113.9:27015";
+const SHORT: Duration = Duration::from_millis(500);
+
+/// The default lab programmed with the default manifests and probed once; the computed states.
+fn single_lab() -> (Lab, BTreeMap<String, NodeState>) {
+    let mut lab = default_lab();
+    let out = compute(&mut lab, &Manifests::default_lab());
+    apply(&mut lab, &out.node_states).expect("the full state applies");
+    assert_maps(&lab, "client-1", GAME, Udp, "game-0");
+    (lab, out.node_states)
+}
+
+fn multi_lab() -> (Lab, BTreeMap<String, NodeState>) {
+    let mut lab = Lab::up(&Topology::multi_lab()).expect("the Multi lab builds");
+    let out = compute(&mut lab, &Manifests::multi_lab());
+    apply(&mut lab, &out.node_states).expect("the full state applies");
+    assert_maps(&lab, "client-2", "100.64.0.12:5353", Udp, "dns-0");
+    (lab, out.node_states)
+}
+
+fn is_ifname(e: &kuport_proto::v1::NftElement, name: &str) -> bool {
+    matches!(e.key.first().and_then(|v| v.value.as_ref()), Some(nft_value::Value::Ifname(n)) if n == name)
+}
+
+/// The request claim on the pod's node (`"cilium_host" . pod . udp . range` in @claim): without
+/// it the CNI's masquerade claims the request on its way into the pod network, and the pod sees
+/// the node's cilium_host (router) address instead of the client.
+#[test]
+fn without_the_request_claim_the_pod_sees_the_node() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = single_lab();
+    let n = drop_elements(host_state(&mut states, "worker-2"), "claim", |e| is_ifname(e, "cilium_host"));
+    assert_eq!(n, 1);
+    apply(&mut lab, &states).unwrap();
+    for client in ["client-1", "client-2"] {
+        let a = lab.probe(client, addr(GAME), Udp).expect("still answered");
+        println!("without the request claim: {client} -> {a}");
+        assert_eq!(a.pod, "game-0");
+        assert_eq!(*a.seen.ip(), Ipv4Addr::new(10, 244, 2, 1), "the pod sees worker-2's router address: {a}");
+        assert_eq!(a.reply_from, a.dialed, "{a}");
+    }
+}
+
+/// The reply claim on the pod's node (@reply_claim, `oifname != "cilium_*" ip saddr . proto .
+/// sport`). Note 000: without it the CNI's egress masquerade rewrites the reply's source and the
+/// client discards it. Observed here: for connections the client opens nothing changes, because
+/// NAT is decided on a connection's first packet and a reply is never evaluated by a NAT rule;
+/// the claim only acts on a flow the pod starts from the published port. See the next test.
+#[test]
+fn without_the_reply_claim_client_opened_flows_still_work() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = single_lab();
+    let n = drop_elements(host_state(&mut states, "worker-2"), "reply_claim", |_| true);
+    assert_eq!(n, 1);
+    apply(&mut lab, &states).unwrap();
+    for client in ["client-1", "client-2"] {
+        let a = assert_maps(&lab, client, GAME, Udp, "game-0");
+        println!("without the reply claim: {client} -> {a}");
+        assert_maps(&lab, client, "203.0.113.9:27115", Udp, "game-0");
+    }
+}
+
+/// Where the reply claim does act: a datagram the pod sends first from its published port after
+/// its own node's conntrack entry has expired while edge-a's lives on (note 000: "a packet the
+/// pod sends first in that window is lost"). Observed: with the claim it reaches the client from
+/// the pod's own address; without it the CNI masquerades it to worker-2's end of the link, which
+/// edge-a's live entry translates back, so it arrives from the address the client dialed.
+#[test]
+fn reply_claim_on_a_pod_first_datagram() {
+    if !root() {
+        return;
+    }
+    // A pod without an echo server on UDP 7000: the test owns that socket.
+    let mut t = Topology::default_lab();
+    t.pods.push(PodSpec {
+        name: "push-0".into(),
+        namespace: "apps".into(),
+        node: "worker-2".into(),
+        labels: [("app".to_string(), "push".to_string())].into(),
+        address: "10.244.2.70".parse().unwrap(),
+        ready: true,
+        tcp: vec![],
+        udp: vec![],
+    });
+    t.services.push(ServiceSpec {
+        name: "push".into(),
+        namespace: "apps".into(),
+        selector: [("app".to_string(), "push".to_string())].into(),
+        ports: vec![ServicePortSpec { name: "push".into(), protocol: P::Udp, port: 7000, target_port: None }],
+    });
+    let mut lab = Lab::up(&t).expect("builds");
+    // worker-2 forgets UDP flows after a second; edge-a keeps them (30 s / 120 s).
+    let worker2 = lab.netns("worker-2").unwrap();
+    kuport_lab::sys::sysctls(
+        &worker2,
+        &[("net.netfilter.nf_conntrack_udp_timeout", "1"), ("net.netfilter.nf_conntrack_udp_timeout_stream", "1")],
+    )
+    .unwrap();
+    let m = with_classes(&port_map("apps", "push", "public", "UDP", "7000", "push", "push"));
+    let out = compute(&mut lab, &m);
+    let full = out.node_states.clone();
+    let mut ablated = out.node_states;
+    assert_eq!(drop_elements(host_state(&mut ablated, "worker-2"), "reply_claim", |_| true), 1);
+
+    let pod_ns = lab.netns("push-0").unwrap();
+    let client_ns = lab.netns("client-1").unwrap();
+    let pod = in_netns(&pod_ns, || UdpSocket::bind("0.0.0.0:7000")).unwrap();
+    pod.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut results = Vec::new();
+    for (label, states) in [("with the reply claim", &full), ("without the reply claim", &ablated)] {
+        apply(&mut lab, states).unwrap();
+        let client = in_netns(&client_ns, || UdpSocket::bind("0.0.0.0:0")).unwrap();
+        client.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let dialed: SocketAddrV4 = addr("203.0.113.9:7000");
+        client.send_to(b"hello", dialed).unwrap();
+        let mut buf = [0u8; 64];
+        let (_, seen) = pod.recv_from(&mut buf).expect("the pod receives the client's datagram");
+        assert_eq!(seen.ip().to_string(), "198.51.100.7", "{label}: the request keeps the client's address");
+        pod.send_to(b"answer", seen).unwrap();
+        let (_, from) = client.recv_from(&mut buf).expect("the answer arrives");
+        assert_eq!(from, dialed.into(), "{label}: an answer within the flow comes from what was dialed");
+        // worker-2's entry expires; edge-a's does not.
+        std::thread::sleep(Duration::from_millis(1500));
+        pod.send_to(b"push", seen).unwrap();
+        let got =
+            client.recv_from(&mut buf).map(|(_, from)| from.to_string()).unwrap_or_else(|e| format!("nothing ({e})"));
+        println!("{label}: the pod's first datagram after worker-2's entry expired arrived from {got}");
+        results.push(got);
+    }
+    assert_eq!(results[0], "10.244.2.70:7000", "with the claim: from the pod's own address");
+    assert_eq!(results[1], "203.0.113.9:7000", "without the claim: masqueraded, then translated back by edge-a");
+}
+
+/// The return mark (@return_mark on the pod's node): without it the reply is routed by the main
+/// table. client-1, which worker-2 reaches over its own internet connection, receives it from
+/// worker-2's end of the link (the source the pod's node translated back to), not from the
+/// address it dialed; client-2, which only edge-a reaches, receives nothing.
+#[test]
+fn without_the_return_mark_the_reply_leaves_by_the_wrong_way() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = single_lab();
+    assert_eq!(drop_elements(host_state(&mut states, "worker-2"), "return_mark", |_| true), 1);
+    apply(&mut lab, &states).unwrap();
+    wrong_way(&lab);
+}
+
+/// The divert rule (ip rule pref 102): without it a marked reply is routed by main, as without
+/// the mark.
+#[test]
+fn without_pref_102_the_reply_leaves_by_the_wrong_way() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = single_lab();
+    assert_eq!(drop_ip_rules(host_state(&mut states, "worker-2"), 102), 1);
+    apply(&mut lab, &states).unwrap();
+    wrong_way(&lab);
+}
+
+fn wrong_way(lab: &Lab) {
+    let vxlan = lab.ip("worker-2", &["-o", "link", "show", "type", "vxlan"]).unwrap();
+    let dev = vxlan.split(": ").nth(1).expect("worker-2's link").to_string();
+    let link_end: Ipv4Addr = lab
+        .ip("worker-2", &["-o", "-4", "addr", "show", "dev", &dev])
+        .unwrap()
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|a| a.split('/').next()?.parse().ok())
+        .expect("worker-2's end of the link");
+    let a = lab.probe("client-1", addr(GAME), Udp).expect("client-1 gets an answer");
+    println!("client-1 -> {a}");
+    assert_eq!(*a.seen.ip(), Ipv4Addr::new(198, 51, 100, 7), "the request is intact: {a}");
+    assert_eq!(a.reply_from, SocketAddrV4::new(link_end, 27015), "the reply comes from the link's far end: {a}");
+    let b = lab.probe_with("client-2", addr(GAME), Udp, SHORT);
+    println!("client-2 -> {GAME}/UDP: {b:?}");
+    assert!(matches!(b, Err(ProbeError::NoAnswer { .. })), "client-2 gets nothing: {b:?}");
+}
+
+/// The loop guard (ip rule pref 101): without it the encapsulated reply, which inherits the
+/// mark, matches pref 102 and is routed back into the link it just left; the kernel refuses,
+/// logs nothing and counts one transmit error on the link per packet. The reply never leaves.
+#[test]
+fn without_pref_101_the_link_counts_a_tx_error_per_reply() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = single_lab();
+    let link = links(&states, "worker-2")[0].0.clone();
+    assert_eq!(drop_ip_rules(host_state(&mut states, "worker-2"), 101), 1);
+    apply(&mut lab, &states).unwrap();
+    let before = tx_errors(&lab, "worker-2", &link);
+    for (i, client) in ["client-1", "client-2", "client-1"].iter().enumerate() {
+        let r = lab.probe_with(client, addr(&format!("203.0.113.9:{}", 27015 + i)), Udp, SHORT);
+        assert!(matches!(r, Err(ProbeError::NoAnswer { .. })), "{client}: the reply never arrives: {r:?}");
+    }
+    let after = tx_errors(&lab, "worker-2", &link);
+    println!("{link} on worker-2: tx errors {before} -> {after} over 3 probes");
+    assert_eq!(after - before, 3, "one transmit error per reply");
+}
+
+fn ct_mark_save(r: &NftRule) -> bool {
+    r.statements.iter().any(|s| matches!(s.kind, Some(nft_statement::Kind::CtMarkSet(_))))
+}
+
+fn ct_mark_restore(r: &NftRule) -> bool {
+    r.statements.iter().any(|s| {
+        matches!(&s.kind, Some(nft_statement::Kind::MetaMarkSet(m)) if matches!(m.from, Some(set_mark::From::Selector(_))))
+    })
+}
+
+/// Multi: without the ct mark save (`ct mark set iifname map @ct_mark` on the pod's node) a reply
+/// finds no mark to restore and leaves by worker-1's own connection to the client, from
+/// worker-1's end of worker-2's link instead of the worker-2 address the client dialed. A
+/// client entering at worker-1 itself is unaffected.
+#[test]
+fn multi_without_the_ct_mark_save_replies_leave_by_the_pod_node() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = multi_lab();
+    assert_eq!(drop_rules(host_state(&mut states, "worker-1"), "kup-mangle", ct_mark_save), 1);
+    apply(&mut lab, &states).unwrap();
+    multi_wrong_way(&lab);
+}
+
+/// Multi: without the restore (`iifname "lxc*" ct mark 0x6b700000/16 meta mark set ct mark`) the
+/// saved mark never reaches the reply: the same failure.
+#[test]
+fn multi_without_the_ct_mark_restore_replies_leave_by_the_pod_node() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = multi_lab();
+    assert_eq!(drop_rules(host_state(&mut states, "worker-1"), "kup-mangle", ct_mark_restore), 1);
+    apply(&mut lab, &states).unwrap();
+    multi_wrong_way(&lab);
+}
+
+fn multi_wrong_way(lab: &Lab) {
+    for (client, entry) in [("client-2", "100.64.0.12:5353"), ("client-3", "100.64.0.13:5353")] {
+        let a = lab.probe(client, addr(entry), Udp).expect("an answer arrives, by the wrong way");
+        println!("{client} -> {a}");
+        assert_eq!(a.seen.ip(), &client_address(lab, client), "the request is intact: {a}");
+        assert_ne!(a.reply_from, a.dialed, "{a}");
+        assert!(a.reply_from.ip().to_string().starts_with("169.254.79."), "from worker-1's end of the link: {a}");
+        let t = lab.probe_with(client, addr(entry), Tcp, SHORT);
+        println!("{client} -> {entry}/TCP: {t:?}");
+        assert!(t.is_err(), "TCP cannot complete: {t:?}");
+    }
+    assert_maps(lab, "client-1", "100.64.0.11:5353", Udp, "dns-0");
+    assert_maps(lab, "client-1", "100.64.0.11:5353", Tcp, "dns-0");
+}

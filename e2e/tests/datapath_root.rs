@@ -1,0 +1,190 @@
+//! End to end through the lab: clients dial published addresses, pods answer with the source
+//! they saw. In every case the pod must see the client's real address and port, and the reply
+//! must come from the address and port the client dialed.
+//! Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1. Each lab is removed on drop.
+
+mod common;
+use common::*;
+
+use kuport_lab::Protocol::{Tcp, Udp};
+use kuport_lab::{Lab, Manifests, Topology, program};
+
+/// Note 000's first shape: the pod sits on the node that accepts the packet. No link.
+#[test]
+fn single_pod_on_accepting_node_tcp() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let m = with_classes(&port_map("web", "web", "public", "TCP", "3000", "web", "http"));
+    let out = program(&mut lab, &m).expect("programs");
+    assert_eq!(condition(&out, "web", "web", "Programmed").0, "True");
+    assert!(links(&out.node_states, "edge-a").is_empty(), "a local pod needs no link");
+    for client in ["client-1", "client-2"] {
+        assert_maps(&lab, client, "203.0.113.9:3000", Tcp, "web-0");
+    }
+}
+
+/// The second shape: edge-a accepts, the pod is on worker-1, both legs ride kuport's link.
+#[test]
+fn single_pod_on_another_node_tcp_and_udp() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let m = with_classes(
+        &(port_map("apps", "echo-tcp", "public", "TCP", "8080", "echo", "tcp")
+            + &port_map("apps", "echo-udp", "public", "UDP", "8080", "echo", "udp")),
+    );
+    let out = program(&mut lab, &m).expect("programs");
+    let edge = links(&out.node_states, "edge-a");
+    assert_eq!(edge.len(), 1, "one link for both mappings: {edge:?}");
+    assert_eq!(edge[0].1, "100.64.0.11", "the link goes to worker-1");
+    for client in ["client-1", "client-2"] {
+        assert_maps(&lab, client, "203.0.113.9:8080", Tcp, "echo-0");
+        assert_maps(&lab, client, "203.0.113.9:8080", Udp, "echo-0");
+    }
+}
+
+/// A UDP range of 101 ports, delivered to the same port numbers on the pod (the shipped default
+/// manifests): first, middle and last port.
+#[test]
+fn udp_range_of_101_ports() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let out = program(&mut lab, &Manifests::default_lab()).expect("programs");
+    assert_eq!(condition(&out, "games", "game", "Programmed").0, "True");
+    for port in [27015, 27065, 27115] {
+        let to = format!("203.0.113.9:{port}");
+        for client in ["client-1", "client-2"] {
+            let a = assert_maps(&lab, client, &to, Udp, "game-0");
+            assert_eq!(a.dialed.port(), port);
+        }
+    }
+    // Just outside the range nothing is published: edge-a itself answers (ICMP), no pod does.
+    let outside = lab.probe_with("client-1", addr("203.0.113.9:27116"), Udp, std::time::Duration::from_millis(300));
+    assert!(outside.is_err(), "port 27116 is outside the range: {outside:?}");
+}
+
+/// Multi: every worker accepts note 000's intranet class on wt0; the pod is on worker-1. Clients
+/// enter at each worker: worker-1 delivers locally, worker-2 and worker-3 over their links,
+/// and worker-1 returns each reply by the link its request came in on (the ct mark).
+#[test]
+fn multi_three_accepting_nodes() {
+    if !root() {
+        return;
+    }
+    let mut lab = Lab::up(&Topology::multi_lab()).expect("the Multi lab builds");
+    let out = program(&mut lab, &Manifests::multi_lab()).expect("programs");
+    for name in ["dns", "dns-tcp"] {
+        assert_eq!(condition(&out, "intranet", name, "Programmed").0, "True", "{name}");
+    }
+    assert_eq!(links(&out.node_states, "worker-1").len(), 2, "worker-1 has a link to each other worker");
+    for (client, entry) in [("client-1", "100.64.0.11"), ("client-2", "100.64.0.12"), ("client-3", "100.64.0.13")] {
+        let to = format!("{entry}:5353");
+        assert_maps(&lab, client, &to, Udp, "dns-0");
+        assert_maps(&lab, client, &to, Tcp, "dns-0");
+    }
+    // Any client through any worker, not only its own.
+    for entry in ["100.64.0.11", "100.64.0.12", "100.64.0.13"] {
+        assert_maps(&lab, "client-2", &format!("{entry}:5353"), Udp, "dns-0");
+    }
+}
+
+/// Two classes over one node pair (edge-a and worker-2): two links with their own VNIs, one per
+/// class, each carrying its own mapping.
+#[test]
+fn two_classes_over_one_node_pair() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let backup = "apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata:
+  name: backup
+spec:
+  nodes:
+    edge-a:
+      interfaces: [enp1s0]
+  returnPath:
+    mode: Vxlan
+    vxlan:
+      vni: 4400
+---
+";
+    let m = with_classes(
+        &(backup.to_string()
+            + &port_map("games", "game", "public", "UDP", "27015-27115", "game", "game")
+            + &port_map("apps", "api", "backup", "TCP", "9000", "api", "api")),
+    );
+    let out = program(&mut lab, &m).expect("programs");
+    let edge = links(&out.node_states, "edge-a");
+    assert_eq!(edge.len(), 2, "one link per class: {edge:?}");
+    assert!(edge.iter().all(|(_, remote)| remote == "100.64.0.12"), "both to worker-2: {edge:?}");
+    assert_ne!(edge[0].0, edge[1].0);
+    let shown = lab.ip("edge-a", &["-d", "link", "show", "type", "vxlan"]).unwrap();
+    assert!(shown.contains("vxlan id 4401") || shown.contains("vxlan id 4402"), "the backup class's VNI: {shown}");
+    let sent = |dev: &str| link_stat(&lab, "edge-a", dev, "tx", "packets");
+    let before: Vec<u64> = edge.iter().map(|(dev, _)| sent(dev)).collect();
+    for client in ["client-1", "client-2"] {
+        assert_maps(&lab, client, "203.0.113.9:27015", Udp, "game-0");
+        assert_maps(&lab, client, "203.0.113.9:27115", Udp, "game-0");
+        assert_maps(&lab, client, "203.0.113.9:9000", Tcp, "api-0");
+    }
+    for ((dev, _), before) in edge.iter().zip(before) {
+        assert!(sent(dev) > before, "link {dev} carried nothing: each class's mapping rides its own link");
+    }
+}
+
+/// The lab's CLI as a user runs it: up (default topology and manifests; it probes every mapping
+/// itself), status, probe, exec, down, which leaves nothing behind.
+#[test]
+fn cli_up_probe_down() {
+    if !root() {
+        return;
+    }
+    let bin = env!("CARGO_BIN_EXE_kuport-lab");
+    let dir = std::env::temp_dir().join(format!("kuport-lab-cli-{}", std::process::id()));
+    struct Down<'a>(&'a str, &'a std::path::Path);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new(self.0).arg("down").env("KUPORT_LAB_DIR", self.1).output();
+        }
+    }
+    let _down = Down(bin, &dir);
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).env("KUPORT_LAB_DIR", &dir).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    let (ok, text) = run(&["up"]);
+    assert!(ok, "up failed: {text}");
+    assert!(
+        text.contains("probe client-1 (198.51.100.7) -> 203.0.113.9:27015/UDP: pod game-0 saw 198.51.100.7:"),
+        "{text}"
+    );
+    assert!(text.contains("[client address intact]"), "{text}");
+    let (ok, text) = run(&["up"]);
+    assert!(!ok && text.contains("is up in"), "a second up is refused: {text}");
+    let (ok, text) = run(&["status"]);
+    assert!(ok && text.contains("PortMap games/game: Programmed=True"), "{text}");
+    assert!(!text.contains("MISSING") && !text.contains("NOT RUNNING"), "{text}");
+    let (ok, text) = run(&["probe", "--from", "client-2", "--to", "203.0.113.9:27100", "--udp"]);
+    assert!(ok && text.contains("pod game-0 saw 198.51.100.8:"), "{text}");
+    let (ok, text) = run(&["exec", "worker-2", "--", "ip", "-br", "addr", "show", "dev", "wt0"]);
+    assert!(ok && text.contains("100.64.0.12/16"), "{text}");
+    let record: kuport_lab::Record =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("lab.json")).unwrap()).unwrap();
+    let (ok, text) = run(&["down"]);
+    assert!(ok, "down failed: {text}");
+    let left = kuport_lab::sys::netns_list().unwrap();
+    assert!(!left.iter().any(|n| n.starts_with(&record.id)), "namespaces left: {left:?}");
+    for pid in record.servers.values() {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(stat.is_empty() || stat.contains(") Z "), "echo server {pid} still runs: {stat}");
+    }
+    assert!(!dir.exists(), "the state dir is removed");
+}

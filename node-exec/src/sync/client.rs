@@ -1,0 +1,430 @@
+//! The NodeSync client: connect, say who we are, apply what arrives (fenced), answer, report,
+//! and reconnect with capped exponential backoff and jitter when the stream ends.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kuport_proto::v1::node_sync_client::NodeSyncClient;
+use kuport_proto::v1::{
+    Ack, ControllerMessage, DesiredState, DriftReport, ExecutorMessage, Hello, NetnsState, NodeFacts, NodeState,
+    ObjectError, controller_message, executor_message,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::fence::Fence;
+use super::{facts, store};
+use crate::executor::{ExecError, Keeper, spawn_keeper};
+
+/// The largest message either side accepts: a 50,000-mapping node state is about 20 MB.
+pub const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+/// How often drift counters are looked at for a report.
+const DRIFT_POLL: Duration = Duration::from_millis(200);
+/// How long link and address changes are collected before the facts are read again.
+const FACTS_DEBOUNCE: Duration = Duration::from_millis(100);
+/// Facts are re-read this often even without a notification.
+const FACTS_BACKSTOP: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The controller's NodeSync address, e.g. http://kuport-controller.kuport-system.svc:9443.
+    pub controller: String,
+    /// This node's Kubernetes name.
+    pub node: String,
+    /// The namespace the node's (host) entry is applied in; None: this process's.
+    pub netns: Option<PathBuf>,
+    /// Where the last applied state is kept across restarts; None: not kept.
+    pub state_dir: Option<PathBuf>,
+    /// The interface other nodes reach this one through; None: the default route's.
+    pub underlay_interface: Option<String>,
+    /// First reconnect delay; doubles per failure up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Config {
+    pub fn new(controller: impl Into<String>, node: impl Into<String>) -> Self {
+        Config {
+            controller: controller.into(),
+            node: node.into(),
+            netns: None,
+            state_dir: None,
+            underlay_interface: None,
+            backoff_initial: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What applies the states the controller sends (the real one is [`NodeKeepers`]; tests use
+/// fakes to check what reaches the kernel).
+pub trait NodeApplier: Send {
+    /// Makes `state` the node's state and keeps it; Err names each refused object.
+    fn apply(&mut self, state: &NodeState) -> impl Future<Output = Result<(), Vec<ObjectError>>> + Send;
+    /// Drift repaired so far (a growing count) and the last differences found.
+    fn drift(&self) -> (u64, Vec<String>);
+}
+
+/// The real applier: one [`Keeper`] (an executor on its own thread, repairing drift) per
+/// network namespace of the node state.
+pub struct NodeKeepers {
+    host_netns: Option<PathBuf>,
+    keepers: BTreeMap<String, Keeper>,
+}
+
+impl NodeKeepers {
+    pub fn new(host_netns: Option<PathBuf>) -> Self {
+        NodeKeepers { host_netns, keepers: BTreeMap::new() }
+    }
+
+    fn keeper(&mut self, path: &str) -> Result<&Keeper, ExecError> {
+        if !self.keepers.contains_key(path) {
+            let netns = if path.is_empty() { self.host_netns.clone() } else { Some(PathBuf::from(path)) };
+            self.keepers.insert(path.to_string(), spawn_keeper(netns)?);
+        }
+        self.keepers.get(path).ok_or_else(|| ExecError::Watch { what: "executor", reason: "vanished".into() })
+    }
+}
+
+impl NodeApplier for NodeKeepers {
+    async fn apply(&mut self, state: &NodeState) -> Result<(), Vec<ObjectError>> {
+        let mut entries: BTreeMap<String, NetnsState> =
+            state.netns.iter().map(|ns| (ns.path.clone(), ns.clone())).collect();
+        // A namespace kept before but absent now: its kuport objects go (the host entry is
+        // then an empty state; pod namespaces likewise).
+        for path in self.keepers.keys() {
+            entries.entry(path.clone()).or_insert_with(|| NetnsState { path: path.clone(), ..Default::default() });
+        }
+        let mut errors = Vec::new();
+        for (path, ns) in entries {
+            let keeper = match self.keeper(&path) {
+                Ok(k) => k.clone(),
+                Err(e) => {
+                    errors.push(ObjectError { object: format!("network namespace {path:?}"), reason: e.to_string() });
+                    continue;
+                }
+            };
+            match keeper.apply(Arc::new(ns)).await {
+                Ok(_) => {}
+                Err(ExecError::Refused { report }) => {
+                    errors.extend(report.errors.into_iter().map(|e| ObjectError { object: e.object, reason: e.reason }))
+                }
+                Err(e) => {
+                    errors.push(ObjectError { object: format!("network namespace {path:?}"), reason: e.to_string() })
+                }
+            }
+        }
+        if errors.is_empty() { Ok(()) } else { Err(errors) }
+    }
+
+    fn drift(&self) -> (u64, Vec<String>) {
+        let mut total = 0;
+        let mut last = Vec::new();
+        for k in self.keepers.values() {
+            let s = k.stats().get();
+            total += s.drift_repairs;
+            if s.drift_repairs > 0 {
+                last.extend(s.last_differences);
+            }
+        }
+        (total, last)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("controller address {address:?}: {reason}")]
+    Address { address: String, reason: String },
+    #[error("connecting to {address}: {reason}")]
+    Connect { address: String, reason: String },
+    #[error("stream with {address}: {status}")]
+    Stream { address: String, status: tonic::Status },
+    #[error("stream with {address} ended by the controller")]
+    Ended { address: String },
+}
+
+/// How a session ended, when it was not an error.
+enum Next {
+    /// The replica is not the leader; reconnect to this one (None: the configured address).
+    Leader(Option<String>),
+}
+
+/// Runs the executor's sync loop until `stop` completes: loads and keeps the stored state,
+/// then connects, applies what arrives and reconnects forever. Nothing is torn down on exit.
+pub async fn run<A: NodeApplier, F: Future<Output = ()>>(cfg: Config, mut applier: A, stop: F) {
+    let mut fence = Fence::default();
+    if let Some(dir) = &cfg.state_dir {
+        match store::load(dir) {
+            Ok(Some(stored)) => {
+                let state = stored.state.clone().unwrap_or_default();
+                match applier.apply(&state).await {
+                    Ok(()) => tracing::info!(version = %stored.version, term = stored.term, "keeping the stored state"),
+                    Err(e) => tracing::warn!(version = %stored.version, errors = ?e, "the stored state was refused"),
+                }
+                fence = Fence::from_applied(Some(kuport_proto::v1::Applied {
+                    term: stored.term,
+                    sequence: stored.sequence,
+                    version: stored.version,
+                }));
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "ignoring the stored state"),
+        }
+    }
+    let facts = watch_facts(cfg.netns.clone(), cfg.underlay_interface.clone());
+    let mut target: Option<String> = None;
+    let mut failures: u32 = 0;
+    let mut jitter = Jitter::new();
+    tokio::pin!(stop);
+    loop {
+        let address = target.clone().unwrap_or_else(|| cfg.controller.clone());
+        let session = session(&cfg, &address, &mut applier, &mut fence, facts.clone());
+        let outcome = tokio::select! {
+            _ = &mut stop => return,
+            o = session => o,
+        };
+        let delay = match outcome {
+            Ok(Next::Leader(leader)) => {
+                tracing::info!(from = %address, leader = ?leader, "following the leader");
+                // A redirect is not a failure, but a follower that knows no leader yet must
+                // not be asked again in a tight loop.
+                let known = leader.is_some();
+                target = leader;
+                if known { Duration::ZERO } else { Duration::from_millis(500) }
+            }
+            Err((e, connected)) => {
+                if connected {
+                    failures = 0;
+                }
+                tracing::warn!(error = %e, "controller stream lost");
+                // A leader that went away: start again from the configured address.
+                target = None;
+                let d = backoff(&cfg, failures, &mut jitter);
+                failures = failures.saturating_add(1);
+                d
+            }
+        };
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// The delay before reconnect attempt `failures` + 1: capped exponential, with jitter of up to
+/// half the delay, so that a thousand executors do not reconnect in step.
+fn backoff(cfg: &Config, failures: u32, jitter: &mut Jitter) -> Duration {
+    let exp = cfg.backoff_initial.saturating_mul(1u32.checked_shl(failures.min(16)).unwrap_or(u32::MAX));
+    let capped = exp.min(cfg.backoff_max);
+    capped.mul_f64(0.5 + 0.5 * jitter.next_unit())
+}
+
+/// A small xorshift generator: jitter needs spread, not secrecy.
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Self {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        Jitter(t ^ (u64::from(std::process::id()) << 32) | 1)
+    }
+
+    fn next_unit(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The node's facts, re-read after link or address changes; None until the first read works.
+fn watch_facts(netns: Option<PathBuf>, underlay: Option<String>) -> watch::Receiver<Option<NodeFacts>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let mut subscription = match crate::route::subscribe(netns.as_deref()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch interfaces; facts are re-read every 30 s");
+                None
+            }
+        };
+        loop {
+            let (n, u) = (netns.clone(), underlay.clone());
+            match tokio::task::spawn_blocking(move || facts::read(n.as_deref(), u.as_deref())).await {
+                Ok(Ok(f)) => {
+                    tx.send_if_modified(|cur| {
+                        let changed = cur.as_ref() != Some(&f);
+                        *cur = Some(f);
+                        changed
+                    });
+                }
+                Ok(Err(e)) => tracing::warn!(error = %e, "reading node facts"),
+                Err(e) => tracing::warn!(error = %e, "reading node facts"),
+            }
+            let notified = async {
+                match subscription.as_mut() {
+                    Some(s) => s.recv().await.is_some(),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                alive = notified => if !alive { subscription = None },
+                _ = tokio::time::sleep(FACTS_BACKSTOP) => {}
+                _ = tx.closed() => return,
+            }
+            tokio::time::sleep(FACTS_DEBOUNCE).await;
+            if let Some(s) = subscription.as_mut() {
+                s.drain();
+            }
+        }
+    });
+    rx
+}
+
+/// One stream's life. Err carries whether the stream was established (which resets backoff).
+async fn session<A: NodeApplier>(
+    cfg: &Config,
+    address: &str,
+    applier: &mut A,
+    fence: &mut Fence,
+    mut facts: watch::Receiver<Option<NodeFacts>>,
+) -> Result<Next, (SyncError, bool)> {
+    let not_connected = |e| (e, false);
+    let url = if address.contains("://") { address.to_string() } else { format!("http://{address}") };
+    let endpoint = tonic::transport::Endpoint::from_shared(url)
+        .map_err(|e| SyncError::Address { address: address.to_string(), reason: e.to_string() })
+        .map_err(not_connected)?
+        .connect_timeout(Duration::from_secs(3))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(10));
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| SyncError::Connect { address: address.to_string(), reason: error_chain(&e) })
+        .map_err(not_connected)?;
+    let mut client =
+        NodeSyncClient::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
+
+    let (tx, rx) = mpsc::channel::<ExecutorMessage>(16);
+    let send = |m: executor_message::Message| ExecutorMessage { message: Some(m) };
+    let hello = Hello {
+        node: cfg.node.clone(),
+        executor_version: env!("CARGO_PKG_VERSION").to_string(),
+        applied: fence.applied().cloned(),
+    };
+    // The channel has room: these never wait.
+    let _ = tx.send(send(executor_message::Message::Hello(hello))).await;
+    let current = facts.borrow_and_update().clone();
+    if let Some(f) = current {
+        let _ = tx.send(send(executor_message::Message::Facts(f))).await;
+    }
+    let stream_err = |status| SyncError::Stream { address: address.to_string(), status };
+    let mut inbound =
+        client.sync(ReceiverStream::new(rx)).await.map_err(stream_err).map_err(not_connected)?.into_inner();
+    tracing::info!(controller = %address, node = %cfg.node, "connected");
+
+    let connected = |e| (e, true);
+    let mut reported = applier.drift().0;
+    let mut drift_tick = tokio::time::interval(DRIFT_POLL);
+    loop {
+        tokio::select! {
+            msg = inbound.message() => {
+                let msg = msg.map_err(stream_err).map_err(connected)?;
+                let Some(ControllerMessage { message: Some(m) }) = msg else {
+                    if msg.is_none() {
+                        return Err(connected(SyncError::Ended { address: address.to_string() }));
+                    }
+                    continue;
+                };
+                match m {
+                    controller_message::Message::NotLeader(n) => {
+                        return Ok(Next::Leader((!n.leader.is_empty()).then_some(n.leader)));
+                    }
+                    controller_message::Message::State(ds) => {
+                        if let Some(ack) = receive(cfg, applier, fence, ds).await
+                            && tx.send(send(executor_message::Message::Ack(ack))).await.is_err()
+                        {
+                            return Err(connected(SyncError::Ended { address: address.to_string() }));
+                        }
+                    }
+                }
+            }
+            changed = facts.changed() => {
+                if changed.is_ok() {
+                    let current = facts.borrow_and_update().clone();
+                    if let Some(f) = current {
+                        let _ = tx.send(send(executor_message::Message::Facts(f))).await;
+                    }
+                }
+            }
+            _ = drift_tick.tick() => {
+                let (repairs, differences) = applier.drift();
+                if repairs != reported {
+                    reported = repairs;
+                    let _ = tx.send(send(executor_message::Message::Drift(DriftReport { repairs, differences }))).await;
+                }
+            }
+        }
+    }
+}
+
+/// Applies one incoming state if the fence admits it; the answer to send, if any.
+async fn receive<A: NodeApplier>(cfg: &Config, applier: &mut A, fence: &mut Fence, ds: DesiredState) -> Option<Ack> {
+    if !fence.admits(&ds) {
+        tracing::warn!(term = ds.term, sequence = ds.sequence, version = %ds.version, "ignoring a stale state");
+        return None;
+    }
+    let state = ds.state.clone().unwrap_or_default();
+    let result = applier.apply(&state).await;
+    fence.record(&ds, result.is_ok());
+    let ok = result.is_ok();
+    if ok && let Some(dir) = &cfg.state_dir {
+        let (dir, stored) = (dir.clone(), ds.clone());
+        match tokio::task::spawn_blocking(move || store::save(&dir, &stored)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "storing the applied state"),
+            Err(e) => tracing::warn!(error = %e, "storing the applied state"),
+        }
+    }
+    match &result {
+        Ok(()) => tracing::info!(version = %ds.version, term = ds.term, sequence = ds.sequence, "applied"),
+        Err(errors) => tracing::warn!(version = %ds.version, ?errors, "refused"),
+    }
+    Some(Ack {
+        term: ds.term,
+        sequence: ds.sequence,
+        version: ds.version,
+        ok,
+        errors: result.err().unwrap_or_default(),
+    })
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_its_cap_with_jitter() {
+        let cfg = Config::new("http://x", "n");
+        let mut j = Jitter::new();
+        for failures in 0..40 {
+            let d = backoff(&cfg, failures, &mut j);
+            let full = cfg.backoff_initial.saturating_mul(1 << failures.min(16)).min(cfg.backoff_max);
+            assert!(d >= full / 2 && d <= full, "failure {failures}: {d:?} not within [{:?}, {full:?}]", full / 2);
+        }
+        assert!(backoff(&cfg, 30, &mut j) >= Duration::from_secs(5));
+    }
+}
