@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +26,11 @@ pub const DEFAULT_LINK_SUBNET: &str = "169.254.77.0/24";
     version = "v1alpha1",
     kind = "PortMapClass",
     shortname = "pmc",
-    status = "PortMapClassStatus"
+    status = "PortMapClassStatus",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.servingMode"}"#,
+    printcolumn = r#"{"name":"ReturnPath","type":"string","jsonPath":".spec.returnPath.mode"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PortMapClassSpec {
@@ -103,7 +107,7 @@ pub enum ReturnPathMode {
     None,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VxlanSpec {
     /// The first VNI; a link's VNI is this plus its slot.
@@ -111,9 +115,11 @@ pub struct VxlanSpec {
     pub vni: u32,
     /// The links' UDP port; must differ from the CNI's (8472 for Cilium).
     #[serde(default = "default_vxlan_port")]
+    #[x_kube(validation = Rule::new("self != 8472").message("port 8472 is the CNI's VXLAN port (Cilium); choose another"))]
     pub port: u16,
     /// IPv4 subnet from which each node pair takes one /31.
     #[serde(default = "default_subnet")]
+    #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self).prefixLength() <= 30").message("subnet must be an IPv4 CIDR with room for at least one /31 link (prefix length 30 or shorter)"))]
     pub subnet: String,
 }
 
@@ -185,20 +191,34 @@ pub struct InterfaceAddress {
 }
 
 /// Publishes a port or port range and delivers it to one pod behind a Service.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[kube(
     group = "kuport.wlz.li",
     version = "v1alpha1",
     kind = "PortMap",
     namespaced,
     shortname = "pm",
-    status = "PortMapStatus"
+    status = "PortMapStatus",
+    printcolumn = r#"{"name":"Class","type":"string","jsonPath":".spec.className"}"#,
+    printcolumn = r#"{"name":"Protocol","type":"string","jsonPath":".spec.protocol"}"#,
+    printcolumn = r#"{"name":"Port","type":"integer","jsonPath":".spec.port"}"#,
+    printcolumn = r#"{"name":"End","type":"integer","jsonPath":".spec.endPort"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.endpoint.node"}"#,
+    printcolumn = r#"{"name":"Programmed","type":"string","jsonPath":".status.conditions[?(@.type==\"Programmed\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Published","type":"string","priority":1,"jsonPath":".status.published[*].address"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Programmed\")].reason"}"#
 )]
+#[x_kube(validation = Rule::new("!has(self.endPort) || self.endPort >= self.port").message("endPort must not be below port"))]
+#[x_kube(validation = Rule::new("has(self.endPort) == has(oldSelf.endPort) && (!has(self.endPort) || self.endPort == oldSelf.endPort)").message("endPort is immutable: delete and recreate the PortMap"))]
 #[serde(rename_all = "camelCase")]
 pub struct PortMapSpec {
+    #[x_kube(validation = Rule::new("self == oldSelf").message("className is immutable: delete and recreate the PortMap"))]
     pub class_name: String,
+    #[x_kube(validation = Rule::new("self == oldSelf").message("protocol is immutable: delete and recreate the PortMap"))]
     pub protocol: Protocol,
     /// The published port, or the first of a range.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("port is immutable: delete and recreate the PortMap"))]
     pub port: u16,
     /// The last port of an inclusive range.
     #[serde(default, skip_serializing_if = "Option::is_none")]

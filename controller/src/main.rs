@@ -72,9 +72,22 @@ struct RunArgs {
     /// The gRPC address: NodeSync, Debug, health and reflection.
     #[arg(long, default_value = "0.0.0.0:9443")]
     listen: String,
-    /// The address executors are sent to when this replica leads (host:port).
+    /// The address executors are sent to when this replica leads (host:port); by default
+    /// the --listen address.
     #[arg(long, env = "KUPORT_ADVERTISE")]
     advertise: Option<String>,
+    /// The Lease's namespace (Kubernetes source).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kuport-system")]
+    lease_namespace: String,
+    /// The Lease the replicas elect a leader on.
+    #[arg(long, default_value = "kuport-controller")]
+    lease_name: String,
+    /// This replica's name, unique among replicas (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Where Prometheus metrics are served (/metrics).
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics_listen: String,
     /// error, warn, info, debug or trace (or a tracing filter).
     #[arg(long, env = "KUPORT_LOG_LEVEL", default_value = "info")]
     log_level: String,
@@ -123,9 +136,6 @@ fn run_controller(args: RunArgs, settings: Settings) -> anyhow::Result<()> {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
     }
-    let Some(manifests) = args.manifests else {
-        anyhow::bail!("--manifests: required (the Kubernetes API source is not built yet)");
-    };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("building the runtime")?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&args.listen)
@@ -139,7 +149,25 @@ fn run_controller(args: RunArgs, settings: Settings) -> anyhow::Result<()> {
                 _ = tokio::signal::ctrl_c() => {}
             }
         };
-        serve::run_standalone(serve::Standalone { manifests, settings, advertise: args.advertise }, listener, stop)
-            .await
+        let _ = &args.metrics_listen;
+        match args.manifests {
+            Some(manifests) => {
+                let cfg = serve::Standalone { manifests, settings, advertise: args.advertise };
+                serve::run_standalone(cfg, listener, stop).await
+            }
+            None => {
+                let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+                let advertise = args.advertise.unwrap_or_else(|| args.listen.clone());
+                let identity = args.identity.unwrap_or_else(|| format!("kuport-{}", std::process::id()));
+                let cfg = serve::Kubernetes {
+                    settings,
+                    lease_namespace: args.lease_namespace,
+                    lease_name: args.lease_name,
+                    identity,
+                    advertise,
+                };
+                serve::run_kubernetes(cfg, client, listener, stop).await
+            }
+        }
     })
 }

@@ -25,6 +25,8 @@ pub mod reason {
     pub const RETURN_PATH_UNAVAILABLE: &str = "ReturnPathUnavailable";
     pub const NODE_NOT_READY: &str = "NodeNotReady";
     pub const NO_INTERFACE_ON_NODE: &str = "NoInterfaceOnNode";
+    /// Computed and sent, but a node that must apply it has not acknowledged yet.
+    pub const PENDING: &str = "Pending";
     // PortMapClass Ready
     pub const READY: &str = "Ready";
     pub const INVALID_SUBNET: &str = "InvalidSubnet";

@@ -109,12 +109,25 @@ pub struct Hub {
     leadership: watch::Receiver<Leadership>,
     /// Set when the controller stops: every session ends, so the server can finish.
     closing: watch::Sender<bool>,
+    /// Standalone: no API server stores statuses, so the last computed ones are fed back.
+    feed_back_status: bool,
+    status_dirty: Notify,
 }
 
 impl Hub {
-    pub fn new(settings: Settings, leadership: watch::Receiver<Leadership>) -> Arc<Self> {
-        let closing = watch::channel(false).0;
-        Arc::new(Hub { inner: Mutex::default(), changed: Notify::new(), settings, leadership, closing })
+    /// A hub whose inputs carry no stored status when `feed_back_status` (a manifest
+    /// folder): the statuses it computes are then fed back into the next compute, as the API
+    /// server would store them.
+    pub fn new(settings: Settings, leadership: watch::Receiver<Leadership>, feed_back_status: bool) -> Arc<Self> {
+        Arc::new(Hub {
+            inner: Mutex::default(),
+            changed: Notify::new(),
+            settings,
+            leadership,
+            closing: watch::channel(false).0,
+            feed_back_status,
+            status_dirty: Notify::new(),
+        })
     }
 
     /// Ends every executor session (the controller is stopping).
@@ -185,6 +198,8 @@ impl Hub {
             e.session = None;
             e.since = Instant::now();
         }
+        drop(inner);
+        self.status_dirty.notify_one();
     }
 
     /// A message from a connected executor.
@@ -215,6 +230,7 @@ impl Hub {
         if recompute {
             self.changed.notify_one();
         }
+        self.status_dirty.notify_one();
     }
 
     /// Every node known, by name.
@@ -238,8 +254,10 @@ impl Hub {
         self.lock().computes
     }
 
-    /// Recomputes whenever something changed, debounced, until the process ends.
-    pub async fn recompute_loop(self: Arc<Self>) {
+    /// Recomputes whenever something changed, debounced, until the process ends. With a
+    /// `gate`, each result is published only once the gate passed it (the Kubernetes source
+    /// writes slot claims first); a closed gate retries after [`GATE_RETRY`].
+    pub async fn recompute_loop(self: Arc<Self>, gate: Option<Arc<dyn Gate>>) {
         let mut leadership = self.leadership.clone();
         loop {
             tokio::select! {
@@ -257,28 +275,54 @@ impl Hub {
                 }
             }
             let hub = self.clone();
-            if let Err(e) = tokio::task::spawn_blocking(move || hub.recompute()).await {
-                tracing::error!(error = %e, "recompute panicked");
+            let computed = match tokio::task::spawn_blocking(move || hub.compute_now()).await {
+                Ok(Some(c)) => c,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::error!(error = %e, "compute panicked");
+                    continue;
+                }
+            };
+            if let Some(gate) = &gate
+                && !gate.clone().before_publish(computed.outputs.clone()).await
+            {
+                let hub = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(GATE_RETRY).await;
+                    hub.changed.notify_one();
+                });
+                continue;
             }
+            self.publish(computed);
         }
     }
 
-    /// One compute and publish, now. Does nothing before the first inputs.
+    /// One compute and publish, now (no gate). Does nothing before the first inputs.
     pub fn recompute(&self) {
+        if let Some(c) = self.compute_now() {
+            self.publish(c);
+        }
+    }
+
+    /// Computes from the current inputs, the reported facts and (standalone) the fed-back
+    /// statuses. None before the first inputs.
+    pub fn compute_now(&self) -> Option<Computed> {
         let started = Instant::now();
         let (mut cluster, term) = {
             let inner = self.lock();
-            let Some(inputs) = &inner.inputs else { return };
+            let inputs = inner.inputs.as_ref()?;
             let mut cluster = inputs.clone();
-            for c in &mut cluster.classes {
-                if let Some(s) = c.metadata.name.as_ref().and_then(|n| inner.class_status.get(n)) {
-                    c.status = Some(s.clone());
+            if self.feed_back_status {
+                for c in &mut cluster.classes {
+                    if let Some(s) = c.metadata.name.as_ref().and_then(|n| inner.class_status.get(n)) {
+                        c.status = Some(s.clone());
+                    }
                 }
-            }
-            for pm in &mut cluster.port_maps {
-                let key = crate::compute::admission::key_of(pm);
-                if let Some(s) = inner.port_map_status.get(&key) {
-                    pm.status = Some(s.clone());
+                for pm in &mut cluster.port_maps {
+                    let key = crate::compute::admission::key_of(pm);
+                    if let Some(s) = inner.port_map_status.get(&key) {
+                        pm.status = Some(s.clone());
+                    }
                 }
             }
             for (node, e) in &inner.nodes {
@@ -290,8 +334,14 @@ impl Hub {
             (cluster, self.leadership.borrow().term)
         };
         cluster.now = Timestamp::now();
-        let out = compute(&cluster, &self.settings);
+        let outputs = Arc::new(compute(&cluster, &self.settings));
+        tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "computed");
+        Some(Computed { outputs, term })
+    }
 
+    /// Makes `c` the current outputs and sends every node whose state changed its new state.
+    pub fn publish(&self, c: Computed) {
+        let Computed { outputs: out, term } = c;
         let mut inner = self.lock();
         inner.computes += 1;
         inner.class_status = out.classes.clone();
@@ -319,10 +369,42 @@ impl Hub {
             entry.tx.send_replace(Some(Arc::new(DesiredState { term, sequence, version, state: Some(state) })));
             published += 1;
         }
-        inner.outputs = Arc::new(out);
-        tracing::info!(published, elapsed_ms = started.elapsed().as_millis() as u64, "computed");
+        inner.outputs = out;
+        drop(inner);
+        self.status_dirty.notify_one();
+        tracing::info!(published, "node states published");
+    }
+
+    /// Resolves when statuses may need writing (a publish, an ack, a connect or disconnect).
+    pub async fn status_dirty(&self) {
+        self.status_dirty.notified().await;
+    }
+
+    /// Asks for a recompute (the inputs changed in place, or a retry).
+    pub fn request_recompute(&self) {
+        self.changed.notify_one();
     }
 }
+
+/// A compute's result, not yet published.
+#[derive(Debug, Clone)]
+pub struct Computed {
+    pub outputs: Arc<Outputs>,
+    pub term: u64,
+}
+
+/// What must happen before node states are published (the Kubernetes source writes the
+/// classes' slot claims, so that no executor holds a slot the API does not).
+pub trait Gate: Send + Sync {
+    /// true: publish; false: keep the previous states and retry later.
+    fn before_publish(
+        self: Arc<Self>,
+        outputs: Arc<Outputs>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
+}
+
+/// How long a closed gate waits before the compute is tried again.
+pub const GATE_RETRY: Duration = Duration::from_secs(1);
 
 fn view(node: &str, e: &NodeEntry) -> NodeView {
     NodeView {

@@ -1,6 +1,8 @@
 //! Who leads. Only the leader serves NodeSync; its term fences the states it sends, so an
 //! executor never goes back to an old leader's state.
 
+use std::time::Duration;
+
 use tokio::sync::watch;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,4 +20,109 @@ pub fn standalone(advertise: String) -> (watch::Sender<Leadership>, watch::Recei
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     watch::channel(Leadership { leader: true, term, leader_address: advertise })
+}
+
+/// How long a lease holds without renewal: a killed leader is replaced within this plus up
+/// to a second (the bound is 5 s).
+pub const LEASE_SECONDS: u64 = 3;
+/// The holder renews this long before expiry.
+pub const RENEW_BEFORE_SECONDS: u64 = 1;
+
+/// The term of a leadership that starts now: the wall clock in ms. A new leader can only
+/// start after the old lease expired, so its term is greater unless clocks differ by more
+/// than the old leader's whole tenure; a lease counter would reset with the Lease object.
+fn new_term() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Holder identities carry the NodeSync address, so followers can send executors there.
+fn holder(identity: &str, advertise: &str) -> String {
+    format!("{identity}@{advertise}")
+}
+
+fn address_of(holder: &str) -> String {
+    holder.rsplit_once('@').map(|(_, a)| a.to_string()).unwrap_or_default()
+}
+
+/// Leader election on a Lease. The returned handle releases the lease when told to stop (a
+/// graceful shutdown hands over in about a second).
+pub async fn kubernetes(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    identity: &str,
+    advertise: &str,
+) -> Result<
+    (watch::Receiver<Leadership>, tokio::sync::oneshot::Sender<tokio::sync::oneshot::Sender<()>>),
+    kube_lease_manager::LeaseManagerError,
+> {
+    use futures::StreamExt;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::runtime::watcher;
+
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), name)
+        .with_namespace(namespace)
+        .with_identity(holder(identity, advertise))
+        .with_duration(LEASE_SECONDS)
+        .with_grace(RENEW_BEFORE_SECONDS)
+        .with_create_mode(kube_lease_manager::LeaseCreateMode::AutoCreate)
+        .build()
+        .await?;
+    let (tx, rx) = watch::channel(Leadership { leader: false, term: 0, leader_address: String::new() });
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<tokio::sync::oneshot::Sender<()>>();
+    let advertise = advertise.to_string();
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client, namespace);
+    let fields = format!("metadata.name={name}");
+    tokio::spawn(async move {
+        let mut lease_events = std::pin::pin!(watcher(leases, watcher::Config::default().fields(&fields)));
+        loop {
+            tokio::select! {
+                done = &mut stop_rx => {
+                    if tx.borrow().leader {
+                        tx.send_modify(|l| l.leader = false);
+                        if let Err(e) = manager.release().await {
+                            tracing::warn!(error = %e, "releasing the lease");
+                        }
+                    }
+                    if let Ok(done) = done {
+                        let _ = done.send(());
+                    }
+                    return;
+                }
+                changed = manager.changed() => match changed {
+                    Ok(true) => {
+                        let term = new_term();
+                        tracing::info!(term, "leading");
+                        tx.send_replace(Leadership { leader: true, term, leader_address: advertise.clone() });
+                    }
+                    Ok(false) => {
+                        tracing::warn!("lost the lease: no more writes");
+                        tx.send_modify(|l| l.leader = false);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lease");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                },
+                // Any change of the Lease (a release above all) re-runs `changed`, which
+                // otherwise sleeps until the old lease expires.
+                event = lease_events.next() => {
+                    if let Some(Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease))) = event {
+                        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+                        if !tx.borrow().leader {
+                            tx.send_if_modified(|l| {
+                                let address = address_of(&holder);
+                                let changed = l.leader_address != address;
+                                l.leader_address = address;
+                                changed
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    });
+    Ok((rx, stop_tx))
 }

@@ -6,6 +6,7 @@
 
 pub mod debug;
 pub mod hub;
+pub mod kubernetes;
 pub mod leader;
 pub mod source;
 pub mod sync;
@@ -82,12 +83,58 @@ where
 {
     let address: SocketAddr = listener.local_addr()?;
     let (_lead_tx, lead_rx) = leader::standalone(cfg.advertise.unwrap_or_else(|| address.to_string()));
-    let hub = Hub::new(cfg.settings, lead_rx);
+    let hub = Hub::new(cfg.settings, lead_rx, true);
     let source = tokio::spawn(source::watch_folder(cfg.manifests, hub.clone()));
-    let recompute = tokio::spawn(hub.clone().recompute_loop());
+    let recompute = tokio::spawn(hub.clone().recompute_loop(None));
     tracing::info!(%address, "serving NodeSync, Debug, health and reflection");
     let served = serve_grpc(hub, listener, stop).await;
     source.abort();
     recompute.abort();
+    served.map_err(Into::into)
+}
+
+/// A controller that reads the Kubernetes API and elects a leader on a Lease.
+pub struct Kubernetes {
+    pub settings: Settings,
+    pub lease_namespace: String,
+    pub lease_name: String,
+    /// This replica's name (the pod's), unique among replicas.
+    pub identity: String,
+    /// host:port executors reach this replica's NodeSync at.
+    pub advertise: String,
+}
+
+/// Runs a controller replica against the Kubernetes API until `stop` completes; on stop it
+/// releases the lease first, so a follower takes over at once.
+pub async fn run_kubernetes<F>(
+    cfg: Kubernetes,
+    client: ::kube::Client,
+    listener: TcpListener,
+    stop: F,
+) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = ()> + Send,
+{
+    let (lead_rx, release) =
+        leader::kubernetes(client.clone(), &cfg.lease_namespace, &cfg.lease_name, &cfg.identity, &cfg.advertise)
+            .await
+            .map_err(|e| anyhow::anyhow!("lease {}/{}: {e}", cfg.lease_namespace, cfg.lease_name))?;
+    let hub = Hub::new(cfg.settings, lead_rx, false);
+    let stores = kubernetes::observe(&client, hub.clone());
+    let writer = kubernetes::Writer::new(client, stores, hub.clone(), Some(cfg.identity.clone()));
+    let gate: Arc<dyn hub::Gate> = writer.clone();
+    let recompute = tokio::spawn(hub.clone().recompute_loop(Some(gate)));
+    let statuses = tokio::spawn(writer.run());
+    tracing::info!(address = %cfg.advertise, identity = %cfg.identity, "serving; electing a leader");
+    let stop = async move {
+        stop.await;
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        if release.send(done_tx).is_ok() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), done).await;
+        }
+    };
+    let served = serve_grpc(hub, listener, stop).await;
+    recompute.abort();
+    statuses.abort();
     served.map_err(Into::into)
 }

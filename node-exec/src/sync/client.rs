@@ -54,7 +54,7 @@ impl Config {
             state_dir: None,
             underlay_interface: None,
             backoff_initial: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(5),
         }
     }
 }

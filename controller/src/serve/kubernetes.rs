@@ -1,0 +1,398 @@
+//! The Kubernetes side: reflector stores feed the hub (observe), and the leader writes what the
+//! computation decided back (report): slot claims and node facts in class status before any
+//! node state uses them (the hub's [`Gate`]), PortMap status once executors acknowledged, and
+//! events for refusals and serving-node changes. Only changed statuses are written.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+use super::hub::{Gate, Hub};
+use crate::api::{PortMap, PortMapClass, PortMapStatus};
+use crate::compute::admission::MapKey;
+use crate::compute::status::{self, condition, reason};
+use crate::compute::{Cluster, Outputs, must_ack};
+
+/// The field manager of every status write.
+pub const FIELD_MANAGER: &str = "kuport-controller";
+/// Status writes wait this long for more acknowledgements to arrive together.
+const STATUS_DEBOUNCE: Duration = Duration::from_millis(50);
+/// After becoming leader, a node whose executor has not reconnected yet is not counted as
+/// pending for this long (executors reconnect within their 5 s backoff cap), so a failover
+/// or restart does not flap Programmed statuses it has no news about.
+pub const RECONNECT_GRACE: Duration = Duration::from_secs(10);
+
+/// The stores of everything the computation reads.
+#[derive(Clone)]
+pub struct Stores {
+    nodes: Store<Node>,
+    namespaces: Store<Namespace>,
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
+    classes: Store<PortMapClass>,
+    port_maps: Store<PortMap>,
+}
+
+impl Stores {
+    fn snapshot(&self) -> Cluster {
+        fn all<K: Clone + Resource>(s: &Store<K>) -> Vec<K>
+        where
+            K::DynamicType: Eq + Hash + Clone,
+        {
+            s.state().iter().map(|o| (**o).clone()).collect()
+        }
+        Cluster {
+            nodes: all(&self.nodes),
+            namespaces: all(&self.namespaces),
+            services: all(&self.services),
+            endpoint_slices: all(&self.slices),
+            classes: all(&self.classes),
+            port_maps: all(&self.port_maps),
+            facts: Vec::new(),
+            now: Timestamp::now(),
+        }
+    }
+
+    fn class(&self, name: &str) -> Option<Arc<PortMapClass>> {
+        self.classes.state().into_iter().find(|c| c.metadata.name.as_deref() == Some(name))
+    }
+
+    fn port_map(&self, (ns, name): &MapKey) -> Option<Arc<PortMap>> {
+        self.port_maps
+            .state()
+            .into_iter()
+            .find(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()) && p.metadata.name.as_deref() == Some(name))
+    }
+}
+
+/// Watches one kind into a store; every event pokes `changed`.
+fn reflect<K>(api: Api<K>, changed: Arc<Notify>) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => changed.notify_one(),
+                Err(e) => tracing::warn!(kind = %K::kind(&K::DynamicType::default()), error = %e, "watch"),
+            }
+        }
+    });
+    reader
+}
+
+/// Starts the watches and feeds the hub: nothing until every store has listed once (a partial
+/// view would tear down what works), then a fresh snapshot after every change.
+pub fn observe(client: &Client, hub: Arc<Hub>) -> Stores {
+    let changed = Arc::new(Notify::new());
+    let stores = Stores {
+        nodes: reflect(Api::all(client.clone()), changed.clone()),
+        namespaces: reflect(Api::all(client.clone()), changed.clone()),
+        services: reflect(Api::all(client.clone()), changed.clone()),
+        slices: reflect(Api::all(client.clone()), changed.clone()),
+        classes: reflect(Api::all(client.clone()), changed.clone()),
+        port_maps: reflect(Api::all(client.clone()), changed.clone()),
+    };
+    let s = stores.clone();
+    tokio::spawn(async move {
+        let ready = futures::future::join_all([
+            s.nodes.wait_until_ready().boxed(),
+            s.namespaces.wait_until_ready().boxed(),
+            s.services.wait_until_ready().boxed(),
+            s.slices.wait_until_ready().boxed(),
+            s.classes.wait_until_ready().boxed(),
+            s.port_maps.wait_until_ready().boxed(),
+        ])
+        .await;
+        if ready.iter().any(Result::is_err) {
+            tracing::error!("a watch ended before listing");
+            return;
+        }
+        tracing::info!("caches synced");
+        loop {
+            hub.set_inputs(s.snapshot());
+            changed.notified().await;
+        }
+    });
+    stores
+}
+
+/// Writes what the leader decided.
+pub struct Writer {
+    client: Client,
+    stores: Stores,
+    hub: Arc<Hub>,
+    recorder: Recorder,
+    /// The term this replica leads in and when it began.
+    leading_since: std::sync::Mutex<(u64, std::time::Instant)>,
+}
+
+impl Writer {
+    pub fn new(client: Client, stores: Stores, hub: Arc<Hub>, instance: Option<String>) -> Arc<Self> {
+        let reporter = Reporter { controller: FIELD_MANAGER.into(), instance };
+        let recorder = Recorder::new(client.clone(), reporter);
+        let leading_since = std::sync::Mutex::new((0, std::time::Instant::now()));
+        Arc::new(Writer { client, stores, hub, recorder, leading_since })
+    }
+
+    fn leading(&self) -> bool {
+        self.hub.leadership().borrow().leader
+    }
+
+    /// Writes every class status that differs from the stored one; false when one failed.
+    async fn write_classes(&self, out: &Outputs) -> bool {
+        let mut ok = true;
+        for (name, st) in &out.classes {
+            if !self.leading() {
+                return false;
+            }
+            let Some(stored) = self.stores.class(name) else { continue };
+            if stored.status.as_ref() == Some(st) {
+                continue;
+            }
+            let api: Api<PortMapClass> = Api::all(self.client.clone());
+            let patch = Patch::Merge(serde_json::json!({ "status": st }));
+            match api.patch_status(name, &PatchParams::apply(FIELD_MANAGER), &patch).await {
+                Ok(_) => tracing::info!(class = %name, "class status written"),
+                Err(e) => {
+                    tracing::warn!(class = %name, error = %e, "writing class status");
+                    ok = false;
+                }
+            }
+        }
+        ok
+    }
+
+    /// Writes every PortMap status that differs from the stored one, with Programmed held at
+    /// Pending until each node that must apply the mapping acknowledged its current state.
+    pub async fn write_port_maps(&self) {
+        let (out, _) = self.hub.outputs();
+        let young = self.leading_for() < RECONNECT_GRACE;
+        // Per node: Some(synced), or None while there is no news of its executor yet.
+        let nodes: BTreeMap<String, Option<bool>> = self
+            .hub
+            .nodes()
+            .into_iter()
+            .map(|v| {
+                let synced = matches!((&v.acked, &v.desired), (Some(a), Some(d)) if a.version == d.version);
+                let news = v.connected || v.acked.is_some();
+                (v.node, (news || !young).then_some(synced))
+            })
+            .collect();
+        let now = Timestamp::now();
+        for (key, computed) in &out.port_maps {
+            if !self.leading() {
+                return;
+            }
+            let Some(stored) = self.stores.port_map(key) else { continue };
+            let must = must_ack(&out, key);
+            if stored.status.is_some() && must.iter().any(|n| nodes.get(n).is_some_and(Option::is_none)) {
+                // Keep what is stored until the executor reconnects or the grace ends.
+                continue;
+            }
+            let pending: Vec<String> =
+                must.into_iter().filter(|n| !nodes.get(n).copied().flatten().unwrap_or(false)).collect();
+            let st = with_pending(computed, stored.status.as_ref(), &pending, stored.metadata.generation, now);
+            if stored.status.as_ref() == Some(&st) {
+                continue;
+            }
+            let api: Api<PortMap> = Api::namespaced(self.client.clone(), &key.0);
+            let patch = Patch::Merge(serde_json::json!({ "status": st }));
+            match api.patch_status(&key.1, &PatchParams::apply(FIELD_MANAGER), &patch).await {
+                Ok(_) => {
+                    tracing::info!(portmap = %format!("{}/{}", key.0, key.1), "status written");
+                    self.events(&stored, stored.status.as_ref(), &st).await;
+                }
+                Err(e) => tracing::warn!(portmap = %format!("{}/{}", key.0, key.1), error = %e, "writing status"),
+            }
+        }
+    }
+
+    /// Events for what an operator should see in `kubectl describe`: a new refusal, and a
+    /// change of serving node.
+    async fn events(&self, pm: &PortMap, old: Option<&PortMapStatus>, new: &PortMapStatus) {
+        let reference = pm.object_ref(&());
+        let refusal = |s: Option<&PortMapStatus>| {
+            s.and_then(|s| s.conditions.iter().find(|c| c.status == "False" && c.reason != reason::NOT_ACCEPTED))
+                .map(|c| (c.reason.clone(), c.message.clone()))
+        };
+        let mut events = Vec::new();
+        if let Some((r, m)) = refusal(Some(new))
+            && refusal(old).map(|o| o.0) != Some(r.clone())
+            && r != reason::PENDING
+        {
+            events.push(Event {
+                type_: EventType::Warning,
+                reason: r,
+                note: Some(m),
+                action: "Refuse".into(),
+                secondary: None,
+            });
+        }
+        let node = |s: Option<&PortMapStatus>| s.and_then(|s| s.endpoint.as_ref()).map(|e| e.node.clone());
+        if let (Some(before), Some(after)) = (node(old), node(Some(new)))
+            && before != after
+        {
+            events.push(Event {
+                type_: EventType::Normal,
+                reason: "ServingNodeChanged".into(),
+                note: Some(format!("the pod is now reached on node {after} (was {before})")),
+                action: "Reprogram".into(),
+                secondary: None,
+            });
+        }
+        for e in events {
+            if let Err(err) = self.recorder.publish(&e, &reference).await {
+                tracing::warn!(name = %pm.name_any(), error = %err, "publishing an event");
+            }
+        }
+    }
+
+    /// How long this replica has led in its current term (zero when following).
+    fn leading_for(&self) -> Duration {
+        let lead = self.hub.leadership().borrow().clone();
+        if !lead.leader {
+            return Duration::ZERO;
+        }
+        let mut since = self.leading_since.lock().unwrap_or_else(|e| e.into_inner());
+        if since.0 != lead.term {
+            *since = (lead.term, std::time::Instant::now());
+        }
+        since.1.elapsed()
+    }
+
+    /// Writes PortMap statuses whenever the hub says they may have changed, and once more
+    /// when a new term's reconnect grace ends.
+    pub async fn run(self: Arc<Self>) {
+        let mut leadership = self.hub.leadership();
+        let leader = leadership.borrow_and_update().leader;
+        let mut grace_end = leader.then(|| tokio::time::Instant::now() + RECONNECT_GRACE + STATUS_DEBOUNCE);
+        loop {
+            let grace = async {
+                match grace_end {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.hub.status_dirty() => {}
+                changed = leadership.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let leader = leadership.borrow_and_update().leader;
+                    grace_end = leader.then(|| tokio::time::Instant::now() + RECONNECT_GRACE + STATUS_DEBOUNCE);
+                    continue;
+                }
+                _ = grace => grace_end = None,
+            }
+            tokio::time::sleep(STATUS_DEBOUNCE).await;
+            if self.leading() {
+                self.write_port_maps().await;
+            }
+        }
+    }
+}
+
+impl Gate for Writer {
+    fn before_publish(
+        self: Arc<Self>,
+        outputs: Arc<Outputs>,
+    ) -> Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
+        Box::pin(async move { !self.leading() || self.write_classes(&outputs).await })
+    }
+}
+
+/// `computed` with Programmed=False (Pending) while `pending` nodes have not applied it.
+fn with_pending(
+    computed: &PortMapStatus,
+    stored: Option<&PortMapStatus>,
+    pending: &[String],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> PortMapStatus {
+    let mut st = computed.clone();
+    let prev = stored.map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+    for c in &mut st.conditions {
+        if c.type_ != status::PROGRAMMED {
+            continue;
+        }
+        if c.status == "True" && !pending.is_empty() {
+            let message = format!("waiting for node {} to apply the state", pending.join(", "));
+            *c = condition(prev, status::PROGRAMMED, false, reason::PENDING, message, generation, now);
+        } else {
+            // The stored transition time wins over the compute's when the status agrees.
+            *c = condition(
+                prev,
+                &c.type_.clone(),
+                c.status == "True",
+                &c.reason.clone(),
+                c.message.clone(),
+                generation,
+                now,
+            );
+        }
+    }
+    st
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::EndpointStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn programmed(t: &str) -> PortMapStatus {
+        let when: Timestamp = t.parse().expect("time");
+        PortMapStatus {
+            endpoint: Some(EndpointStatus { node: "w".into(), address: "10.0.0.1".into() }),
+            conditions: vec![condition(
+                &[],
+                status::PROGRAMMED,
+                true,
+                reason::PROGRAMMED,
+                "on e".into(),
+                Some(1),
+                when,
+            )],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn programmed_waits_for_every_node_then_keeps_its_time() {
+        let now: Timestamp = "2026-11-29T12:00:00Z".parse().expect("time");
+        let computed = programmed("2026-11-29T11:00:00Z");
+        let pending = with_pending(&computed, None, &["w".to_string()], Some(1), now);
+        let c = &pending.conditions[0];
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason::PENDING));
+        assert_eq!(c.message, "waiting for node w to apply the state");
+        // Once acknowledged: True, stamped now (it was False before).
+        let later: Timestamp = "2026-11-29T12:00:05Z".parse().expect("time");
+        let done = with_pending(&computed, Some(&pending), &[], Some(1), later);
+        assert_eq!(done.conditions[0].status, "True");
+        assert_eq!(done.conditions[0].last_transition_time, Time(later));
+        // Unchanged afterwards: the same status, so nothing to write.
+        let again = with_pending(&computed, Some(&done), &[], Some(1), "2026-11-29T13:00:00Z".parse().expect("time"));
+        assert_eq!(again, done);
+    }
+}

@@ -1,0 +1,378 @@
+//! The controller against a real kube-apiserver and etcd (e2e/controlplane builds and starts
+//! them; e2e/test.sh builds them before `cargo test`). Executors are faked in-process: gRPC
+//! clients that acknowledge states when the test lets them.
+//!
+//! One control plane for the whole file; the scenarios run in order in one test, since later
+//! ones build on the objects of earlier ones (failover keeps what the first leader wrote).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kuport_proto::v1::node_sync_client::NodeSyncClient;
+use kuport_proto::v1::{Ack, Applied, ExecutorMessage, Hello, controller_message, executor_message};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// etcd and kube-apiserver in a temporary folder, stopped on drop.
+struct ControlPlane {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    kubectl: PathBuf,
+}
+
+impl ControlPlane {
+    fn up() -> Self {
+        let bin = Command::new("bash").arg(repo().join("e2e/controlplane/build.sh")).output().expect("build.sh");
+        assert!(bin.status.success(), "build.sh: {}", String::from_utf8_lossy(&bin.stderr));
+        let bin = String::from_utf8_lossy(&bin.stdout).lines().last().unwrap_or_default().trim().to_string();
+        let dir = std::env::temp_dir().join(format!("kuport-k8s-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let up = Command::new("bash").arg(repo().join("e2e/controlplane/up.sh")).arg(&dir).output().expect("up.sh");
+        assert!(up.status.success(), "up.sh: {}", String::from_utf8_lossy(&up.stderr));
+        ControlPlane { kubeconfig: dir.join("kubeconfig"), kubectl: Path::new(&bin).join("kubectl"), dir }
+    }
+
+    /// kubectl with `args` (and `stdin`); Ok(stdout) or Err(stderr).
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        use std::io::Write as _;
+        let mut child = Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(text.as_bytes()).expect("stdin");
+        }
+        let out = child.wait_with_output().expect("kubectl output");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        self.kubectl(args, stdin).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"))
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&a, None)).expect("json")
+    }
+
+    fn apply_file(&self, path: &Path) {
+        self.ok(&["apply", "-f", &path.display().to_string()], None);
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        let _ = Command::new("bash").arg(repo().join("e2e/controlplane/down.sh")).arg(&self.dir).output();
+    }
+}
+
+/// One controller process.
+struct Controller {
+    child: Child,
+}
+
+impl Controller {
+    fn start(cp: &ControlPlane, identity: &str, address: &str) -> Self {
+        let log = std::fs::File::create(cp.dir.join(format!("{identity}.log"))).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_kuport-controller"))
+            .args(["run", "--listen", address, "--lease-namespace", "default", "--identity", identity])
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .env("KUPORT_LOG_LEVEL", "info,kube=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("controller");
+        Controller { child }
+    }
+
+    fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").args([sig, &self.child.id().to_string()]).status();
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_address() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("address").to_string()
+}
+
+/// A fake executor: says Hello (with what it applied before), follows NotLeader, tries the
+/// given addresses in turn, and acknowledges each state once `ack` is true. Publishes the
+/// versions it acked.
+fn fake_executor(
+    node: &'static str,
+    addresses: Vec<String>,
+    ack: watch::Receiver<bool>,
+) -> watch::Receiver<Vec<String>> {
+    let (acked_tx, acked_rx) = watch::channel(Vec::new());
+    tokio::spawn(async move {
+        let mut applied: Option<Applied> = None;
+        let mut next: Option<String> = None;
+        let mut i = 0;
+        loop {
+            let address = next.take().unwrap_or_else(|| {
+                i += 1;
+                addresses[i % addresses.len()].clone()
+            });
+            let Ok(mut client) = NodeSyncClient::connect(format!("http://{address}")).await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let (tx, rx) = mpsc::channel(8);
+            let hello = Hello { node: node.into(), executor_version: "fake".into(), applied: applied.clone() };
+            let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await;
+            let Ok(resp) = client.sync(ReceiverStream::new(rx)).await else { continue };
+            let mut inbound = resp.into_inner();
+            while let Ok(Some(m)) = inbound.message().await {
+                match m.message {
+                    Some(controller_message::Message::NotLeader(n)) => {
+                        next = (!n.leader.is_empty()).then_some(n.leader);
+                        if next.is_none() {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        break;
+                    }
+                    Some(controller_message::Message::State(ds)) => {
+                        let mut ack = ack.clone();
+                        let _ = ack.wait_for(|a| *a).await;
+                        let a = Ack {
+                            term: ds.term,
+                            sequence: ds.sequence,
+                            version: ds.version.clone(),
+                            ok: true,
+                            errors: vec![],
+                        };
+                        applied = Some(Applied { term: ds.term, sequence: ds.sequence, version: ds.version.clone() });
+                        let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Ack(a)) }).await;
+                        acked_tx.send_modify(|v| v.push(ds.version));
+                    }
+                    None => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    acked_rx
+}
+
+/// Waits for `what` to hold within `limit`; returns how long it took.
+async fn within(limit: Duration, what: &str, mut f: impl FnMut() -> Result<(), String>) -> Duration {
+    let started = Instant::now();
+    loop {
+        match f() {
+            Ok(()) => return started.elapsed(),
+            Err(e) if started.elapsed() > limit => panic!("{what}: not within {limit:?}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn condition(pm: &Value, type_: &str) -> (String, String, String) {
+    let c = pm["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == type_));
+    let s = |k: &str| c.and_then(|c| c[k].as_str()).unwrap_or_default().to_string();
+    (s("status"), s("reason"), s("message"))
+}
+
+fn holder(cp: &ControlPlane) -> String {
+    cp.kubectl(&["get", "lease", "-n", "default", "kuport-controller", "-o", "jsonpath={.spec.holderIdentity}"], None)
+        .unwrap_or_default()
+}
+
+/// resourceVersion of every PortMap and PortMapClass: unchanged means nothing was written.
+fn versions(cp: &ControlPlane) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for kind in ["pm", "pmc"] {
+        let list = cp.json(&["get", kind, "-A"]);
+        for o in list["items"].as_array().into_iter().flatten() {
+            let m = &o["metadata"];
+            out.push((
+                format!("{kind} {}/{}", m["namespace"].as_str().unwrap_or(""), m["name"].as_str().unwrap_or("")),
+                m["resourceVersion"].as_str().unwrap_or("").to_string(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+const BAD: &[(&str, &str)] = &[
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMap\nmetadata: {name: bad-range, namespace: games}\nspec: {className: public, protocol: UDP, port: 3000, endPort: 2000, serviceRef: {name: game}}\n",
+        "endPort must not be below port",
+    ),
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: bad-port}\nspec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {vxlan: {port: 8472}}}\n",
+        "port 8472 is the CNI's VXLAN port",
+    ),
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: bad-subnet}\nspec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {vxlan: {subnet: \"10.0.0.0/31\"}}}\n",
+        "room for at least one /31",
+    ),
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: bad-v6}\nspec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {vxlan: {subnet: \"fd00::/64\"}}}\n",
+        "must be an IPv4 CIDR",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crds_statuses_acks_failover_and_restart() {
+    tokio::time::timeout(Duration::from_secs(240), scenario()).await.expect("the test hung");
+}
+
+async fn scenario() {
+    let cp = ControlPlane::up();
+    let examples = repo().join("examples/cluster");
+
+    // CRDs install; the notes' examples apply unchanged; CEL rules refuse with their message.
+    cp.apply_file(&repo().join("crds/kuport.wlz.li.yaml"));
+    cp.ok(
+        &["wait", "--for=condition=Established", "crd/portmaps.kuport.wlz.li", "crd/portmapclasses.kuport.wlz.li"],
+        None,
+    );
+    for f in ["classes", "nodes", "web", "game", "dns"] {
+        cp.apply_file(&examples.join(format!("{f}.yaml")));
+    }
+    cp.ok(
+        &["apply", "--server-side", "--subresource=status", "-f", &examples.join("nodes.yaml").display().to_string()],
+        None,
+    );
+    for (yaml, message) in BAD {
+        let err = cp.kubectl(&["apply", "-f", "-"], Some(yaml)).expect_err("the API server must refuse");
+        assert!(err.contains(message), "expected {message:?} in: {err}");
+    }
+    let err =
+        cp.kubectl(&["patch", "pm", "-n", "games", "game", "--type=merge", "-p", r#"{"spec":{"port":27016}}"#], None);
+    assert!(err.expect_err("immutable").contains("port is immutable"));
+
+    // A controller: Accepted at once, Programmed only after both executors acked.
+    let (a1, a2) = (free_address(), free_address());
+    let c1 = Controller::start(&cp, "c1", &a1);
+    let game = || cp.json(&["get", "pm", "-n", "games", "game"]);
+    within(Duration::from_secs(30), "game pending", || {
+        let pm = game();
+        match (condition(&pm, "Accepted").0.as_str(), condition(&pm, "Programmed")) {
+            ("True", (s, r, m)) if s == "False" && r == "Pending" && m.contains("edge-a") && m.contains("worker-2") => {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let (ack_tx, ack_rx) = watch::channel(false);
+    let addresses = vec![a1.clone(), a2.clone()];
+    let edge = fake_executor("edge-a", addresses.clone(), ack_rx.clone());
+    let worker = fake_executor("worker-2", addresses.clone(), ack_rx.clone());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(condition(&game(), "Programmed").1, "Pending", "no ack yet, so not programmed");
+    ack_tx.send_replace(true);
+    let took =
+        within(Duration::from_secs(5), "game programmed after the acks", || match condition(&game(), "Programmed") {
+            (s, _, _) if s == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        })
+        .await;
+    println!("Programmed=True {took:?} after the executors acked");
+    assert!(!edge.borrow().is_empty() && !worker.borrow().is_empty());
+
+    // Refusals show in status and as events.
+    let conflict = std::fs::read_to_string(examples.join("game.yaml")).expect("game.yaml");
+    let conflict = conflict.replace(
+        "name: game\n  namespace: games\n  creationTimestamp: \"2026-11-01T10:00:00Z\"",
+        "name: game-copy\n  namespace: games",
+    );
+    cp.ok(&["apply", "-f", "-"], Some(&conflict));
+    let missing = "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMap\nmetadata: {name: orphan, namespace: games}\nspec: {className: nope, protocol: TCP, port: 4000, serviceRef: {name: game}}\n";
+    cp.ok(&["apply", "-f", "-"], Some(missing));
+    for (name, reason) in [("game-copy", "PortConflict"), ("orphan", "ClassNotFound")] {
+        within(Duration::from_secs(10), &format!("{name} refused"), || {
+            let pm = cp.json(&["get", "pm", "-n", "games", name]);
+            let accepted = condition(&pm, "Accepted");
+            let events = cp.ok(
+                &[
+                    "get",
+                    "events",
+                    "-n",
+                    "games",
+                    "--field-selector",
+                    &format!("involvedObject.name={name}"),
+                    "-o",
+                    "jsonpath={.items[*].reason}",
+                ],
+                None,
+            );
+            if accepted.0 == "False" && accepted.1 == reason && events.contains(reason) {
+                Ok(())
+            } else {
+                Err(format!("{accepted:?}, events {events:?}"))
+            }
+        })
+        .await;
+    }
+    assert_eq!(condition(&game(), "Programmed").0, "True", "the winner keeps working");
+
+    // Failover: a second replica; the leader is killed; the follower leads within 5 s and
+    // writes nothing (same slots, same statuses, same resourceVersions).
+    let c2 = Controller::start(&cp, "c2", &a2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(holder(&cp).starts_with("c1@"), "c1 still leads: {}", holder(&cp));
+    let before = versions(&cp);
+    let links = |cp: &ControlPlane| cp.json(&["get", "pmc", "public"])["status"]["links"].clone();
+    let slots = links(&cp);
+    c1.signal("-KILL");
+    let took = within(Duration::from_secs(5), "c2 leads after c1 was killed", || {
+        let h = holder(&cp);
+        if h.starts_with("c2@") { Ok(()) } else { Err(h) }
+    })
+    .await;
+    println!("failover after SIGKILL: {took:?}");
+    // The executors reconnect (to c2) and ack its new-term states.
+    let acks_before = worker.borrow().len();
+    within(Duration::from_secs(10), "executors ack the new leader", || {
+        if worker.borrow().len() > acks_before { Ok(()) } else { Err("no new ack".into()) }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(links(&cp), slots, "slots unchanged after failover");
+    assert_eq!(versions(&cp), before, "the new leader rewrote no unchanged status");
+    assert_eq!(condition(&game(), "Programmed").0, "True");
+
+    // Restart: c1 comes back as a follower, c2 shuts down gracefully (releasing the lease),
+    // c1 takes over quickly and renumbers nothing, rewrites nothing.
+    drop(c1);
+    let c1 = Controller::start(&cp, "c1", &a1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c2.signal("-TERM");
+    let took = within(Duration::from_secs(5), "c1 leads after c2 stopped", || {
+        let h = holder(&cp);
+        if h.starts_with("c1@") { Ok(()) } else { Err(h) }
+    })
+    .await;
+    println!("failover after SIGTERM: {took:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(links(&cp), slots, "slots unchanged after restart");
+    assert_eq!(versions(&cp), before, "a restarted controller rewrote no unchanged status");
+    drop(c1);
+    drop(c2);
+}
