@@ -85,7 +85,7 @@ struct RunArgs {
     /// This replica's name, unique among replicas (the pod name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
-    /// Where Prometheus metrics are served (/metrics).
+    /// Where Prometheus metrics are served (/metrics; Kubernetes source only). Empty: nowhere.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_listen: String,
     /// error, warn, info, debug or trace (or a tracing filter).
@@ -149,7 +149,6 @@ fn run_controller(args: RunArgs, settings: Settings) -> anyhow::Result<()> {
                 _ = tokio::signal::ctrl_c() => {}
             }
         };
-        let _ = &args.metrics_listen;
         match args.manifests {
             Some(manifests) => {
                 let cfg = serve::Standalone { manifests, settings, advertise: args.advertise };
@@ -159,7 +158,16 @@ fn run_controller(args: RunArgs, settings: Settings) -> anyhow::Result<()> {
                 let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
                 let advertise = args.advertise.unwrap_or_else(|| args.listen.clone());
                 let identity = args.identity.unwrap_or_else(|| format!("kuport-{}", std::process::id()));
+                let metrics = match args.metrics_listen.as_str() {
+                    "" => None,
+                    a => Some(
+                        tokio::net::TcpListener::bind(a)
+                            .await
+                            .with_context(|| format!("--metrics-listen {a}: cannot bind"))?,
+                    ),
+                };
                 let cfg = serve::Kubernetes {
+                    metrics,
                     settings,
                     lease_namespace: args.lease_namespace,
                     lease_name: args.lease_name,

@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kuport_proto::v1::node_sync_client::NodeSyncClient;
-use kuport_proto::v1::{Ack, Applied, ExecutorMessage, Hello, controller_message, executor_message};
+use kuport_proto::v1::{
+    Ack, Applied, ExecutorMessage, Hello, InterfaceFacts, NodeFacts, controller_message, executor_message,
+};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -85,20 +87,33 @@ impl Drop for ControlPlane {
 /// One controller process.
 struct Controller {
     child: Child,
+    metrics: String,
 }
 
 impl Controller {
     fn start(cp: &ControlPlane, identity: &str, address: &str) -> Self {
+        let metrics = free_address();
         let log = std::fs::File::create(cp.dir.join(format!("{identity}.log"))).expect("log");
         let child = Command::new(env!("CARGO_BIN_EXE_kuport-controller"))
             .args(["run", "--listen", address, "--lease-namespace", "default", "--identity", identity])
+            .args(["--metrics-listen", &metrics])
             .env("KUBECONFIG", &cp.kubeconfig)
             .env("KUPORT_LOG_LEVEL", "info,kube=warn")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("controller");
-        Controller { child }
+        Controller { child, metrics }
+    }
+
+    /// GET /metrics.
+    fn metrics(&self) -> String {
+        use std::io::{Read as _, Write as _};
+        let Ok(mut c) = std::net::TcpStream::connect(&self.metrics) else { return String::new() };
+        let _ = c.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
     }
 
     fn signal(&self, sig: &str) {
@@ -143,6 +158,7 @@ fn fake_executor(
             let (tx, rx) = mpsc::channel(8);
             let hello = Hello { node: node.into(), executor_version: "fake".into(), applied: applied.clone() };
             let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await;
+            let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Facts(facts(node))) }).await;
             let Ok(resp) = client.sync(ReceiverStream::new(rx)).await else { continue };
             let mut inbound = resp.into_inner();
             while let Ok(Some(m)) = inbound.message().await {
@@ -175,6 +191,23 @@ fn fake_executor(
         }
     });
     acked_rx
+}
+
+/// What a fake executor reports: examples/cluster/facts.yaml's addresses, an underlay MTU of 1380.
+fn facts(node: &str) -> NodeFacts {
+    let iface = |name: &str, a: &str| InterfaceFacts { name: name.into(), mtu: 1380, addresses: vec![a.into()] };
+    let (underlay, mut interfaces) = match node {
+        "edge-a" => ("100.64.93.143", vec![iface("enp1s0", "203.0.113.9")]),
+        _ => ("100.64.0.12", vec![]),
+    };
+    interfaces.push(iface("wt0", underlay));
+    NodeFacts {
+        underlay_address: underlay.into(),
+        underlay_mtu: 1380,
+        underlay_interface: "wt0".into(),
+        interfaces,
+        kernel: "test".into(),
+    }
 }
 
 /// Waits for `what` to hold within `limit`; returns how long it took.
@@ -295,6 +328,18 @@ async fn scenario() {
         .await;
     println!("Programmed=True {took:?} after the executors acked");
     assert!(!edge.borrow().is_empty() && !worker.borrow().is_empty());
+    // The reported facts are kept in the class status (a new leader starts from them), and
+    // the published addresses come from the reported interfaces.
+    let rows = cp.json(&["get", "pmc", "public"])["status"]["nodes"].clone();
+    let row = rows.as_array().and_then(|r| r.iter().find(|n| n["name"] == "worker-2")).cloned().unwrap_or_default();
+    assert_eq!((row["underlayMtu"].as_u64(), row["linkMtu"].as_u64()), (Some(1380), Some(1330)), "{rows}");
+    let published = game()["status"]["published"].to_string();
+    assert!(published.contains("203.0.113.9") && published.contains("enp1s0"), "{published}");
+    let m = c1.metrics();
+    for line in ["kuport_leader 1", "kuport_executors_connected 2", "kuport_node_in_sync{node=\"worker-2\"} 1"] {
+        assert!(m.contains(line), "metrics lack {line:?}:\n{m}");
+    }
+    assert!(m.contains("kuport_reconciles_total") && m.contains("kuport_reconcile_seconds_bucket"), "{m}");
 
     // Refusals show in status and as events.
     let conflict = std::fs::read_to_string(examples.join("game.yaml")).expect("game.yaml");
@@ -340,6 +385,7 @@ async fn scenario() {
     let before = versions(&cp);
     let links = |cp: &ControlPlane| cp.json(&["get", "pmc", "public"])["status"]["links"].clone();
     let slots = links(&cp);
+    let acks_before = worker.borrow().len();
     c1.signal("-KILL");
     let took = within(Duration::from_secs(5), "c2 leads after c1 was killed", || {
         let h = holder(&cp);
@@ -348,7 +394,6 @@ async fn scenario() {
     .await;
     println!("failover after SIGKILL: {took:?}");
     // The executors reconnect (to c2) and ack its new-term states.
-    let acks_before = worker.borrow().len();
     within(Duration::from_secs(10), "executors ack the new leader", || {
         if worker.borrow().len() > acks_before { Ok(()) } else { Err("no new ack".into()) }
     })

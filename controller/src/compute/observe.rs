@@ -26,6 +26,10 @@ pub struct NodeView {
     pub underlay_mtu: Option<u32>,
     /// Interface names and addresses, when the executor has reported them.
     pub interfaces: Option<BTreeMap<String, Vec<String>>>,
+    /// Addresses of class interfaces as class status rows remember them: what
+    /// [`NodeView::addresses_of`] answers until the executor reports, so a new leader
+    /// publishes the same addresses as the old one.
+    pub remembered: BTreeMap<String, Vec<String>>,
 }
 
 impl NodeView {
@@ -35,7 +39,10 @@ impl NodeView {
     }
 
     pub fn addresses_of(&self, iface: &str) -> &[String] {
-        self.interfaces.as_ref().and_then(|m| m.get(iface)).map(Vec::as_slice).unwrap_or(&[])
+        match &self.interfaces {
+            Some(m) => m.get(iface).map(Vec::as_slice).unwrap_or(&[]),
+            None => self.remembered.get(iface).map(Vec::as_slice).unwrap_or(&[]),
+        }
     }
 
     /// The underlay MTU this node's links start from.
@@ -44,8 +51,14 @@ impl NodeView {
     }
 }
 
-static UNKNOWN_NODE: NodeView =
-    NodeView { exists: false, ready: false, underlay: None, underlay_mtu: None, interfaces: None };
+static UNKNOWN_NODE: NodeView = NodeView {
+    exists: false,
+    ready: false,
+    underlay: None,
+    underlay_mtu: None,
+    interfaces: None,
+    remembered: BTreeMap::new(),
+};
 
 pub struct View<'a> {
     pub nodes: BTreeMap<String, NodeView>,
@@ -79,6 +92,12 @@ impl<'a> View<'a> {
                 }
                 if view.underlay_mtu.is_none() {
                     view.underlay_mtu = row.underlay_mtu;
+                }
+                for a in &row.addresses {
+                    let list = view.remembered.entry(a.interface.clone()).or_default();
+                    if !list.contains(&a.address) {
+                        list.push(a.address.clone());
+                    }
                 }
             }
         }

@@ -112,6 +112,7 @@ pub struct Hub {
     /// Standalone: no API server stores statuses, so the last computed ones are fed back.
     feed_back_status: bool,
     status_dirty: Notify,
+    metrics: super::metrics::Metrics,
 }
 
 impl Hub {
@@ -127,6 +128,7 @@ impl Hub {
             closing: watch::channel(false).0,
             feed_back_status,
             status_dirty: Notify::new(),
+            metrics: super::metrics::Metrics::default(),
         })
     }
 
@@ -142,6 +144,10 @@ impl Hub {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // The data stays consistent per field even if a holder panicked.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn metrics(&self) -> &super::metrics::Metrics {
+        &self.metrics
     }
 
     pub fn leadership(&self) -> watch::Receiver<Leadership> {
@@ -218,6 +224,7 @@ impl Hub {
                     entry.errors.clear();
                 } else {
                     entry.errors = a.errors;
+                    self.metrics.nacks.inc();
                 }
             }
             Some(executor_message::Message::Drift(d)) => {
@@ -335,6 +342,7 @@ impl Hub {
         };
         cluster.now = Timestamp::now();
         let outputs = Arc::new(compute(&cluster, &self.settings));
+        self.metrics.observe_reconcile(started.elapsed());
         tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "computed");
         Some(Computed { outputs, term })
     }

@@ -8,6 +8,7 @@ pub mod debug;
 pub mod hub;
 pub mod kubernetes;
 pub mod leader;
+pub mod metrics;
 pub mod source;
 pub mod sync;
 
@@ -102,6 +103,8 @@ pub struct Kubernetes {
     pub identity: String,
     /// host:port executors reach this replica's NodeSync at.
     pub advertise: String,
+    /// Where /metrics is served; None: nowhere.
+    pub metrics: Option<TcpListener>,
 }
 
 /// Runs a controller replica against the Kubernetes API until `stop` completes; on stop it
@@ -125,6 +128,7 @@ where
     let gate: Arc<dyn hub::Gate> = writer.clone();
     let recompute = tokio::spawn(hub.clone().recompute_loop(Some(gate)));
     let statuses = tokio::spawn(writer.run());
+    let metrics = cfg.metrics.map(|l| tokio::spawn(metrics::serve(l, hub.clone())));
     tracing::info!(address = %cfg.advertise, identity = %cfg.identity, "serving; electing a leader");
     let stop = async move {
         stop.await;
@@ -136,5 +140,8 @@ where
     let served = serve_grpc(hub, listener, stop).await;
     recompute.abort();
     statuses.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
     served.map_err(Into::into)
 }
