@@ -78,6 +78,9 @@ pub async fn nodes(client: &mut DebugClient<Channel>, output: Output) -> Result<
     if !r.leader {
         t.push_str("# this replica is not the leader: executors connect to the leader\n");
     }
+    if !r.input_error.is_empty() {
+        let _ = writeln!(t, "# inputs refused, the previous ones stay in use: {}", r.input_error);
+    }
     let _ = writeln!(
         t,
         "{:<16} {:<9} {:<13} {:<13} {:<7} {:<8} {:<22} ERROR",

@@ -51,7 +51,8 @@ impl Debug for DebugService {
     async fn list_nodes(&self, _: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
         let leader = self.hub.leadership().borrow().leader;
         let nodes = self.hub.nodes().into_iter().map(|v| node_debug(v, false)).collect();
-        Ok(Response::new(ListNodesResponse { leader, nodes }))
+        let input_error = self.hub.source_error().unwrap_or_default();
+        Ok(Response::new(ListNodesResponse { leader, nodes, input_error }))
     }
 
     async fn explain_port_map(

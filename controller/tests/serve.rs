@@ -1,0 +1,145 @@
+//! The standalone controller's gRPC surface, without executors or root: kuportctl (the
+//! binary), the standard health service, reflection (what grpcurl needs), and a folder edit.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use kuport_controller::compute::{Settings, compute};
+use kuport_controller::render;
+use kuport_controller::serve::{Standalone, run_standalone};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster")
+}
+
+fn copy_examples(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kuport-serve-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    for e in std::fs::read_dir(examples()).expect("examples") {
+        let e = e.expect("entry");
+        std::fs::copy(e.path(), dir.join(e.file_name())).expect("copy");
+    }
+    dir
+}
+
+fn kuportctl(address: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kuportctl"))
+        .args(["--controller", address])
+        .args(args)
+        .output()
+        .expect("kuportctl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kuportctl_health_reflection_and_folder_edits() {
+    let dir = copy_examples("ctl");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let cfg = Standalone { manifests: dir.clone(), settings: Settings::default(), advertise: None };
+    let server = tokio::spawn(run_standalone(cfg, listener, async {
+        let _ = stopped.await;
+    }));
+
+    // kuportctl node: exactly the canonical text of what `render` computes from the folder.
+    let want = {
+        let cluster = render::load_dir(&dir, k8s_openapi::jiff::Timestamp::now()).expect("load");
+        let out = compute(&cluster, &Settings::default());
+        kuport_proto::text::node_state(&out.node_states["edge-a"])
+    };
+    let started = Instant::now();
+    let shown = loop {
+        let (ok, out, err) = tokio::task::spawn_blocking({
+            let a = address.clone();
+            move || kuportctl(&a, &["node", "edge-a"])
+        })
+        .await
+        .expect("join");
+        if ok {
+            break out;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "kuportctl node edge-a: {err}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(shown, want);
+    let a = address.clone();
+    let (json_ok, json, _) =
+        tokio::task::spawn_blocking(move || kuportctl(&a, &["node", "edge-a", "-o", "json"])).await.expect("join");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert!(json_ok && v["version"].as_str().is_some_and(|s| s.len() == 64), "{json}");
+    let a = address.clone();
+    let (ok, nodes, _) = tokio::task::spawn_blocking(move || kuportctl(&a, &["nodes"])).await.expect("join");
+    assert!(ok && nodes.starts_with("NODE ") && nodes.contains("worker-3") && nodes.contains("absent"), "{nodes}");
+    let a = address.clone();
+    let (ok, pm, _) =
+        tokio::task::spawn_blocking(move || kuportctl(&a, &["portmap", "games/game"])).await.expect("join");
+    assert!(ok && pm.contains("node edge-a (accepting): pending") && pm.contains("type: Programmed"), "{pm}");
+    let a = address.clone();
+    let (ok, _, err) =
+        tokio::task::spawn_blocking(move || kuportctl(&a, &["portmap", "games/nope"])).await.expect("join");
+    assert!(!ok && err.contains("games/nope"), "a missing PortMap is an error naming it: {err}");
+
+    // The standard health service answers SERVING for the whole server and each service.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    for service in ["", "kuport.v1.NodeSync", "kuport.v1.Debug"] {
+        let r = health
+            .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
+            .await
+            .unwrap_or_else(|e| panic!("health {service:?}: {e}"))
+            .into_inner();
+        assert_eq!(r.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32, "{service:?}");
+    }
+
+    // Reflection lists kuport's services, so grpcurl needs no .proto files.
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers =
+        reflection.server_reflection_info(tokio_stream::iter([request])).await.expect("reflection").into_inner();
+    let answer = answers.message().await.expect("answer").expect("one answer");
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else { panic!("{answer:?}") };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in ["kuport.v1.NodeSync", "kuport.v1.Debug", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == want), "reflection lists {names:?}");
+    }
+
+    // A manifest that does not parse keeps the previous inputs (nothing torn down).
+    let before = shown;
+    std::fs::write(dir.join("zz-broken.yaml"), "apiVersion: v1\nkind: Node\nmetadata: {name: 7}\nspec: [\n")
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let a = address.clone();
+    let (ok, after, _) = tokio::task::spawn_blocking(move || kuportctl(&a, &["node", "edge-a"])).await.expect("join");
+    assert!(ok);
+    assert_eq!(after, before, "a broken file changes nothing");
+    let a = address.clone();
+    let (_, nodes, _) = tokio::task::spawn_blocking(move || kuportctl(&a, &["nodes"])).await.expect("join");
+    assert!(
+        nodes.contains("# inputs refused") && nodes.contains("zz-broken.yaml"),
+        "the refusal names the file: {nodes}"
+    );
+
+    let _ = stop.send(());
+    server.await.expect("join").expect("server");
+    let _ = std::fs::remove_dir_all(&dir);
+}
