@@ -4,22 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cache=${KUPORT_CACHE:-$HOME/.cache/kuport}
-mkdir -p "$cache"
-
-# Debian packages the root tests use as their oracle: nft and ip.
-need=()
-command -v nft >/dev/null || need+=(nftables)
-command -v ip >/dev/null || need+=(iproute2)
-if ((${#need[@]})); then
-  echo "installing ${need[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
-
-# Built artefacts live outside the clone, so a clean clone reuses them.
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$cache/target}
-export CARGO_TERM_COLOR=never
+# Debian packages (nft, ip), and the shared build cache.
+. e2e/deps.sh
 
 start=$(date +%s)
 # The lab's control plane: etcd, kube-apiserver, kubectl and helm built from the Go module proxy
@@ -31,4 +17,6 @@ bash e2e/chart/test.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked --no-fail-fast
+# The chart's RBAC with the real controller (the binary cargo test just built): enough, and each grant needed.
+bash e2e/chart/rbac.sh
 echo "all tests finished in $(( $(date +%s) - start ))s"

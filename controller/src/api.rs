@@ -181,6 +181,10 @@ pub struct ClassNodeStatus {
     /// Addresses of the node's accepting interfaces.
     #[serde(default)]
     pub addresses: Vec<InterfaceAddress>,
+    /// Which of the class's interfaces the node's executor reported having, once it reported:
+    /// a new leader decides NoInterfaceOnNode from this until the executor reconnects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interfaces: Option<Vec<String>>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]

@@ -250,6 +250,98 @@ fn versions(cp: &ControlPlane) -> Vec<(String, String)> {
     out
 }
 
+/// Objects that make every other refusal reason appear, each PortMap in games (the game
+/// Service's pods are on worker-2).
+const REFUSED: &str = r#"
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata: {name: picky}
+spec: {nodes: {edge-a: {interfaces: [enp1s0]}}, namespaceSelector: {matchLabels: {tier: gold}}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata: {name: direct}
+spec: {nodes: {edge-a: {interfaces: [enp1s0]}}, returnPath: {mode: None}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata: {name: noiface}
+spec: {nodes: {edge-a: {interfaces: [eth7]}}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata: {name: ninth}
+spec: {nodes: {worker-9: {interfaces: [wt0]}}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: worker-9}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: orphan, namespace: games}
+spec: {className: nope, protocol: UDP, port: 5000, serviceRef: {name: game}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: r-range, namespace: games}
+spec: {className: public, protocol: UDP, port: 0, serviceRef: {name: game}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: r-outside, namespace: games}
+spec: {className: public, protocol: UDP, port: 100, serviceRef: {name: game}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: r-reserved, namespace: games}
+spec: {className: public, protocol: UDP, port: 4790, serviceRef: {name: game}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: r-iface, namespace: games}
+spec: {className: public, protocol: UDP, port: 5001, interfaces: [eth9], serviceRef: {name: game}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: r-ns, namespace: games}
+spec: {className: picky, protocol: UDP, port: 5002, serviceRef: {name: game}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: r-noendpoint, namespace: games}
+spec: {className: public, protocol: UDP, port: 5003, serviceRef: {name: ghost}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: r-return, namespace: games}
+spec: {className: direct, protocol: UDP, port: 5004, serviceRef: {name: game}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: r-noiface, namespace: games}
+spec: {className: noiface, protocol: UDP, port: 5005, serviceRef: {name: game}}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: r-notready, namespace: games}
+spec: {className: ninth, protocol: UDP, port: 5006, serviceRef: {name: game}}
+"#;
+
+/// (PortMap, condition, reason) for [`REFUSED`].
+const REFUSALS: &[(&str, &str, &str)] = &[
+    ("orphan", "Accepted", "ClassNotFound"),
+    ("r-range", "Accepted", "InvalidPortRange"),
+    ("r-outside", "Accepted", "PortOutsideClassRange"),
+    ("r-reserved", "Accepted", "ReservedPort"),
+    ("r-iface", "Accepted", "InterfaceNotInClass"),
+    ("r-ns", "Accepted", "NamespaceNotSelected"),
+    ("r-noendpoint", "Programmed", "NoReadyEndpoint"),
+    ("r-return", "Programmed", "ReturnPathUnavailable"),
+    ("r-noiface", "Programmed", "NoInterfaceOnNode"),
+    ("r-notready", "Programmed", "NodeNotReady"),
+];
+
 const BAD: &[(&str, &str)] = &[
     (
         "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMap\nmetadata: {name: bad-range, namespace: games}\nspec: {className: public, protocol: UDP, port: 3000, endPort: 2000, serviceRef: {name: game}}\n",
@@ -348,12 +440,13 @@ async fn scenario() {
         "name: game-copy\n  namespace: games",
     );
     cp.ok(&["apply", "-f", "-"], Some(&conflict));
-    let missing = "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMap\nmetadata: {name: orphan, namespace: games}\nspec: {className: nope, protocol: TCP, port: 4000, serviceRef: {name: game}}\n";
-    cp.ok(&["apply", "-f", "-"], Some(missing));
-    for (name, reason) in [("game-copy", "PortConflict"), ("orphan", "ClassNotFound")] {
+    cp.ok(&["apply", "-f", "-"], Some(REFUSED));
+    let mut cases = vec![("game-copy", "Accepted", "PortConflict")];
+    cases.extend_from_slice(REFUSALS);
+    for (name, type_, reason) in cases {
         within(Duration::from_secs(10), &format!("{name} refused"), || {
             let pm = cp.json(&["get", "pm", "-n", "games", name]);
-            let accepted = condition(&pm, "Accepted");
+            let accepted = condition(&pm, type_);
             let events = cp.ok(
                 &[
                     "get",

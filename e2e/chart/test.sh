@@ -3,7 +3,8 @@
 # start). Offline: helm lint, golden renders, the CRD copy, RBAC and security contexts of the
 # render. Online, against the lab's real kube-apiserver (e2e/controlplane): install, every object
 # there, the RBAC as the API server evaluates it, the CRDs accept note 000's examples, upgrade,
-# uninstall keeps only the CRDs.
+# uninstall keeps only the CRDs. That those grants are enough for the real controller, and each
+# one needed, is e2e/chart/rbac.sh's (it needs the controller binary, so it runs after cargo).
 #
 # Usage: e2e/chart/test.sh            (UPDATE_GOLDEN=1 rewrites e2e/chart/golden/*.yaml)
 # Prints "N passed, M failed" last and exits non-zero on any failure.
@@ -100,9 +101,10 @@ objects() { # FILE TEMPLATE
     || { cat "$work/label.err"; return 1; }
 }
 
-# One line per granted (kind/name, apiGroup, resource, verb); "core" for the "" group.
+# One line per granted (kind/name, apiGroup, resource, verb[, name=N for each resourceName]);
+# "core" for the "" group.
 rbac_rules() { # FILE
-  objects "$1" '{{if or (eq .kind "ClusterRole") (eq .kind "Role")}}{{$o := printf "%s/%s" .kind .metadata.name}}{{range .rules}}{{$r := .}}{{range .apiGroups}}{{$g := .}}{{range $r.resources}}{{$res := .}}{{range $r.verbs}}{{$o}} {{if $g}}{{$g}}{{else}}core{{end}} {{$res}} {{.}}{{"\n"}}{{end}}{{end}}{{end}}{{if or $r.nonResourceURLs $r.resourceNames}}{{$o}} has nonResourceURLs or resourceNames{{"\n"}}{{end}}{{end}}{{end}}' | sort
+  objects "$1" '{{if or (eq .kind "ClusterRole") (eq .kind "Role")}}{{$o := printf "%s/%s" .kind .metadata.name}}{{range .rules}}{{$r := .}}{{range .apiGroups}}{{$g := .}}{{range $r.resources}}{{$res := .}}{{range $r.verbs}}{{$v := .}}{{if $r.resourceNames}}{{range $r.resourceNames}}{{$o}} {{if $g}}{{$g}}{{else}}core{{end}} {{$res}} {{$v}} name={{.}}{{"\n"}}{{end}}{{else}}{{$o}} {{if $g}}{{$g}}{{else}}core{{end}} {{$res}} {{$v}}{{"\n"}}{{end}}{{end}}{{end}}{{end}}{{if $r.nonResourceURLs}}{{$o}} has nonResourceURLs{{"\n"}}{{end}}{{end}}{{end}}' | sort
 }
 
 bindings() { # FILE: "Kind/name -> RoleKind/role Subject:ns/name ..."
@@ -117,23 +119,27 @@ expect_eq() { # WHAT GOT WANT
   fi
 }
 
-# The controller's grants: exactly what the code uses (see the brief in templates/controller-rbac.yaml).
+# The controller's grants: exactly what the code uses (templates/controller-rbac.yaml says
+# why; e2e/chart/rbac.sh runs the controller and shows each one is needed).
 want_cluster_rules() { # CLUSTERROLE
-  local cr=$1 g r v
+  local cr=$1 r v
   {
-    for r in nodes namespaces services pods; do for v in get list watch; do echo "ClusterRole/$cr core $r $v"; done; done
-    for v in get list watch; do echo "ClusterRole/$cr discovery.k8s.io endpointslices $v"; done
+    for r in nodes namespaces services; do for v in list watch; do echo "ClusterRole/$cr core $r $v"; done; done
+    for v in list watch; do echo "ClusterRole/$cr discovery.k8s.io endpointslices $v"; done
     for r in portmapclasses portmaps; do
-      for v in get list watch; do echo "ClusterRole/$cr kuport.wlz.li $r $v"; done
-      for v in get patch update; do echo "ClusterRole/$cr kuport.wlz.li $r/status $v"; done
+      for v in list watch; do echo "ClusterRole/$cr kuport.wlz.li $r $v"; done
+      echo "ClusterRole/$cr kuport.wlz.li $r/status patch"
     done
-    for g in events.k8s.io core; do for v in create patch; do echo "ClusterRole/$cr $g events $v"; done; done
+    for v in create patch; do echo "ClusterRole/$cr events.k8s.io events $v"; done
   } | sort
 }
 
-want_role_rules() { # ROLE
+want_role_rules() { # ROLE LEASE
   local v
-  for v in get create update patch; do echo "Role/$1 coordination.k8s.io leases $v"; done | sort
+  {
+    echo "Role/$1 coordination.k8s.io leases create"
+    for v in get patch list watch; do echo "Role/$1 coordination.k8s.io leases $v name=$2"; done
+  } | sort
 }
 
 # ------------------------------------------------------------------------ offline checks
@@ -186,7 +192,7 @@ no_wildcards() { # FILE
   local rules bad
   rules=$(rbac_rules "$1")
   [ -n "$rules" ] || { echo "no RBAC rules found in $1"; return 1; }
-  bad=$(grep -E ' \*( |$)|\* |nonResourceURLs' <<<"$rules" || true)
+  bad=$(grep -E ' \*( |$)|\* |name=\*|nonResourceURLs' <<<"$rules" || true)
   [ -z "$bad" ] || { echo "wildcards or non-resource rules:"; echo "$bad"; return 1; }
 }
 check "RBAC: no * in any verb, resource or apiGroup (default)" no_wildcards "$work/default.yaml"
@@ -196,7 +202,7 @@ exact_rbac() { # FILE PREFIX
   local file=$1 c="$2-controller"
   local got
   got=$(rbac_rules "$file")
-  expect_eq "grants" "$got" "$( (want_cluster_rules "$c"; want_role_rules "$c-leader-election") | sort)"
+  expect_eq "grants" "$got" "$( (want_cluster_rules "$c"; want_role_rules "$c-leader-election" "$c") | sort)"
   # The Role is namespaced to the release namespace; only the leases Role is a Role.
   [ "$(objects "$file" '{{if eq .kind "Role"}}{{.metadata.namespace}}{{"\n"}}{{end}}')" = "$ns" ]
 }
@@ -269,20 +275,30 @@ can() { # yes|no SA VERB RESOURCE [kubectl auth can-i flags]
 }
 rbac_live() {
   local c=kuport-controller e=kuport-node-exec r v bad=0
-  for r in nodes namespaces services pods endpointslices.discovery.k8s.io portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li; do
-    for v in get list watch; do can yes "$c" "$v" "$r" -A || bad=1; done
+  for r in nodes namespaces services endpointslices.discovery.k8s.io portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li; do
+    for v in list watch; do can yes "$c" "$v" "$r" -A || bad=1; done
+    # It never gets one by name, and writes none of them.
+    for v in get create update patch delete; do can no "$c" "$v" "$r" -A || bad=1; done
   done
+  # Pods: nothing (an EndpointSlice names the endpoint's node).
+  for v in get list watch create update patch delete; do can no "$c" "$v" pods -A || bad=1; done
   for r in portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li; do
-    for v in get patch update; do can yes "$c" "$v" "$r" --subresource=status -A || bad=1; done
-    # status only: never the spec, never create or delete
-    for v in update patch create delete; do can no "$c" "$v" "$r" -A || bad=1; done
+    can yes "$c" patch "$r" --subresource=status -A || bad=1
+    for v in get update; do can no "$c" "$v" "$r" --subresource=status -A || bad=1; done
   done
-  for r in events events.events.k8s.io; do for v in create patch; do can yes "$c" "$v" "$r" -A || bad=1; done; done
-  for v in get create update patch; do can yes "$c" "$v" leases.coordination.k8s.io -n "$ns" || bad=1; done
+  for v in create patch; do can yes "$c" "$v" events.events.k8s.io -A || bad=1; done
+  for v in get list update delete; do can no "$c" "$v" events.events.k8s.io -A || bad=1; done
+  # The core events API is not used.
+  for v in create patch; do can no "$c" "$v" events -A || bad=1; done
+  # Leases: create in the release namespace; everything else on the controller's Lease only.
+  can yes "$c" create leases.coordination.k8s.io -n "$ns" || bad=1
+  for v in get patch list watch; do can yes "$c" "$v" leases.coordination.k8s.io/kuport-controller -n "$ns" || bad=1; done
+  for v in get patch list watch; do can no "$c" "$v" leases.coordination.k8s.io/other -n "$ns" || bad=1; done
+  for v in list watch update delete; do can no "$c" "$v" leases.coordination.k8s.io -n "$ns" || bad=1; done
+  can no "$c" update leases.coordination.k8s.io/kuport-controller -n "$ns" || bad=1
   can no "$c" create leases.coordination.k8s.io -n default || bad=1
-  can no "$c" list leases.coordination.k8s.io -n "$ns" || bad=1
+  can no "$c" get leases.coordination.k8s.io/kuport-controller -n default || bad=1
   for r in secrets configmaps; do can no "$c" get "$r" -A || bad=1; done
-  for v in create update patch delete; do can no "$c" "$v" pods -A || bad=1; done
   # The executor: nothing, cluster-wide or in its own namespace.
   for r in nodes pods services endpointslices.discovery.k8s.io portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li; do
     can no "$e" get "$r" -A || bad=1

@@ -32,7 +32,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use crate::echo::PodServer;
+use crate::manifests::Manifests;
 use crate::objects::{Objects, generate};
+use crate::plane::{Plane, PlaneOptions, PlaneRecord};
 use crate::probe::{Answer, ProbeError, probe};
 use crate::sys::{self, ip_batch, netns_path, tc_batch};
 use crate::topology::{NodeSpec, PodSpec, Ports, Protocol, Topology, router};
@@ -73,6 +75,9 @@ pub struct Record {
     /// controller's status writes would be.
     #[serde(default)]
     pub classes: BTreeMap<String, PortMapClassStatus>,
+    /// The controller and executor processes, when they program the lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plane: Option<PlaneRecord>,
 }
 
 enum Servers {
@@ -100,6 +105,8 @@ pub struct Lab {
     servers: Servers,
     pub(crate) executors: BTreeMap<String, Executor>,
     pub(crate) classes: BTreeMap<String, PortMapClassStatus>,
+    /// The controller and executor processes, once started ([`Lab::start_plane`]).
+    plane: Option<Plane>,
 }
 
 impl std::fmt::Debug for Lab {
@@ -204,6 +211,7 @@ impl Lab {
             servers,
             executors: BTreeMap::new(),
             classes: BTreeMap::new(),
+            plane: None,
         };
         // On any error the half-built lab is dropped, which removes what it made.
         lab.build()?;
@@ -467,6 +475,37 @@ impl Lab {
         Ok(())
     }
 
+    /// Programs the lab with kuport's real processes: writes the lab's objects and
+    /// `manifests` into a manifest folder under `options.dir`, starts one controller and one
+    /// executor per node ([`crate::plane`]). Returns once they started; wait for convergence
+    /// with [`Plane::wait_converged`].
+    pub fn start_plane(&mut self, manifests: &Manifests, options: PlaneOptions) -> anyhow::Result<&mut Plane> {
+        if self.plane.is_some() {
+            bail!("lab {}: the control plane runs already", self.id);
+        }
+        let objects = self.objects().to_yaml();
+        let plane = Plane::start(&self.id, &self.topology, objects, manifests, options)?;
+        Ok(self.plane.insert(plane))
+    }
+
+    /// The controller and executor processes, when started.
+    pub fn plane(&self) -> Option<&Plane> {
+        self.plane.as_ref()
+    }
+
+    pub fn plane_mut(&mut self) -> Option<&mut Plane> {
+        self.plane.as_mut()
+    }
+
+    /// Writes the lab's objects (Nodes, EndpointSlices, ...) as the topology now stands into the
+    /// plane's manifest folder: after [`Lab::move_pod`] or [`Lab::set_pod_ready`], the
+    /// controller follows (the EndpointSlice's nodeName and address change).
+    pub fn publish(&mut self) -> anyhow::Result<()> {
+        let objects = self.objects().to_yaml();
+        let plane = self.plane.as_mut().ok_or_else(|| anyhow!("lab {}: no control plane runs", self.id))?;
+        plane.set_objects(objects)
+    }
+
     /// Probes from a host with the default timeout.
     pub fn probe(&self, from: &str, to: SocketAddrV4, protocol: Protocol) -> Result<Answer, ProbeError> {
         self.probe_with(from, to, protocol, PROBE_TIMEOUT)
@@ -510,11 +549,17 @@ impl Lab {
             namespaces: self.namespaces.clone(),
             servers,
             classes: self.classes.clone(),
+            plane: self.plane.as_ref().map(Plane::record),
         }
     }
 
-    /// A lab another process made (it is not torn down on drop).
+    /// A lab another process made (it is not torn down on drop). Its control plane, if any, is
+    /// attached by pid; `bin` is what would start its processes again.
     pub fn attach(record: Record) -> Lab {
+        let plane = record.plane.as_ref().and_then(|p| {
+            let bin = std::env::current_exe().unwrap_or_default();
+            Plane::attach(&record.id, &record.topology, generate(&record.topology).to_yaml(), p, bin).ok()
+        });
         Lab {
             id: record.id,
             topology: record.topology,
@@ -523,6 +568,7 @@ impl Lab {
             servers: Servers::Attached { pids: record.servers },
             executors: BTreeMap::new(),
             classes: record.classes,
+            plane,
         }
     }
 
@@ -543,6 +589,11 @@ impl Lab {
     }
 
     fn teardown_inner(&mut self) -> anyhow::Result<()> {
+        // The executors first: they would repair what the teardown removes, and each holds its
+        // node's namespace open.
+        if let Some(mut plane) = self.plane.take() {
+            plane.stop();
+        }
         let pods: Vec<String> = match &self.servers {
             Servers::InProcess { pods, .. } => pods.keys().cloned().collect(),
             Servers::Processes { pids, .. } | Servers::Attached { pids } => pids.keys().cloned().collect(),

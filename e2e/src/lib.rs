@@ -4,14 +4,19 @@
 //! - [`objects`]: the Kubernetes objects and NodeFacts a topology stands for (pure).
 //! - [`lab`]: the topology built from namespaces, veths and bridges, with a Cilium-like CNI on
 //!   each node and an echo server in each pod.
-//! - [`program`]: the datapath driver (compute, then apply with the executor), the seam the
-//!   controller and executors replace later.
-//! - [`probe`]: dial from a host; what the pod saw and where the reply came from.
+//! - [`plane`]: kuport's real processes programming the lab: one controller reading a
+//!   manifest folder, one executor per node, each a process a test can kill (`kuport-lab up`
+//!   and the robustness tests).
+//! - [`program`]: the in-process datapath driver (compute, then apply with the executor), for
+//!   the fast datapath, lifecycle and ablation tests.
+//! - [`probe`]: dial from a host; what the pod saw and where the reply came from; continuous
+//!   probes with tallies.
 
 pub mod echo;
 pub mod lab;
 pub mod manifests;
 pub mod objects;
+pub mod plane;
 pub mod probe;
 pub mod program;
 pub mod sys;
@@ -19,6 +24,7 @@ pub mod topology;
 
 pub use lab::{Lab, LabOptions, Record, ServerMode};
 pub use manifests::Manifests;
-pub use probe::{Answer, ProbeError};
+pub use plane::{Plane, PlaneOptions};
+pub use probe::{Answer, Flow, ProbeError, Prober, Tally, Target};
 pub use program::program;
 pub use topology::{Protocol, Topology};

@@ -1,8 +1,10 @@
 //! kuport-lab: a simulated cluster in network namespaces, programmed by kuport.
 //!
-//! `up` builds a topology and programs it; `apply` programs other manifests; `probe` dials from
-//! a host and shows what the pod saw; `exec` runs a command in a host's namespace; `status`
-//! shows the lab; `down` removes every namespace, process and file the lab made.
+//! `up` builds a topology and starts kuport on it (one controller process reading a manifest
+//! folder, one executor process per node); `apply` replaces the manifests in that folder;
+//! `probe` dials from a host and shows what the pod saw; `exec` runs a command in a host's
+//! namespace; `status` shows the lab and kuportctl's nodes table; `down` removes every
+//! namespace, process and file the lab made.
 
 use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
@@ -11,10 +13,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Parser, Subcommand};
-use kuport_controller::compute::Outputs;
+use kuport_controller::api::PortMapStatus;
 use kuport_lab::lab::{Lab, LabOptions, Record, ServerMode};
+use kuport_lab::plane::{self, Plane, PlaneOptions};
 use kuport_lab::topology::{Ports, Protocol, Topology};
-use kuport_lab::{Manifests, echo, program, sys};
+use kuport_lab::{Manifests, echo, sys};
 
 #[derive(Parser)]
 #[command(name = "kuport-lab", about = "A simulated cluster in network namespaces, programmed by kuport")]
@@ -28,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Builds the topology, programs the manifests and probes each published mapping.
+    /// Builds the topology, starts kuport's controller and one executor per node on the
+    /// manifests, waits until every node applied its state and probes each published mapping.
     Up {
         /// A topology file; the shipped default (e2e/topologies/default.yaml) when absent.
         #[arg(long)]
@@ -37,7 +41,8 @@ enum Cmd {
         #[arg(long)]
         manifests: Option<PathBuf>,
     },
-    /// Programs the lab for the manifests in DIR (replacing the previous ones).
+    /// Replaces the manifests in the controller's folder with those in DIR and waits until
+    /// every node applied the result.
     Apply { dir: PathBuf },
     /// Runs a command inside a host's namespace.
     Exec {
@@ -56,7 +61,7 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
     },
-    /// Shows the lab's hosts, servers and the last PortMap statuses.
+    /// Shows the lab's hosts and processes, kuportctl's nodes table and each PortMap's status.
     Status,
     /// Removes every namespace, process and file the lab made.
     Down,
@@ -77,6 +82,35 @@ enum Cmd {
         tcp: Vec<Ports>,
         #[arg(long, value_delimiter = ',')]
         udp: Vec<Ports>,
+    },
+    /// Runs the lab's controller (started by `up`): kuport's standalone controller on a
+    /// manifest folder; prints `listening ADDR` once bound.
+    #[command(hide = true)]
+    Controller {
+        #[arg(long)]
+        manifests: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+    },
+    /// Runs one node's executor (started by `up`): kuport's NodeSync client and keepers.
+    #[command(hide = true)]
+    NodeExec {
+        #[arg(long)]
+        controller: String,
+        #[arg(long)]
+        node: String,
+        /// The node's namespace, where its state is applied.
+        #[arg(long)]
+        netns: PathBuf,
+        /// Where the last applied state is stored.
+        #[arg(long)]
+        store: PathBuf,
+        #[arg(long)]
+        underlay_interface: String,
+        #[arg(long, default_value_t = 50)]
+        backoff_initial_ms: u64,
+        #[arg(long, default_value_t = 500)]
+        backoff_max_ms: u64,
     },
 }
 
@@ -100,22 +134,13 @@ fn main() -> ExitCode {
 }
 
 const RECORD: &str = "lab.json";
-const PORTMAPS: &str = "portmaps.txt";
-const RENDER: &str = "render.txt";
+const TOPOLOGY: &str = "topology.yaml";
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let dir = cli.state_dir;
     match cli.command {
         Cmd::Up { topology, manifests } => up(&dir, topology.as_deref(), manifests.as_deref()),
-        Cmd::Apply { dir: m } => {
-            let mut lab = Lab::attach(load_record(&dir)?);
-            let manifests = Manifests::from_dir(&m)?;
-            let result = program(&mut lab, &manifests);
-            save(&dir, &lab, result.as_ref().ok())?;
-            let out = result?;
-            print!("{}", summary(&out));
-            Ok(ExitCode::SUCCESS)
-        }
+        Cmd::Apply { dir: m } => apply(&dir, &m),
         Cmd::Exec { host, cmd } => {
             use std::os::unix::process::CommandExt as _;
             let lab = Lab::attach(load_record(&dir)?);
@@ -149,6 +174,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Serve { netns, pod, tcp, udp } => serve(&netns, &pod, &tcp, &udp),
+        Cmd::Controller { manifests, listen } => {
+            plane::run_controller(manifests, &listen)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::NodeExec { controller, node, netns, store, underlay_interface, backoff_initial_ms, backoff_max_ms } => {
+            let mut cfg = kuport_node_exec::sync::Config::new(controller, node);
+            cfg.netns = Some(netns);
+            cfg.state_dir = Some(store);
+            cfg.underlay_interface = Some(underlay_interface);
+            cfg.backoff_initial = Duration::from_millis(backoff_initial_ms);
+            cfg.backoff_max = Duration::from_millis(backoff_max_ms);
+            plane::run_executor(cfg)?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -159,41 +198,44 @@ fn load_record(dir: &Path) -> anyhow::Result<Record> {
     serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))
 }
 
-fn save(dir: &Path, lab: &Lab, out: Option<&Outputs>) -> anyhow::Result<()> {
+fn save(dir: &Path, lab: &Lab) -> anyhow::Result<()> {
     let json = serde_json::to_string_pretty(&lab.record())?;
     let tmp = dir.join(format!("{RECORD}.tmp"));
     std::fs::write(&tmp, json).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, dir.join(RECORD))?;
-    if let Some(out) = out {
-        std::fs::write(dir.join(PORTMAPS), summary(out))?;
-        std::fs::write(dir.join(RENDER), kuport_controller::render::render_text(out))?;
-    }
     Ok(())
 }
 
-/// One line per PortMap: its Programmed condition, endpoint and published addresses.
-fn summary(out: &Outputs) -> String {
+/// A PortMap's line: its Programmed condition, endpoint and published addresses.
+fn summary(ns: &str, name: &str, st: &PortMapStatus) -> String {
+    let cond = |t: &str| st.conditions.iter().find(|c| c.type_ == t);
+    let programmed = cond("Programmed")
+        .map(|c| {
+            format!(
+                "Programmed={} {}{}",
+                c.status,
+                c.reason,
+                if c.message.is_empty() { String::new() } else { format!(": {}", c.message) }
+            )
+        })
+        .unwrap_or_else(|| "Programmed=?".into());
+    let endpoint = st.endpoint.as_ref().map(|e| format!("{} on {}", e.address, e.node)).unwrap_or_else(|| "-".into());
+    let published: Vec<String> =
+        st.published.iter().map(|p| format!("{} {} {}", p.node, p.interface, p.address)).collect();
+    format!("PortMap {ns}/{name}: {programmed}; endpoint {endpoint}; published [{}]", published.join(", "))
+}
+
+/// Every PortMap of `m` as the controller reports it, one line each.
+fn summaries(plane: &Plane, m: &Manifests) -> String {
     let mut s = String::new();
-    for ((ns, name), st) in &out.port_maps {
-        let cond = |t: &str| st.conditions.iter().find(|c| c.type_ == t);
-        let programmed = cond("Programmed")
-            .map(|c| {
-                format!(
-                    "Programmed={} {}{}",
-                    c.status,
-                    c.reason,
-                    if c.message.is_empty() { String::new() } else { format!(": {}", c.message) }
-                )
-            })
-            .unwrap_or_else(|| "Programmed=?".into());
-        let endpoint =
-            st.endpoint.as_ref().map(|e| format!("{} on {}", e.address, e.node)).unwrap_or_else(|| "-".into());
-        let published: Vec<String> =
-            st.published.iter().map(|p| format!("{} {} {}", p.node, p.interface, p.address)).collect();
-        s.push_str(&format!(
-            "PortMap {ns}/{name}: {programmed}; endpoint {endpoint}; published [{}]\n",
-            published.join(", ")
-        ));
+    for pm in &m.cluster.port_maps {
+        let (ns, name) =
+            (pm.metadata.namespace.clone().unwrap_or_default(), pm.metadata.name.clone().unwrap_or_default());
+        match plane.port_map_status(&ns, &name) {
+            Ok(st) => s.push_str(&summary(&ns, &name, &st)),
+            Err(e) => s.push_str(&format!("PortMap {ns}/{name}: {e}")),
+        }
+        s.push('\n');
     }
     s
 }
@@ -212,12 +254,13 @@ fn up(dir: &Path, topology: Option<&Path>, manifests: Option<&Path>) -> anyhow::
         None => Manifests::default_lab(),
     };
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::write(dir.join("topology.yaml"), t.to_yaml())?;
+    std::fs::write(dir.join(TOPOLOGY), t.to_yaml())?;
     let bin = std::env::current_exe().context("finding this binary")?;
     let started = std::time::Instant::now();
-    let options = LabOptions { id: None, servers: ServerMode::Processes { bin, log_dir: dir.to_path_buf() } };
+    let options =
+        LabOptions { id: None, servers: ServerMode::Processes { bin: bin.clone(), log_dir: dir.to_path_buf() } };
     let mut lab = Lab::create(&t, options)?;
-    save(dir, &lab, None)?;
+    save(dir, &lab)?;
     lab.disarm();
     println!(
         "lab {}: {} namespaces, {} echo servers, built in {:.2} s",
@@ -226,26 +269,37 @@ fn up(dir: &Path, topology: Option<&Path>, manifests: Option<&Path>) -> anyhow::
         lab.server_pids().len(),
         started.elapsed().as_secs_f64()
     );
-    let result = program(&mut lab, &m);
-    save(dir, &lab, result.as_ref().ok())?;
-    let out = result?;
-    print!("{}", summary(&out));
+    let started = std::time::Instant::now();
+    // Absolute, so the processes' command lines name the same folder from anywhere.
+    let mut options = PlaneOptions::new(bin, std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()));
+    options.detached = true;
+    let result = lab.start_plane(&m, options).map(|_| ());
+    save(dir, &lab)?;
+    result?;
+    let plane = lab.plane().ok_or_else(|| anyhow!("no control plane"))?;
+    plane.wait_converged(plane::CONVERGE_TIMEOUT)?;
+    println!(
+        "controller pid {} on {}, {} executors: every node applied its state {:.2} s after start (folder {})",
+        plane.controller_pid().unwrap_or_default(),
+        plane.address(),
+        plane.node_names().len(),
+        started.elapsed().as_secs_f64(),
+        plane.manifests_dir().display()
+    );
+    print!("{}", summaries(plane, &m));
     // Probe every published address a client can reach, from the first client attached there.
     let mut failed = false;
-    for (key, nodes) in &out.programming {
-        let (Some(st), Some(pm)) = (
-            out.port_maps.get(key),
-            m.cluster.port_maps.iter().find(|p| {
-                p.metadata.namespace.as_deref() == Some(key.0.as_str()) && p.metadata.name.as_deref() == Some(&key.1)
-            }),
-        ) else {
-            continue;
-        };
+    for pm in &m.cluster.port_maps {
+        let (ns, name) =
+            (pm.metadata.namespace.clone().unwrap_or_default(), pm.metadata.name.clone().unwrap_or_default());
+        let (Ok(st), Ok(explained)) = (plane.port_map_status(&ns, &name), plane.explain(&ns, &name)) else { continue };
+        let accepting: Vec<&str> =
+            explained.nodes.iter().filter(|n| n.role.starts_with("accepting")).map(|n| n.node.as_str()).collect();
         let proto = match pm.spec.protocol {
             kuport_controller::api::Protocol::Tcp => Protocol::Tcp,
             kuport_controller::api::Protocol::Udp => Protocol::Udp,
         };
-        for p in st.published.iter().filter(|p| nodes.contains(&p.node)) {
+        for p in st.published.iter().filter(|p| accepting.contains(&p.node.as_str())) {
             let Some(client) = t.clients_on(&p.node, &p.interface).first().map(|c| (*c).clone()) else { continue };
             let Ok(addr) = p.address.parse() else { continue };
             let to = SocketAddrV4::new(addr, pm.spec.port);
@@ -270,6 +324,33 @@ fn up(dir: &Path, topology: Option<&Path>, manifests: Option<&Path>) -> anyhow::
     Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
+/// The controller reads its folder every 250 ms and recomputes after 100 ms of quiet: a change
+/// that alters no node's state shows no new version, so `apply` waits at least this long.
+const PICKUP: Duration = Duration::from_millis(600);
+
+fn apply(dir: &Path, from: &Path) -> anyhow::Result<ExitCode> {
+    let mut lab = Lab::attach(load_record(dir)?);
+    let m = Manifests::from_dir(from)?;
+    let plane = lab.plane_mut().ok_or_else(|| anyhow!("the lab in {} runs no controller", dir.display()))?;
+    let before = plane.nodes()?;
+    let started = std::time::Instant::now();
+    plane.set_manifests(&m)?;
+    let nodes = plane.node_names();
+    let old = |n: &str| before.iter().find(|r| r.node == n).map(|r| r.desired_version.clone()).unwrap_or_default();
+    plane.wait("the new manifests to be applied", plane::CONVERGE_TIMEOUT, |rows| {
+        plane::converged(rows, &nodes)
+            && (started.elapsed() >= PICKUP || rows.iter().any(|r| r.desired_version != old(&r.node)))
+    })?;
+    println!(
+        "applied {} file(s) from {}; every node applied its state after {:.2} s",
+        m.files.len(),
+        from.display(),
+        started.elapsed().as_secs_f64()
+    );
+    print!("{}", summaries(plane, &m));
+    Ok(ExitCode::SUCCESS)
+}
+
 fn status(dir: &Path) -> anyhow::Result<ExitCode> {
     let r = load_record(dir)?;
     let present = sys::netns_list()?;
@@ -278,14 +359,39 @@ fn status(dir: &Path) -> anyhow::Result<ExitCode> {
         println!("  netns {ns}{}", if present.contains(ns) { "" } else { "  MISSING" });
     }
     for (pod, pid) in &r.servers {
-        let alive = Path::new(&format!("/proc/{pid}")).exists();
-        println!("  echo server of {pod}: pid {pid}{}", if alive { "" } else { "  NOT RUNNING" });
+        println!("  echo server of {pod}: pid {pid}{}", running(*pid));
     }
-    match std::fs::read_to_string(dir.join(PORTMAPS)) {
-        Ok(s) => print!("{s}"),
-        Err(_) => println!("  nothing programmed yet"),
+    let lab = Lab::attach(r);
+    let Some(plane) = lab.plane() else {
+        println!("  no controller runs");
+        return Ok(ExitCode::SUCCESS);
+    };
+    match plane.controller_pid() {
+        Some(pid) => println!("  controller: pid {pid} on {}{}", plane.address(), running(pid)),
+        None => println!("  controller: not started"),
+    }
+    for node in plane.node_names() {
+        match plane.executor_pid(&node) {
+            Some(pid) => println!("  executor of {node}: pid {pid}{}", running(pid)),
+            None => println!("  executor of {node}: not started"),
+        }
+    }
+    match plane.nodes_table() {
+        Ok(table) => print!("{table}"),
+        Err(e) => {
+            println!("{e}");
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    match Manifests::from_dir(&plane.manifests_dir()) {
+        Ok(m) => print!("{}", summaries(plane, &m)),
+        Err(e) => println!("{e}"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn running(pid: u32) -> &'static str {
+    if plane::alive(pid) { "" } else { "  NOT RUNNING" }
 }
 
 fn down(dir: &Path) -> anyhow::Result<ExitCode> {
@@ -298,9 +404,13 @@ fn down(dir: &Path) -> anyhow::Result<ExitCode> {
         Err(e) => return Err(e),
     };
     let id = r.id.clone();
+    let plane_dir = r.plane.as_ref().map(|p| p.dir.clone());
     Lab::attach(r).teardown()?;
     // Only the files the lab writes, then the folder if that empties it.
-    let mut names = vec![RECORD.to_string(), PORTMAPS.into(), RENDER.into(), "topology.yaml".into()];
+    if let Some(p) = plane_dir {
+        plane::remove_files(&p);
+    }
+    let mut names = vec![RECORD.to_string(), TOPOLOGY.into()];
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();

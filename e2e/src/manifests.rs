@@ -1,10 +1,11 @@
 //! The user's side of a lab: PortMapClasses and PortMaps (and anything else `render` reads),
-//! from a folder or from text.
+//! from a folder or from text. The texts are kept as well, so the lab can hand the same files
+//! to a controller process.
 
 use std::path::Path;
 
 use kuport_controller::compute::Cluster;
-use kuport_controller::render::{LoadError, load_dir, load_text};
+use kuport_controller::render::{LoadError, load_text};
 
 /// The shipped default manifests: note 000's two classes and a PortMap to a pod on a worker.
 const DEFAULT: [(&str, &str); 2] = [
@@ -21,6 +22,8 @@ const MULTI: [(&str, &str); 2] = [
 pub struct Manifests {
     /// What the documents hold; `now` is set when the lab computes.
     pub cluster: Cluster,
+    /// The files they came from, (name, text), in load order.
+    pub files: Vec<(String, String)>,
 }
 
 impl Manifests {
@@ -32,9 +35,23 @@ impl Manifests {
         Manifests::from_texts(&MULTI).expect("the shipped Multi manifests load")
     }
 
-    /// Every *.yaml and *.yml file of `dir`, sorted by name.
+    /// Every *.yaml and *.yml file of `dir`, sorted by name (what `render::load_dir` reads).
     pub fn from_dir(dir: &Path) -> Result<Manifests, LoadError> {
-        Ok(Manifests { cluster: load_dir(dir, Default::default())? })
+        let read_err = |source| LoadError::Read { path: dir.to_path_buf(), source };
+        let mut paths: Vec<_> = std::fs::read_dir(dir)
+            .map_err(read_err)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+            .collect();
+        paths.sort();
+        let mut m = Manifests::default();
+        for path in paths {
+            let text =
+                std::fs::read_to_string(&path).map_err(|source| LoadError::Read { path: path.clone(), source })?;
+            load_text(&path, &text, &mut m.cluster)?;
+            m.files.push((path.display().to_string(), text));
+        }
+        Ok(m)
     }
 
     /// YAML documents; `name` stands for the file in errors.
@@ -45,7 +62,7 @@ impl Manifests {
     pub fn from_texts(files: &[(&str, &str)]) -> Result<Manifests, LoadError> {
         let mut m = Manifests::default();
         for (name, text) in files {
-            load_text(Path::new(name), text, &mut m.cluster)?;
+            m = m.add(name, text)?;
         }
         Ok(m)
     }
@@ -53,6 +70,7 @@ impl Manifests {
     /// Adds the documents of `text` to these.
     pub fn add(mut self, name: &str, text: &str) -> Result<Manifests, LoadError> {
         load_text(Path::new(name), text, &mut self.cluster)?;
+        self.files.push((name.to_string(), text.to_string()));
         Ok(self)
     }
 }

@@ -109,3 +109,268 @@ fn probe_here(to: SocketAddrV4, protocol: Protocol, timeout: Duration) -> Result
     let (pod, seen) = parse_answer(&text).ok_or_else(|| ProbeError::Garbled(text.clone()))?;
     Ok(Answer { protocol, dialed: to, pod, seen, reply_from, local, elapsed: start.elapsed() })
 }
+
+/// How a continuous probe dials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// One UDP socket (one source port) for the whole run: one conntrack entry on every node,
+    /// the flow a game client keeps.
+    Established,
+    /// A new socket, so a new source port and a new flow, for every probe (UDP or TCP).
+    New,
+}
+
+/// One stream of probes: from a host's namespace to a published address, answered by `pod`.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Names the stream in tallies.
+    pub label: String,
+    /// The client's namespace.
+    pub from: std::path::PathBuf,
+    /// The client's address: what the pod must see.
+    pub client: Ipv4Addr,
+    pub to: SocketAddrV4,
+    pub protocol: Protocol,
+    pub flow: Flow,
+    pub pod: String,
+}
+
+/// What one probe of a stream got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The pod saw the client's real address and port, and the reply came from the address
+    /// dialed.
+    Answered,
+    /// An answer, but a wrong one (another pod, a rewritten source, a reply from elsewhere).
+    Wrong(String),
+    /// No answer in time, or refused.
+    Lost(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// When it was sent, from the prober's start.
+    pub sent: Duration,
+    pub outcome: Outcome,
+}
+
+/// Counts of a stream's outcomes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub answered: usize,
+    pub wrong: usize,
+    pub lost: usize,
+}
+
+impl Tally {
+    pub fn failed(&self) -> usize {
+        self.wrong + self.lost
+    }
+}
+
+impl fmt::Display for Tally {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} answered, {} lost, {} wrong", self.answered, self.lost, self.wrong)
+    }
+}
+
+struct Stream {
+    target: Target,
+    samples: std::sync::Arc<std::sync::Mutex<Vec<Sample>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Probes running continuously, each stream on its own thread inside its client's namespace:
+/// one probe every `interval` (the next one waits while a probe waits for its answer).
+pub struct Prober {
+    started: Instant,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    streams: Vec<Stream>,
+}
+
+impl Prober {
+    pub fn start(targets: Vec<Target>, interval: Duration, timeout: Duration) -> Prober {
+        let started = Instant::now();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let streams = targets
+            .into_iter()
+            .map(|target| {
+                let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+                let (t, s, halt) = (target.clone(), samples.clone(), stop.clone());
+                let thread = std::thread::Builder::new()
+                    .name(format!("probe {}", target.label))
+                    .spawn(move || run_stream(&t, &s, &halt, started, interval, timeout))
+                    .expect("a probe thread starts");
+                Stream { target, samples, thread: Some(thread) }
+            })
+            .collect();
+        Prober { started, stop, streams }
+    }
+
+    /// Now, on the prober's clock (what [`Sample::sent`] counts from).
+    pub fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn samples(&self, label: &str) -> Vec<Sample> {
+        self.streams
+            .iter()
+            .find(|s| s.target.label == label)
+            .map(|s| s.samples.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .unwrap_or_default()
+    }
+
+    /// The labels of the streams.
+    pub fn labels(&self) -> Vec<String> {
+        self.streams.iter().map(|s| s.target.label.clone()).collect()
+    }
+
+    /// A stream's outcomes for probes sent in `[from, to)`.
+    pub fn tally(&self, label: &str, from: Duration, to: Duration) -> Tally {
+        let mut t = Tally::default();
+        for s in self.samples(label).iter().filter(|s| s.sent >= from && s.sent < to) {
+            match s.outcome {
+                Outcome::Answered => t.answered += 1,
+                Outcome::Wrong(_) => t.wrong += 1,
+                Outcome::Lost(_) => t.lost += 1,
+            }
+        }
+        t
+    }
+
+    /// Every stream's tally over `[from, to)`, one line each.
+    pub fn report(&self, from: Duration, to: Duration) -> String {
+        self.labels().iter().map(|l| format!("  {l}: {}\n", self.tally(l, from, to))).collect()
+    }
+
+    /// The first failed probe of a stream sent in `[from, to)`, with what went wrong.
+    pub fn first_failure(&self, label: &str, from: Duration, to: Duration) -> Option<Sample> {
+        self.samples(label).into_iter().find(|s| s.sent >= from && s.sent < to && s.outcome != Outcome::Answered)
+    }
+
+    /// When the first probe sent at or after `from` was answered (None: none yet).
+    pub fn first_answer(&self, label: &str, from: Duration) -> Option<Duration> {
+        self.samples(label).iter().find(|s| s.sent >= from && s.outcome == Outcome::Answered).map(|s| s.sent)
+    }
+
+    /// Waits until every stream has a probe answered that was sent at or after `from`; false
+    /// after `timeout`.
+    pub fn wait_answered(&self, from: Duration, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.labels().iter().all(|l| self.first_answer(l, from).is_some()) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    /// Waits until stream `label` has a probe answered that was sent at or after `from`; false
+    /// after `timeout`.
+    pub fn wait_answered_one(&self, label: &str, from: Duration, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.first_answer(label, from).is_some() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops every stream (each finishes its probe in flight).
+    pub fn stop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for s in &mut self.streams {
+            if let Some(t) = s.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn run_stream(
+    target: &Target,
+    samples: &std::sync::Mutex<Vec<Sample>>,
+    stop: &std::sync::atomic::AtomicBool,
+    started: Instant,
+    interval: Duration,
+    timeout: Duration,
+) {
+    use std::os::fd::AsRawFd as _;
+    let push = |sent: Duration, outcome: Outcome| {
+        samples.lock().unwrap_or_else(|e| e.into_inner()).push(Sample { sent, outcome });
+    };
+    let entered = std::fs::File::open(&target.from).and_then(|f| {
+        // SAFETY: setns on an open namespace fd changes only this thread's namespace.
+        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    });
+    if let Err(e) = entered {
+        push(started.elapsed(), Outcome::Lost(format!("entering {}: {e}", target.from.display())));
+        return;
+    }
+    let mut kept: Option<UdpSocket> = None;
+    let mut next = Instant::now();
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        }
+        next = Instant::now().max(next) + interval;
+        let sent = started.elapsed();
+        let result = match (target.flow, target.protocol) {
+            (Flow::Established, Protocol::Udp) => established(&mut kept, target.to, timeout),
+            (Flow::Established, Protocol::Tcp) => Err(ProbeError::Io("an established TCP stream is not probed".into())),
+            (Flow::New, p) => probe_here(target.to, p, timeout),
+        };
+        let outcome = match result {
+            Ok(a) => {
+                let intact = a.pod == target.pod
+                    && *a.seen.ip() == target.client
+                    && a.seen.port() == a.local.port()
+                    && a.reply_from == a.dialed;
+                if intact { Outcome::Answered } else { Outcome::Wrong(a.to_string()) }
+            }
+            Err(e) => Outcome::Lost(e.to_string()),
+        };
+        push(sent, outcome);
+    }
+}
+
+/// One probe on the stream's kept UDP socket (made on first use). Answers that arrived late
+/// for an earlier probe are discarded first.
+fn established(kept: &mut Option<UdpSocket>, to: SocketAddrV4, timeout: Duration) -> Result<Answer, ProbeError> {
+    let io = |e: io::Error| ProbeError::Io(e.to_string());
+    if kept.is_none() {
+        let s = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).map_err(io)?;
+        *kept = Some(s);
+    }
+    let s = kept.as_ref().ok_or_else(|| ProbeError::Io("no socket".into()))?;
+    let mut buf = [0u8; 512];
+    s.set_nonblocking(true).map_err(io)?;
+    while s.recv_from(&mut buf).is_ok() {}
+    s.set_nonblocking(false).map_err(io)?;
+    s.set_read_timeout(Some(timeout)).map_err(io)?;
+    let start = Instant::now();
+    s.send_to(b"probe\n", to).map_err(io)?;
+    let (n, from) = s.recv_from(&mut buf).map_err(|e| match e.kind() {
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ProbeError::NoAnswer { waited: start.elapsed() },
+        _ => io(e),
+    })?;
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let (pod, seen) = parse_answer(&text).ok_or_else(|| ProbeError::Garbled(text.clone()))?;
+    let local = v4(s.local_addr().map_err(io)?);
+    Ok(Answer { protocol: Protocol::Udp, dialed: to, pod, seen, reply_from: v4(from), local, elapsed: start.elapsed() })
+}

@@ -1,8 +1,9 @@
-//! The datapath driver, for now: compute every node's state from the lab's objects and the
-//! user's manifests, and apply each in its node's namespace with the executor, in process.
+//! The in-process datapath driver: compute every node's state from the lab's objects and the
+//! user's manifests, and apply each in its node's namespace with the executor, in this process.
 //!
-//! This is the seam the controller and the executors (over gRPC, with the API server) replace
-//! later: [`program`] is the one call the rest of the lab makes.
+//! The fast datapath, lifecycle and ablation tests use it (the ablations edit a computed state
+//! before it is applied). `kuport-lab up` and the robustness tests run kuport's real processes
+//! instead: a controller and one executor per node, over NodeSync ([`crate::plane`]).
 
 use std::collections::BTreeMap;
 

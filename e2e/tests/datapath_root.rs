@@ -139,8 +139,10 @@ spec:
     }
 }
 
-/// The lab's CLI as a user runs it: up (default topology and manifests; it probes every mapping
-/// itself), status, probe, exec, down, which leaves nothing behind.
+/// The lab's CLI as a user runs it: up (default topology and manifests, programmed by a
+/// controller process and one executor process per node; it probes every mapping itself),
+/// status (kuportctl's nodes table), probe, exec, apply (another PortMap, picked up from the
+/// folder), down, which leaves no namespace, process or file behind.
 #[test]
 fn cli_up_probe_down() {
     if !root() {
@@ -148,13 +150,15 @@ fn cli_up_probe_down() {
     }
     let bin = env!("CARGO_BIN_EXE_kuport-lab");
     let dir = std::env::temp_dir().join(format!("kuport-lab-cli-{}", std::process::id()));
-    struct Down<'a>(&'a str, &'a std::path::Path);
+    let extra = std::env::temp_dir().join(format!("kuport-lab-cli-manifests-{}", std::process::id()));
+    struct Down<'a>(&'a str, &'a std::path::Path, &'a std::path::Path);
     impl Drop for Down<'_> {
         fn drop(&mut self) {
             let _ = std::process::Command::new(self.0).arg("down").env("KUPORT_LAB_DIR", self.1).output();
+            let _ = std::fs::remove_dir_all(self.2);
         }
     }
-    let _down = Down(bin, &dir);
+    let _down = Down(bin, &dir, &extra);
     let run = |args: &[&str]| {
         let out = std::process::Command::new(bin).args(args).env("KUPORT_LAB_DIR", &dir).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
@@ -162,6 +166,7 @@ fn cli_up_probe_down() {
     };
     let (ok, text) = run(&["up"]);
     assert!(ok, "up failed: {text}");
+    assert!(text.contains("controller pid") && text.contains("every node applied its state"), "{text}");
     assert!(
         text.contains("probe client-1 (198.51.100.7) -> 203.0.113.9:27015/UDP: pod game-0 saw 198.51.100.7:"),
         "{text}"
@@ -172,19 +177,41 @@ fn cli_up_probe_down() {
     let (ok, text) = run(&["status"]);
     assert!(ok && text.contains("PortMap games/game: Programmed=True"), "{text}");
     assert!(!text.contains("MISSING") && !text.contains("NOT RUNNING"), "{text}");
+    let row = |name: &str| text.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
+    for node in ["edge-a", "worker-1", "worker-2"] {
+        assert!(row(node).contains("connected") && row(node).contains(" yes "), "{node} synced:\n{text}");
+    }
+    assert!(row("worker-2").contains("100.64.0.12 mtu 1380"), "facts reported by worker-2's executor:\n{text}");
     let (ok, text) = run(&["probe", "--from", "client-2", "--to", "203.0.113.9:27100", "--udp"]);
     assert!(ok && text.contains("pod game-0 saw 198.51.100.8:"), "{text}");
     let (ok, text) = run(&["exec", "worker-2", "--", "ip", "-br", "addr", "show", "dev", "wt0"]);
     assert!(ok && text.contains("100.64.0.12/16"), "{text}");
+
+    // apply: the default manifests plus a TCP mapping to api-0.
+    std::fs::create_dir_all(&extra).unwrap();
+    for (name, text) in [
+        ("classes.yaml", include_str!("../manifests/default/classes.yaml")),
+        ("game.yaml", include_str!("../manifests/default/game.yaml")),
+    ] {
+        std::fs::write(extra.join(name), text).unwrap();
+    }
+    std::fs::write(extra.join("api.yaml"), port_map("apps", "api", "public", "TCP", "9000", "api", "api")).unwrap();
+    let (ok, text) = run(&["apply", extra.to_str().unwrap()]);
+    assert!(ok && text.contains("PortMap apps/api: Programmed=True"), "{text}");
+    let (ok, text) = run(&["probe", "--from", "client-1", "--to", "203.0.113.9:9000"]);
+    assert!(ok && text.contains("pod api-0 saw 198.51.100.7:"), "{text}");
+
     let record: kuport_lab::Record =
         serde_json::from_str(&std::fs::read_to_string(dir.join("lab.json")).unwrap()).unwrap();
+    let plane = record.plane.clone().expect("the record names the processes");
+    assert_eq!(plane.executors.len(), 3, "{plane:?}");
     let (ok, text) = run(&["down"]);
     assert!(ok, "down failed: {text}");
     let left = kuport_lab::sys::netns_list().unwrap();
     assert!(!left.iter().any(|n| n.starts_with(&record.id)), "namespaces left: {left:?}");
-    for pid in record.servers.values() {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        assert!(stat.is_empty() || stat.contains(") Z "), "echo server {pid} still runs: {stat}");
+    let pids = record.servers.values().chain(plane.executors.values()).chain(plane.controller.iter());
+    for pid in pids {
+        assert!(!kuport_lab::plane::alive(*pid), "process {pid} still runs");
     }
     assert!(!dir.exists(), "the state dir is removed");
 }

@@ -2,7 +2,11 @@
 //!
 //! Run as root, release build: `cargo bench -p kuport-node-exec --bench apply`.
 //! KUPORT_BENCH_SIZES (comma-separated mapping counts) and KUPORT_BENCH_REPS override the
-//! defaults. Prints a markdown table of median and minimum wall times.
+//! defaults; KUPORT_BENCH_QUICK=1 skips nft and the read-back rows; KUPORT_BENCH_TRACE=1 prints
+//! each Applier delta's elements compared and time comparing / writing. Prints a markdown table of
+//! median and minimum wall times. Desired tables are canonical and carry set digests, as the
+//! controller sends them (`kuport_proto::canonicalize`, outside the timed regions); the rows
+//! marked "no digests" clear them.
 
 mod common {
     include!("../tests/common/example.rs");
@@ -14,11 +18,13 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use kuport_node_exec::executor::{ExecError, Executor};
 use kuport_node_exec::nft::{Applier, ApplyMode, apply_table, remove_table};
-use kuport_proto::v1::{L4Proto, NftElement, NftFamily, NftSet, NftTable};
+use kuport_proto::v1::{L4Proto, NetnsState, NftElement, NftFamily, NftSet, NftTable, NodeState};
 
 /// Mapping counts measured by default.
 const DEFAULT_SIZES: [usize; 3] = [1_000, 10_000, 50_000];
@@ -75,6 +81,7 @@ impl Netns {
         let file = std::env::temp_dir().join(format!("{}-{tag}.nft", self.name));
         std::fs::write(&file, text).map_err(|e| format!("{}: {e}", file.display()))?;
         let f = file.to_string_lossy().into_owned();
+        std::thread::sleep(SETTLE);
         let t = Instant::now();
         let r = self.nft(&["-f", &f]);
         let took = t.elapsed();
@@ -205,7 +212,13 @@ fn ms(d: Duration) -> String {
     if m < 10.0 { format!("{m:.2} ms") } else { format!("{m:.0} ms") }
 }
 
+/// Pause before each timed operation, so that what the previous one left to do in the
+/// background (the kernel freeing a replaced table after an RCU grace period, the executor
+/// freeing a replaced state on its own thread) does not fall into it.
+const SETTLE: Duration = Duration::from_millis(300);
+
 fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    std::thread::sleep(SETTLE);
     let t = Instant::now();
     let r = f();
     (r, t.elapsed())
@@ -215,22 +228,78 @@ fn nft_err(e: kuport_node_exec::nft::NftError) -> String {
     e.to_string()
 }
 
+/// A row of the table: one operation, ours against `nft -f` (when nft has an equivalent).
 struct Row {
     what: &'static str,
     ours: Samples,
     nft: Samples,
 }
 
+impl Row {
+    fn new(what: &'static str) -> Self {
+        Row { what, ours: Samples::default(), nft: Samples::default() }
+    }
+}
+
+/// What the controller sends: the table in canonical order with every set's digest, computed
+/// by `kuport_proto::canonicalize` (outside any timed region: the controller pays for it).
+fn canonical(t: NftTable) -> NftTable {
+    let mut st =
+        NodeState { node: "bench".into(), netns: vec![NetnsState { nft_tables: vec![t], ..Default::default() }] };
+    kuport_proto::canonicalize(&mut st);
+    st.netns.pop().and_then(|mut n| n.nft_tables.pop()).unwrap_or_default()
+}
+
+/// The same table without digests: the Applier then compares every set element by element.
+fn without_digests(t: &NftTable) -> NftTable {
+    let mut t = t.clone();
+    for s in &mut t.sets {
+        s.digest.clear();
+    }
+    t
+}
+
+/// A one-netns state holding `t`, as the sync client hands it to the executor.
+fn netns_state(path: &std::path::Path, t: &NftTable) -> Arc<NetnsState> {
+    Arc::new(NetnsState {
+        path: path.to_string_lossy().into_owned(),
+        nft_tables: vec![t.clone()],
+        ..Default::default()
+    })
+}
+
+fn check_one_mapping(n: usize, what: &str, mode: ApplyMode, writes: usize, batches: usize) -> BenchResult<()> {
+    if (mode.clone(), writes, batches) != (ApplyMode::Elements, 4, 1) {
+        return Err(format!("{n}: {what} wrote {mode:?}, {writes} message(s) in {batches} transaction(s)"));
+    }
+    Ok(())
+}
+
 fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) -> BenchResult<()> {
-    // KUPORT_BENCH_QUICK=1: the applier alone (for profiling; nft and read-back skipped).
+    // KUPORT_BENCH_QUICK=1: our rows alone (for profiling; nft and read-back skipped).
     let quick = std::env::var("KUPORT_BENCH_QUICK").as_deref() == Ok("1");
-    let base = table(n)?;
+    let raw = table(n)?;
+    let mut canon = Row::new("controller: `canonicalize` (sort, dedup, set digests), not part of any apply");
+    let mut digests = Row::new("controller: the set digests alone (sha256 of the sorted elements)");
+    for _ in 0..reps {
+        let (t, d) = timed(|| canonical(raw.clone()));
+        canon.ours.push(d);
+        let ((), d) = timed(|| {
+            for s in &t.sets {
+                std::hint::black_box(kuport_proto::canonical::set_digest(&s.elements));
+            }
+        });
+        digests.ours.push(d);
+    }
+    // Every desired table below is in canonical order, as the controller sends it.
+    let base = canonical(raw);
+    let plain = without_digests(&base);
     let elements: usize = base.sets.iter().map(|s| s.elements.len()).sum();
     let base_text = kuport_proto::text::nft_table(&base);
     let ours_ns = Netns::new(&format!("{n}-ours"))?;
     let nft_ns = Netns::new(&format!("{n}-nft"))?;
     let path = ours_ns.path();
-    let mut cold = Row { what: "cold apply into an empty netns", ours: Samples::default(), nft: Samples::default() };
+    let mut cold = Row::new("cold apply into an empty netns");
     for _ in 0..reps {
         remove_table(Some(&path), NftFamily::Ip, TABLE).map_err(nft_err)?;
         let mut a = Applier::new(Some(&path));
@@ -247,28 +316,25 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
         return Err(format!("{n}: our table lists differently from nft's"));
     }
 
-    // Warm applier: remembers `base` from one cold apply.
+    // Warm applier: remembers `base` (and its digests) from one cold apply.
     let mut applier = Applier::new(Some(&path));
     applier.apply(&base).map_err(nft_err)?;
-    let plus: Vec<NftTable> = (0..reps).map(|k| with_mapping(&base, n + k)).collect::<BenchResult<_>>()?;
-    let mut add = Row { what: "add one mapping (4 elements)", ours: Samples::default(), nft: Samples::default() };
-    let mut del = Row { what: "remove that mapping", ours: Samples::default(), nft: Samples::default() };
-    let mut readback =
-        Row { what: "add one mapping, read-back `apply_table`", ours: Samples::default(), nft: Samples::default() };
-    let mut reload =
-        Row { what: "add one mapping, whole-table `nft -f` reload", ours: Samples::default(), nft: Samples::default() };
+    let plus: Vec<NftTable> =
+        (0..reps).map(|k| with_mapping(&plain, n + k).map(canonical)).collect::<BenchResult<_>>()?;
+    let plus_plain: Vec<NftTable> = plus.iter().map(without_digests).collect();
+    let mut add_d = Row::new("add one mapping (4 elements), `Applier`, set digests");
+    let mut del_d = Row::new("remove that mapping, `Applier`, set digests");
+    let mut add = Row::new("add one mapping (4 elements), `Applier`, no digests");
+    let mut del = Row::new("remove that mapping, `Applier`, no digests");
+    let mut readback = Row::new("add one mapping, read-back `apply_table`");
+    let mut reload = Row::new("add one mapping, whole-table `nft -f` reload");
     for (k, t) in plus.iter().enumerate() {
+        // With digests: the memory holds base's digests (the apply of `base` before this).
         let (r, d) = timed(|| applier.apply(t));
         let r = r.map_err(nft_err)?;
-        if (r.mode.clone(), r.writes, r.batches) != (ApplyMode::Elements, 4, 1) {
-            return Err(format!("{n}: one mapping wrote {r:?}"));
-        }
-        add.ours.push(d);
-        if quick {
-            applier.apply(&base).map_err(nft_err)?;
-            continue;
-        }
-        if k == 0 {
+        check_one_mapping(n, "one mapping (digests)", r.mode, r.writes, r.batches)?;
+        add_d.ours.push(d);
+        if !quick && k == 0 {
             let expect = ours_ns.list()?;
             nft_ns.nft_file(&element_lines(&base, n + k, false)?, "check")?;
             if nft_ns.list()? != expect {
@@ -277,8 +343,28 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
             nft_ns.nft_file(&element_lines(&base, n + k, true)?, "uncheck")?;
         }
         let (r, d) = timed(|| applier.apply(&base));
-        r.map_err(nft_err)?;
+        let r = r.map_err(nft_err)?;
+        check_one_mapping(n, "removing one mapping (digests)", r.mode, r.writes, r.batches)?;
+        del_d.ours.push(d);
+        if !quick {
+            add_d.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, false)?, "add")?);
+            del_d.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, true)?, "del")?);
+        }
+
+        // Without digests: every set is compared element by element.
+        let (r, d) = timed(|| applier.apply(&plus_plain[k]));
+        let r = r.map_err(nft_err)?;
+        check_one_mapping(n, "one mapping", r.mode, r.writes, r.batches)?;
+        add.ours.push(d);
+        let (r, d) = timed(|| applier.apply(&plain));
+        let r = r.map_err(nft_err)?;
+        check_one_mapping(n, "removing one mapping", r.mode, r.writes, r.batches)?;
         del.ours.push(d);
+        // Learn base's digests again (a no-op that compares elements) for the next round.
+        applier.apply(&base).map_err(nft_err)?;
+        if quick {
+            continue;
+        }
         add.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, false)?, "add")?);
         del.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, true)?, "del")?);
 
@@ -289,16 +375,21 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
         reload.nft.push(nft_ns.nft_file(&reload_text(t), "reload")?);
     }
     // The applier forgot nothing: the read-back applies above restored `base` each time.
-    let mut noop =
-        Row { what: "no-op reconcile (Applier with memory)", ours: Samples::default(), nft: Samples::default() };
-    let mut noop_rb =
-        Row { what: "no-op reconcile, read-back `apply_table`", ours: Samples::default(), nft: Samples::default() };
+    let mut noop_d = Row::new("no-op reconcile, `Applier` with memory, set digests");
+    let mut noop = Row::new("no-op reconcile, `Applier` with memory, no digests");
+    let mut noop_rb = Row::new("no-op reconcile, read-back `apply_table`");
     for _ in 0..reps {
         let (r, d) = timed(|| applier.apply(&base));
         if r.map_err(nft_err)?.writes != 0 {
             return Err(format!("{n}: a no-op wrote"));
         }
+        noop_d.ours.push(d);
+        let (r, d) = timed(|| applier.apply(&plain));
+        if r.map_err(nft_err)?.writes != 0 {
+            return Err(format!("{n}: a no-op wrote"));
+        }
         noop.ours.push(d);
+        applier.apply(&base).map_err(nft_err)?;
         if quick {
             continue;
         }
@@ -306,7 +397,70 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
         r.map_err(nft_err)?;
         noop_rb.ours.push(d);
     }
-    out.push((n, elements, vec![cold, add, del, readback, reload, noop, noop_rb]));
+
+    // The whole executor: a one-netns state holding the table, handed over shared (as the
+    // sync client's keeper does), so the executor holds the only reference and drops the
+    // previous state inside the apply. Its applier starts with a read-back of `base`.
+    let mut ex_add = Row::new("add one mapping, whole `Executor::apply_shared`, set digests");
+    let mut ex_del = Row::new("remove that mapping, whole `Executor::apply_shared`, set digests");
+    let mut ex_add_copy = Row::new("add one mapping, `Executor::apply(&NetnsState)` (copies the state), set digests");
+    let mut ex_noop = Row::new("no-op, whole `Executor::apply_shared`, set digests");
+    let mut ex = Executor::new(Some(path.clone()));
+    ex.apply_shared(netns_state(&path, &base)).map_err(|e| e.to_string())?;
+    let ex_report = |n: usize, what: &str, r: Result<kuport_node_exec::executor::Report, ExecError>| {
+        let r = r.map_err(|e| e.to_string())?;
+        if r.writes != 4 {
+            return Err(format!("{n}: {what} through the executor: {r}"));
+        }
+        Ok(())
+    };
+    for (k, t) in plus.iter().enumerate() {
+        let (add_state, base_state) = (netns_state(&path, t), netns_state(&path, &base));
+        let (r, d) = timed(|| ex.apply_shared(add_state));
+        ex_report(n, "one mapping", r)?;
+        ex_add.ours.push(d);
+        let (r, d) = timed(|| ex.apply_shared(base_state));
+        ex_report(n, "removing one mapping", r)?;
+        ex_del.ours.push(d);
+        let borrowed = NetnsState::clone(&netns_state(&path, t));
+        let (r, d) = timed(|| ex.apply(&borrowed));
+        ex_report(n, "one mapping (borrowed)", r)?;
+        ex_add_copy.ours.push(d);
+        ex.apply_shared(netns_state(&path, &base)).map_err(|e| e.to_string())?;
+        let noop_state = netns_state(&path, &base);
+        let (r, d) = timed(|| ex.apply_shared(noop_state));
+        if r.map_err(|e| e.to_string())?.writes != 0 {
+            return Err(format!("{n}: an executor no-op wrote"));
+        }
+        ex_noop.ours.push(d);
+        if quick {
+            continue;
+        }
+        ex_add.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, false)?, "add")?);
+        ex_del.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, true)?, "del")?);
+    }
+    if !quick && ours_ns.list()? != nft_ns.list()? {
+        return Err(format!("{n}: after the runs our table lists differently from nft's"));
+    }
+    let rows = vec![
+        canon,
+        digests,
+        cold,
+        add_d,
+        del_d,
+        ex_add,
+        ex_del,
+        ex_add_copy,
+        add,
+        del,
+        readback,
+        reload,
+        noop_d,
+        ex_noop,
+        noop,
+        noop_rb,
+    ];
+    out.push((n, elements, rows));
     Ok(())
 }
 
@@ -321,6 +475,13 @@ fn main() -> ExitCode {
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("the apply benchmark needs root (network namespaces, nf_tables)");
         return ExitCode::FAILURE;
+    }
+    if std::env::var("KUPORT_BENCH_TRACE").as_deref() == Ok("1") {
+        // Where an Applier's time goes: elements compared, time comparing, time writing.
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("kuport_node_exec::nft=debug"))
+            .with_writer(std::io::stderr)
+            .init();
     }
     let sizes = env_list("KUPORT_BENCH_SIZES").unwrap_or_else(|| DEFAULT_SIZES.to_vec());
     let reps = env_list("KUPORT_BENCH_REPS").and_then(|v| v.first().copied()).unwrap_or(DEFAULT_REPS).max(1);

@@ -120,9 +120,11 @@ impl StatsHandle {
 pub struct Executor {
     /// None: the caller's namespace.
     netns: Option<PathBuf>,
-    /// The state last asked for: what the drift loop keeps.
-    desired: Option<NetnsState>,
-    /// The state last applied in full: its objects stay until a new state's tables are in.
+    /// The state last asked for: what the drift loop keeps (shared, not copied: at 50,000
+    /// mappings a copy of its tables costs milliseconds).
+    desired: Option<Arc<NetnsState>>,
+    /// The links, addresses, routes, rules and sysctls of the state last applied in full (its
+    /// nft tables left out): they stay until a new state's tables are in.
     applied: Option<NetnsState>,
     /// Inside a drift episode (found, not yet repaired).
     drifting: bool,
@@ -154,10 +156,18 @@ impl Executor {
     }
 
     /// Makes the namespace match `desired` (see the module's order). Applying the state the
-    /// namespace already has writes nothing.
+    /// namespace already has writes nothing. Keeps a copy of `desired`; a caller that holds it
+    /// in an [`Arc`] saves that copy with [`Executor::apply_shared`].
     pub fn apply(&mut self, desired: &NetnsState) -> Result<Report, ExecError> {
-        self.desired = Some(desired.clone());
-        let result = self.apply_inner(desired);
+        self.apply_shared(Arc::new(desired.clone()))
+    }
+
+    /// [`Executor::apply`] of a shared state, which is kept without copying it.
+    pub fn apply_shared(&mut self, desired: Arc<NetnsState>) -> Result<Report, ExecError> {
+        if let Some(old) = self.desired.replace(Arc::clone(&desired)) {
+            drop_elsewhere(old);
+        }
+        let result = self.apply_inner(&desired);
         let mut stats = self.stats.lock();
         stats.applies += 1;
         stats.last_error = result.as_ref().err().map(ToString::to_string);
@@ -217,10 +227,10 @@ impl Executor {
         }
 
         // 3. Break: what the new state no longer has.
-        if before.as_ref().is_some_and(|b| b != desired) {
+        if before.as_ref().is_some_and(|b| !same_objects(b, desired)) {
             route_step(netns, desired, &mut report)?;
         }
-        self.applied = Some(desired.clone());
+        self.applied = Some(without_tables(desired));
         Ok(report)
     }
 
@@ -277,7 +287,7 @@ impl Executor {
         for applier in self.tables.values_mut() {
             applier.forget();
         }
-        if self.apply(&desired).is_ok() {
+        if self.apply_shared(desired).is_ok() {
             self.drifting = false;
         }
         found
@@ -323,7 +333,7 @@ impl Executor {
                 _ = &mut stop => return Ok(()),
                 c = commands.recv(), if open => match c {
                     Some(Command::Apply(state, reply)) => {
-                        let result = self.apply(&state);
+                        let result = self.apply_shared(state);
                         // Our own writes are not drift.
                         links.drain();
                         tables.drain();
@@ -404,10 +414,53 @@ pub fn spawn_keeper(netns: Option<PathBuf>) -> Result<Keeper, ExecError> {
     Ok(Keeper { commands, stats })
 }
 
-/// `desired` plus every link, address, route, rule and sysctl of `prev` that `desired` does not
-/// replace: the state to hold while the new tables go in.
+/// States holding at least this many nft elements are freed by [`drop_elsewhere`]'s thread.
+const DROP_ELSEWHERE: usize = 10_000;
+
+/// Frees `state` on a thread of its own when this is its last reference and it is large:
+/// freeing a 50,000-mapping state (about a million allocations) took 13 to 70 ms on the
+/// benchmark machine (docs/performance.md), which the apply that replaces it need not wait for.
+fn drop_elsewhere(state: Arc<NetnsState>) {
+    static DROPPER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Arc<NetnsState>>>> = std::sync::OnceLock::new();
+    let elements: usize = state.nft_tables.iter().flat_map(|t| &t.sets).map(|s| s.elements.len()).sum();
+    if elements < DROP_ELSEWHERE || Arc::strong_count(&state) > 1 {
+        return;
+    }
+    let dropper = DROPPER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Arc<NetnsState>>();
+        let thread = std::thread::Builder::new().name("kuport-dropper".into());
+        thread.spawn(move || rx.into_iter().for_each(drop)).ok().map(|_| tx)
+    });
+    if let Some(tx) = dropper {
+        // Fails only when the thread is gone; the state is then freed here.
+        let _ = tx.send(state);
+    }
+}
+
+/// `state` without its nft tables: what the route step and [`keep_previous`] need.
+fn without_tables(state: &NetnsState) -> NetnsState {
+    NetnsState {
+        path: state.path.clone(),
+        sysctls: state.sysctls.clone(),
+        nft_tables: Vec::new(),
+        links: state.links.clone(),
+        addresses: state.addresses.clone(),
+        routes: state.routes.clone(),
+        ip_rules: state.ip_rules.clone(),
+    }
+}
+
+/// Whether two states hold the same links, addresses, routes, rules and sysctls (their nft
+/// tables are not compared).
+fn same_objects(a: &NetnsState, b: &NetnsState) -> bool {
+    (&a.path, &a.sysctls, &a.links, &a.addresses, &a.routes, &a.ip_rules)
+        == (&b.path, &b.sysctls, &b.links, &b.addresses, &b.routes, &b.ip_rules)
+}
+
+/// `desired` (without its nft tables) plus every link, address, route, rule and sysctl of
+/// `prev` that `desired` does not replace: the state to hold while the new tables go in.
 fn keep_previous(desired: &NetnsState, prev: &NetnsState) -> NetnsState {
-    let mut s = desired.clone();
+    let mut s = without_tables(desired);
     let dropped_links: Vec<&str> = prev
         .links
         .iter()

@@ -15,8 +15,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
-use kuport_node_exec::nft::{Applier, ApplyMode};
-use kuport_proto::v1::{L4Proto, NftTable};
+use kuport_node_exec::nft::{Applier, ApplyMode, apply_table, diff, normalize, read_table};
+use kuport_proto::v1::{L4Proto, NetnsState, NftFamily, NftTable, NodeState};
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
@@ -191,4 +191,112 @@ fn invalid_desired_state_keeps_the_memory() {
     let r = a.apply(&desired).expect("no-op");
     assert_eq!(r.writes, 0);
     assert_lists(&ns, &desired);
+}
+
+/// `t` as the controller sends it: canonical order and every set's digest
+/// (`kuport_proto::canonicalize`).
+fn canonical(t: NftTable) -> NftTable {
+    let mut st = NodeState { node: "n".into(), netns: vec![NetnsState { nft_tables: vec![t], ..Default::default() }] };
+    kuport_proto::canonicalize(&mut st);
+    st.netns.pop().and_then(|mut n| n.nft_tables.pop()).expect("the table")
+}
+
+fn digest_of(t: &NftTable, set: &str) -> Vec<u8> {
+    t.sets.iter().find(|s| s.name == set).map(|s| s.digest.clone()).unwrap_or_default()
+}
+
+#[test]
+fn an_unchanged_digest_skips_the_set_and_a_changed_one_sends_the_delta() {
+    if !root() {
+        return;
+    }
+    let ns = Netns::new();
+    let mut a = Applier::new(Some(&ns.path()));
+    let desired = canonical(example_with_ports(100));
+    assert!(!digest_of(&desired, "publish_port").is_empty());
+    a.apply(&desired).expect("cold apply");
+    // Digests change nothing of what is written or listed.
+    assert_lists(&ns, &desired);
+
+    // One more element, digests recomputed: exactly that delta.
+    let mut plus = desired.clone();
+    set_mut(&mut plus, "publish_port").elements.push(elem(
+        vec![ifname("enp1s0"), proto(L4Proto::Udp), port(9_999, 9_999)],
+        vec![addr("10.244.18.8"), port(53, 53)],
+    ));
+    let plus = canonical(plus);
+    assert_ne!(digest_of(&plus, "publish_port"), digest_of(&desired, "publish_port"));
+    assert_eq!(digest_of(&plus, "claim"), digest_of(&desired, "claim"));
+    let r = a.apply(&plus).expect("add");
+    assert_eq!((r.mode.clone(), r.writes, r.batches), (ApplyMode::Elements, 1, 1), "{:?}", r.diffs);
+    assert_lists(&ns, &plus);
+    let r = a.apply(&desired).expect("remove");
+    assert_eq!((r.mode.clone(), r.writes, r.batches), (ApplyMode::Elements, 1, 1), "{:?}", r.diffs);
+    assert_lists(&ns, &desired);
+
+    // A set whose digest equals the remembered one is not walked: elements changed behind a
+    // stale digest (which canonicalize never produces) are not seen. This shows the skip.
+    let mut stale = desired.clone();
+    set_mut(&mut stale, "publish_port").elements.remove(3);
+    let r = a.apply(&stale).expect("stale digest");
+    assert_eq!((r.mode.clone(), r.writes), (ApplyMode::Unchanged, 0), "{:?}", r.diffs);
+    // Without a digest the same set is compared element by element.
+    let mut plain = stale.clone();
+    set_mut(&mut plain, "publish_port").digest.clear();
+    let r = a.apply(&plain).expect("no digest");
+    assert_eq!((r.mode.clone(), r.writes, r.batches), (ApplyMode::Elements, 1, 1), "{:?}", r.diffs);
+    assert_lists(&ns, &plain);
+    // The memory holds no digest for that set now, so even the stale digest is compared.
+    let r = a.apply(&desired).expect("back");
+    assert_eq!((r.mode.clone(), r.writes), (ApplyMode::Elements, 1), "{:?}", r.diffs);
+    assert_lists(&ns, &desired);
+
+    // After forget() nothing remembered is trusted: the kernel is read back.
+    ns.nft(&["delete", "element", "ip", "kuport", "publish_port", "{ \"enp1s0\" . tcp . 10005 }"]);
+    a.forget();
+    let r = a.apply(&desired).expect("repair");
+    assert_eq!((r.mode.clone(), r.writes), (ApplyMode::Elements, 1), "{:?}", r.diffs);
+    assert_lists(&ns, &desired);
+}
+
+#[test]
+fn no_digest_is_trusted_after_an_error() {
+    if !root() {
+        return;
+    }
+    let ns = Netns::new();
+    let mut a = Applier::new(Some(&ns.path()));
+    let desired = canonical(example_with_ports(10));
+    a.apply(&desired).expect("cold apply");
+    // A refused apply (a duplicate key in another set): nothing is written, the memory stays...
+    let mut bad = desired.clone();
+    let dup = set_mut(&mut bad, "return_mark").elements[0].clone();
+    set_mut(&mut bad, "return_mark").elements.push(dup);
+    set_mut(&mut bad, "return_mark").digest.clear();
+    a.apply(&bad).expect_err("a duplicate key is refused");
+    assert!(a.remembers());
+    // ...but its digests do not: a stale digest equal to the one remembered before the error
+    // no longer skips the set.
+    let mut stale = desired.clone();
+    set_mut(&mut stale, "publish_port").elements.remove(3);
+    let r = a.apply(&stale).expect("compared element by element");
+    assert_eq!((r.mode.clone(), r.writes, r.batches), (ApplyMode::Elements, 1, 1), "{:?}", r.diffs);
+}
+
+#[test]
+fn read_back_tables_carry_no_digest() {
+    if !root() {
+        return;
+    }
+    let ns = Netns::new();
+    let desired = canonical(example_with_ports(10));
+    Applier::new(Some(&ns.path())).apply(&desired).expect("apply");
+    let have = read_table(Some(&ns.path()), NftFamily::Ip, "kuport").expect("read").expect("the table");
+    assert!(have.sets.iter().all(|s| s.digest.is_empty()));
+    let want = normalize(&desired).expect("normalize");
+    assert!(want.sets.iter().all(|s| s.digest.is_empty()));
+    assert_eq!(diff(&want, Some(&have)), vec![]);
+    // A stale applier's fresh read-back path (apply_table) sees nothing to do either.
+    let r = apply_table(Some(&ns.path()), &desired).expect("apply_table");
+    assert_eq!((r.mode, r.writes), (ApplyMode::Unchanged, 0));
 }

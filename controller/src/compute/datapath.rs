@@ -388,6 +388,7 @@ fn set(name: &str, key: &[NftType], data: &[NftType], interval: bool, elements: 
         interval,
         counter: true,
         elements,
+        digest: Vec::new(),
     }
 }
 

@@ -328,6 +328,7 @@ fn class_status(
                 (true, false) => "Node is not Ready".to_string(),
                 _ => String::new(),
             };
+            let interfaces = class.spec.nodes.get(&n).and_then(|cn| v.known_interfaces(&cn.interfaces));
             ClassNodeStatus {
                 name: n,
                 ready: v.ready,
@@ -336,6 +337,7 @@ fn class_status(
                 underlay_mtu: v.underlay_mtu,
                 link_mtu: Some(v.mtu().saturating_sub(VXLAN_OVERHEAD)),
                 addresses,
+                interfaces,
             }
         })
         .collect();

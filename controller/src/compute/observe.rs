@@ -30,12 +30,29 @@ pub struct NodeView {
     /// [`NodeView::addresses_of`] answers until the executor reports, so a new leader
     /// publishes the same addresses as the old one.
     pub remembered: BTreeMap<String, Vec<String>>,
+    /// Class interfaces the rows say the node has (true) or lacks (false), for the same reason.
+    pub remembered_interfaces: BTreeMap<String, bool>,
 }
 
 impl NodeView {
     /// Whether `iface` may exist: unknown until the executor reports.
     pub fn may_have(&self, iface: &str) -> bool {
-        self.interfaces.as_ref().is_none_or(|m| m.contains_key(iface))
+        match &self.interfaces {
+            Some(m) => m.contains_key(iface),
+            None => self.remembered_interfaces.get(iface).copied().unwrap_or(true),
+        }
+    }
+
+    /// Of `class_interfaces`, those the node is known to have: None while unknown.
+    pub fn known_interfaces(&self, class_interfaces: &[String]) -> Option<Vec<String>> {
+        let known = match &self.interfaces {
+            Some(m) => class_interfaces.iter().filter(|i| m.contains_key(*i)).cloned().collect(),
+            None if class_interfaces.iter().all(|i| self.remembered_interfaces.contains_key(i)) => {
+                class_interfaces.iter().filter(|i| self.remembered_interfaces[*i]).cloned().collect()
+            }
+            None => return None,
+        };
+        Some(known)
     }
 
     pub fn addresses_of(&self, iface: &str) -> &[String] {
@@ -58,6 +75,7 @@ static UNKNOWN_NODE: NodeView = NodeView {
     underlay_mtu: None,
     interfaces: None,
     remembered: BTreeMap::new(),
+    remembered_interfaces: BTreeMap::new(),
 };
 
 pub struct View<'a> {
@@ -92,6 +110,11 @@ impl<'a> View<'a> {
                 }
                 if view.underlay_mtu.is_none() {
                     view.underlay_mtu = row.underlay_mtu;
+                }
+                if let (Some(have), Some(spec)) = (&row.interfaces, class.spec.nodes.get(&row.name)) {
+                    for i in &spec.interfaces {
+                        view.remembered_interfaces.insert(i.clone(), have.contains(i));
+                    }
                 }
                 for a in &row.addresses {
                     let list = view.remembered.entry(a.interface.clone()).or_default();

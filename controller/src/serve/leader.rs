@@ -46,6 +46,14 @@ fn address_of(holder: &str) -> String {
     holder.rsplit_once('@').map(|(_, a)| a.to_string()).unwrap_or_default()
 }
 
+/// What ended one wait of the election loop.
+enum Step {
+    Stop(Option<tokio::sync::oneshot::Sender<()>>),
+    Changed(Result<bool, kube_lease_manager::LeaseManagerError>),
+    /// A follower saw the lease released: try to take it now.
+    Released,
+}
+
 /// Leader election on a Lease. The returned handle releases the lease when told to stop (a
 /// graceful shutdown hands over in about a second).
 pub async fn kubernetes(
@@ -60,7 +68,7 @@ pub async fn kubernetes(
 > {
     use futures::StreamExt;
     use k8s_openapi::api::coordination::v1::Lease;
-    use kube::runtime::watcher;
+    use kube::runtime::{WatchStreamExt, watcher};
 
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), name)
         .with_namespace(namespace)
@@ -76,51 +84,67 @@ pub async fn kubernetes(
     let leases: kube::Api<Lease> = kube::Api::namespaced(client, namespace);
     let fields = format!("metadata.name={name}");
     tokio::spawn(async move {
-        let mut lease_events = std::pin::pin!(watcher(leases, watcher::Config::default().fields(&fields)));
+        let mut lease_events =
+            std::pin::pin!(watcher(leases, watcher::Config::default().fields(&fields)).default_backoff());
         loop {
-            tokio::select! {
-                done = &mut stop_rx => {
+            // `changed` renews the lease while leading and waits for it otherwise; it runs on
+            // across Lease events (our own renewals among them), and is restarted only when a
+            // follower sees the lease released, so it takes over at once instead of sleeping
+            // until the old expiry.
+            let step = {
+                let mut changed = std::pin::pin!(manager.changed());
+                loop {
+                    tokio::select! {
+                        done = &mut stop_rx => break Step::Stop(done.ok()),
+                        r = &mut changed => break Step::Changed(r),
+                        event = lease_events.next() => match event {
+                            Some(Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease))) => {
+                                let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+                                if !tx.borrow().leader {
+                                    tx.send_if_modified(|l| {
+                                        let address = address_of(&holder);
+                                        let changed = l.leader_address != address;
+                                        l.leader_address = address;
+                                        changed
+                                    });
+                                    if holder.is_empty() {
+                                        break Step::Released;
+                                    }
+                                }
+                            }
+                            Some(Err(e)) => tracing::warn!(error = %e, "watching the lease"),
+                            _ => {}
+                        },
+                    }
+                }
+            };
+            match step {
+                Step::Stop(done) => {
                     if tx.borrow().leader {
                         tx.send_modify(|l| l.leader = false);
                         if let Err(e) = manager.release().await {
                             tracing::warn!(error = %e, "releasing the lease");
                         }
                     }
-                    if let Ok(done) = done {
+                    if let Some(done) = done {
                         let _ = done.send(());
                     }
                     return;
                 }
-                changed = manager.changed() => match changed {
-                    Ok(true) => {
-                        let term = new_term();
-                        tracing::info!(term, "leading");
-                        tx.send_replace(Leadership { leader: true, term, leader_address: advertise.clone() });
-                    }
-                    Ok(false) => {
-                        tracing::warn!("lost the lease: no more writes");
-                        tx.send_modify(|l| l.leader = false);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "lease");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                },
-                // Any change of the Lease (a release above all) re-runs `changed`, which
-                // otherwise sleeps until the old lease expires.
-                event = lease_events.next() => {
-                    if let Some(Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease))) = event {
-                        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
-                        if !tx.borrow().leader {
-                            tx.send_if_modified(|l| {
-                                let address = address_of(&holder);
-                                let changed = l.leader_address != address;
-                                l.leader_address = address;
-                                changed
-                            });
-                        }
-                    }
+                Step::Changed(Ok(true)) => {
+                    let term = new_term();
+                    tracing::info!(term, "leading");
+                    tx.send_replace(Leadership { leader: true, term, leader_address: advertise.clone() });
                 }
+                Step::Changed(Ok(false)) => {
+                    tracing::warn!("lost the lease: no more writes");
+                    tx.send_modify(|l| l.leader = false);
+                }
+                Step::Changed(Err(e)) => {
+                    tracing::warn!(error = %e, "lease");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Step::Released => {}
             }
         }
     });

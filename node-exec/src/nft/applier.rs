@@ -4,10 +4,17 @@
 //! The remembered table is trusted: whoever owns the [`Applier`] must call [`Applier::forget`]
 //! when the kernel may have changed under it (a drift detector does), and the next apply then
 //! reads the kernel back and repairs it like [`super::apply_table`] does.
+//!
+//! A desired set that carries a digest (`NftSet.digest`, which `kuport_proto::canonicalize`
+//! computes) equal to the digest remembered for that set, with an unchanged header, is not
+//! walked at all: the digest covers its elements. Sets without a digest are compared element
+//! by element. A digest is remembered only after a successful write, and every remembered
+//! digest is dropped on any error (the next apply then compares elements again).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use kuport_proto::v1::{NftChain, NftElement, NftSet, NftTable, nft_value::Value};
 
@@ -65,11 +72,13 @@ fn key_hash(key: &[kuport_proto::v1::NftValue]) -> u64 {
 
 /// A remembered set: its header (elements empty), its elements in normal form in the order
 /// they were last desired (so an unchanged run is recognised by a sequential comparison, which
-/// is several times cheaper than a hash lookup per element), and the hashes of their keys.
+/// is several times cheaper than a hash lookup per element), the hashes of their keys, and the
+/// digest the caller gave for exactly these elements (empty: none, or not trusted).
 struct SetMemory {
     header: NftSet,
     elems: Vec<NftElement>,
     keys: KeySet,
+    digest: Vec<u8>,
 }
 
 type KeySet = HashSet<u64, BuildHasherDefault<PassThrough>>;
@@ -104,6 +113,10 @@ struct SetDelta {
     replaced: usize,
     /// The desired middle in normal form, which replaces it once written.
     middle: Vec<NftElement>,
+    /// The desired set's digest, remembered once written.
+    digest: Vec<u8>,
+    /// Desired elements compared (0 when the digest skipped the set).
+    walked: usize,
 }
 
 impl SetDelta {
@@ -172,16 +185,21 @@ impl Applier {
         };
         let Some(mut mem) = fast else { return self.cold(desired) };
         // On errors, the memory is kept only when nothing can have been written.
+        let started = Instant::now();
         match delta(&mut mem, desired) {
-            Ok(deltas) => match self.write_delta(&mem, &deltas) {
-                Ok(report) => {
+            Ok(deltas) => match (started.elapsed(), self.write_delta(&mem, &deltas)) {
+                (compared, Ok(report)) => {
+                    // Where the time goes (the benchmark's KUPORT_BENCH_TRACE=1 prints it).
+                    let walked: usize = deltas.iter().map(|d| d.walked).sum();
+                    tracing::debug!(table = %mem.name, walked, ?compared, written = ?(started.elapsed() - compared),
+                        writes = report.writes, "delta applied from memory");
                     update(&mut mem, deltas);
                     self.memory = Some(mem);
                     Ok(report)
                 }
-                Err(e) => {
+                (_, Err(e)) => {
                     if unwritten(&e) {
-                        self.memory = Some(mem);
+                        self.memory = Some(mem.distrusted());
                     }
                     Err(e)
                 }
@@ -189,13 +207,13 @@ impl Applier {
             Err(Ok(Slow::Structure)) => {
                 let r = self.rebuild(&mem, desired);
                 if matches!(&r, Err(e) if unwritten(e)) {
-                    self.memory = Some(mem);
+                    self.memory = Some(mem.distrusted());
                 }
                 r
             }
             Err(Ok(Slow::Collision)) => self.cold(desired),
             Err(Err(e)) => {
-                self.memory = Some(mem);
+                self.memory = Some(mem.distrusted());
                 Err(e)
             }
         }
@@ -268,6 +286,15 @@ impl Applier {
 }
 
 impl Memory {
+    /// The memory without digests: after an error, every set is compared element by element
+    /// on the next apply.
+    fn distrusted(mut self) -> Self {
+        for s in &mut self.sets {
+            s.digest.clear();
+        }
+        self
+    }
+
     /// The remembered table without elements.
     fn skeleton(&self) -> NftTable {
         NftTable {
@@ -280,7 +307,7 @@ impl Memory {
 }
 
 fn skeleton(t: &NftTable) -> NftTable {
-    let sets = t.sets.iter().map(|s| NftSet { elements: Vec::new(), ..s.clone() }).collect();
+    let sets = t.sets.iter().map(|s| NftSet { elements: Vec::new(), digest: Vec::new(), ..s.clone() }).collect();
     NftTable { family: t.family, name: t.name.clone(), sets, chains: t.chains.clone() }
 }
 
@@ -296,9 +323,11 @@ fn remember(want: NftTable, desired: &NftTable) -> Option<Memory> {
                 return None;
             }
         }
-        let given = desired.sets.iter().find(|d| d.name == s.name).map(|d| d.elements.as_slice()).unwrap_or(&[]);
-        let elems = in_given_order(&s, normal, given);
-        sets.push(SetMemory { header: s, elems, keys });
+        let given = desired.sets.iter().find(|d| d.name == s.name);
+        let digest = given.map(|d| d.digest.clone()).unwrap_or_default();
+        let elems = in_given_order(&s, normal, given.map(|d| d.elements.as_slice()).unwrap_or(&[]));
+        s.digest.clear();
+        sets.push(SetMemory { header: s, elems, keys, digest });
     }
     Some(Memory { family: want.family, name: want.name, sets, chains: want.chains, raw_chains: desired.chains.clone() })
 }
@@ -355,7 +384,12 @@ fn delta(mem: &mut Memory, desired: &NftTable) -> Result<Vec<SetDelta>, Result<S
     }
     let mut out = Vec::with_capacity(mem.sets.len());
     for (s, d) in mem.sets.iter_mut().zip(order) {
-        out.push(set_delta(s, d)?);
+        if !d.digest.is_empty() && d.digest == s.digest {
+            // The caller's digest covers the elements: the same as remembered, not walked.
+            out.push(SetDelta { digest: d.digest.clone(), ..Default::default() });
+            continue;
+        }
+        out.push(SetDelta { digest: d.digest.clone(), ..set_delta(s, d)? });
     }
     Ok(out)
 }
@@ -386,7 +420,7 @@ fn set_delta(s: &SetMemory, d: &NftSet) -> Result<SetDelta, Fail> {
     let prefix = want.iter().zip(have).take_while(|(w, h)| w == h).count();
     let suffix = want[prefix..].iter().rev().zip(have[prefix..].iter().rev()).take_while(|(w, h)| w == h).count();
     let (want_mid, have_mid) = (&want[prefix..want.len() - suffix], &have[prefix..have.len() - suffix]);
-    let mut out = SetDelta { at: prefix, replaced: have_mid.len(), ..Default::default() };
+    let mut out = SetDelta { at: prefix, replaced: have_mid.len(), walked: want.len(), ..Default::default() };
     if want_mid.is_empty() && have_mid.is_empty() {
         return Ok(out);
     }
@@ -470,6 +504,7 @@ fn update(mem: &mut Memory, deltas: Vec<SetDelta>) {
             s.keys.insert(key_hash(&e.key));
         }
         s.elems.splice(d.at..d.at + d.replaced, d.middle);
+        s.digest = d.digest;
     }
 }
 

@@ -72,11 +72,12 @@ pub(crate) fn open_socket(netns: Option<&Path>) -> Result<Socket, NftError> {
     .map_err(|_| NftError::Netns { path, source: std::io::Error::other("namespace thread panicked") })?
 }
 
-/// Sorts a table the canonical way (kuport_proto::canonicalize).
+/// Sorts a table the canonical way (kuport_proto::canonicalize), without set digests: a normal
+/// form or a table read back has none, so comparing it never reports one.
 fn canonical(table: NftTable) -> NftTable {
     let mut st =
         NodeState { node: String::new(), netns: vec![NetnsState { nft_tables: vec![table], ..Default::default() }] };
-    kuport_proto::canonicalize(&mut st);
+    kuport_proto::canonical::order(&mut st);
     st.netns.pop().and_then(|mut n| n.nft_tables.pop()).unwrap_or_default()
 }
 

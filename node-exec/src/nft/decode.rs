@@ -75,6 +75,7 @@ pub(crate) fn set(payload: &[u8]) -> Result<(String, NftSet), NftError> {
             interval: flags & NFT_SET_INTERVAL != 0,
             counter,
             elements: Vec::new(),
+            digest: Vec::new(),
         },
     ))
 }

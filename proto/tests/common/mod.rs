@@ -61,6 +61,7 @@ pub fn set(
         interval,
         counter,
         elements,
+        digest: Vec::new(),
     }
 }
 

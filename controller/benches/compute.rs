@@ -1,0 +1,564 @@
+//! Compute benchmark: the controller's pure computation over synthetic clusters.
+//!
+//! Run with `cargo bench -p kuport-controller --bench compute` (release profile). Prints a
+//! markdown table. KUPORT_BENCH_SIZES picks sizes by node count, comma-separated (of 100, 1000,
+//! 5000; default all three); KUPORT_BENCH_REPS sets the repetitions (default 3; median and
+//! minimum are reported). KUPORT_BENCH_STAGES=0 skips the per-stage timing.
+//!
+//! Each cluster: Ready nodes with InternalIPs and NodeFacts (underlay address, MTU,
+//! interfaces); ten edge nodes carrying four Vxlan PortMapClasses (two Single, two Multi);
+//! PortMaps in 100 namespaces, each pointing at its own Service whose three pods are spread
+//! over all nodes (so most mappings need links); every tenth mapping publishes a UDP range of
+//! ten ports, every tenth a single UDP port, the rest a single TCP port.
+//!
+//! Measured per size:
+//! - first compute: no class status yet, so every link slot is claimed (one run);
+//! - steady compute: classes carry the link rows the first compute wrote, as after any restart;
+//! - one-endpoint change: the chosen pod of one mapping moves to another node, full recompute,
+//!   and how many node states changed (by `kuport_proto::version`);
+//! - peak memory (VmHWM, reset through /proc/self/clear_refs) per PortMap;
+//! - node state sizes (prost encoded_len): largest and sum.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, ObjectReference, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kuport_controller::api::{
+    ClassNode, PortMap, PortMapClass, PortMapClassSpec, PortMapSpec, PortPolicy, Protocol, ReturnPath, ReturnPathMode,
+    ServiceRef, ServingMode, VxlanSpec,
+};
+use kuport_controller::compute::admission::{self, MapKey};
+use kuport_controller::compute::datapath::{Builder, LinkEnd};
+use kuport_controller::compute::links::{self, LinkKey};
+use kuport_controller::compute::observe::{self, View};
+use kuport_controller::compute::placement::{self, Placement};
+use kuport_controller::compute::status::Refusal;
+use kuport_controller::compute::{Cluster, InterfaceFacts, NodeFacts, Outputs, Settings, compute};
+use prost::Message as _;
+
+/// (nodes, PortMaps) measured by default; pods are PODS_PER_SERVICE per PortMap.
+const SIZES: [(usize, usize); 3] = [(100, 1_000), (1_000, 10_000), (5_000, 50_000)];
+const DEFAULT_REPS: usize = 3;
+const PODS_PER_SERVICE: usize = 3;
+const EDGES: usize = 10;
+const NAMESPACES: usize = 100;
+/// A first compute slower than this is measured once, and larger sizes are skipped.
+const TOO_SLOW: Duration = Duration::from_secs(60);
+
+/// (name, mode, accepting edges, interface, subnet, first VNI, VXLAN port)
+type ClassShape = (&'static str, ServingMode, &'static [usize], &'static str, &'static str, u32, u16);
+const CLASSES: [ClassShape; 4] = [
+    ("public", ServingMode::Single, &[0, 1, 2], "enp1s0", "172.16.0.0/16", 10_000, 4790),
+    ("public-multi", ServingMode::Multi, &[3, 4, 5], "enp1s0", "172.17.0.0/16", 100_000, 4791),
+    ("intranet", ServingMode::Multi, &[6, 7, 8, 9], "wt0", "172.18.0.0/16", 200_000, 4792),
+    ("mesh", ServingMode::Single, &[0, 1], "wt0", "172.19.0.0/16", 300_000, 4793),
+];
+
+fn node_name(i: usize) -> String {
+    if i < EDGES { format!("edge-{i:02}") } else { format!("worker-{i:05}") }
+}
+
+fn ip(base: u32, i: usize) -> String {
+    Ipv4Addr::from(base + i as u32).to_string()
+}
+
+/// A small deterministic generator (splitmix64).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn meta(ns: Option<&str>, name: String) -> ObjectMeta {
+    ObjectMeta { name: Some(name), namespace: ns.map(Into::into), ..Default::default() }
+}
+
+fn build(n_nodes: usize, n_maps: usize) -> Cluster {
+    let now = Timestamp::from_second(1_795_000_000).unwrap_or(Timestamp::UNIX_EPOCH);
+    let mut c = Cluster { now, ..Default::default() };
+    let (underlay, public, pods) = (u32::from(Ipv4Addr::new(10, 0, 0, 1)), 0xcb00_7100, 0x0a80_0000);
+    for i in 0..n_nodes {
+        let name = node_name(i);
+        c.nodes.push(Node {
+            metadata: meta(None, name.clone()),
+            status: Some(NodeStatus {
+                addresses: Some(vec![
+                    NodeAddress { type_: "InternalIP".into(), address: ip(underlay, i) },
+                    NodeAddress { type_: "Hostname".into(), address: name.clone() },
+                ]),
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let mut interfaces = vec![
+            InterfaceFacts { name: "wt0".into(), addresses: vec![ip(underlay, i)] },
+            InterfaceFacts { name: "cilium_host".into(), addresses: vec![ip(pods, i * 256)] },
+        ];
+        if i < EDGES {
+            interfaces.push(InterfaceFacts { name: "enp1s0".into(), addresses: vec![ip(public, i)] });
+        }
+        c.facts.push(NodeFacts {
+            node: name,
+            underlay_address: Some(Ipv4Addr::from(underlay + i as u32)),
+            underlay_mtu: Some(if i % 7 == 0 { 1380 } else { 1420 }),
+            interfaces: Some(interfaces),
+        });
+    }
+    for (name, mode, edges, iface, subnet, vni, port) in CLASSES {
+        let spec = PortMapClassSpec {
+            nodes: edges.iter().map(|e| (node_name(*e), ClassNode { interfaces: vec![iface.into()] })).collect(),
+            serving_mode: mode,
+            ports: PortPolicy::default(),
+            namespace_selector: None,
+            return_path: ReturnPath {
+                mode: ReturnPathMode::Vxlan,
+                vxlan: VxlanSpec { vni, port, subnet: subnet.into() },
+            },
+        };
+        let mut class = PortMapClass::new(name, spec);
+        class.metadata.generation = Some(1);
+        c.classes.push(class);
+    }
+    for k in 0..NAMESPACES {
+        c.namespaces.push(Namespace {
+            metadata: ObjectMeta {
+                name: Some(format!("team-{k:03}")),
+                labels: Some(BTreeMap::from([("team".to_string(), k.to_string())])),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+    }
+    let mut rng = Rng(42);
+    for i in 0..n_maps {
+        let class = CLASSES[i % CLASSES.len()].0;
+        let j = i / CLASSES.len();
+        let ns = format!("team-{:03}", i % NAMESPACES);
+        let svc = format!("svc-{i:05}");
+        // Published ports are unique within each class and protocol.
+        let (proto, port, end, pod_port) = match j % 10 {
+            0 => (Protocol::Udp, 20_000 + (j / 10) as u16 * 10, Some(20_009 + (j / 10) as u16 * 10), 27_015),
+            5 => (Protocol::Udp, 50_000 + (j / 10) as u16, None, 5_353),
+            _ => (Protocol::Tcp, 1_024 + j as u16, None, 8_080),
+        };
+        let proto_s = if proto == Protocol::Tcp { "TCP" } else { "UDP" };
+        let mut pm = PortMap::new(
+            &format!("pm-{i:05}"),
+            PortMapSpec {
+                class_name: class.into(),
+                protocol: proto,
+                port,
+                end_port: end,
+                interfaces: None,
+                service_ref: ServiceRef { name: svc.clone(), port: Some("p".into()) },
+            },
+        );
+        pm.metadata.namespace = Some(ns.clone());
+        pm.metadata.generation = Some(1);
+        pm.metadata.creation_timestamp = Timestamp::from_second(1_700_000_000 + i as i64).ok().map(Time);
+        c.port_maps.push(pm);
+        c.services.push(Service {
+            metadata: meta(Some(&ns), svc.clone()),
+            spec: Some(ServiceSpec {
+                ports: Some(vec![ServicePort {
+                    name: Some("p".into()),
+                    protocol: Some(proto_s.into()),
+                    port: pod_port,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let endpoints = (0..PODS_PER_SERVICE)
+            .map(|k| {
+                let node = rng.below(n_nodes);
+                Endpoint {
+                    addresses: vec![ip(pods, 1 + i * PODS_PER_SERVICE + k)],
+                    conditions: Some(EndpointConditions {
+                        ready: Some(true),
+                        serving: Some(true),
+                        terminating: Some(false),
+                    }),
+                    node_name: Some(node_name(node)),
+                    target_ref: Some(ObjectReference {
+                        kind: Some("Pod".into()),
+                        name: Some(format!("{svc}-{k}")),
+                        namespace: Some(ns.clone()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let mut slice = EndpointSlice {
+            metadata: meta(Some(&ns), format!("{svc}-x7k2p")),
+            address_type: "IPv4".into(),
+            ports: Some(vec![EndpointPort {
+                name: Some("p".into()),
+                protocol: Some(proto_s.into()),
+                port: Some(pod_port),
+                ..Default::default()
+            }]),
+            endpoints: Some(endpoints),
+        };
+        slice.metadata.labels = Some(BTreeMap::from([(observe::SERVICE_NAME_LABEL.to_string(), svc)]));
+        c.endpoint_slices.push(slice);
+    }
+    c
+}
+
+/// Writes the link rows a compute decided into the classes, as the controller does.
+fn with_class_status(c: &mut Cluster, out: &Outputs) {
+    for class in &mut c.classes {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        class.status = out.classes.get(&name).cloned();
+    }
+}
+
+fn versions(out: &Outputs) -> BTreeMap<String, String> {
+    out.node_states.iter().map(|(n, s)| (n.clone(), kuport_proto::version(s))).collect()
+}
+
+fn changed(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> usize {
+    let names: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    names.into_iter().filter(|n| a.get(*n) != b.get(*n)).count()
+}
+
+fn proc_status(field: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Resets VmHWM to the current RSS; false where the kernel refuses.
+fn reset_hwm() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+fn timed<T>(f: impl FnOnce() -> T) -> (Duration, T) {
+    let t = Instant::now();
+    let v = f();
+    (t.elapsed(), v)
+}
+
+fn median_min(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    (v[v.len() / 2], v[0])
+}
+
+fn ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1e3;
+    if ms >= 100.0 { format!("{ms:.0} ms") } else { format!("{ms:.1} ms") }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The stages of `compute`, copied (they are public except link_ends and the statuses), timed.
+fn stages(c: &Cluster, settings: &Settings) -> Vec<(&'static str, Duration)> {
+    let mut times = Vec::new();
+    let t = Instant::now();
+    let view = View::new(c, settings.cni_vxlan_port);
+    let vxlan: BTreeMap<String, _> =
+        view.classes.iter().map(|(n, cl)| (n.clone(), links::class_vxlan(cl, settings))).collect();
+    times.push(("observe (View::new)", t.elapsed()));
+    let t = Instant::now();
+    let admitted = admission::admit(&view, &c.port_maps);
+    times.push(("admission::admit", t.elapsed()));
+    let t = Instant::now();
+    let mut verdicts: Vec<(MapKey, Result<Placement, Refusal>)> = Vec::new();
+    let mut by_pod: BTreeMap<(Ipv4Addr, Protocol), Vec<usize>> = BTreeMap::new();
+    for (key, a) in admitted {
+        let placed = a.and_then(|a| placement::place(&view, a));
+        let placed = placed.and_then(|p| {
+            let pod = (p.endpoint.address, p.admitted.protocol);
+            let clash = by_pod.get(&pod).into_iter().flatten().any(|i| {
+                matches!(&verdicts[*i], (_, Ok(q)) if placement::same_pod_port(&p, q) && p.return_route() != q.return_route())
+            });
+            if clash { Err(Refusal::programmed("Clash", String::new())) } else { Ok(p) }
+        });
+        if let Ok(p) = &placed {
+            by_pod.entry((p.endpoint.address, p.admitted.protocol)).or_default().push(verdicts.len());
+        }
+        verdicts.push((key, placed));
+    }
+    times.push(("placement::place + return check", t.elapsed()));
+    let t = Instant::now();
+    let mut needed = BTreeSet::new();
+    for (_, v) in &verdicts {
+        if let Ok(p) = v {
+            for node in p.remote_nodes() {
+                needed.insert(LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node));
+            }
+        }
+    }
+    let alloc = links::allocate(&view.classes, &vxlan, &needed, c.now);
+    times.push(("links (needed set + allocate)", t.elapsed()));
+    let t = Instant::now();
+    let all_nodes =
+        view.nodes.keys().cloned().chain(view.classes.values().flat_map(|cl| cl.spec.nodes.keys().cloned()));
+    let mut builder = Builder::new(settings, all_nodes);
+    for (_, v) in &verdicts {
+        let Ok(p) = v else { continue };
+        let mut ends = BTreeMap::new();
+        let mut ok = true;
+        for node in p.remote_nodes() {
+            let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
+            let Some(Ok(numbers)) = alloc.needed.get(&key) else {
+                ok = false;
+                break;
+            };
+            match (LinkEnd::new(&view, &key, numbers, node), LinkEnd::new(&view, &key, numbers, &p.endpoint.node)) {
+                (Some(near), Some(far)) => {
+                    ends.insert(node.clone(), (near, far));
+                }
+                _ => ok = false,
+            }
+        }
+        if ok {
+            builder.add(p, &ends);
+        }
+    }
+    times.push(("datapath: link ends + Builder::add", t.elapsed()));
+    let t = Instant::now();
+    let states = builder.finish();
+    times.push(("datapath: Builder::finish (render)", t.elapsed()));
+    std::hint::black_box(states);
+    times
+}
+
+struct Row {
+    nodes: usize,
+    maps: usize,
+    pods: usize,
+    build: Duration,
+    first: Duration,
+    steady: (Duration, Duration),
+    change: (Duration, Duration),
+    changed: usize,
+    standby_changed: usize,
+    peak_kib_per_map: f64,
+    input_kib_per_map: f64,
+    max_state: usize,
+    sum_states: usize,
+    states: usize,
+    programmed: usize,
+    links: usize,
+}
+
+fn main() {
+    let reps: usize =
+        std::env::var("KUPORT_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_REPS).max(1);
+    let wanted: Option<Vec<usize>> = std::env::var("KUPORT_BENCH_SIZES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.trim().replace('_', "").parse().ok()).collect());
+    let sizes: Vec<(usize, usize)> = match &wanted {
+        None => SIZES.to_vec(),
+        Some(w) => w.iter().map(|n| SIZES.iter().copied().find(|(s, _)| s == n).unwrap_or((*n, n * 10))).collect(),
+    };
+    let stages_on = std::env::var("KUPORT_BENCH_STAGES").map(|v| v != "0").unwrap_or(true);
+    let settings = Settings::default();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let load_start = loadavg();
+    let hwm_resettable = reset_hwm();
+    let mut rows = Vec::new();
+    let mut stage_report = String::new();
+    let mut notes = Vec::new();
+
+    for (n_nodes, n_maps) in sizes {
+        eprintln!("size {n_nodes} nodes, {n_maps} PortMaps: building");
+        reset_hwm();
+        let rss0 = proc_status("VmRSS:");
+        let (build_time, mut cluster) = timed(|| build(n_nodes, n_maps));
+        let rss_input = proc_status("VmRSS:").saturating_sub(rss0);
+
+        eprintln!("  first compute (no class status)");
+        let (first, out) = timed(|| compute(&cluster, &settings));
+        if first > TOO_SLOW {
+            notes.push(format!(
+                "{n_nodes} nodes / {n_maps} PortMaps: one first compute took {:.1} s (over 60 s); stopped there",
+                first.as_secs_f64()
+            ));
+            break;
+        }
+        with_class_status(&mut cluster, &out);
+        drop(out);
+
+        eprintln!("  steady computes");
+        let mut steady_times = Vec::new();
+        let mut steady = None;
+        for _ in 0..reps {
+            let (d, o) = timed(|| compute(&cluster, &settings));
+            steady_times.push(d);
+            steady = Some(o);
+        }
+        let steady = steady.unwrap_or_default();
+        let peak = proc_status("VmHWM:").saturating_sub(rss0);
+        let before = versions(&steady);
+        let max_state = steady.node_states.values().map(|s| s.encoded_len()).max().unwrap_or(0);
+        let sum_states: usize = steady.node_states.values().map(|s| s.encoded_len()).sum();
+        let states = steady.node_states.values().filter(|s| s.encoded_len() > 0).count();
+        let programmed = steady.programming.len();
+        let links: usize = steady.classes.values().map(|s| s.links.len()).sum();
+
+        // One chosen endpoint moves: the pod serving the oldest mapping goes to another node.
+        let key = ("team-000".to_string(), "pm-00000".to_string());
+        let chosen = steady.port_maps.get(&key).and_then(|s| s.endpoint.clone());
+        let mut moved = cluster.clone();
+        let svc_slice = moved
+            .endpoint_slices
+            .iter_mut()
+            .find(|s| s.metadata.name.as_deref() == Some("svc-00000-x7k2p"))
+            .and_then(|s| s.endpoints.as_mut());
+        let target = node_name(n_nodes / 2 + 1);
+        if let (Some(eps), Some(chosen)) = (svc_slice, &chosen) {
+            for ep in eps.iter_mut().filter(|e| e.addresses.first() == Some(&chosen.address)) {
+                ep.node_name = Some(target.clone());
+            }
+        }
+        let mut change_times = Vec::new();
+        let mut after = None;
+        for _ in 0..reps {
+            let (d, o) = timed(|| compute(&moved, &settings));
+            change_times.push(d);
+            after = Some(o);
+        }
+        let after = after.unwrap_or_default();
+        let moved_to = after.port_maps.get(&key).and_then(|s| s.endpoint.as_ref()).map(|e| e.node.clone());
+        let changed_nodes = changed(&before, &versions(&after));
+        notes.push(format!(
+            "{n_nodes} nodes: pm-00000's pod moved {} -> {} (now chosen: {}); changed node states: {changed_nodes}",
+            chosen.map(|e| e.node).unwrap_or_default(),
+            target,
+            moved_to.unwrap_or_default()
+        ));
+        drop(after);
+        drop(moved);
+
+        // A standby endpoint (not the chosen one) of another mapping moves.
+        let mut standby = cluster.clone();
+        let key1 = ("team-001".to_string(), "pm-00001".to_string());
+        let chosen1 = steady.port_maps.get(&key1).and_then(|s| s.endpoint.clone()).map(|e| e.address);
+        if let Some(eps) = standby
+            .endpoint_slices
+            .iter_mut()
+            .find(|s| s.metadata.name.as_deref() == Some("svc-00001-x7k2p"))
+            .and_then(|s| s.endpoints.as_mut())
+            && let Some(ep) = eps.iter_mut().find(|e| e.addresses.first() != chosen1.as_ref())
+        {
+            ep.node_name = Some(node_name(n_nodes - 1));
+        }
+        let standby_changed = changed(&before, &versions(&compute(&standby, &settings)));
+        drop(standby);
+        drop(steady);
+
+        if stages_on {
+            let t = stages(&cluster, &settings);
+            let _ =
+                writeln!(stage_report, "\nStages at {n_nodes} nodes / {n_maps} PortMaps (steady input, one run):\n");
+            let _ = writeln!(stage_report, "| stage | time |\n|---|---:|");
+            for (name, d) in &t {
+                let _ = writeln!(stage_report, "| {name} | {} |", ms(*d));
+            }
+            let sum: Duration = t.iter().map(|(_, d)| *d).sum();
+            let _ = writeln!(stage_report, "| sum (statuses not included) | {} |", ms(sum));
+        }
+
+        rows.push(Row {
+            nodes: n_nodes,
+            maps: n_maps,
+            pods: n_maps * PODS_PER_SERVICE,
+            build: build_time,
+            first,
+            steady: median_min(steady_times),
+            change: median_min(change_times),
+            changed: changed_nodes,
+            standby_changed,
+            peak_kib_per_map: peak as f64 / n_maps as f64,
+            input_kib_per_map: rss_input as f64 / n_maps as f64,
+            max_state,
+            sum_states,
+            states,
+            programmed,
+            links,
+        });
+        drop(cluster);
+        eprintln!("  done");
+    }
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Machine: {cpus} CPUs; load average (1/5/15 min) {load_start} at start, {} at end. Repetitions: {reps}.",
+        loadavg()
+    );
+    let _ = writeln!(
+        s,
+        "\n| nodes | PortMaps | pods | programmed | links | build input | first compute (no slots yet) | steady compute median / min | after 1 endpoint move median / min | node states changed (chosen pod / standby pod moved) | input RSS KiB/PortMap | peak RSS KiB/PortMap | largest node state | sum of node states (non-empty) |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {:.1} | {:.1} | {:.1} KiB | {:.1} MiB ({}) |",
+            r.nodes,
+            r.maps,
+            r.pods,
+            r.programmed,
+            r.links,
+            ms(r.build),
+            ms(r.first),
+            ms(r.steady.0),
+            ms(r.steady.1),
+            ms(r.change.0),
+            ms(r.change.1),
+            r.changed,
+            r.standby_changed,
+            r.input_kib_per_map,
+            r.peak_kib_per_map,
+            r.max_state as f64 / 1024.0,
+            r.sum_states as f64 / (1024.0 * 1024.0),
+            r.states,
+        );
+    }
+    if !hwm_resettable {
+        let _ = writeln!(s, "\n(VmHWM could not be reset; peak figures after the first size include earlier sizes.)");
+    }
+    print!("{s}{stage_report}");
+    if !notes.is_empty() {
+        println!();
+        for n in notes {
+            println!("- {n}");
+        }
+    }
+}

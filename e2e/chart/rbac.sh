@@ -1,0 +1,559 @@
+#!/usr/bin/env bash
+# The chart's controller RBAC against the real controller: enough, and nothing more.
+#
+# On the lab's control plane (e2e/controlplane, with an audit log of every request the
+# controller's ServiceAccount makes), the chart is installed and the controller binary runs out
+# of cluster with a token of the chart's ServiceAccount (TokenRequest), so every request it makes
+# is authorized by the chart's ClusterRole and Role and nothing else.
+#
+#  1. Enough: with note 000's classes, nodes and the web and game examples the controller leads
+#     (the Lease), writes the class and PortMap statuses, refuses a conflicting PortMap with a
+#     PortConflict event (and patches that event into a series when it repeats), logs no
+#     "forbidden", and the API server refused none of its requests; every grant was used.
+#  2. Minimal: each grant (one resource and verb at a time) is removed from its role, the
+#     controller restarted and made to need it; the API server then refuses exactly that
+#     request (audit log, 403), the controller's log names it (cannot VERB resource "R" in API
+#     group "G"), and where the grant has a visible effect (a status, an event, the Lease) that
+#     effect is missing. A grant nothing needs fails the test.
+#
+# Needs the controller binary: KUPORT_CONTROLLER_BIN, else $CARGO_TARGET_DIR/debug/kuport-controller
+# (target/ without CARGO_TARGET_DIR), built with `cargo build -p kuport-controller --locked`
+# when missing or older than the sources. The Single-mode datapath end to end is the lab's
+# (e2e/README.md); here no executor runs, so Programmed stays False (Pending).
+#
+# Usage: e2e/chart/rbac.sh            Prints "N passed, M failed" last; exits non-zero on failure.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export LC_ALL=C
+
+t0=$(date +%s)
+chart=charts/kuport
+ns=kuport-system
+release=kuport
+sa=kuport-controller     # the chart's controller ServiceAccount (release "kuport")
+lease=kuport-controller  # the Deployment's --lease-name
+cr=kuport-controller     # its ClusterRole
+role=kuport-controller-leader-election
+user="system:serviceaccount:$ns:$sa"
+identity=rbac-test
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/kuport-rbac.XXXXXX")
+state="$work/controlplane" # up.sh creates it
+audit_log="$work/audit.log"
+passed=0
+failed=0
+failures=()
+evidence=()
+infos=()
+ctl_pid=
+run_no=0
+
+log() { printf '[rbac] %s\n' "$*" >&2; }
+
+stop_controller() {
+  [ -n "$ctl_pid" ] || return 0
+  if kill -0 "$ctl_pid" 2>/dev/null; then
+    kill -TERM "$ctl_pid" 2>/dev/null || true
+    # It releases the Lease on SIGTERM (at most 2 s), then exits.
+    for _ in $(seq 1 50); do kill -0 "$ctl_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$ctl_pid" 2>/dev/null || true
+  fi
+  wait "$ctl_pid" 2>/dev/null || true
+  ctl_pid=
+}
+
+finish() {
+  local rc=$?
+  stop_controller
+  if [ -f "$state/.kuport-controlplane" ]; then
+    if [ "$failed" != 0 ] || [ "$rc" != 0 ]; then
+      for l in kube-apiserver etcd; do
+        [ -f "$state/$l.log" ] && { echo "----- $l.log (tail)" >&2; tail -n 20 "$state/$l.log" >&2; }
+      done
+    fi
+    e2e/controlplane/down.sh "$state" >/dev/null 2>&1 || log "down.sh failed for $state"
+  fi
+  if [ "${KUPORT_KEEP_STATE:-}" = 1 ]; then log "kept $work (KUPORT_KEEP_STATE=1)"; else rm -rf "$work"; fi
+  if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then
+    log "FAILED outside a check (exit $rc)"
+    failed=1
+  fi
+  if ((${#infos[@]})); then
+    log "the controller with the chart's RBAC:"
+    printf '[rbac]   %s\n' "${infos[@]}" >&2
+  fi
+  if ((${#evidence[@]})); then
+    log "evidence per grant (grant removed: refused by the API server | the controller's log | the missing effect):"
+    printf '[rbac]   %s\n' "${evidence[@]}" >&2
+  fi
+  if ((failed)); then
+    log "failed:"
+    printf '[rbac]   %s\n' "${failures[@]:-setup}" >&2
+  fi
+  log "finished in $(($(date +%s) - t0))s"
+  echo "$passed passed, $failed failed"
+  ((failed == 0)) || exit 1
+  exit 0
+}
+trap finish EXIT
+
+# check NAME FUNCTION ARGS...: runs the function in a subshell with errexit in force, counts it
+# and goes on. Lines "INFO: ..." and "EVIDENCE: ..." in its output are kept for the summary.
+check() {
+  local name=$1 rc s
+  shift
+  s=$(date +%s.%N)
+  set +e
+  (
+    set -euo pipefail
+    "$@"
+  ) >"$work/check.log" 2>&1
+  rc=$?
+  set -e
+  s=$(awk -v a="$s" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  while IFS= read -r l; do evidence+=("$l"); done < <(sed -n 's/^EVIDENCE: //p' "$work/check.log")
+  while IFS= read -r l; do infos+=("$l"); done < <(sed -n 's/^INFO: //p' "$work/check.log")
+  if [ "$rc" = 0 ]; then
+    passed=$((passed + 1))
+    log "ok: $name (${s}s)"
+  else
+    failed=$((failed + 1))
+    failures+=("$name")
+    log "FAIL: $name (${s}s)"
+    sed 's/^/    /' "$work/check.log" >&2
+  fi
+}
+
+# ------------------------------------------------------------------------------- binaries
+bin=$(e2e/controlplane/build.sh helm kubectl kube-apiserver etcd | tail -n1)
+for b in helm kubectl kube-apiserver etcd; do
+  [ -x "$bin/$b" ] || { log "missing $bin/$b after build.sh"; exit 1; }
+done
+helm() { "$bin/helm" "$@"; }
+kubectl() { "$bin/kubectl" "$@"; }
+export HELM_CONFIG_HOME="$work/helm/config" HELM_CACHE_HOME="$work/helm/cache" HELM_DATA_HOME="$work/helm/data"
+
+if [ -n "${KUPORT_CONTROLLER_BIN:-}" ]; then
+  ctl=$KUPORT_CONTROLLER_BIN
+else
+  ctl=${CARGO_TARGET_DIR:-target}/debug/kuport-controller
+  # What the binary is built from (not tests or benches: they would rebuild it for nothing).
+  if [ ! -x "$ctl" ] || [ -n "$(find Cargo.toml Cargo.lock controller/Cargo.toml controller/src \
+    proto/Cargo.toml proto/build.rs proto/src proto/kuport -newer "$ctl" -type f -print -quit)" ]; then
+    log "building $ctl (cargo build -p kuport-controller --locked)"
+    cargo build -p kuport-controller --locked >&2
+  fi
+fi
+[ -x "$ctl" ] || { log "no controller binary at $ctl"; exit 1; }
+log "binaries: $bin, $ctl ($(($(date +%s) - t0))s)"
+
+# ------------------------------------------------------------ control plane with an audit log
+# Every request of the controller's ServiceAccount, with its response code; nothing else.
+cat >"$work/audit-policy.yaml" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    users: ["$user"]
+  - level: None
+EOF
+t1=$(date +%s)
+KUPORT_APISERVER_EXTRA_ARGS="--audit-policy-file=$work/audit-policy.yaml --audit-log-path=$audit_log --audit-log-mode=blocking" \
+  e2e/controlplane/up.sh "$state" >"$work/up.log" 2>&1 || { cat "$work/up.log" >&2; exit 1; }
+# shellcheck disable=SC1091
+. "$state/env" # KUBECONFIG (admin), PATH
+log "API server up in $(($(date +%s) - t1))s"
+
+# The audit log as "CODE VERB GROUP RESOURCE[/SUB] NAME" (GROUP "core" for "", NAME "-" if none),
+# one line per request stage, from line FROM on. Requests about the caller itself
+# (authentication/authorization reviews, e.g. kubectl auth whoami) are left out.
+audit() { # [FROM]
+  tail -n +"${1:-1}" "$audit_log" 2>/dev/null | awk '
+    function field(s, k) {
+      if (!match(s, "\"" k "\":\"[^\"]*\"")) return ""
+      s = substr(s, RSTART, RLENGTH); sub("^\"" k "\":\"", "", s); sub("\"$", "", s); return s
+    }
+    {
+      if (!match($0, /"objectRef":\{[^}]*\}/)) next
+      ref = substr($0, RSTART, RLENGTH)
+      if (!match($0, /"responseStatus":\{.*"code":[0-9]+/)) next
+      code = substr($0, RSTART, RLENGTH); sub(/.*"code":/, "", code)
+      g = field(ref, "apiGroup"); if (g == "") g = "core"
+      if (g ~ /^(authentication|authorization)\.k8s\.io$/) next
+      r = field(ref, "resource"); sr = field(ref, "subresource"); if (sr != "") r = r "/" sr
+      n = field(ref, "name"); if (n == "") n = "-"
+      print code, field($0, "verb"), g, r, n
+    }'
+}
+audit_lines() { wc -l <"$audit_log" 2>/dev/null || echo 0; }
+
+# ----------------------------------------------------------------------------- the install
+install() {
+  helm install "$release" "$chart" -n "$ns" --create-namespace --wait=false >/dev/null
+  kubectl wait --for=condition=Established --timeout=60s crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li
+  kubectl -n "$ns" get sa "$sa" -o name
+  kubectl get clusterrole "$cr" -o name
+  kubectl -n "$ns" get role "$role" -o name
+}
+check "helm install the chart into $ns" install
+
+token_kubeconfig() {
+  local server ca token who
+  server=$(kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
+  ca=$(kubectl config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')
+  token=$(kubectl -n "$ns" create token "$sa" --duration=2h)
+  [ -n "$server" ] && [ -n "$ca" ] && [ -n "$token" ]
+  cat >"$work/controller.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+  - name: lab
+    cluster: {server: "$server", certificate-authority-data: "$ca"}
+users:
+  - name: $sa
+    user: {token: "$token"}
+contexts:
+  - name: $sa
+    context: {cluster: lab, user: $sa, namespace: $ns}
+current-context: $sa
+EOF
+  who=$(kubectl --kubeconfig "$work/controller.kubeconfig" auth whoami -o jsonpath='{.status.userInfo.username}')
+  [ "$who" = "$user" ] || { echo "the token authenticates as '$who', not $user"; return 1; }
+  echo "token kubeconfig authenticates as $who"
+}
+check "a TokenRequest token of the chart's ServiceAccount, in a kubeconfig" token_kubeconfig
+
+examples() {
+  kubectl apply -f examples/cluster/classes.yaml -f examples/cluster/nodes.yaml \
+    -f examples/cluster/web.yaml -f examples/cluster/game.yaml
+  kubectl apply --server-side --subresource=status -f examples/cluster/nodes.yaml
+}
+check "note 000's classes, nodes (with status), web and game applied (as admin)" examples
+
+# A copy of game.yaml's PortMap under another name (and a new age): the same ports, so it
+# conflicts with game and loses.
+conflict_yaml() {
+  awk 'BEGIN { doc = "\n" }
+    /^---$/ { if (doc ~ /\nkind: PortMap\n/) printf "%s", doc; doc = "\n"; next }
+    { doc = doc $0 "\n" }
+    END { if (doc ~ /\nkind: PortMap\n/) printf "%s", doc }' examples/cluster/game.yaml \
+    | sed -e '/^  creationTimestamp:/d' -e '0,/^  name: game$/s//  name: game-copy/'
+}
+conflict_yaml | grep -q '^  name: game-copy$' \
+  || { log "no PortMap named game in examples/cluster/game.yaml: update conflict_yaml"; exit 1; }
+
+# ------------------------------------------------------------------------------ helpers
+# Starts the controller as the ServiceAccount; its log (stderr) goes to $work/run-N.log.
+start_controller() {
+  run_no=$((run_no + 1))
+  ctl_log="$work/run-$run_no.log"
+  # --listen 127.0.0.1:0: a free port (no executors connect here).
+  NO_COLOR=1 KUBECONFIG="$work/controller.kubeconfig" "$ctl" run --listen 127.0.0.1:0 --metrics-listen "" \
+    --lease-namespace "$ns" --lease-name "$lease" --identity "$identity" \
+    --log-format text --log-level info >/dev/null 2>"$ctl_log" &
+  ctl_pid=$!
+}
+ctl_text() { sed 's/\x1b\[[0-9;]*m//g' "$ctl_log"; }
+
+# within SECONDS CMD...: retries CMD every 0.2 s until it succeeds; fails with its last output.
+within() {
+  local limit=$1 end out
+  shift
+  end=$(($(date +%s%N) + limit * 1000000000))
+  while :; do
+    if out=$("$@" 2>&1); then
+      [ -z "$out" ] || echo "$out"
+      return 0
+    fi
+    if (($(date +%s%N) > end)); then
+      echo "not within ${limit}s: $*"
+      echo "$out"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+holder() { kubectl -n "$ns" get lease "$lease" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+holds_lease() { local h; h=$(holder); [[ "$h" == "$identity@"* ]] || { echo "holder: '$h'"; return 1; }; }
+cond() { # KIND NS NAME TYPE: "status reason"
+  kubectl get "$1" ${2:+-n "$2"} "$3" -o go-template="{{range .status.conditions}}{{if eq .type \"$4\"}}{{.status}} {{.reason}}{{end}}{{end}}"
+}
+is_cond() { # KIND NS NAME TYPE WANT
+  local got
+  got=$(cond "$1" "$2" "$3" "$4")
+  [ "$got" = "$5" ] || { echo "$1 $2/$3 $4: '$got', want '$5'"; return 1; }
+}
+# events.k8s.io events about a PortMap with a reason: "name count" per line (count = series.count).
+events_of() { # NAME REASON
+  kubectl -n games get events.v1.events.k8s.io -o go-template="{{range .items}}{{if and (eq .regarding.name \"$1\") (eq .reason \"$2\")}}{{.metadata.name}} {{if .series}}{{.series.count}}{{else}}1{{end}}{{\"\\n\"}}{{end}}{{end}}"
+}
+has_event() { # NAME REASON [MIN_COUNT]
+  local e
+  e=$(events_of "$1" "$2")
+  [ -n "$e" ] || { echo "no $2 event about $1"; return 1; }
+  awk -v m="${3:-1}" '$2 >= m { ok = 1 } END { exit !ok }' <<<"$e" || { echo "$2 events about $1: $e (want count >= ${3:-1})"; return 1; }
+}
+clear_status() { # KIND NS NAME: as admin, so the controller has to write it again
+  kubectl patch "$1" ${2:+-n "$2"} "$3" --subresource=status --type=merge -p '{"status":null}' >/dev/null
+}
+fresh_conflict() { # a new game-copy, without status or events
+  kubectl -n games delete pm game-copy --ignore-not-found --wait=true >/dev/null
+  kubectl -n games delete events.v1.events.k8s.io --all >/dev/null
+  conflict_yaml | kubectl apply -f - >/dev/null
+}
+
+# ------------------------------------------------------------------------- 1. it is enough
+ms() { echo $(($(date +%s%N) / 1000000)); }
+secs_since() { awk -v d=$(($(ms) - $1)) 'BEGIN { printf "%.1f s", d / 1000 }'; }
+
+main_from=$(( $(audit_lines) + 1 ))
+start_controller
+log "controller started (pid $ctl_pid, log $ctl_log)"
+t_start=$(ms)
+
+leads() {
+  within 30 holds_lease >/dev/null
+  echo "INFO: Lease $ns/$lease held by $(holder) ($(secs_since "$t_start") after start)"
+}
+check "it holds the Lease (holder $identity@...) within 30 s" leads
+
+classes_written() {
+  local c
+  has() { # CLASS
+    local links conds
+    conds=$(kubectl get pmc "$1" -o go-template='{{with .status}}{{range .conditions}}{{.type}}={{.status}}/{{.reason}} {{end}}{{end}}')
+    [ -n "$conds" ] || { echo "pmc $1: no status.conditions"; return 1; }
+    links=$(kubectl get pmc "$1" -o go-template='{{with .status}}{{with .links}}{{range .}}{{.}}; {{end}}{{end}}{{end}}')
+    echo "pmc $1: conditions $conds links: ${links:-none}"
+  }
+  for c in public intranet; do
+    echo "INFO: $(within 30 has "$c") ($(secs_since "$t_start") after start)"
+  done
+  # public joins edge-a (it accepts game's ports) to worker-2 (game's pod): a link in its status.
+  [ "$(kubectl get pmc public -o go-template='{{len .status.links}}')" -ge 1 ] || { echo "pmc public: no links"; return 1; }
+}
+check "the classes' status (links, conditions) is written" classes_written
+
+port_maps_accepted() {
+  local pm
+  for pm in web/web games/game; do
+    within 30 is_cond pm "${pm%/*}" "${pm#*/}" Accepted "True Accepted"
+    # No executor runs here, so nothing is programmed.
+    within 30 is_cond pm "${pm%/*}" "${pm#*/}" Programmed "False Pending"
+    echo "INFO: pm $pm: Accepted=$(cond pm "${pm%/*}" "${pm#*/}" Accepted), Programmed=$(cond pm "${pm%/*}" "${pm#*/}" Programmed) ($(secs_since "$t_start") after start)"
+  done
+}
+check "the PortMaps are Accepted=True (Programmed False/Pending: no executors)" port_maps_accepted
+
+conflict_event() {
+  local t
+  t=$(ms)
+  conflict_yaml | kubectl apply -f -
+  within 30 is_cond pm games game-copy Accepted "False PortConflict"
+  within 30 has_event game-copy PortConflict
+  echo "INFO: pm games/game-copy (game's ports): Accepted=$(cond pm games game-copy Accepted), event $(events_of game-copy PortConflict) ($(secs_since "$t") after apply)"
+}
+check "a conflicting PortMap is refused (PortConflict) with an event" conflict_event
+
+event_series() {
+  local t
+  t=$(ms)
+  # The same refusal again in the same process: the recorder patches its event into a series.
+  clear_status pm games game-copy
+  within 30 has_event game-copy PortConflict 2
+  echo "INFO: the refusal again (status cleared): event $(events_of game-copy PortConflict) with series.count 2 ($(secs_since "$t"))"
+}
+check "the same refusal again patches the event (series.count 2)" event_series
+
+clean() {
+  local bad other
+  bad=$(ctl_text | grep -i forbidden || true)
+  [ -z "$bad" ] || { echo "the controller log has 'forbidden':"; echo "$bad"; return 1; }
+  bad=$(audit "$main_from" | awk '$1 == 401 || $1 == 403' | sort | uniq -c)
+  [ -z "$bad" ] || { echo "the API server refused:"; echo "$bad"; return 1; }
+  echo "INFO: $(audit "$main_from" | wc -l) audited requests, none refused (401/403); no 'forbidden' in its log"
+  # Other errors are not about RBAC (the first Lease get is a 404); shown, not failed.
+  other=$(audit "$main_from" | awk '$1 >= 400' | sort | uniq -c | sed 's/^ *//' | paste -sd';' -)
+  [ -z "$other" ] || echo "INFO: other error responses (not RBAC): $other"
+}
+check "no 'forbidden' in the controller log; the API server refused none of its requests" clean
+
+# Every grant of a role as "GROUP RESOURCE VERB NAME" lines (NAME "-" without resourceNames).
+grants() { # clusterrole NAME | role NAME
+  local args=("$1" "$2")
+  [ "$1" = role ] && args+=(-n "$ns")
+  kubectl get "${args[@]}" -o go-template='{{range .rules}}{{$r := .}}{{range .apiGroups}}{{$g := .}}{{range $r.resources}}{{$res := .}}{{range $r.verbs}}{{$v := .}}{{if $r.resourceNames}}{{range $r.resourceNames}}{{if $g}}{{$g}}{{else}}core{{end}} {{$res}} {{$v}} {{.}}{{"\n"}}{{end}}{{else}}{{if $g}}{{$g}}{{else}}core{{end}} {{$res}} {{$v}} -{{"\n"}}{{end}}{{end}}{{end}}{{end}}{{end}}' | sort
+}
+
+every_grant_used() {
+  local used want g r v n c missing= line lbl
+  # What it did with success (2xx), as "GROUP RESOURCE VERB NAME".
+  used=$(audit "$main_from" | awk '$1 < 300 { print $3, $4, $2, $5 }' | sort)
+  want=$( (grants clusterrole "$cr"; grants role "$role") | sort -u)
+  line=
+  while read -r g r v n; do
+    if [ "$n" = - ]; then
+      c=$(grep -c "^$g $r $v " <<<"$used" || true)
+    else
+      c=$(grep -c "^$g $r $v $n\$" <<<"$used" || true)
+    fi
+    lbl="$v $g/$r"
+    [ "$n" = - ] || lbl+=" ($n)"
+    [ "$c" -gt 0 ] || missing+="$lbl"$'\n'
+    line+="${line:+, }$lbl x$c"
+  done <<<"$want"
+  echo "INFO: grants used (successful requests): $line"
+  [ -z "$missing" ] || { echo "granted but never used in this run:"; printf '%s' "$missing"; return 1; }
+  # And nothing it did successfully lies outside the grants (e.g. through another binding).
+  while read -r g r v n; do
+    grep -q "^$g $r $v " <<<"$want" || { echo "a request outside the chart's grants succeeded: $v $g/$r $n"; return 1; }
+  done <<<"$(sort -u <<<"$used")"
+}
+check "every grant of the ClusterRole and Role was used, and nothing else (audit log)" every_grant_used
+stop_controller
+log "released: holder now '$(holder)'"
+
+# --------------------------------------------------------------------- 2. it is minimal
+# For each grant: the role without it, the controller restarted and made to need it.
+rules_json() { # lines "GROUP RESOURCE VERB NAME" -> a JSON rules array, one rule per line
+  local g r v n out=
+  while read -r g r v n; do
+    [ -n "$g" ] || continue
+    [ "$g" = core ] && g=
+    out+="${out:+,}{\"apiGroups\":[\"$g\"],\"resources\":[\"$r\"],\"verbs\":[\"$v\"]"
+    [ "$n" = - ] || out+=",\"resourceNames\":[\"$n\"]"
+    out+="}"
+  done
+  echo "[$out]"
+}
+set_rules() { # KIND NAME JSON
+  local args=("$1" "$2")
+  [ "$1" = role ] && args+=(-n "$ns")
+  kubectl patch "${args[@]}" --type=merge -p "{\"rules\":$3}" >/dev/null
+}
+# What kubectl auth can-i says for the ServiceAccount about one grant.
+can_i() { # GROUP RESOURCE VERB NAME
+  local what=$2 sub=() args=()
+  if [[ "$2" == */* ]]; then what=${2%%/*}; sub=(--subresource="${2#*/}"); fi
+  [ "$1" = core ] || what="$what.$1"
+  [ "$4" = - ] || what="$what/$4"
+  [ "$2" = leases ] && args=(-n "$ns") || args=(-A)
+  kubectl auth can-i "$3" "$what" "${sub[@]}" "${args[@]}" --as="$user" 2>/dev/null || true
+}
+can_i_is() { local got; got=$(can_i "$1" "$2" "$3" "$4"); [ "$got" = "$5" ] || { echo "can-i $3 $2: $got"; return 1; }; }
+
+cr_rules=$(kubectl get clusterrole "$cr" -o jsonpath='{.rules}')
+role_rules=$(kubectl -n "$ns" get role "$role" -o jsonpath='{.rules}')
+
+# Sets up what makes the controller need the grant (before it starts).
+prepare() { # GROUP RESOURCE VERB
+  case "$2 $3" in
+    "portmapclasses/status patch") clear_status pmc "" public ;;
+    "portmaps/status patch") clear_status pm web web ;;
+    "events create" | "events patch") fresh_conflict ;;
+    "leases create") kubectl -n "$ns" delete lease "$lease" --ignore-not-found >/dev/null ;;
+  esac
+}
+# What the controller must log when the grant is missing (an ERE): the API server's message,
+# quoted as is or, in kube-runtime's Debug output, with escaped quotes.
+log_pattern() { # GROUP RESOURCE VERB
+  local g=$1 q='\\?"'
+  [ "$g" = core ] && g=
+  echo "cannot $3 resource $q$(re_escape "$2")$q in API group $q$(re_escape "$g")$q"
+}
+re_escape() { sed 's/[].[*^$()+?{|\\]/\\&/g' <<<"$1"; }
+# The effect that must be missing, checked after the refusal was seen; prints what it saw.
+effect_missing() { # GROUP RESOURCE VERB
+  case "$2 $3" in
+    "portmapclasses/status patch")
+      [ -z "$(kubectl get pmc public -o go-template='{{with .status}}{{.}}{{end}}')" ] && echo "pmc public has no status" ;;
+    "portmaps/status patch")
+      [ -z "$(kubectl -n web get pm web -o go-template='{{with .status}}{{.}}{{end}}')" ] && echo "pm web/web has no status" ;;
+    "events create")
+      [ -z "$(events_of game-copy PortConflict)" ] && echo "game-copy is refused ($(cond pm games game-copy Accepted)) but has no event" ;;
+    "events patch")
+      [ "$(events_of game-copy PortConflict | awk '{ print $2 }')" = 1 ] && echo "refused again, its event stays at count 1" ;;
+    "leases create")
+      ! kubectl -n "$ns" get lease "$lease" >/dev/null 2>&1 && ! kill -0 "$ctl_pid" 2>/dev/null \
+        && echo "no Lease; the controller exited" ;;
+    "leases get")
+      ! kill -0 "$ctl_pid" 2>/dev/null && echo "the controller exited" ;;
+    "leases patch")
+      [[ "$(holder)" != "$identity@"* ]] && echo "holder '$(holder)': it never leads" ;;
+    *) echo "" ;;
+  esac
+}
+refused() { # FROM GROUP RESOURCE VERB NAME: the API server refused it (403), once at least
+  audit "$1" | awk -v g="$2" -v r="$3" -v v="$4" -v n="$5" \
+    '$1 == 403 && $3 == g && $4 == r && $2 == v && (n == "-" || $5 == n) { c++ } END { if (!c) exit 1; print c }'
+}
+logged() { # ERE: the first line of the log that matches, kuport's own before kube-runtime's
+  local m k
+  m=$(ctl_text | grep -E -- "$1") || return 1 # grep reads it all: no SIGPIPE under pipefail
+  k=$(grep -E 'kuport_controller|^error:' <<<"$m" || true)
+  m=${k:-$m}
+  printf '%s\n' "${m%%$'\n'*}"
+}
+
+minimal() { # KIND NAME FULL_RULES GROUP RESOURCE VERB NAME
+  local kind=$1 obj=$2 full=$3 g=$4 r=$5 v=$6 n=$7 from pat line count effect t ran
+  local all rest
+  # However this ends (it runs in check's subshell): the controller stopped, the role restored.
+  # shellcheck disable=SC2064 # expanded now: the locals are gone when the trap runs
+  trap "stop_controller; set_rules $(printf '%q ' "$kind" "$obj" "$full") || echo 'could not restore $kind $obj'" EXIT
+  fail() {
+    echo "$*"
+    [ -z "${ctl_log:-}" ] || { echo "controller log (tail):"; ctl_text | tail -n 20; }
+    return 1
+  }
+  all=$(grants "$kind" "$obj")
+  rest=$(grep -vxF "$g $r $v $n" <<<"$all")
+  [ "$rest" != "$all" ] || fail "no grant '$g $r $v $n' in $kind $obj"
+  set_rules "$kind" "$obj" "$(rules_json <<<"$rest")"
+  # The authorizer sees it at once; wait until it does.
+  within 10 can_i_is "$g" "$r" "$v" "$n" no >/dev/null || fail "can-i still says yes"
+  prepare "$g" "$r" "$v"
+  from=$(( $(audit_lines) + 1 ))
+  t=$(ms)
+  start_controller
+  if [ "$v $r" = "patch events" ]; then
+    # The first refusal is published (create); the same one again is a series (patch).
+    within 20 has_event game-copy PortConflict >/dev/null || fail "no first PortConflict event"
+    clear_status pm games game-copy
+  fi
+  within 20 refused "$from" "$g" "$r" "$v" "$n" >/dev/null \
+    || fail "the API server refused no '$v $g/$r' within 20 s: nothing needed this grant"
+  pat=$(log_pattern "$g" "$r" "$v")
+  line=$(within 20 logged "$pat") || fail "no log line matching: $pat"
+  # "<where>: <message> ... cannot VERB resource "R" in API group "G""
+  line="$(sed -E 's/^[^ ]+ +(WARN|ERROR|INFO) +//; s/: Kube error: .*//; s/ (error with 403|error 403): .*/ \1/; s/ error[=:] ?.*//' <<<"$line") ... $(grep -oE "$pat" <<<"$line" | head -n1 | sed 's/\\"/"/g')"
+  effect=$(effect_missing "$g" "$r" "$v" || true)
+  sleep 1
+  count=$(refused "$from" "$g" "$r" "$v" "$n")
+  ran=$(secs_since "$t")
+  stop_controller
+  set_rules "$kind" "$obj" "$full"
+  within 10 can_i_is "$g" "$r" "$v" "$n" yes >/dev/null
+  local what="$v $g/$r"
+  [ "$n" = - ] || what+=" (name $n)"
+  echo "EVIDENCE: $what: 403 x$count in $ran | log: $line${effect:+ | $effect}"
+}
+
+while read -r g r v n; do
+  [ -n "$g" ] || continue
+  check "minimal: without ClusterRole '$v $g/$r' the API server refuses it" minimal clusterrole "$cr" "$cr_rules" "$g" "$r" "$v" "$n"
+done <<<"$(grants clusterrole "$cr")"
+while read -r g r v n; do
+  [ -n "$g" ] || continue
+  label="$v $g/$r"
+  [ "$n" = - ] || label+=" ($n)"
+  check "minimal: without Role '$label' the API server refuses it" minimal role "$role" "$role_rules" "$g" "$r" "$v" "$n"
+done <<<"$(grants role "$role")"
+
+restored() {
+  [ "$(kubectl get clusterrole "$cr" -o jsonpath='{.rules}')" = "$cr_rules" ]
+  [ "$(kubectl -n "$ns" get role "$role" -o jsonpath='{.rules}')" = "$role_rules" ]
+}
+check "the roles are back as the chart made them" restored
