@@ -511,6 +511,35 @@ async fn scenario() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(links(&cp), slots, "slots unchanged after restart");
     assert_eq!(versions(&cp), before, "a restarted controller rewrote no unchanged status");
+
+    // The pod moves to worker-1: the status follows and an event says so.
+    let moved = std::fs::read_to_string(examples.join("game.yaml"))
+        .expect("game.yaml")
+        .replace("[10.244.2.107]", "[10.244.1.107]")
+        .replace("nodeName: worker-2", "nodeName: worker-1");
+    cp.ok(&["apply", "-f", "-"], Some(&moved));
+    within(Duration::from_secs(10), "serving node change reported", || {
+        let node = game()["status"]["endpoint"]["node"].as_str().unwrap_or_default().to_string();
+        let events = cp.ok(
+            &[
+                "get",
+                "events",
+                "-n",
+                "games",
+                "--field-selector",
+                "involvedObject.name=game",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ],
+            None,
+        );
+        if node == "worker-1" && events.contains("now reached on node worker-1 (was worker-2)") {
+            Ok(())
+        } else {
+            Err(format!("endpoint node {node}, events {events:?}"))
+        }
+    })
+    .await;
     drop(c1);
     drop(c2);
 }
