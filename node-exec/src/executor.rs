@@ -29,6 +29,8 @@ use crate::{nft, route};
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
 /// How often the kernel is checked without any notification (a lost or missed event).
 pub const BACKSTOP: Duration = Duration::from_secs(30);
+/// The first retry after a failed apply or repair; later ones double up to [`BACKSTOP`].
+pub const RETRY_FIRST: Duration = Duration::from_millis(250);
 
 /// One object the kernel (or validation) refused, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,16 +329,29 @@ impl Executor {
         backstop.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         backstop.tick().await;
         let mut open = true;
+        // A failed apply or repair is tried again after RETRY_FIRST, doubling up to BACKSTOP,
+        // rather than waiting for the next notification (a transient refusal under load).
+        let mut retry_after = RETRY_FIRST;
+        let mut retry = self.stats.get().last_error.is_some().then(|| tokio::time::Instant::now() + retry_after);
         tokio::pin!(stop);
         loop {
+            let retry_due = async {
+                match retry {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = &mut stop => return Ok(()),
+                _ = retry_due => {}
                 c = commands.recv(), if open => match c {
                     Some(Command::Apply(state, reply)) => {
                         let result = self.apply_shared(state);
                         // Our own writes are not drift.
                         links.drain();
                         tables.drain();
+                        retry_after = RETRY_FIRST;
+                        retry = result.is_err().then(|| tokio::time::Instant::now() + retry_after);
                         let _ = reply.send(result);
                         continue;
                     }
@@ -356,6 +371,13 @@ impl Executor {
             tables.drain();
             self.check();
             // What the repair itself caused is checked by the next round, and finds nothing.
+            if self.drifting || self.stats.get().last_error.is_some() {
+                retry = Some(tokio::time::Instant::now() + retry_after);
+                retry_after = (retry_after * 2).min(BACKSTOP);
+            } else {
+                retry = None;
+                retry_after = RETRY_FIRST;
+            }
         }
     }
 }
