@@ -518,7 +518,9 @@ async fn scenario() {
         .replace("[10.244.2.107]", "[10.244.1.107]")
         .replace("nodeName: worker-2", "nodeName: worker-1");
     cp.ok(&["apply", "-f", "-"], Some(&moved));
-    within(Duration::from_secs(10), "serving node change reported", || {
+    // worker-1 has no executor and c1 leads for only a few seconds: its status waits for the
+    // reconnect grace (10 s) to end.
+    within(Duration::from_secs(20), "serving node change reported", || {
         let node = game()["status"]["endpoint"]["node"].as_str().unwrap_or_default().to_string();
         let events = cp.ok(
             &[
