@@ -440,7 +440,7 @@ pub fn spawn_keeper(netns: Option<PathBuf>) -> Result<Keeper, ExecError> {
 const DROP_ELSEWHERE: usize = 10_000;
 
 /// Frees `state` on a thread of its own when this is its last reference and it is large:
-/// freeing a 50,000-mapping state (about a million allocations) took 13 to 70 ms on the
+/// freeing a 50,000-mapping state (about a million allocations) took 13 to 71 ms on the
 /// benchmark machine (docs/performance.md), which the apply that replaces it need not wait for.
 fn drop_elsewhere(state: Arc<NetnsState>) {
     static DROPPER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Arc<NetnsState>>>> = std::sync::OnceLock::new();

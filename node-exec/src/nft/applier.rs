@@ -191,8 +191,11 @@ impl Applier {
                 (compared, Ok(report)) => {
                     // Where the time goes (the benchmark's KUPORT_BENCH_TRACE=1 prints it).
                     let walked: usize = deltas.iter().map(|d| d.walked).sum();
-                    tracing::debug!(table = %mem.name, walked, ?compared, written = ?(started.elapsed() - compared),
-                        writes = report.writes, "delta applied from memory");
+                    let written = started.elapsed() - compared;
+                    tracing::debug!(
+                        table = %mem.name, walked, ?compared, ?written, writes = report.writes,
+                        "delta applied from memory"
+                    );
                     update(&mut mem, deltas);
                     self.memory = Some(mem);
                     Ok(report)
