@@ -127,7 +127,7 @@ impl Ctx<'_> {
 pub fn render_text(out: &Outputs) -> String {
     let mut text = String::new();
     for (node, state) in &out.node_states {
-        let _ = writeln!(text, "=== node {node} (version {})", &kuport_proto::version(state)[..12]);
+        let _ = writeln!(text, "=== node {node} (version {})", &kuport_proto::canonical_version(state)[..12]);
         text.push_str(&kuport_proto::text::node_state(state));
         text.push('\n');
     }

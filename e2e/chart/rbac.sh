@@ -125,13 +125,8 @@ check() {
 }
 
 # ------------------------------------------------------------------------------- binaries
-bin=$(e2e/controlplane/build.sh helm kubectl kube-apiserver etcd | tail -n1)
-for b in helm kubectl kube-apiserver etcd; do
-  [ -x "$bin/$b" ] || { log "missing $bin/$b after build.sh"; exit 1; }
-done
-helm() { "$bin/helm" "$@"; }
-kubectl() { "$bin/kubectl" "$@"; }
-export HELM_CONFIG_HOME="$work/helm/config" HELM_CACHE_HOME="$work/helm/cache" HELM_DATA_HOME="$work/helm/data"
+# shellcheck source=e2e/chart/binaries.sh
+. e2e/chart/binaries.sh
 
 if [ -n "${KUPORT_CONTROLLER_BIN:-}" ]; then
   ctl=$KUPORT_CONTROLLER_BIN

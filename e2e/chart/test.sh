@@ -76,16 +76,9 @@ check() {
 }
 
 # ------------------------------------------------------------------------------- binaries
-# Cached in ${KUPORT_CACHE:-~/.cache/kuport}/bin: instant when present, else built (~30 min).
-bin=$(e2e/controlplane/build.sh helm kubectl kube-apiserver etcd | tail -n1)
-for b in helm kubectl kube-apiserver etcd; do
-  [ -x "$bin/$b" ] || { log "missing $bin/$b after build.sh"; exit 1; }
-done
+# shellcheck source=e2e/chart/binaries.sh
+. e2e/chart/binaries.sh
 log "binaries in $bin ($(($(date +%s) - t0))s)"
-helm() { "$bin/helm" "$@"; }
-kubectl() { "$bin/kubectl" "$@"; }
-# Helm keeps its config, cache and data (repositories, plugins) out of the user's home.
-export HELM_CONFIG_HOME="$work/helm/config" HELM_CACHE_HOME="$work/helm/cache" HELM_DATA_HOME="$work/helm/data"
 # The offline checks must not reach any cluster.
 export KUBECONFIG=/dev/null
 

@@ -20,7 +20,7 @@ use kuport_proto::v1::{
 struct Recorder(Arc<Mutex<Vec<String>>>);
 
 impl NodeApplier for Recorder {
-    async fn apply(&mut self, state: &NodeState) -> Result<(), Vec<ObjectError>> {
+    async fn apply(&mut self, state: NodeState) -> Result<(), Vec<ObjectError>> {
         self.0.lock().expect("recorder").push(state.node.clone());
         if state.node == "refuse" {
             return Err(vec![ObjectError { object: "link kup-x".into(), reason: "Invalid argument".into() }]);

@@ -13,4 +13,4 @@ pub mod v1 {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("kuport_descriptor");
 }
 
-pub use canonical::{canonicalize, version};
+pub use canonical::{canonical_version, canonicalize, version};

@@ -85,7 +85,7 @@ pub struct NodeView {
 #[derive(Debug, Default)]
 struct Inner {
     /// The latest inputs; None until the source delivered them once.
-    inputs: Option<Cluster>,
+    inputs: Option<Arc<Cluster>>,
     /// The statuses the last compute decided, fed back as the objects' stored status (slots
     /// and condition times survive recomputes, as they would through the API server).
     class_status: BTreeMap<String, PortMapClassStatus>,
@@ -157,7 +157,7 @@ impl Hub {
     /// New inputs from the source (facts in them are defaults; reported facts win).
     pub fn set_inputs(&self, cluster: Cluster) {
         let mut inner = self.lock();
-        inner.inputs = Some(cluster);
+        inner.inputs = Some(Arc::new(cluster));
         inner.source_error = None;
         drop(inner);
         self.changed.notify_one();
@@ -251,8 +251,8 @@ impl Hub {
         inner.nodes.get(name).map(|e| view(name, e))
     }
 
-    /// The last compute's outputs and the inputs it ran on.
-    pub fn outputs(&self) -> (Arc<Outputs>, Option<Cluster>) {
+    /// The last compute's outputs and the latest inputs (shared, not copied).
+    pub fn outputs(&self) -> (Arc<Outputs>, Option<Arc<Cluster>>) {
         let inner = self.lock();
         (inner.outputs.clone(), inner.inputs.clone())
     }
@@ -318,7 +318,7 @@ impl Hub {
         let (mut cluster, term) = {
             let inner = self.lock();
             let inputs = inner.inputs.as_ref()?;
-            let mut cluster = inputs.clone();
+            let mut cluster = Cluster::clone(inputs);
             if self.feed_back_status {
                 for c in &mut cluster.classes {
                     if let Some(s) = c.metadata.name.as_ref().and_then(|n| inner.class_status.get(n)) {
@@ -365,7 +365,8 @@ impl Hub {
                 .get(&name)
                 .cloned()
                 .unwrap_or_else(|| NodeState { node: name.clone(), ..Default::default() });
-            let version = kuport_proto::version(&state);
+            // Computed states are canonical already (datapath::Builder::finish).
+            let version = kuport_proto::canonical_version(&state);
             let same =
                 inner.nodes.get(&name).and_then(NodeEntry::desired).is_some_and(|d| d.version == version && !restamp);
             if same {

@@ -16,7 +16,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -69,14 +69,11 @@ impl Stores {
     }
 
     fn class(&self, name: &str) -> Option<Arc<PortMapClass>> {
-        self.classes.state().into_iter().find(|c| c.metadata.name.as_deref() == Some(name))
+        self.classes.get(&ObjectRef::new(name))
     }
 
     fn port_map(&self, (ns, name): &MapKey) -> Option<Arc<PortMap>> {
-        self.port_maps
-            .state()
-            .into_iter()
-            .find(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()) && p.metadata.name.as_deref() == Some(name))
+        self.port_maps.get(&ObjectRef::new(name).within(ns))
     }
 }
 
@@ -142,16 +139,13 @@ pub struct Writer {
     stores: Stores,
     hub: Arc<Hub>,
     recorder: Recorder,
-    /// The term this replica leads in and when it began.
-    leading_since: std::sync::Mutex<(u64, std::time::Instant)>,
 }
 
 impl Writer {
     pub fn new(client: Client, stores: Stores, hub: Arc<Hub>, instance: Option<String>) -> Arc<Self> {
         let reporter = Reporter { controller: FIELD_MANAGER.into(), instance };
         let recorder = Recorder::new(client.clone(), reporter);
-        let leading_since = std::sync::Mutex::new((0, std::time::Instant::now()));
-        Arc::new(Writer { client, stores, hub, recorder, leading_since })
+        Arc::new(Writer { client, stores, hub, recorder })
     }
 
     fn leading(&self) -> bool {
@@ -184,9 +178,10 @@ impl Writer {
 
     /// Writes every PortMap status that differs from the stored one, with Programmed held at
     /// Pending until each node that must apply the mapping acknowledged its current state.
-    pub async fn write_port_maps(&self) {
+    /// `young`: this term's reconnect grace has not ended, so a node without news of its
+    /// executor keeps the status stored before.
+    async fn write_port_maps(&self, young: bool) {
         let (out, _) = self.hub.outputs();
-        let young = self.leading_for() < RECONNECT_GRACE;
         // Per node: Some(synced), or None while there is no news of its executor yet.
         let nodes: BTreeMap<String, Option<bool>> = self
             .hub
@@ -267,19 +262,6 @@ impl Writer {
         }
     }
 
-    /// How long this replica has led in its current term (zero when following).
-    fn leading_for(&self) -> Duration {
-        let lead = self.hub.leadership().borrow().clone();
-        if !lead.leader {
-            return Duration::ZERO;
-        }
-        let mut since = self.leading_since.lock().unwrap_or_else(|e| e.into_inner());
-        if since.0 != lead.term {
-            *since = (lead.term, std::time::Instant::now());
-        }
-        since.1.elapsed()
-    }
-
     /// Writes PortMap statuses whenever the hub says they may have changed, and once more
     /// when a new term's reconnect grace ends.
     pub async fn run(self: Arc<Self>) {
@@ -307,7 +289,8 @@ impl Writer {
             }
             tokio::time::sleep(STATUS_DEBOUNCE).await;
             if self.leading() {
-                self.write_port_maps().await;
+                let young = grace_end.is_some_and(|t| tokio::time::Instant::now() < t);
+                self.write_port_maps(young).await;
             }
         }
     }

@@ -12,6 +12,7 @@ use kuport_proto::v1::{
     Ack, ControllerMessage, DesiredState, DriftReport, ExecutorMessage, Hello, NetnsState, NodeFacts, NodeState,
     ObjectError, controller_message, executor_message,
 };
+use prost::Message as _;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -62,8 +63,9 @@ impl Config {
 /// What applies the states the controller sends (the real one is [`NodeKeepers`]; tests use
 /// fakes to check what reaches the kernel).
 pub trait NodeApplier: Send {
-    /// Makes `state` the node's state and keeps it; Err names each refused object.
-    fn apply(&mut self, state: &NodeState) -> impl Future<Output = Result<(), Vec<ObjectError>>> + Send;
+    /// Makes `state` the node's state and keeps it; Err names each refused object. Owned: a
+    /// 50,000-mapping state is hundreds of thousands of allocations, not to be copied.
+    fn apply(&mut self, state: NodeState) -> impl Future<Output = Result<(), Vec<ObjectError>>> + Send;
     /// Drift repaired so far (a growing count) and the last differences found.
     fn drift(&self) -> (u64, Vec<String>);
 }
@@ -90,9 +92,9 @@ impl NodeKeepers {
 }
 
 impl NodeApplier for NodeKeepers {
-    async fn apply(&mut self, state: &NodeState) -> Result<(), Vec<ObjectError>> {
+    async fn apply(&mut self, state: NodeState) -> Result<(), Vec<ObjectError>> {
         let mut entries: BTreeMap<String, NetnsState> =
-            state.netns.iter().map(|ns| (ns.path.clone(), ns.clone())).collect();
+            state.netns.into_iter().map(|ns| (ns.path.clone(), ns)).collect();
         // A namespace kept before but absent now: its kuport objects go (the host entry is
         // then an empty state; pod namespaces likewise).
         for path in self.keepers.keys() {
@@ -158,9 +160,9 @@ pub async fn run<A: NodeApplier, F: Future<Output = ()>>(cfg: Config, mut applie
     let mut fence = Fence::default();
     if let Some(dir) = &cfg.state_dir {
         match store::load(dir) {
-            Ok(Some(stored)) => {
-                let state = stored.state.clone().unwrap_or_default();
-                match applier.apply(&state).await {
+            Ok(Some(mut stored)) => {
+                let state = stored.state.take().unwrap_or_default();
+                match applier.apply(state).await {
                     Ok(()) => tracing::info!(version = %stored.version, term = stored.term, "keeping the stored state"),
                     Err(e) => tracing::warn!(version = %stored.version, errors = ?e, "the stored state was refused"),
                 }
@@ -372,7 +374,12 @@ async fn session<A: NodeApplier>(
 }
 
 /// Applies one incoming state if the fence admits it; the answer to send, if any.
-async fn receive<A: NodeApplier>(cfg: &Config, applier: &mut A, fence: &mut Fence, ds: DesiredState) -> Option<Ack> {
+async fn receive<A: NodeApplier>(
+    cfg: &Config,
+    applier: &mut A,
+    fence: &mut Fence,
+    mut ds: DesiredState,
+) -> Option<Ack> {
     if !fence.admits(&ds) {
         // The state this executor already applied, sent again after a reconnect: say so.
         if fence.applied().is_some_and(|a| (a.term, a.sequence, &a.version) == (ds.term, ds.sequence, &ds.version)) {
@@ -381,13 +388,15 @@ async fn receive<A: NodeApplier>(cfg: &Config, applier: &mut A, fence: &mut Fenc
         tracing::warn!(term = ds.term, sequence = ds.sequence, version = %ds.version, "ignoring a stale state");
         return None;
     }
-    let state = ds.state.clone().unwrap_or_default();
-    let result = applier.apply(&state).await;
+    // Encoded for the store now, so the state itself can be handed over, not copied.
+    let encoded = cfg.state_dir.is_some().then(|| ds.encode_to_vec());
+    let state = ds.state.take().unwrap_or_default();
+    let result = applier.apply(state).await;
     fence.record(&ds, result.is_ok());
     let ok = result.is_ok();
-    if ok && let Some(dir) = &cfg.state_dir {
-        let (dir, stored) = (dir.clone(), ds.clone());
-        match tokio::task::spawn_blocking(move || store::save(&dir, &stored)).await {
+    if ok && let (Some(dir), Some(encoded)) = (&cfg.state_dir, encoded) {
+        let dir = dir.clone();
+        match tokio::task::spawn_blocking(move || store::save_encoded(&dir, &encoded)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(error = %e, "storing the applied state"),
             Err(e) => tracing::warn!(error = %e, "storing the applied state"),

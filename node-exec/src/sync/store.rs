@@ -30,6 +30,11 @@ pub fn load(dir: &Path) -> Result<Option<DesiredState>, StoreError> {
 
 /// Replaces the stored state atomically (write, fsync, rename).
 pub fn save(dir: &Path, state: &DesiredState) -> Result<(), StoreError> {
+    save_encoded(dir, &state.encode_to_vec())
+}
+
+/// [`save`] for a state already encoded (the caller encodes before handing the state away).
+pub fn save_encoded(dir: &Path, encoded: &[u8]) -> Result<(), StoreError> {
     use std::io::Write as _;
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -38,7 +43,7 @@ pub fn save(dir: &Path, state: &DesiredState) -> Result<(), StoreError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let tmp = dir.join(format!("{FILE}.tmp"));
     let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-    f.write_all(&state.encode_to_vec()).map_err(io(&tmp))?;
+    f.write_all(encoded).map_err(io(&tmp))?;
     f.sync_all().map_err(io(&tmp))?;
     let path = dir.join(FILE);
     std::fs::rename(&tmp, &path).map_err(io(&path))
