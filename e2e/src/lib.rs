@@ -4,14 +4,16 @@
 //! - [`objects`]: the Kubernetes objects and NodeFacts a topology stands for (pure).
 //! - [`lab`]: the topology built from namespaces, veths and bridges, with a Cilium-like CNI on
 //!   each node and an echo server in each pod.
-//! - [`plane`]: kuport's real processes programming the lab: one controller reading a
-//!   manifest folder, one executor per node, each a process a test can kill (`kuport-lab up`
-//!   and the robustness tests).
+//! - [`plane`]: kuport's real processes programming the lab: controller replicas (on a
+//!   manifest folder, or on an API server) and one executor per node, each a process a test can
+//!   kill (`kuport-lab up`, the robustness and chart tests).
+//! - [`apiserver`]: the local API server and the objects the lab registers in it.
 //! - [`program`]: the in-process datapath driver (compute, then apply with the executor), for
 //!   the fast datapath, lifecycle and ablation tests.
 //! - [`probe`]: dial from a host; what the pod saw and where the reply came from; continuous
 //!   probes with tallies.
 
+pub mod apiserver;
 pub mod echo;
 pub mod lab;
 pub mod manifests;

@@ -1,7 +1,8 @@
 //! kuport-lab: a simulated cluster in network namespaces, programmed by kuport.
 //!
-//! `up` builds a topology and starts kuport on it (one controller process reading a manifest
-//! folder, one executor process per node); `apply` replaces the manifests in that folder;
+//! `up` builds a topology, starts a local API server and kuport on it (two controller replicas
+//! electing a leader, one executor process per node; `--folder` runs one controller on a
+//! manifest folder instead); `apply` replaces the user's manifests;
 //! `probe` dials from a host and shows what the pod saw; `exec` runs a command in a host's
 //! namespace; `status` shows the lab and kuportctl's nodes table; `down` removes every
 //! namespace, process and file the lab made.
@@ -14,8 +15,9 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Parser, Subcommand};
 use kuport_controller::api::PortMapStatus;
+use kuport_lab::apiserver::ApiServer;
 use kuport_lab::lab::{Lab, LabOptions, Record, ServerMode};
-use kuport_lab::plane::{self, Plane, PlaneOptions};
+use kuport_lab::plane::{self, KubeSource, Plane, PlaneOptions};
 use kuport_lab::topology::{Ports, Protocol, Topology};
 use kuport_lab::{Manifests, echo, sys};
 
@@ -40,6 +42,12 @@ enum Cmd {
         /// A folder of PortMapClasses and PortMaps; the shipped e2e/manifests/default/ when absent.
         #[arg(long)]
         manifests: Option<PathBuf>,
+        /// No API server: one controller reads the lab's manifest folder.
+        #[arg(long)]
+        folder: bool,
+        /// Controller replicas on the API server.
+        #[arg(long, default_value_t = 2)]
+        replicas: usize,
     },
     /// Replaces the manifests in the controller's folder with those in DIR and waits until
     /// every node applied the result.
@@ -83,12 +91,16 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         udp: Vec<Ports>,
     },
-    /// Runs the lab's controller (started by `up`): kuport's standalone controller on a
-    /// manifest folder; prints `listening ADDR` once bound.
+    /// Runs a lab controller (started by `up`): on a manifest folder, or a replica on the API
+    /// server of a kubeconfig; prints `listening ADDR` once bound.
     #[command(hide = true)]
     Controller {
+        #[arg(long, conflicts_with = "kubeconfig")]
+        manifests: Option<PathBuf>,
+        #[arg(long, requires = "identity")]
+        kubeconfig: Option<PathBuf>,
         #[arg(long)]
-        manifests: PathBuf,
+        identity: Option<String>,
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
     },
@@ -139,7 +151,9 @@ const TOPOLOGY: &str = "topology.yaml";
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let dir = cli.state_dir;
     match cli.command {
-        Cmd::Up { topology, manifests } => up(&dir, topology.as_deref(), manifests.as_deref()),
+        Cmd::Up { topology, manifests, folder, replicas } => {
+            up(&dir, topology.as_deref(), manifests.as_deref(), (!folder).then_some(replicas))
+        }
         Cmd::Apply { dir: m } => apply(&dir, &m),
         Cmd::Exec { host, cmd } => {
             use std::os::unix::process::CommandExt as _;
@@ -174,8 +188,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Serve { netns, pod, tcp, udp } => serve(&netns, &pod, &tcp, &udp),
-        Cmd::Controller { manifests, listen } => {
-            plane::run_controller(manifests, &listen)?;
+        Cmd::Controller { manifests, kubeconfig, identity, listen } => {
+            let source = match (manifests, kubeconfig) {
+                (Some(m), _) => plane::ControllerSource::Folder(m),
+                (None, Some(kubeconfig)) => {
+                    plane::ControllerSource::Kubernetes { kubeconfig, identity: identity.unwrap_or_default() }
+                }
+                (None, None) => bail!("--manifests or --kubeconfig"),
+            };
+            plane::run_controller(source, &listen)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::NodeExec { controller, node, netns, store, underlay_interface, backoff_initial_ms, backoff_max_ms } => {
@@ -240,7 +261,15 @@ fn summaries(plane: &Plane, m: &Manifests) -> String {
     s
 }
 
-fn up(dir: &Path, topology: Option<&Path>, manifests: Option<&Path>) -> anyhow::Result<ExitCode> {
+/// The lab's API server, in the state dir.
+const API_SERVER: &str = "apiserver.json";
+
+fn up(
+    dir: &Path,
+    topology: Option<&Path>,
+    manifests: Option<&Path>,
+    replicas: Option<usize>,
+) -> anyhow::Result<ExitCode> {
     if dir.join(RECORD).exists() {
         let r = load_record(dir)?;
         bail!("lab {} is up in {} already; `kuport-lab down` removes it", r.id, dir.display());
@@ -269,23 +298,54 @@ fn up(dir: &Path, topology: Option<&Path>, manifests: Option<&Path>) -> anyhow::
         lab.server_pids().len(),
         started.elapsed().as_secs_f64()
     );
-    let started = std::time::Instant::now();
     // Absolute, so the processes' command lines name the same folder from anywhere.
-    let mut options = PlaneOptions::new(bin, std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf()));
+    let dir_abs = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mut options = PlaneOptions::new(bin, &dir_abs);
     options.detached = true;
+    if let Some(replicas) = replicas {
+        let started = std::time::Instant::now();
+        let api = ApiServer::up(&dir_abs.join("controlplane"))?;
+        std::fs::write(dir.join(API_SERVER), serde_json::to_string_pretty(&api)?)?;
+        println!(
+            "API server up in {:.2} s; kubectl: KUBECONFIG={} {}/kubectl get portmaps -A",
+            started.elapsed().as_secs_f64(),
+            api.kubeconfig.display(),
+            api.bin.display()
+        );
+        options.kubernetes =
+            Some(KubeSource { admin: api.kubeconfig.clone(), controller: api.kubeconfig.clone(), replicas });
+    }
+    let started = std::time::Instant::now();
     let result = lab.start_plane(&m, options).map(|_| ());
     save(dir, &lab)?;
     result?;
     let plane = lab.plane().ok_or_else(|| anyhow!("no control plane"))?;
     plane.wait_converged(plane::CONVERGE_TIMEOUT)?;
+    let leader = plane.leader().unwrap_or_default();
     println!(
-        "controller pid {} on {}, {} executors: every node applied its state {:.2} s after start (folder {})",
-        plane.controller_pid().unwrap_or_default(),
-        plane.address(),
+        "{} controller replica(s), leader pid {} on {}; {} executors: every node applied its state {:.2} s after start",
+        plane.addresses().len(),
+        plane.controller_pid(leader).unwrap_or_default(),
+        plane.address().map(|a| a.to_string()).unwrap_or_default(),
         plane.node_names().len(),
         started.elapsed().as_secs_f64(),
-        plane.manifests_dir().display()
     );
+    // Published addresses come from the executors' reported interfaces (on the API server
+    // there are no NodeFacts): they may follow convergence by a recompute.
+    let keys: Vec<(String, String)> = m
+        .cluster
+        .port_maps
+        .iter()
+        .map(|pm| (pm.metadata.namespace.clone().unwrap_or_default(), pm.metadata.name.clone().unwrap_or_default()))
+        .collect();
+    let waited = std::time::Instant::now();
+    while waited.elapsed() < Duration::from_secs(5)
+        && keys.iter().any(|(ns, name)| {
+            plane.port_map_status(ns, name).is_ok_and(|st| st.published.iter().any(|p| p.address.is_empty()))
+        })
+    {
+        std::thread::sleep(plane::POLL);
+    }
     print!("{}", summaries(plane, &m));
     // Probe every published address a client can reach, from the first client attached there.
     let mut failed = false;
@@ -366,9 +426,13 @@ fn status(dir: &Path) -> anyhow::Result<ExitCode> {
         println!("  no controller runs");
         return Ok(ExitCode::SUCCESS);
     };
-    match plane.controller_pid() {
-        Some(pid) => println!("  controller: pid {pid} on {}{}", plane.address(), running(pid)),
-        None => println!("  controller: not started"),
+    let leader = plane.leader();
+    for (i, address) in plane.addresses().into_iter().enumerate() {
+        let role = if leader == Some(i) { " (leader)" } else { "" };
+        match plane.controller_pid(i) {
+            Some(pid) => println!("  controller {i}: pid {pid} on {address}{role}{}", running(pid)),
+            None => println!("  controller {i}: not started"),
+        }
     }
     for node in plane.node_names() {
         match plane.executor_pid(&node) {
@@ -406,11 +470,16 @@ fn down(dir: &Path) -> anyhow::Result<ExitCode> {
     let id = r.id.clone();
     let plane_dir = r.plane.as_ref().map(|p| p.dir.clone());
     Lab::attach(r).teardown()?;
+    // The API server after the controllers (they would log its absence).
+    if let Ok(text) = std::fs::read_to_string(dir.join(API_SERVER)) {
+        let api: ApiServer = serde_json::from_str(&text).with_context(|| format!("reading {API_SERVER}"))?;
+        api.down()?;
+    }
     // Only the files the lab writes, then the folder if that empties it.
     if let Some(p) = plane_dir {
         plane::remove_files(&p);
     }
-    let mut names = vec![RECORD.to_string(), TOPOLOGY.into()];
+    let mut names = vec![RECORD.to_string(), TOPOLOGY.into(), API_SERVER.into()];
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();

@@ -1,6 +1,7 @@
-//! The lab's control plane as real processes: one kuport controller that reads a manifest folder
-//! (watched for changes) and serves NodeSync and Debug on 127.0.0.1, and one executor per node,
-//! each a process of its own so a test can kill it.
+//! The lab's control plane as real processes: kuport controllers that serve NodeSync and Debug
+//! on 127.0.0.1 (one reading a manifest folder, watched for changes; or replicas electing a
+//! leader on an API server that mirrors the folder, see [`crate::apiserver`]), and one executor
+//! per node, each a process of its own so a test can kill it.
 //!
 //! Both are this crate's own binary (`kuport-lab controller`, `kuport-lab node-exec`: hidden
 //! subcommands that call `kuport_controller::serve::run_standalone` and
@@ -41,6 +42,7 @@ use kuport_proto::v1::{
 use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
 
+use crate::apiserver;
 use crate::manifests::Manifests;
 use crate::sys::netns_path;
 use crate::topology::Topology;
@@ -51,7 +53,10 @@ pub const MANIFESTS: &str = "manifests";
 pub const OBJECTS_FILE: &str = "00-lab-objects.yaml";
 /// The executors' stored states, one folder per node.
 pub const STORES: &str = "nodes";
-pub const CONTROLLER_LOG: &str = "controller.log";
+/// Replica `i`'s log.
+pub fn controller_log(i: usize) -> String {
+    if i == 0 { "controller.log".into() } else { format!("controller-{i}.log") }
+}
 /// How often the Debug service is asked while waiting.
 pub const POLL: Duration = Duration::from_millis(20);
 /// How long a wait for convergence lasts by default.
@@ -77,6 +82,22 @@ pub struct PlaneOptions {
     /// 500 ms (the binary's defaults are 200 ms and 10 s) so a restarted controller is found
     /// again within half a second.
     pub backoff: (Duration, Duration),
+    /// None: one controller reads the manifest folder. Some: the folder is registered in an
+    /// API server and controller replicas elect a leader there.
+    pub kubernetes: Option<KubeSource>,
+}
+
+/// The Kubernetes source of a plane.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeSource {
+    /// The kubeconfig the lab registers its objects with (the control plane's admin).
+    pub admin: PathBuf,
+    /// The kubeconfig the controller replicas run with: the admin's, or a ServiceAccount
+    /// token's (the chart's RBAC under test).
+    pub controller: PathBuf,
+    /// How many controller replicas run.
+    pub replicas: usize,
 }
 
 impl PlaneOptions {
@@ -86,6 +107,7 @@ impl PlaneOptions {
             dir: dir.into(),
             detached: false,
             backoff: (Duration::from_millis(50), Duration::from_millis(500)),
+            kubernetes: None,
         }
     }
 }
@@ -95,11 +117,12 @@ impl PlaneOptions {
 #[serde(rename_all = "camelCase")]
 pub struct PlaneRecord {
     pub dir: PathBuf,
-    /// The controller's gRPC address (NodeSync, Debug, health, reflection).
-    pub address: String,
-    pub controller: Option<u32>,
+    /// Each controller replica's gRPC address (NodeSync, Debug, health, reflection) and pid.
+    pub controllers: Vec<(String, Option<u32>)>,
     #[serde(default)]
     pub executors: BTreeMap<String, u32>,
+    #[serde(default)]
+    pub kubernetes: Option<KubeSource>,
 }
 
 /// A process the plane started: a child of this process, or known by pid only.
@@ -116,26 +139,37 @@ struct NodeRun {
     underlay: String,
 }
 
+/// One controller replica: its address (kept across restarts) and process.
+#[derive(Debug)]
+struct Replica {
+    address: SocketAddr,
+    proc: Option<Proc>,
+}
+
 /// The controller and executor processes of a lab, and the folder they work from.
 pub struct Plane {
     lab_id: String,
     options: PlaneOptions,
-    address: SocketAddr,
-    controller: Option<Proc>,
+    replicas: Vec<Replica>,
     executors: BTreeMap<String, Proc>,
     nodes: BTreeMap<String, NodeRun>,
     objects: String,
     user: Vec<(String, String)>,
     rt: tokio::runtime::Runtime,
-    client: Mutex<Option<DebugClient<Channel>>>,
+    /// The Debug client of the last answering replica, with its address.
+    client: Mutex<Option<(SocketAddr, DebugClient<Channel>)>>,
+    /// The admin's API client (Kubernetes source).
+    kube: Mutex<Option<kube::Client>>,
 }
 
 impl std::fmt::Debug for Plane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Plane")
             .field("dir", &self.options.dir)
-            .field("address", &self.address)
-            .field("controller", &self.controller.as_ref().map(|p| p.pid))
+            .field(
+                "controllers",
+                &self.replicas.iter().map(|r| (r.address, r.proc.as_ref().map(|p| p.pid))).collect::<Vec<_>>(),
+            )
             .field("executors", &self.executors.iter().map(|(n, p)| (n, p.pid)).collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
@@ -165,22 +199,26 @@ impl Plane {
             })
             .collect();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a runtime")?;
+        let count = options.kubernetes.as_ref().map_or(1, |k| k.replicas.max(1));
+        let replicas =
+            (0..count).map(|_| Replica { address: SocketAddr::from(([127, 0, 0, 1], 0)), proc: None }).collect();
         Ok(Plane {
             lab_id: lab_id.to_string(),
             options,
-            address: SocketAddr::from(([127, 0, 0, 1], 0)),
-            controller: None,
+            replicas,
             executors: BTreeMap::new(),
             nodes,
             objects,
             user: Vec::new(),
             rt,
             client: Mutex::new(None),
+            kube: Mutex::new(None),
         })
     }
 
-    /// Writes the folder (`objects` and the user's `manifests`), starts the controller on a
-    /// free port of 127.0.0.1 and one executor per node. Does not wait for convergence.
+    /// Writes the folder (`objects` and the user's `manifests`; with the Kubernetes source,
+    /// installs the CRDs and registers the folder's objects), starts the controller replicas on
+    /// free ports of 127.0.0.1 and one executor per node. Does not wait for convergence.
     pub(crate) fn start(
         lab_id: &str,
         topology: &Topology,
@@ -191,7 +229,11 @@ impl Plane {
         let mut plane = Plane::new(lab_id, topology, objects, options)?;
         std::fs::create_dir_all(plane.dir()).with_context(|| format!("creating {}", plane.dir().display()))?;
         plane.user = manifests.files.clone();
-        let started = plane.write_folder().and_then(|()| plane.start_controller()).and_then(|()| {
+        let crds = match plane.options.kubernetes.is_some() {
+            true => plane.kube().and_then(|c| plane.rt.block_on(apiserver::prepare(&c))),
+            false => Ok(()),
+        };
+        let started = crds.and_then(|()| plane.write_folder()).and_then(|()| plane.start_controller()).and_then(|()| {
             for node in plane.nodes.keys().cloned().collect::<Vec<_>>() {
                 plane.start_executor(&node)?;
             }
@@ -216,10 +258,17 @@ impl Plane {
     ) -> anyhow::Result<Plane> {
         let mut options = PlaneOptions::new(bin, &record.dir);
         options.detached = true;
+        options.kubernetes = record.kubernetes.clone();
         let mut plane = Plane::new(lab_id, topology, objects, options)?;
         // An unreadable address still leaves the processes to stop by pid.
-        plane.address = record.address.parse().unwrap_or(plane.address);
-        plane.controller = record.controller.map(|pid| Proc { pid, child: None });
+        plane.replicas = record
+            .controllers
+            .iter()
+            .map(|(a, pid)| Replica {
+                address: a.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
+                proc: pid.map(|pid| Proc { pid, child: None }),
+            })
+            .collect();
         plane.executors =
             record.executors.iter().map(|(n, pid)| (n.clone(), Proc { pid: *pid, child: None })).collect();
         Ok(plane)
@@ -228,9 +277,13 @@ impl Plane {
     pub fn record(&self) -> PlaneRecord {
         PlaneRecord {
             dir: self.options.dir.clone(),
-            address: self.address.to_string(),
-            controller: self.controller.as_ref().map(|p| p.pid),
+            controllers: self
+                .replicas
+                .iter()
+                .map(|r| (r.address.to_string(), r.proc.as_ref().map(|p| p.pid)))
+                .collect(),
             executors: self.executors.iter().map(|(n, p)| (n.clone(), p.pid)).collect(),
+            kubernetes: self.options.kubernetes.clone(),
         }
     }
 
@@ -238,9 +291,38 @@ impl Plane {
         &self.options.dir
     }
 
-    /// The controller's gRPC address.
-    pub fn address(&self) -> SocketAddr {
-        self.address
+    /// The leading controller's gRPC address: the only replica's, or the Lease holder's
+    /// (None while no replica holds it).
+    pub fn address(&self) -> Option<SocketAddr> {
+        if self.options.kubernetes.is_none() {
+            return self.replicas.first().map(|r| r.address);
+        }
+        let client = self.kube().ok()?;
+        let leader = self.rt.block_on(apiserver::leader(&client)).ok().flatten()?;
+        leader.parse().ok()
+    }
+
+    /// The index of the leading replica.
+    pub fn leader(&self) -> Option<usize> {
+        let address = self.address()?;
+        self.replicas.iter().position(|r| r.address == address)
+    }
+
+    /// Every replica's address.
+    pub fn addresses(&self) -> Vec<SocketAddr> {
+        self.replicas.iter().map(|r| r.address).collect()
+    }
+
+    /// The admin's API client (Kubernetes source only).
+    pub fn kube(&self) -> anyhow::Result<kube::Client> {
+        let source = self.options.kubernetes.as_ref().ok_or_else(|| anyhow!("the plane reads a folder"))?;
+        let mut cached = self.kube.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cached.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = self.rt.block_on(apiserver::client(&source.admin))?;
+        *cached = Some(c.clone());
+        Ok(c)
     }
 
     /// The lab's nodes, each with an executor.
@@ -248,8 +330,9 @@ impl Plane {
         self.nodes.keys().cloned().collect()
     }
 
-    pub fn controller_pid(&self) -> Option<u32> {
-        self.controller.as_ref().map(|p| p.pid)
+    /// The pid of replica `i`, if it runs.
+    pub fn controller_pid(&self, i: usize) -> Option<u32> {
+        self.replicas.get(i).and_then(|r| r.proc.as_ref()).map(|p| p.pid)
     }
 
     pub fn executor_pid(&self, node: &str) -> Option<u32> {
@@ -287,8 +370,23 @@ impl Plane {
     }
 
     /// Writes a new generation and points the watched folder at it, then removes all but the
-    /// previous generation.
+    /// previous generation. With the Kubernetes source, the API server is then made to hold
+    /// the new generation's objects and none of the old one's that it lacks.
     fn write_folder(&mut self) -> anyhow::Result<()> {
+        let old = match self.options.kubernetes {
+            Some(_) => apiserver::folder_docs(&self.manifests_dir())?,
+            None => Vec::new(),
+        };
+        self.write_generation()?;
+        if self.options.kubernetes.is_some() {
+            let new = apiserver::folder_docs(&self.manifests_dir())?;
+            let client = self.kube()?;
+            self.rt.block_on(apiserver::sync(&client, &old, &new))?;
+        }
+        Ok(())
+    }
+
+    fn write_generation(&mut self) -> anyhow::Result<()> {
         let dir = self.dir().to_path_buf();
         let generations = generations(&dir)?;
         let n = generations.last().map_or(1, |g| g + 1);
@@ -318,35 +416,62 @@ impl Plane {
 
     // ---- processes ----
 
-    /// Starts the controller: on a free port the first time, on the same address again after
-    /// [`Plane::kill_controller`].
+    /// Starts every controller replica that does not run: on a free port the first time, on
+    /// the same address again after [`Plane::kill_controller`].
     pub fn start_controller(&mut self) -> anyhow::Result<()> {
-        if self.controller.is_some() {
-            bail!("the controller runs already");
+        let idle = self.replicas_running(false);
+        if idle.is_empty() {
+            bail!("every controller replica runs already");
         }
-        let listen = self.address.to_string();
-        let manifests = self.manifests_dir();
+        idle.into_iter().try_for_each(|i| self.start_replica(i))
+    }
+
+    /// The replicas that run (or not).
+    fn replicas_running(&self, running: bool) -> Vec<usize> {
+        (0..self.replicas.len()).filter(|i| self.replicas[*i].proc.is_some() == running).collect()
+    }
+
+    fn start_replica(&mut self, i: usize) -> anyhow::Result<()> {
+        let listen = self.replicas[i].address.to_string();
         let mut cmd = Command::new(&self.options.bin);
-        cmd.arg("controller").arg("--manifests").arg(&manifests).arg("--listen").arg(&listen);
-        let log = self.dir().join(CONTROLLER_LOG);
+        cmd.arg("controller").arg("--listen").arg(&listen);
+        match &self.options.kubernetes {
+            None => cmd.arg("--manifests").arg(self.manifests_dir()),
+            Some(k) => cmd.arg("--kubeconfig").arg(&k.controller).arg("--identity").arg(self.identity(i)),
+        };
+        let log = self.dir().join(controller_log(i));
         let (proc, line) = spawn(cmd, &log, self.options.detached, true)?;
         let line = line.unwrap_or_default();
         let Some(address) = line.trim().strip_prefix("listening ").and_then(|a| a.parse().ok()) else {
             kill(proc, Duration::from_secs(1));
             bail!("the controller did not start: {:?}; {}", line.trim(), tail(&log));
         };
-        self.address = address;
-        self.controller = Some(proc);
+        self.replicas[i] = Replica { address, proc: Some(proc) };
+        Ok(())
+    }
+
+    /// Replica `i`'s name in the Lease: the lab's id keeps labs apart, and marks the process
+    /// as the lab's.
+    fn identity(&self, i: usize) -> String {
+        format!("{}-controller-{i}", self.lab_id)
+    }
+
+    /// Kills controller replica `i` with SIGKILL and waits until it is gone.
+    pub fn kill_replica(&mut self, i: usize) -> anyhow::Result<()> {
+        let p =
+            self.replicas.get_mut(i).and_then(|r| r.proc.take()).ok_or_else(|| anyhow!("replica {i} does not run"))?;
+        kill(p, Duration::ZERO);
         *self.client.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
     }
 
-    /// Kills the controller with SIGKILL and waits until it is gone.
+    /// Kills every controller replica with SIGKILL.
     pub fn kill_controller(&mut self) -> anyhow::Result<()> {
-        let p = self.controller.take().ok_or_else(|| anyhow!("no controller runs"))?;
-        kill(p, Duration::ZERO);
-        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        Ok(())
+        let running = self.replicas_running(true);
+        if running.is_empty() {
+            bail!("no controller runs");
+        }
+        running.into_iter().try_for_each(|i| self.kill_replica(i))
     }
 
     /// Starts the executor of `node`.
@@ -359,9 +484,10 @@ impl Plane {
         std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
         let (first, max) = self.options.backoff;
         let mut cmd = Command::new(&self.options.bin);
+        let controllers: Vec<String> = self.replicas.iter().map(|r| format!("http://{}", r.address)).collect();
         cmd.arg("node-exec")
             .arg("--controller")
-            .arg(format!("http://{}", self.address))
+            .arg(controllers.join(","))
             .arg("--node")
             .arg(node)
             .arg("--netns")
@@ -393,16 +519,20 @@ impl Plane {
     pub fn stop(&mut self) {
         let id = self.lab_id.clone();
         let manifests = self.manifests_dir().display().to_string();
+        let kube = self.options.kubernetes.is_some();
         let mut procs = Vec::new();
         for p in std::mem::take(&mut self.executors).into_values() {
             if p.child.is_some() || owned(p.pid, &["node-exec", &format!("{id}-")]) {
                 procs.push(p);
             }
         }
-        if let Some(p) = self.controller.take()
-            && (p.child.is_some() || owned(p.pid, &["controller", &manifests]))
-        {
-            procs.push(p);
+        for i in 0..self.replicas.len() {
+            let mark = if kube { self.identity(i) } else { manifests.clone() };
+            if let Some(p) = self.replicas[i].proc.take()
+                && (p.child.is_some() || owned(p.pid, &["controller", &mark]))
+            {
+                procs.push(p);
+            }
         }
         for p in &procs {
             signal(p.pid, if p.child.is_some() { libc::SIGKILL } else { libc::SIGTERM });
@@ -415,21 +545,22 @@ impl Plane {
 
     // ---- the Debug service ----
 
+    /// Calls the leader's Debug service.
     fn debug<T>(
         &self,
         call: impl AsyncFnOnce(&mut DebugClient<Channel>) -> Result<T, tonic::Status>,
     ) -> anyhow::Result<T> {
-        let address = self.address.to_string();
+        let address = self.address().ok_or_else(|| anyhow!("no controller replica leads"))?;
         self.rt.block_on(async {
             let cached = self.client.lock().unwrap_or_else(|e| e.into_inner()).take();
             let mut client = match cached {
-                Some(c) => c,
-                None => ctl::connect(&address).await?,
+                Some((a, c)) if a == address => c,
+                _ => ctl::connect(&address.to_string()).await?,
             };
             let result = call(&mut client).await;
             // A client that failed is dropped: the next call connects anew.
             if result.is_ok() {
-                *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
+                *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some((address, client));
             }
             result.map_err(|e| anyhow!("controller {address}: {:?}: {}", e.code(), e.message()))
         })
@@ -460,7 +591,7 @@ impl Plane {
 
     /// kuportctl's `nodes` table.
     pub fn nodes_table(&self) -> anyhow::Result<String> {
-        let address = self.address.to_string();
+        let address = self.address().ok_or_else(|| anyhow!("no controller replica leads"))?.to_string();
         self.rt.block_on(async {
             let mut c = ctl::connect(&address).await?;
             Ok(ctl::nodes(&mut c, ctl::Output::Text).await?)
@@ -554,11 +685,10 @@ pub fn remove_files(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(MANIFESTS));
     let _ = std::fs::remove_file(dir.join(format!(".{MANIFESTS}.tmp")));
     let _ = std::fs::remove_dir_all(dir.join(STORES));
-    let _ = std::fs::remove_file(dir.join(CONTROLLER_LOG));
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
-            if n.starts_with("node-exec-") && n.ends_with(".log") {
+            if (n.starts_with("node-exec-") || n.starts_with("controller")) && n.ends_with(".log") {
                 let _ = std::fs::remove_file(e.path());
             }
         }
@@ -693,9 +823,17 @@ async fn terminated() {
     }
 }
 
-/// `kuport-lab controller`: kuport's standalone controller on `manifests` (watched), serving on
-/// `listen`; prints `listening ADDR` once bound. Until SIGTERM.
-pub fn run_controller(manifests: PathBuf, listen: &str) -> anyhow::Result<()> {
+/// Where a lab controller reads its inputs.
+pub enum ControllerSource {
+    /// A manifest folder, watched.
+    Folder(PathBuf),
+    /// The API server in this kubeconfig; `identity` names the replica in the Lease.
+    Kubernetes { kubeconfig: PathBuf, identity: String },
+}
+
+/// `kuport-lab controller`: kuport's controller (standalone on a folder, or a replica on the
+/// API server) serving on `listen`; prints `listening ADDR` once bound. Until SIGTERM.
+pub fn run_controller(source: ControllerSource, listen: &str) -> anyhow::Result<()> {
     use std::io::Write as _;
     init_logs();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -710,8 +848,25 @@ pub fn run_controller(manifests: PathBuf, listen: &str) -> anyhow::Result<()> {
         let mut out = std::io::stdout();
         writeln!(out, "listening {address}")?;
         out.flush()?;
-        let cfg = kuport_controller::serve::Standalone { manifests, settings: Default::default(), advertise: None };
-        kuport_controller::serve::run_standalone(cfg, listener, terminated()).await
+        match source {
+            ControllerSource::Folder(manifests) => {
+                let cfg =
+                    kuport_controller::serve::Standalone { manifests, settings: Default::default(), advertise: None };
+                kuport_controller::serve::run_standalone(cfg, listener, terminated()).await
+            }
+            ControllerSource::Kubernetes { kubeconfig, identity } => {
+                let client = apiserver::client(&kubeconfig).await?;
+                let cfg = kuport_controller::serve::Kubernetes {
+                    metrics: None,
+                    settings: Default::default(),
+                    lease_namespace: apiserver::LEASE_NAMESPACE.into(),
+                    lease_name: apiserver::LEASE_NAME.into(),
+                    identity,
+                    advertise: address.to_string(),
+                };
+                kuport_controller::serve::run_kubernetes(cfg, client, listener, terminated()).await
+            }
+        }
     })
 }
 

@@ -166,7 +166,10 @@ fn cli_up_probe_down() {
     };
     let (ok, text) = run(&["up"]);
     assert!(ok, "up failed: {text}");
-    assert!(text.contains("controller pid") && text.contains("every node applied its state"), "{text}");
+    assert!(
+        text.contains("2 controller replica(s), leader pid") && text.contains("every node applied its state"),
+        "{text}"
+    );
     assert!(
         text.contains("probe client-1 (198.51.100.7) -> 203.0.113.9:27015/UDP: pod game-0 saw 198.51.100.7:"),
         "{text}"
@@ -182,6 +185,25 @@ fn cli_up_probe_down() {
         assert!(row(node).contains("connected") && row(node).contains(" yes "), "{node} synced:\n{text}");
     }
     assert!(row("worker-2").contains("100.64.0.12 mtu 1380"), "facts reported by worker-2's executor:\n{text}");
+    assert!(text.contains("(leader)"), "{text}");
+    // The objects and statuses live in the API server.
+    let api: kuport_lab::apiserver::ApiServer =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("apiserver.json")).unwrap()).unwrap();
+    let programmed = api
+        .kubectl(
+            &[
+                "get",
+                "pm",
+                "-n",
+                "games",
+                "game",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type=='Programmed')].status}",
+            ],
+            None,
+        )
+        .unwrap();
+    assert_eq!(programmed, "True", "the leader wrote the status");
     let (ok, text) = run(&["probe", "--from", "client-2", "--to", "203.0.113.9:27100", "--udp"]);
     assert!(ok && text.contains("pod game-0 saw 198.51.100.8:"), "{text}");
     let (ok, text) = run(&["exec", "worker-2", "--", "ip", "-br", "addr", "show", "dev", "wt0"]);
@@ -209,7 +231,11 @@ fn cli_up_probe_down() {
     assert!(ok, "down failed: {text}");
     let left = kuport_lab::sys::netns_list().unwrap();
     assert!(!left.iter().any(|n| n.starts_with(&record.id)), "namespaces left: {left:?}");
-    let pids = record.servers.values().chain(plane.executors.values()).chain(plane.controller.iter());
+    let pids = record
+        .servers
+        .values()
+        .chain(plane.executors.values())
+        .chain(plane.controllers.iter().filter_map(|(_, pid)| pid.as_ref()));
     for pid in pids {
         assert!(!kuport_lab::plane::alive(*pid), "process {pid} still runs");
     }

@@ -35,28 +35,47 @@ const REPAIR_BOUND: Duration = Duration::from_secs(1);
 struct Robust {
     tag: String,
     lab: Option<Lab>,
+    /// The API server of [`Robust::on_api_server`], stopped after the lab.
+    api: Option<OwnedApiServer>,
     dir: PathBuf,
     started: Instant,
 }
 
 impl Robust {
+    /// One controller on the lab's manifest folder.
     fn new(tag: &str) -> Robust {
+        Robust::start(tag, false)
+    }
+
+    /// Two controller replicas on a local API server, where the lab registers its objects.
+    fn on_api_server(tag: &str) -> Robust {
+        Robust::start(tag, true)
+    }
+
+    fn start(tag: &str, kubernetes: bool) -> Robust {
         let begun = Instant::now();
-        let mut lab = default_lab();
         let dir = std::env::temp_dir().join(format!("kuport-robust-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
+        let api = kubernetes.then(|| OwnedApiServer::up(&dir.join("controlplane")));
+        let mut lab = default_lab();
         let started = Instant::now();
-        lab.start_plane(&manifests(false), PlaneOptions::new(env!("CARGO_BIN_EXE_kuport-lab"), &dir))
-            .expect("the controller and executors start");
+        let mut options = PlaneOptions::new(env!("CARGO_BIN_EXE_kuport-lab"), &dir);
+        options.kubernetes = api.as_ref().map(|a| a.source(None, 2));
+        lab.start_plane(&manifests(false), options).expect("the controller and executors start");
         let plane = lab.plane().expect("a plane");
         let took = plane.wait_converged(plane::CONVERGE_TIMEOUT).expect("the lab converges");
         println!(
-            "[{tag}] controller and 3 executors started; every node applied its state {:.2} s after start \
+            "[{tag}] {} controller(s) and 3 executors started; every node applied its state {:.2} s after start \
              ({:.2} s of it waiting on Debug)",
+            plane.addresses().len(),
             started.elapsed().as_secs_f64(),
             took.as_secs_f64()
         );
-        Robust { tag: tag.to_string(), lab: Some(lab), dir, started: begun }
+        Robust { tag: tag.to_string(), lab: Some(lab), api, dir, started: begun }
+    }
+
+    fn api(&self) -> &kuport_lab::apiserver::ApiServer {
+        &self.api.as_ref().expect("an API server").0
     }
 
     fn lab(&self) -> &Lab {
@@ -140,6 +159,7 @@ impl Robust {
 impl Drop for Robust {
     fn drop(&mut self) {
         drop(self.lab.take());
+        drop(self.api.take());
         let _ = std::fs::remove_dir_all(&self.dir);
         println!("[{}] lab built, tested and removed in {:.2} s", self.tag, self.started.elapsed().as_secs_f64());
     }
@@ -559,6 +579,105 @@ fn manifest_edits_converge_and_the_probes_follow() {
     }
     let tcp = prober.tally("tcp-new", moved, to);
     assert_eq!(tcp.failed(), 0, "api-0 did not move; its mapping must not suffer: {tcp}");
+}
+
+/// Two controller replicas on the API server; the leader is SIGKILLed. The other takes the
+/// Lease within 5 s, every executor follows it and acks its term, no probe is lost (the
+/// executors keep the datapath meanwhile), and no PortMap or class in the API server is
+/// rewritten. The killed replica comes back as a follower. Then game-0 moves to worker-1 (its
+/// EndpointSlice changes in the API server): new flows follow, and the leader writes the new
+/// serving node into the PortMap's status.
+#[test]
+fn leader_kill_on_the_api_server_loses_no_probe() {
+    if !root() {
+        return;
+    }
+    let mut r = Robust::on_api_server("leader");
+    let leader = r.plane().leader().expect("a replica leads");
+    let other = 1 - leader;
+    let versions = |r: &Robust| {
+        let range = "{range .items[*]}{.kind} {.metadata.name} {.metadata.resourceVersion}{\"\\n\"}{end}";
+        let pm = r.api().kubectl(&["get", "pm", "-A", "-o", &format!("jsonpath={range}")], None).expect("kubectl");
+        let pmc = r.api().kubectl(&["get", "pmc", "-o", &format!("jsonpath={range}")], None).expect("kubectl");
+        pm + &pmc
+    };
+    let nodes: Vec<String> = NODES.iter().map(|n| n.to_string()).collect();
+    // Statuses settle once every node acked (Programmed) and the grace of the first term ended.
+    let programmed = "jsonpath={.status.conditions[?(@.type=='Programmed')].status}";
+    let settled = Instant::now();
+    while r.api().kubectl(&["get", "pm", "-n", "apps", "api", "-o", programmed], None).unwrap_or_default() != "True" {
+        assert!(settled.elapsed() < Duration::from_secs(20), "apps/api never became Programmed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = versions(&r);
+    let old_term = r.plane().node("edge-a").expect("GetNode").desired.expect("desired").term;
+    let mut prober = r.prober();
+    let from = prober.now();
+
+    r.plane_mut().kill_replica(leader).expect("killed");
+    let killed = Instant::now();
+    while r.plane().leader() != Some(other) {
+        assert!(killed.elapsed() < Duration::from_secs(5), "no new leader within 5 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took_over = killed.elapsed();
+    // Converged on the new leader's term: every executor stored it (it stores before it acks).
+    let plane = r.plane();
+    plane
+        .wait("the executors to follow the new leader", Duration::from_secs(10), |rows| {
+            converged(rows, &nodes)
+                && NODES.iter().all(|n| {
+                    let term = plane.node(n).ok().and_then(|x| x.desired).map(|d| d.term);
+                    let stored = plane.stored(n).ok().flatten().map(|s| s.term);
+                    term.is_some_and(|t| t > old_term) && stored == term
+                })
+        })
+        .expect("converged on the new leader");
+    let followed = killed.elapsed();
+    let term = r.plane().node("edge-a").expect("GetNode").desired.expect("desired").term;
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(versions(&r), before, "the new leader rewrote a status");
+    r.plane_mut().start_controller().expect("the killed replica starts again");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(r.plane().leader(), Some(other), "the restarted replica follows");
+    let to = prober.now();
+    println!(
+        "leader (replica {leader}) SIGKILLed: replica {other} held the Lease after {}, every executor acked its \
+         term {term} after {}; no status rewritten",
+        ms(took_over),
+        ms(followed)
+    );
+    print!("probes over the failover ({:.1} s):\n{}", (to - from).as_secs_f64(), prober.report(from, to));
+    for l in prober.labels() {
+        let t = prober.tally(&l, from, to);
+        assert_eq!(t.failed(), 0, "{l}: {t}; first failure: {:?}", prober.first_failure(&l, from, to));
+    }
+
+    // The pod moves: the EndpointSlice in the API server changes, the mapping follows.
+    let before = r.plane().nodes().expect("ListNodes");
+    r.lab_mut().move_pod("game-0", "worker-1", "10.244.1.107".parse().unwrap()).expect("moves");
+    let published = prober.now();
+    let wrote = Instant::now();
+    r.lab_mut().publish().expect("objects registered");
+    r.plane().wait_changed(&before, &["edge-a", "worker-1"], Duration::from_secs(10)).expect("converges");
+    let converged_after = wrote.elapsed();
+    assert!(
+        prober.wait_answered_one("udp-new", published, Duration::from_secs(3)),
+        "new flows never reached game-0 on worker-1:\n{}",
+        prober.report(published, prober.now())
+    );
+    let node = "jsonpath={.status.endpoint.node}";
+    while r.api().kubectl(&["get", "pm", "-n", "games", "game", "-o", node], None).unwrap_or_default() != "worker-1" {
+        assert!(wrote.elapsed() < Duration::from_secs(10), "the status never named worker-1");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "game-0 moved to worker-1 through its EndpointSlice: the nodes applied it {} after the write, the status \
+         named worker-1 {} after it",
+        ms(converged_after),
+        ms(wrote.elapsed())
+    );
+    prober.stop();
 }
 
 /// The conntrack entries of a node's namespace that contain every one of `words`.

@@ -30,7 +30,7 @@ struct Target {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// The controller's NodeSync address.
+    /// The controller's NodeSync address, or several separated by commas (tried in turn).
     #[arg(long, env = "KUPORT_CONTROLLER")]
     controller: String,
     /// This node's Kubernetes name.

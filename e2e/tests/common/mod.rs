@@ -156,3 +156,25 @@ pub fn link_stat(lab: &Lab, host: &str, dev: &str, dir: &str, field: &str) -> u6
 pub fn tx_errors(lab: &Lab, host: &str, dev: &str) -> u64 {
     link_stat(lab, host, dev, "tx", "errors")
 }
+
+/// A local API server the test owns: stopped and its folder removed on drop.
+pub struct OwnedApiServer(pub kuport_lab::apiserver::ApiServer);
+
+impl OwnedApiServer {
+    pub fn up(dir: &std::path::Path) -> OwnedApiServer {
+        OwnedApiServer(kuport_lab::apiserver::ApiServer::up(dir).expect("the API server starts"))
+    }
+
+    /// A plane source on it: `replicas` controllers running with `controller`'s kubeconfig
+    /// (None: the admin's).
+    pub fn source(&self, controller: Option<std::path::PathBuf>, replicas: usize) -> kuport_lab::plane::KubeSource {
+        let admin = self.0.kubeconfig.clone();
+        kuport_lab::plane::KubeSource { controller: controller.unwrap_or_else(|| admin.clone()), admin, replicas }
+    }
+}
+
+impl Drop for OwnedApiServer {
+    fn drop(&mut self) {
+        let _ = self.0.down();
+    }
+}

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use kuport_proto::v1::{NetnsState, NftElement, NftFamily, NftSet, NftTable, NodeState};
 
-use super::attr::AttrWriter;
+use super::attr::{self, AttrWriter, decode_err};
 use super::consts::*;
 use super::diff::{NftDiff, by_key, diff};
 use super::encode::{self, Msg, family_code, rule_name};
@@ -150,7 +150,35 @@ pub fn read_table(netns: Option<&Path>, family: NftFamily, name: &str) -> Result
     read_with(&mut sock, family, name)
 }
 
+/// How often a read is repeated because a transaction committed while it ran.
+const READ_ATTEMPTS: usize = 10;
+
+/// Reads the table consistently: its chains, sets and rules come in separate dumps, so a
+/// transaction committed between them (a repair replacing the table) could pair one version's
+/// rules with another's chains. The read is repeated until the ruleset generation is the same
+/// before and after it.
 fn read_with(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<NftTable>, NftError> {
+    let mut last = None;
+    for _ in 0..READ_ATTEMPTS {
+        let before = generation(sock)?;
+        let read = read_once(sock, family, name);
+        if generation(sock)? == before {
+            return read;
+        }
+        last = Some(read);
+    }
+    last.unwrap_or(Ok(None))
+}
+
+/// The ruleset's generation id.
+fn generation(sock: &mut Socket) -> Result<u32, NftError> {
+    let answers = sock.request(NFT_MSG_GETGEN, NFPROTO_UNSPEC, &[], false)?;
+    let payload = answers.first().ok_or_else(|| decode_err("no answer to NFT_MSG_GETGEN".into()))?;
+    let attrs = attr::parse(payload)?;
+    attr::find(&attrs, NFTA_GEN_ID).ok_or_else(|| decode_err("NFT_MSG_NEWGEN without an id".into()))?.u32()
+}
+
+fn read_once(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<NftTable>, NftError> {
     let fam = family_code(family as i32)?;
     if sock.request(NFT_MSG_GETTABLE, fam, &name_attr(NFTA_TABLE_NAME, name), false)?.is_empty() {
         return Ok(None);

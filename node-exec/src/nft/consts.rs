@@ -62,8 +62,13 @@ pub const NFT_MSG_GETSET: u16 = 10;
 pub const NFT_MSG_NEWSETELEM: u16 = 12;
 pub const NFT_MSG_GETSETELEM: u16 = 13;
 pub const NFT_MSG_DELSETELEM: u16 = 14;
+pub const NFT_MSG_GETGEN: u16 = 16;
+/// The ruleset generation in NFT_MSG_NEWGEN (u32): every committed transaction bumps it.
+pub const NFTA_GEN_ID: u16 = 1;
 
 // --- families (NFPROTO_*) -----------------------------------------------------------------
+/// Family-less requests (the generation).
+pub const NFPROTO_UNSPEC: u8 = 0;
 pub const NFPROTO_INET: u8 = 1;
 pub const NFPROTO_IPV4: u8 = 2;
 pub const NFPROTO_IPV6: u8 = 10;

@@ -31,7 +31,9 @@ const FACTS_BACKSTOP: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The controller's NodeSync address, e.g. http://kuport-controller.kuport-system.svc:9443.
+    /// The controller's NodeSync address, e.g. http://kuport-controller.kuport-system.svc:9443,
+    /// or several separated by commas (replicas without a Service in front): a lost stream
+    /// moves on to the next.
     pub controller: String,
     /// This node's Kubernetes name.
     pub node: String,
@@ -177,12 +179,18 @@ pub async fn run<A: NodeApplier, F: Future<Output = ()>>(cfg: Config, mut applie
         }
     }
     let facts = watch_facts(cfg.netns.clone(), cfg.underlay_interface.clone());
+    let configured: Vec<String> =
+        cfg.controller.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_string).collect();
+    let mut turn = 0usize;
     let mut target: Option<String> = None;
     let mut failures: u32 = 0;
     let mut jitter = Jitter::new();
     tokio::pin!(stop);
     loop {
-        let address = target.clone().unwrap_or_else(|| cfg.controller.clone());
+        let address = target
+            .clone()
+            .or_else(|| configured.get(turn % configured.len().max(1)).cloned())
+            .unwrap_or_else(|| cfg.controller.clone());
         let session = session(&cfg, &address, &mut applier, &mut fence, facts.clone());
         let outcome = tokio::select! {
             _ = &mut stop => return,
@@ -194,6 +202,9 @@ pub async fn run<A: NodeApplier, F: Future<Output = ()>>(cfg: Config, mut applie
                 // A redirect is not a failure, but a follower that knows no leader yet must
                 // not be asked again in a tight loop.
                 let known = leader.is_some();
+                if !known {
+                    turn = turn.wrapping_add(1);
+                }
                 target = leader;
                 if known { Duration::ZERO } else { Duration::from_millis(500) }
             }
@@ -202,8 +213,10 @@ pub async fn run<A: NodeApplier, F: Future<Output = ()>>(cfg: Config, mut applie
                     failures = 0;
                 }
                 tracing::warn!(error = %e, "controller stream lost");
-                // A leader that went away: start again from the configured address.
-                target = None;
+                // A leader that went away: start again from the next configured address.
+                if target.take().is_none() {
+                    turn = turn.wrapping_add(1);
+                }
                 let d = backoff(&cfg, failures, &mut jitter);
                 failures = failures.saturating_add(1);
                 d
