@@ -604,12 +604,21 @@ fn leader_kill_on_the_api_server_loses_no_probe() {
     let nodes: Vec<String> = NODES.iter().map(|n| n.to_string()).collect();
     // Statuses settle once every node acked (Programmed) and the grace of the first term ended.
     let programmed = "jsonpath={.status.conditions[?(@.type=='Programmed')].status}";
+    // Settled: both Programmed and nothing written for a second.
     let settled = Instant::now();
-    while r.api().kubectl(&["get", "pm", "-n", "apps", "api", "-o", programmed], None).unwrap_or_default() != "True" {
-        assert!(settled.elapsed() < Duration::from_secs(20), "apps/api never became Programmed");
-        std::thread::sleep(Duration::from_millis(100));
+    let mut before = String::new();
+    loop {
+        let ready = [("apps", "api"), ("games", "game")].iter().all(|(ns, name)| {
+            r.api().kubectl(&["get", "pm", "-n", ns, name, "-o", programmed], None).unwrap_or_default() == "True"
+        });
+        let now = versions(&r);
+        if ready && now == before {
+            break;
+        }
+        assert!(settled.elapsed() < Duration::from_secs(30), "the statuses never settled: {now}");
+        before = now;
+        std::thread::sleep(Duration::from_secs(1));
     }
-    let before = versions(&r);
     let old_term = r.plane().node("edge-a").expect("GetNode").desired.expect("desired").term;
     let mut prober = r.prober();
     let from = prober.now();
