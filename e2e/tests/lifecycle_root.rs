@@ -123,3 +123,80 @@ fn last_ready_endpoint_lost_refuses_promptly() {
     assert_maps(&lab, "client-2", "203.0.113.9:8080", Tcp, "echo-0");
     assert_maps(&lab, "client-2", "203.0.113.9:8080", Udp, "echo-0");
 }
+
+/// Bad PortMaps next to a working one: a second claim on the same port (PortConflict), a port
+/// below the class's range (PortOutsideClassRange), a port the class reserves and a UDP range
+/// over the links' VXLAN port (ReservedPort). Each is refused
+/// with a message naming spec.port, none of them reaches any node's state, and the mappings
+/// that worked before keep working (their node states unchanged). When the winner goes, the
+/// conflicting PortMap takes the port over.
+#[test]
+fn conflicting_and_reserved_port_maps_are_refused_and_the_winner_keeps_working() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let winner = port_map("apps", "echo-tcp", "public", "TCP", "8080", "echo", "tcp");
+    let game = port_map("games", "game", "public", "UDP", "27015-27115", "game", "game");
+    let good = with_classes(&(winner.clone() + &game));
+    let before = program(&mut lab, &good).expect("programs");
+    assert_maps(&lab, "client-1", "203.0.113.9:8080", Tcp, "echo-0");
+
+    // Same creation time: the tie goes to namespace/name, apps/echo-tcp before web/web-late.
+    let late = port_map("web", "web-late", "public", "TCP", "8080", "web", "http");
+    // public's ports start at 1024; a class that opens the low ports still reserves 80 and 443.
+    let low = "apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata:
+  name: low
+spec:
+  nodes:
+    edge-a:
+      interfaces: [enp1s0]
+  ports:
+    min: 1
+    max: 1023
+    reserved: [80, 443]
+  returnPath:
+    mode: Vxlan
+---
+";
+    let outside = port_map("web", "web-80", "public", "TCP", "80", "web", "http");
+    let reserved = port_map("web", "web-443", "low", "TCP", "443", "web", "http");
+    let over_vxlan = port_map("games", "game-vxlan", "public", "UDP", "4700-4800", "game", "game");
+    let refused = late.clone() + low + &outside + &reserved + &over_vxlan;
+    let bad = with_classes(&(winner.clone() + &game + &refused));
+    let out = program(&mut lab, &bad).expect("programs");
+    for (ns, name, reason, field) in [
+        ("web", "web-late", "PortConflict", "spec.port"),
+        ("web", "web-80", "PortOutsideClassRange", "spec.port: 80"),
+        ("web", "web-443", "ReservedPort", "spec.port: 443"),
+        ("games", "game-vxlan", "ReservedPort", "spec.port: UDP 4790"),
+    ] {
+        assert_eq!(condition(&out, ns, name, "Accepted"), ("False".into(), reason.into()), "{ns}/{name}");
+        let message = message(&out, ns, name, "Accepted");
+        assert!(message.contains(field), "{ns}/{name}: {message:?} does not name {field:?}");
+        assert!(!out.programming.contains_key(&(ns.into(), name.into())), "{ns}/{name} has programming nodes");
+        println!("{ns}/{name}: Accepted=False {reason}: {message}");
+    }
+    assert_eq!(condition(&out, "apps", "echo-tcp", "Programmed").0, "True");
+    assert_eq!(out.node_states, before.node_states, "the refused PortMaps changed a node state");
+    // The winner and the link-carried range still answer; the reserved port stays closed.
+    for client in ["client-1", "client-2"] {
+        assert_maps(&lab, client, "203.0.113.9:8080", Tcp, "echo-0");
+        assert_maps(&lab, client, "203.0.113.9:27015", Udp, "game-0");
+    }
+    for port in ["80", "443"] {
+        match lab.probe("client-2", addr(&format!("203.0.113.9:{port}")), Tcp) {
+            Err(ProbeError::Refused { .. }) => {}
+            other => panic!("refused port {port} must stay closed (a reset from edge-a): {other:?}"),
+        }
+    }
+
+    // The winner deleted: the conflicting PortMap is accepted and serves web-0 on 8080.
+    let out = program(&mut lab, &with_classes(&(game + &refused))).expect("programs");
+    assert_eq!(condition(&out, "web", "web-late", "Accepted").0, "True");
+    assert_eq!(condition(&out, "web", "web-late", "Programmed").0, "True");
+    assert_maps(&lab, "client-1", "203.0.113.9:8080", Tcp, "web-0");
+    assert_eq!(condition(&out, "web", "web-443", "Accepted"), ("False".into(), "ReservedPort".into()));
+}

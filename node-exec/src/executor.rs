@@ -22,7 +22,7 @@ use kuport_proto::owned;
 use kuport_proto::v1::{NetnsState, NftFamily};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{nft, route};
+use crate::{conntrack, nft, route};
 
 /// How long a burst of change notifications is collected before one check: a deleted link
 /// takes its addresses and routes with it, each announced on its own.
@@ -166,10 +166,16 @@ impl Executor {
 
     /// [`Executor::apply`] of a shared state, which is kept without copying it.
     pub fn apply_shared(&mut self, desired: Arc<NetnsState>) -> Result<Report, ExecError> {
-        if let Some(old) = self.desired.replace(Arc::clone(&desired)) {
+        let old = self.desired.replace(Arc::clone(&desired));
+        let mut result = self.apply_inner(&desired);
+        if let (Ok(report), Some(old)) = (&mut result, &old)
+            && !Arc::ptr_eq(old, &desired)
+        {
+            self.delete_stranded_flows(old, &desired, report);
+        }
+        if let Some(old) = old {
             drop_elsewhere(old);
         }
-        let result = self.apply_inner(&desired);
         let mut stats = self.stats.lock();
         stats.applies += 1;
         stats.last_error = result.as_ref().err().map(ToString::to_string);
@@ -234,6 +240,29 @@ impl Executor {
         }
         self.applied = Some(without_tables(desired));
         Ok(report)
+    }
+
+    /// Once the new table is in, deletes the conntrack entries of UDP flows whose DNAT element
+    /// moved or went (see [`conntrack::stranded_udp`]): their next datagram meets the new
+    /// element. `old` is the state asked for before; a failure here is logged and reported,
+    /// never an apply error, since the datapath itself is right.
+    fn delete_stranded_flows(&self, old: &NetnsState, new: &NetnsState, report: &mut Report) {
+        let Some(before) = own_table(old) else { return };
+        let flows = conntrack::stranded_udp(before, own_table(new));
+        if flows.is_empty() {
+            return;
+        }
+        match conntrack::delete_stale(self.netns.as_deref(), &flows) {
+            Ok(0) => {}
+            Ok(n) => {
+                report.writes += n;
+                report.actions.push(format!("delete {n} conntrack entries of moved UDP targets"));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "deleting stranded UDP conntrack entries");
+                report.actions.push(format!("conntrack cleanup failed: {e}"));
+            }
+        }
     }
 
     /// The named differences between `desired` and the kernel; empty when it matches.
@@ -460,6 +489,11 @@ fn drop_elsewhere(state: Arc<NetnsState>) {
 }
 
 /// `state` without its nft tables: what the route step and [`keep_previous`] need.
+/// kuport's own table in `state`, if it has one.
+fn own_table(state: &NetnsState) -> Option<&kuport_proto::v1::NftTable> {
+    state.nft_tables.iter().find(|t| t.family == NftFamily::Ip as i32 && t.name == owned::NFT_TABLE)
+}
+
 fn without_tables(state: &NetnsState) -> NetnsState {
     NetnsState {
         path: state.path.clone(),

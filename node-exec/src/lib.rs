@@ -1,4 +1,5 @@
 //! kuport node executor
+pub mod conntrack;
 pub mod executor;
 pub mod nft;
 pub mod route;

@@ -20,3 +20,14 @@ pub const PREF_DIVERT: u32 = 102;
 pub const MAIN_TABLE: u32 = 254;
 /// Tables the kernel reserves: unspec, default, main, local.
 pub const RESERVED_TABLES: [u32; 4] = [0, 253, MAIN_TABLE, 255];
+
+// The DNAT maps; the executor reads them too, to find the UDP flows a moved target strands.
+
+/// Published single ports: (iifname, proto, port) to (address, port).
+pub const MAP_PUBLISH_PORT: &str = "publish_port";
+/// Published ranges: (iifname, proto, ports) to the address; the port is kept.
+pub const MAP_PUBLISH_RANGE: &str = "publish_range";
+/// Link arrivals, single ports: (iifname, this end, proto, port) to (pod, port).
+pub const MAP_LINK_PORT: &str = "link_port";
+/// Link arrivals, ranges: (iifname, this end, proto, ports) to the pod.
+pub const MAP_LINK_RANGE: &str = "link_range";

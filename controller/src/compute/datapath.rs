@@ -45,14 +45,7 @@ pub const POST_PRIORITY: i32 = PRIORITY_SRCNAT - 10;
 /// After the CNI's own mangle rules, so kuport's mark is the last word.
 pub const MANGLE_PRIORITY: i32 = PRIORITY_MANGLE + 10;
 
-/// Published single ports: (iifname, proto, port) to (address, port).
-pub const MAP_PUBLISH_PORT: &str = "publish_port";
-/// Published ranges: (iifname, proto, ports) to the address; the port is kept.
-pub const MAP_PUBLISH_RANGE: &str = "publish_range";
-/// Link arrivals, single ports: (iifname, this end, proto, port) to (pod, port).
-pub const MAP_LINK_PORT: &str = "link_port";
-/// Link arrivals, ranges: (iifname, this end, proto, ports) to the pod.
-pub const MAP_LINK_RANGE: &str = "link_range";
+pub use kuport_proto::owned::{MAP_LINK_PORT, MAP_LINK_RANGE, MAP_PUBLISH_PORT, MAP_PUBLISH_RANGE};
 /// Requests to claim before the CNI: (oifname, destination, proto, ports).
 pub const SET_CLAIM: &str = "claim";
 /// Pod replies to claim: (pod, proto, ports).

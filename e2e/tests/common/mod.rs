@@ -91,6 +91,13 @@ pub fn condition(out: &Outputs, ns: &str, name: &str, type_: &str) -> (String, S
     (c.status.clone(), c.reason.clone())
 }
 
+/// The message of a PortMap's condition.
+pub fn message(out: &Outputs, ns: &str, name: &str, type_: &str) -> String {
+    let st = out.port_maps.get(&(ns.to_string(), name.to_string())).unwrap_or_else(|| panic!("no PortMap {ns}/{name}"));
+    let c = st.conditions.iter().find(|c| c.type_ == type_).unwrap_or_else(|| panic!("{ns}/{name}: no {type_}"));
+    c.message.clone()
+}
+
 /// A node's own (host) namespace entry of its computed state.
 pub fn host_state<'a>(states: &'a mut std::collections::BTreeMap<String, NodeState>, node: &str) -> &'a mut NetnsState {
     let s = states.get_mut(node).unwrap_or_else(|| panic!("no state for {node}"));

@@ -19,7 +19,7 @@ mod decode;
 mod diff;
 mod encode;
 mod expr;
-mod netlink;
+pub(crate) mod netlink;
 mod rule;
 mod value;
 pub mod watch;

@@ -256,7 +256,7 @@ fn put_msg(buf: &mut Vec<u8>, ty: u16, flags: u16, seq: u32, family: u8, res_id:
 }
 
 /// Splits a datagram into (header, payload) messages; stops at anything malformed.
-fn split(mut buf: &[u8]) -> Vec<(Hdr, &[u8])> {
+pub(crate) fn split(mut buf: &[u8]) -> Vec<(Hdr, &[u8])> {
     let mut out = Vec::new();
     while buf.len() >= NLMSG_HDRLEN {
         let len = u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
