@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
+use kuport_controller::serve::kubernetes::RECONNECT_GRACE;
 use kuport_proto::v1::node_sync_client::NodeSyncClient;
 use kuport_proto::v1::{
     Ack, Applied, ExecutorMessage, Hello, InterfaceFacts, NodeFacts, controller_message, executor_message,
@@ -80,6 +82,17 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("KUPORT_TEST_KEEP_LOGS").is_some() {
+            // Keep the logs of a failed run, or when asked (down.sh removes the folder).
+            let keep = std::env::temp_dir().join(format!("kuport-k8s-test-logs-{}", std::process::id()));
+            let _ = std::fs::create_dir_all(&keep);
+            for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+                if e.path().extension().is_some_and(|x| x == "log") {
+                    let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
+                }
+            }
+            eprintln!("logs kept in {}", keep.display());
+        }
         let _ = Command::new("bash").arg(repo().join("e2e/controlplane/down.sh")).arg(&self.dir).output();
     }
 }
@@ -135,12 +148,12 @@ fn free_address() -> String {
 
 /// A fake executor: says Hello (with what it applied before), follows NotLeader, tries the
 /// given addresses in turn, and acknowledges each state once `ack` is true. Publishes the
-/// versions it acked.
+/// (term, version) of each state it acked.
 fn fake_executor(
     node: &'static str,
     addresses: Vec<String>,
     ack: watch::Receiver<bool>,
-) -> watch::Receiver<Vec<String>> {
+) -> watch::Receiver<Vec<(u64, String)>> {
     let (acked_tx, acked_rx) = watch::channel(Vec::new());
     tokio::spawn(async move {
         let mut applied: Option<Applied> = None;
@@ -182,7 +195,7 @@ fn fake_executor(
                         };
                         applied = Some(Applied { term: ds.term, sequence: ds.sequence, version: ds.version.clone() });
                         let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Ack(a)) }).await;
-                        acked_tx.send_modify(|v| v.push(ds.version));
+                        acked_tx.send_modify(|v| v.push((ds.term, ds.version)));
                     }
                     None => {}
                 }
@@ -475,7 +488,9 @@ async fn scenario() {
     let c2 = Controller::start(&cp, "c2", &a2);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(holder(&cp).starts_with("c1@"), "c1 still leads: {}", holder(&cp));
-    let before = versions(&cp);
+    // c1 writes what it kept back when its reconnect grace ends (late on a busy machine).
+    tokio::time::sleep_until(grace_end(&cp).into()).await;
+    let before = quiet(&cp).await;
     let links = |cp: &ControlPlane| cp.json(&["get", "pmc", "public"])["status"]["links"].clone();
     let slots = links(&cp);
     let acks_before = worker.borrow().len();
@@ -542,6 +557,113 @@ async fn scenario() {
         }
     })
     .await;
+
+    // A leader frozen past its lease (alive, not killed) is replaced; the world changes just
+    // before it froze; once it resumes it writes nothing (no status, slot claim, class row or
+    // event) and sends its executors to the new leader instead of states.
+    drop(c2);
+    let c2 = Controller::start(&cp, "c2", &a2);
+    within(Duration::from_secs(10), "c2 follows", || {
+        if c2.metrics().contains("kuport_leader 0") { Ok(()) } else { Err("no metrics yet".into()) }
+    })
+    .await;
+    quiet(&cp).await;
+    assert!(holder(&cp).starts_with("c1@"), "c1 still leads: {}", holder(&cp));
+    let c1_writes = api_writes(&c1);
+    assert!(c1_writes > 0, "c1 counts the writes it made as leader");
+    let c1_term = worker.borrow().last().map(|a| a.0).expect("worker-2 acked c1");
+    let acks_before = (edge.borrow().len(), worker.borrow().len());
+    // The pod moves back to worker-2 (one request, so that c1 freezes before its debounced
+    // recompute ran and resumes with it due).
+    let back = r#"[{"op":"replace","path":"/endpoints/0/nodeName","value":"worker-2"},
+        {"op":"replace","path":"/endpoints/0/addresses","value":["10.244.2.107"]}]"#;
+    cp.ok(&["patch", "endpointslice", "-n", "games", "game-abcde", "--type=json", "-p", back], None);
+    c1.signal("-STOP");
+    let frozen = Instant::now();
+    let took = within(Duration::from_secs(10), "c2 leads while c1 is frozen", || {
+        let h = holder(&cp);
+        if h.starts_with("c2@") { Ok(()) } else { Err(h) }
+    })
+    .await;
+    println!("takeover from a frozen leader: {took:?}");
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(frozen.elapsed())).await;
+    c1.signal("-CONT");
+    let resumed = Instant::now();
+    let log = cp.dir.join("c1.log");
+    let took = within(Duration::from_secs(5), "c1 says it lost the lease", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("no more writes") { Ok(()) } else { Err("no such log line".into()) }
+    })
+    .await;
+    println!("c1 logged the loss {took:?} after SIGCONT");
+    // The executors move to c2, which reports the serving node change.
+    within(Duration::from_secs(10), "c2 reports the pod back on worker-2", || {
+        let pm = game();
+        let node = pm["status"]["endpoint"]["node"].as_str().unwrap_or_default().to_string();
+        let events = cp.json(&["get", "events", "-n", "games", "--field-selector", "involvedObject.name=game"]);
+        let by: Vec<String> = events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| {
+                e["message"].as_str().is_some_and(|m| m.contains("now reached on node worker-2 (was worker-1)"))
+            })
+            .map(|e| e["reportingInstance"].as_str().unwrap_or_default().to_string())
+            .collect();
+        match (node.as_str(), condition(&pm, "Programmed").0.as_str(), by.as_slice()) {
+            ("worker-2", "True", [c]) if c == "c2" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    println!("c2 reported the move {:?} after SIGCONT", resumed.elapsed());
+    // Quiet until past c2's reconnect grace too, when it writes what it kept back.
+    let settled = quiet(&cp).await;
+    tokio::time::sleep_until((Instant::now() + Duration::from_secs(2)).max(grace_end(&cp)).into()).await;
+    assert_eq!(versions(&cp), settled, "nothing written once c2 settled");
+    let m = c1.metrics();
+    assert!(m.contains("kuport_leader 0"), "c1 does not lead:\n{m}");
+    assert_eq!(api_writes(&c1), c1_writes, "c1 wrote nothing after it resumed:\n{m}");
+    assert!(c2.metrics().contains("kuport_executors_connected 2"), "both executors on c2");
+    for (acks, before) in [(&edge, acks_before.0), (&worker, acks_before.1)] {
+        let after: Vec<u64> = acks.borrow()[before..].iter().map(|a| a.0).collect();
+        assert!(
+            !after.is_empty() && after.iter().all(|t| *t > c1_term),
+            "only c2's states after the freeze: {after:?}"
+        );
+    }
     drop(c1);
     drop(c2);
+}
+
+/// Waits until no PortMap or PortMapClass changed for a second; their resourceVersions then.
+async fn quiet(cp: &ControlPlane) -> Vec<(String, String)> {
+    let started = Instant::now();
+    let mut last = versions(cp);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = versions(cp);
+        if now == last {
+            return now;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "statuses never settled");
+        last = now;
+    }
+}
+
+/// A second after the current leader's reconnect grace ends, timed from the Lease's acquireTime.
+fn grace_end(cp: &ControlPlane) -> Instant {
+    let at = cp.ok(&["get", "lease", "-n", "default", "kuport-controller", "-o", "jsonpath={.spec.acquireTime}"], None);
+    let acquired: Timestamp = at.trim().parse().unwrap_or_else(|e| panic!("acquireTime {at:?}: {e}"));
+    let left = (acquired + RECONNECT_GRACE + Duration::from_secs(1)).duration_since(Timestamp::now());
+    Instant::now() + Duration::try_from(left).unwrap_or_default()
+}
+
+/// The sum of a controller's kuport_api_writes_total series.
+fn api_writes(c: &Controller) -> u64 {
+    let m = c.metrics();
+    m.lines()
+        .filter(|l| l.starts_with("kuport_api_writes_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }

@@ -49,7 +49,7 @@ impl Debug for DebugService {
     }
 
     async fn list_nodes(&self, _: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
-        let leader = self.hub.leadership().borrow().leader;
+        let leader = self.hub.leadership().borrow().leads();
         let nodes = self.hub.nodes().into_iter().map(|v| node_debug(v, false)).collect();
         let input_error = self.hub.source_error().unwrap_or_default();
         Ok(Response::new(ListNodesResponse { leader, nodes, input_error }))

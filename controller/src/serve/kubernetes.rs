@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use super::hub::{Gate, Hub};
+use super::metrics::WriteKind;
 use crate::api::{PortMap, PortMapClass, PortMapStatus};
 use crate::compute::admission::MapKey;
 use crate::compute::status::{self, condition, reason};
@@ -148,8 +149,9 @@ impl Writer {
         Arc::new(Writer { client, stores, hub, recorder })
     }
 
+    /// Asked before every write: see [`super::leader::Leadership::leads`].
     fn leading(&self) -> bool {
-        self.hub.leadership().borrow().leader
+        self.hub.leadership().borrow().leads()
     }
 
     /// Writes every class status that differs from the stored one; false when one failed.
@@ -165,6 +167,7 @@ impl Writer {
             }
             let api: Api<PortMapClass> = Api::all(self.client.clone());
             let patch = Patch::Merge(serde_json::json!({ "status": st }));
+            self.hub.metrics().api_write(WriteKind::ClassStatus);
             match api.patch_status(name, &PatchParams::apply(FIELD_MANAGER), &patch).await {
                 Ok(_) => tracing::info!(class = %name, "class status written"),
                 Err(e) => {
@@ -212,6 +215,7 @@ impl Writer {
             }
             let api: Api<PortMap> = Api::namespaced(self.client.clone(), &key.0);
             let patch = Patch::Merge(serde_json::json!({ "status": st }));
+            self.hub.metrics().api_write(WriteKind::PortMapStatus);
             match api.patch_status(&key.1, &PatchParams::apply(FIELD_MANAGER), &patch).await {
                 Ok(_) => {
                     tracing::info!(portmap = %format!("{}/{}", key.0, key.1), "status written");
@@ -256,6 +260,10 @@ impl Writer {
             });
         }
         for e in events {
+            if !self.leading() {
+                return;
+            }
+            self.hub.metrics().api_write(WriteKind::Event);
             if let Err(err) = self.recorder.publish(&e, &reference).await {
                 tracing::warn!(name = %pm.name_any(), error = %err, "publishing an event");
             }
@@ -265,9 +273,10 @@ impl Writer {
     /// Writes PortMap statuses whenever the hub says they may have changed, and once more
     /// when a new term's reconnect grace ends.
     pub async fn run(self: Arc<Self>) {
+        let grace_from_now =
+            |leader: bool| leader.then(|| tokio::time::Instant::now() + RECONNECT_GRACE + STATUS_DEBOUNCE);
         let mut leadership = self.hub.leadership();
-        let leader = leadership.borrow_and_update().leader;
-        let mut grace_end = leader.then(|| tokio::time::Instant::now() + RECONNECT_GRACE + STATUS_DEBOUNCE);
+        let mut grace_end = grace_from_now(leadership.borrow_and_update().leader);
         loop {
             let grace = async {
                 match grace_end {
@@ -281,13 +290,17 @@ impl Writer {
                     if changed.is_err() {
                         return;
                     }
-                    let leader = leadership.borrow_and_update().leader;
-                    grace_end = leader.then(|| tokio::time::Instant::now() + RECONNECT_GRACE + STATUS_DEBOUNCE);
+                    grace_end = grace_from_now(leadership.borrow_and_update().leader);
                     continue;
                 }
                 _ = grace => grace_end = None,
             }
             tokio::time::sleep(STATUS_DEBOUNCE).await;
+            // A term that began during the debounce starts its grace before this write, which
+            // would otherwise count the executors not reconnected yet as pending.
+            if leadership.has_changed().unwrap_or(false) {
+                grace_end = grace_from_now(leadership.borrow_and_update().leader);
+            }
             if self.leading() {
                 let young = grace_end.is_some_and(|t| tokio::time::Instant::now() < t);
                 self.write_port_maps(young).await;

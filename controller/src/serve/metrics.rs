@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -20,6 +20,19 @@ pub struct NodeLabel {
     pub node: String,
 }
 
+/// What a write to the API server was.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum WriteKind {
+    ClassStatus,
+    PortMapStatus,
+    Event,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabel {
+    pub kind: WriteKind,
+}
+
 /// Everything kuport's controller exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -29,6 +42,9 @@ pub struct Metrics {
     pub reconcile_seconds: Histogram,
     /// Refusals (NACKs) executors answered with.
     pub nacks: Counter,
+    /// Writes sent to the API server, failed ones included: a replica that does not lead
+    /// sends none.
+    api_writes: Family<WriteLabel, Counter>,
     executors_connected: Gauge,
     /// Nodes whose executor has not acknowledged their current desired version.
     nodes_out_of_sync: Gauge,
@@ -45,6 +61,7 @@ impl Default for Metrics {
         let reconciles = Counter::default();
         let reconcile_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let nacks = Counter::default();
+        let api_writes = Family::<WriteLabel, Counter>::default();
         let executors_connected = Gauge::default();
         let nodes_out_of_sync = Gauge::default();
         let node_in_sync = Family::<NodeLabel, Gauge>::default();
@@ -53,6 +70,11 @@ impl Default for Metrics {
         registry.register("reconciles", "Full recomputes of every node state and status", reconciles.clone());
         registry.register("reconcile_seconds", "Time of one recompute", reconcile_seconds.clone());
         registry.register("nacks", "States an executor refused", nacks.clone());
+        registry.register(
+            "api_writes",
+            "Writes sent to the API server (failed ones too): class and PortMap statuses, events",
+            api_writes.clone(),
+        );
         registry.register("executors_connected", "Executors with an open NodeSync stream", executors_connected.clone());
         registry.register(
             "nodes_out_of_sync",
@@ -67,6 +89,7 @@ impl Default for Metrics {
             reconciles,
             reconcile_seconds,
             nacks,
+            api_writes,
             executors_connected,
             nodes_out_of_sync,
             node_in_sync,
@@ -80,6 +103,11 @@ impl Metrics {
     pub fn observe_reconcile(&self, took: Duration) {
         self.reconciles.inc();
         self.reconcile_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts one write about to be sent to the API server.
+    pub fn api_write(&self, kind: WriteKind) {
+        self.api_writes.get_or_create(&WriteLabel { kind }).inc();
     }
 
     /// The metrics as Prometheus text, gauges read from `hub` now.
@@ -97,7 +125,7 @@ impl Metrics {
             self.node_in_sync.get_or_create(&NodeLabel { node: n.node.clone() }).set(i64::from(in_sync(n)));
         }
         self.drift_repairs.set(nodes.iter().map(|n| i64::try_from(n.drift_repairs).unwrap_or(i64::MAX)).sum());
-        self.leader.set(i64::from(hub.leadership().borrow().leader));
+        self.leader.set(i64::from(hub.leadership().borrow().leads()));
         let mut text = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
             tracing::warn!(error = %e, "encoding metrics");

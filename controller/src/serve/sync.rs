@@ -6,13 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kuport_proto::v1::node_sync_server::NodeSync;
-use kuport_proto::v1::{ControllerMessage, ExecutorMessage, NotLeader, controller_message, executor_message};
-use tokio::sync::mpsc;
+use kuport_proto::v1::{
+    ControllerMessage, DesiredState, ExecutorMessage, NotLeader, controller_message, executor_message,
+};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::hub::Hub;
+use super::leader::Leadership;
 
 /// How long a new stream may take to say Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,12 +32,31 @@ impl SyncService {
 
 type Out = Result<ControllerMessage, Status>;
 
-fn state(ds: Arc<kuport_proto::v1::DesiredState>) -> Out {
+fn state(ds: Arc<DesiredState>) -> Out {
     Ok(ControllerMessage { message: Some(controller_message::Message::State((*ds).clone())) })
 }
 
 fn not_leader(leader: String) -> Out {
     Ok(ControllerMessage { message: Some(controller_message::Message::NotLeader(NotLeader { leader })) })
+}
+
+/// NotLeader for a replica that does not lead (now): a lapsed leader that has not stepped
+/// down yet names itself, so it names no one.
+fn redirect(lead: &Leadership) -> Out {
+    not_leader(if lead.leader { String::new() } else { lead.leader_address.clone() })
+}
+
+/// Sends `ds` while this replica leads, else NotLeader: `leader` may not have caught up with
+/// a lapsed lease yet (a replica resuming from a freeze publishes before it). False: the
+/// stream ends.
+async fn send(tx: &mpsc::Sender<Out>, leadership: &watch::Receiver<Leadership>, ds: Option<Arc<DesiredState>>) -> bool {
+    let Some(ds) = ds else { return true };
+    let lead = leadership.borrow().clone();
+    if !lead.leads() {
+        let _ = tx.send(redirect(&lead)).await;
+        return false;
+    }
+    tx.send(state(ds)).await.is_ok()
 }
 
 #[tonic::async_trait]
@@ -46,8 +68,8 @@ impl NodeSync for SyncService {
         let (tx, rx) = mpsc::channel::<Out>(2);
         let mut leadership = self.hub.leadership();
         let lead = leadership.borrow_and_update().clone();
-        if !lead.leader {
-            let _ = tx.send(not_leader(lead.leader_address)).await;
+        if !lead.leads() {
+            let _ = tx.send(redirect(&lead)).await;
             return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
         }
         let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
@@ -66,19 +88,12 @@ impl NodeSync for SyncService {
         tracing::info!(%node, session, version = %hello.executor_version, "executor connected");
         tokio::spawn(async move {
             let current = desired.borrow_and_update().clone();
-            let mut alive = !*closing.borrow()
-                && match current {
-                    Some(ds) => tx.send(state(ds)).await.is_ok(),
-                    None => true,
-                };
+            let mut alive = !*closing.borrow() && send(&tx, &leadership, current).await;
             while alive {
                 tokio::select! {
                     changed = desired.changed() => {
                         let current = desired.borrow_and_update().clone();
-                        alive = changed.is_ok() && match current {
-                            Some(ds) => tx.send(state(ds)).await.is_ok(),
-                            None => true,
-                        };
+                        alive = changed.is_ok() && send(&tx, &leadership, current).await;
                     }
                     msg = inbound.message() => match msg {
                         Ok(Some(m)) => hub.receive(&node, m),
@@ -90,8 +105,8 @@ impl NodeSync for SyncService {
                     },
                     changed = leadership.changed() => {
                         let lead = leadership.borrow_and_update().clone();
-                        if changed.is_err() || !lead.leader {
-                            let _ = tx.send(not_leader(lead.leader_address)).await;
+                        if changed.is_err() || !lead.leads() {
+                            let _ = tx.send(redirect(&lead)).await;
                             alive = false;
                         }
                     }
