@@ -632,6 +632,20 @@ async fn scenario() {
             "only c2's states after the freeze: {after:?}"
         );
     }
+
+    // A second move by the same leader gets its own event with its own message: the recorder
+    // folds events that share regarding, reason and related object, whatever their notes.
+    cp.ok(&["apply", "-f", "-"], Some(&moved));
+    within(Duration::from_secs(10), "c2's second serving-node event", || {
+        let events = cp.json(&["get", "events", "-n", "games", "--field-selector", "involvedObject.name=game"]);
+        let found = events["items"].as_array().into_iter().flatten().any(|e| {
+            e["reportingInstance"] == "c2"
+                && e["message"].as_str().is_some_and(|m| m.contains("now reached on node worker-1 (was worker-2)"))
+                && e["related"]["name"] == "worker-1"
+        });
+        if found { Ok(()) } else { Err(format!("{events}")) }
+    })
+    .await;
     drop(c1);
     drop(c2);
 }

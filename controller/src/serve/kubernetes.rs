@@ -256,7 +256,15 @@ impl Writer {
                 reason: "ServingNodeChanged".into(),
                 note: Some(format!("the pod is now reached on node {after} (was {before})")),
                 action: "Reprogram".into(),
-                secondary: None,
+                // The new node as the related object: the recorder folds events by regarding,
+                // reason and related (not by note), so without it a later move would only
+                // bump the count of the first event, which keeps its old message.
+                secondary: Some(k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(after.clone()),
+                    ..Default::default()
+                }),
             });
         }
         for e in events {
