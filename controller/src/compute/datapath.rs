@@ -58,7 +58,7 @@ pub const MAP_CT_MARK: &str = "ct_mark";
 const FORWARDING: &str = "net.ipv4.ip_forward";
 
 /// One end of a link, as one node sees it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Hash)]
 pub struct LinkEnd {
     pub device: String,
     pub numbers: LinkNumbers,
@@ -121,6 +121,19 @@ impl<'s> Builder<'s> {
 
     /// Adds one mapping. `ends` holds, for each programming node that lacks the pod, its end and
     /// the pod node's end of their link.
+    /// A digest of everything [`Builder::add`] reads for one mapping: while it stays the same,
+    /// so do the mapping's elements on every node, and a node that acknowledged them once
+    /// need not acknowledge them again for the mapping to stay Programmed.
+    pub fn fingerprint(p: &Placement, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (l4(p.admitted.protocol) as i32, p.admitted.ports, p.pod_ports()).hash(&mut h);
+        (&p.endpoint.node, p.endpoint.address, p.endpoint.port, &p.nodes).hash(&mut h);
+        matches!(p.admitted.class.spec.serving_mode, ServingMode::Multi).hash(&mut h);
+        ends.hash(&mut h);
+        h.finish()
+    }
+
     pub fn add(&mut self, p: &Placement, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>) {
         let proto = l4(p.admitted.protocol);
         let ports = p.admitted.ports;

@@ -90,7 +90,7 @@ impl LinkKey {
 }
 
 /// The numbers of one link, the same at both ends.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LinkNumbers {
     pub slot: u32,
     pub vni: u32,

@@ -107,6 +107,9 @@ pub struct Outputs {
     pub classes: BTreeMap<String, PortMapClassStatus>,
     /// For each programmed mapping, the nodes whose executors must acknowledge it.
     pub programming: BTreeMap<MapKey, Vec<String>>,
+    /// For each programmed mapping, [`datapath::Builder::fingerprint`]: what its elements
+    /// were computed from, so the hub knows which node states changed it.
+    pub fingerprints: BTreeMap<MapKey, u64>,
 }
 
 pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
@@ -168,12 +171,15 @@ pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
         let verdict = verdict.and_then(|p| {
             let ends = link_ends(&view, &alloc, &p)?;
             builder.add(&p, &ends);
-            Ok(p)
+            let fingerprint = datapath::Builder::fingerprint(&p, &ends);
+            Ok((p, fingerprint))
         });
         let Some(pm) = previous.get(&key) else { continue };
-        if let Ok(p) = &verdict {
+        let verdict = verdict.map(|(p, fingerprint)| {
             out.programming.insert(key.clone(), p.nodes.keys().cloned().collect());
-        }
+            out.fingerprints.insert(key.clone(), fingerprint);
+            p
+        });
         out.port_maps.insert(key, port_map_status(&view, pm, &verdict, now));
     }
     out.node_states = builder.finish();

@@ -96,10 +96,7 @@ impl Debug for DebugService {
             } else {
                 pod_node.iter().map(|p| format!("{} to {p}", device_name(class, p))).collect()
             };
-            let acked = self.hub.node(&node).is_some_and(|v| match (&v.acked, &v.desired) {
-                (Some(a), Some(d)) => a.version == d.version,
-                _ => false,
-            });
+            let acked = self.hub.unacked(&key, vec![node.clone()]).is_empty();
             nodes.push(NodeProgramming { node, role: role.to_string(), links, acked });
         }
         Ok(Response::new(PortMapExplanation { namespace: r.namespace, name: r.name, status_yaml, nodes }))

@@ -82,6 +82,9 @@ pub struct NodeView {
     pub facts: Option<WireFacts>,
 }
 
+/// Per node, the (term, sequence) of its first state holding a mapping as now computed.
+type HeldSince = BTreeMap<String, (u64, u64)>;
+
 #[derive(Debug, Default)]
 struct Inner {
     /// The latest inputs; None until the source delivered them once.
@@ -97,6 +100,10 @@ struct Inner {
     nodes: BTreeMap<String, NodeEntry>,
     /// The source's last error (a bad manifest); the previous inputs stay in use.
     source_error: Option<String>,
+    /// Per programmed mapping: its fingerprint, and for each node that must acknowledge it
+    /// the (term, sequence) of the first state holding it as it is now. A node that acked that
+    /// state or a later one of the term has it, whatever else changed on the node since.
+    holds_since: BTreeMap<MapKey, (u64, HeldSince)>,
     computes: u64,
 }
 
@@ -246,6 +253,27 @@ impl Hub {
         inner.nodes.iter().map(|(n, e)| view(n, e)).collect()
     }
 
+    /// Which of `nodes` have not yet acknowledged a state holding `key`'s mapping as last
+    /// computed: a node counts as done once it acked that state or any later one of the same
+    /// term, or when it is synced. Another mapping's change on the node (a new state version)
+    /// does not make this one pending again.
+    pub fn unacked(&self, key: &MapKey, nodes: Vec<String>) -> Vec<String> {
+        let inner = self.lock();
+        let since = inner.holds_since.get(key).map(|(_, s)| s);
+        nodes
+            .into_iter()
+            .filter(|n| {
+                let Some(e) = inner.nodes.get(n) else { return true };
+                let Some(acked) = &e.acked else { return true };
+                let synced = e.desired().is_some_and(|d| d.version == acked.version);
+                let holds = since
+                    .and_then(|s| s.get(n))
+                    .is_some_and(|(term, seq)| acked.term == *term && acked.sequence >= *seq);
+                !(synced || holds)
+            })
+            .collect()
+    }
+
     pub fn node(&self, name: &str) -> Option<NodeView> {
         let inner = self.lock();
         inner.nodes.get(name).map(|e| view(name, e))
@@ -378,6 +406,22 @@ impl Hub {
             entry.tx.send_replace(Some(Arc::new(DesiredState { term, sequence, version, state: Some(state) })));
             published += 1;
         }
+        let mut since = std::mem::take(&mut inner.holds_since);
+        since.retain(|k, _| out.fingerprints.contains_key(k));
+        for (key, fingerprint) in &out.fingerprints {
+            if !restamp && since.get(key).is_some_and(|(f, _)| f == fingerprint) {
+                continue;
+            }
+            let nodes = crate::compute::must_ack(&out, key)
+                .into_iter()
+                .filter_map(|n| {
+                    let d = inner.nodes.get(&n).and_then(NodeEntry::desired)?;
+                    Some((n, (d.term, d.sequence)))
+                })
+                .collect();
+            since.insert(key.clone(), (*fingerprint, nodes));
+        }
+        inner.holds_since = since;
         inner.outputs = out;
         drop(inner);
         self.status_dirty.notify_one();

@@ -78,8 +78,11 @@ impl Stores {
     }
 }
 
-/// Watches one kind into a store; every event pokes `changed`.
-fn reflect<K>(api: Api<K>, changed: Arc<Notify>) -> Store<K>
+/// Watches one kind into a store; every event pokes `changed`, except, with `spec_only`, an
+/// update that left the object's generation alone: kuport's own status writes (slot claims,
+/// facts, conditions) change nothing the computation needs to redo, and each one restarting
+/// the debounce delayed every change behind a status write storm.
+fn reflect<K>(api: Api<K>, changed: Arc<Notify>, spec_only: bool) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
@@ -88,8 +91,23 @@ where
     let stream = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
+        let mut generations: std::collections::HashMap<ObjectRef<K>, Option<i64>> = Default::default();
         while let Some(event) = stream.next().await {
             match event {
+                Ok(watcher::Event::Apply(o)) if spec_only => {
+                    let generation = o.meta().generation;
+                    if generations.insert(ObjectRef::from_obj(&o), generation) != Some(generation) {
+                        changed.notify_one();
+                    }
+                }
+                Ok(watcher::Event::Delete(o)) => {
+                    generations.remove(&ObjectRef::from_obj(&o));
+                    changed.notify_one();
+                }
+                Ok(watcher::Event::InitApply(o)) => {
+                    generations.insert(ObjectRef::from_obj(&o), o.meta().generation);
+                    changed.notify_one();
+                }
                 Ok(_) => changed.notify_one(),
                 Err(e) => tracing::warn!(kind = %K::kind(&K::DynamicType::default()), error = %e, "watch"),
             }
@@ -103,12 +121,12 @@ where
 pub fn observe(client: &Client, hub: Arc<Hub>) -> Stores {
     let changed = Arc::new(Notify::new());
     let stores = Stores {
-        nodes: reflect(Api::all(client.clone()), changed.clone()),
-        namespaces: reflect(Api::all(client.clone()), changed.clone()),
-        services: reflect(Api::all(client.clone()), changed.clone()),
-        slices: reflect(Api::all(client.clone()), changed.clone()),
-        classes: reflect(Api::all(client.clone()), changed.clone()),
-        port_maps: reflect(Api::all(client.clone()), changed.clone()),
+        nodes: reflect(Api::all(client.clone()), changed.clone(), false),
+        namespaces: reflect(Api::all(client.clone()), changed.clone(), false),
+        services: reflect(Api::all(client.clone()), changed.clone(), false),
+        slices: reflect(Api::all(client.clone()), changed.clone(), false),
+        classes: reflect(Api::all(client.clone()), changed.clone(), true),
+        port_maps: reflect(Api::all(client.clone()), changed.clone(), true),
     };
     let s = stores.clone();
     tokio::spawn(async move {
@@ -180,20 +198,20 @@ impl Writer {
     }
 
     /// Writes every PortMap status that differs from the stored one, with Programmed held at
-    /// Pending until each node that must apply the mapping acknowledged its current state.
+    /// Pending until each node that must apply the mapping acknowledged a state holding it as
+    /// computed now ([`Hub::unacked`]).
     /// `young`: this term's reconnect grace has not ended, so a node without news of its
     /// executor keeps the status stored before.
     async fn write_port_maps(&self, young: bool) {
         let (out, _) = self.hub.outputs();
-        // Per node: Some(synced), or None while there is no news of its executor yet.
-        let nodes: BTreeMap<String, Option<bool>> = self
+        // Per node: whether its executor is counted (false while there is no news of it yet).
+        let nodes: BTreeMap<String, bool> = self
             .hub
             .nodes()
             .into_iter()
             .map(|v| {
-                let synced = matches!((&v.acked, &v.desired), (Some(a), Some(d)) if a.version == d.version);
                 let news = v.connected || v.acked.is_some();
-                (v.node, (news || !young).then_some(synced))
+                (v.node, news || !young)
             })
             .collect();
         let now = Timestamp::now();
@@ -203,12 +221,11 @@ impl Writer {
             }
             let Some(stored) = self.stores.port_map(key) else { continue };
             let must = must_ack(&out, key);
-            if stored.status.is_some() && must.iter().any(|n| nodes.get(n).is_some_and(Option::is_none)) {
+            if stored.status.is_some() && must.iter().any(|n| nodes.get(n) == Some(&false)) {
                 // Keep what is stored until the executor reconnects or the grace ends.
                 continue;
             }
-            let pending: Vec<String> =
-                must.into_iter().filter(|n| !nodes.get(n).copied().flatten().unwrap_or(false)).collect();
+            let pending = self.hub.unacked(key, must);
             let st = with_pending(computed, stored.status.as_ref(), &pending, stored.metadata.generation, now);
             if stored.status.as_ref() == Some(&st) {
                 continue;

@@ -1,0 +1,56 @@
+//! The hub's bookkeeping of which executor holds which mapping: a change to one PortMap makes
+//! only that PortMap wait for the nodes' acknowledgements, not every PortMap on those nodes
+//! (a status write storm on each unrelated change, seen in the latency benchmark).
+
+use std::path::Path;
+
+use kuport_controller::compute::Settings;
+use kuport_controller::compute::admission::MapKey;
+use kuport_controller::render;
+use kuport_controller::serve::{Hub, leader};
+use kuport_proto::v1::{Ack, ExecutorMessage, Hello, executor_message};
+
+fn key(ns: &str, name: &str) -> MapKey {
+    (ns.to_string(), name.to_string())
+}
+
+/// Acks what the hub currently wants on `node`.
+fn ack(hub: &Hub, node: &str) {
+    let d = hub.node(node).and_then(|v| v.desired).expect("a desired state");
+    let ack = Ack { term: d.term, sequence: d.sequence, version: d.version.clone(), ok: true, errors: Vec::new() };
+    hub.receive(node, ExecutorMessage { message: Some(executor_message::Message::Ack(ack)) });
+}
+
+#[test]
+fn one_port_map_changing_leaves_the_others_on_its_nodes_acknowledged() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster");
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let mut cluster = render::load_dir(&dir, now).expect("examples load");
+    let (_tx, rx) = leader::standalone("127.0.0.1:1".into());
+    let hub = Hub::new(Settings::default(), rx, true);
+    hub.set_inputs(cluster.clone());
+    hub.recompute();
+    for node in ["edge-a", "worker-2"] {
+        let _ = hub.connect(&Hello { node: node.into(), executor_version: "test".into(), applied: None });
+    }
+    let (web, game) = (key("web", "web"), key("games", "game"));
+    let (edge, pod) = (vec!["edge-a".to_string()], vec!["edge-a".to_string(), "worker-2".to_string()]);
+    assert_eq!(hub.unacked(&web, edge.clone()), edge, "nothing acked yet");
+    ack(&hub, "edge-a");
+    ack(&hub, "worker-2");
+    assert!(hub.unacked(&web, edge.clone()).is_empty());
+    assert!(hub.unacked(&game, pod.clone()).is_empty());
+
+    // web (on edge-a) moves to another port: edge-a gets a new state.
+    let before = hub.node("edge-a").and_then(|v| v.desired).expect("state").version.clone();
+    let pm = cluster.port_maps.iter_mut().find(|p| p.metadata.name.as_deref() == Some("web")).expect("web");
+    pm.spec.port = 8443;
+    hub.set_inputs(cluster);
+    hub.recompute();
+    let after = hub.node("edge-a").and_then(|v| v.desired).expect("state").version.clone();
+    assert_ne!(before, after, "edge-a's state changed");
+    assert_eq!(hub.unacked(&web, edge.clone()), edge, "web waits for edge-a");
+    assert!(hub.unacked(&game, pod.clone()).is_empty(), "game, unchanged, is still held by edge-a");
+    ack(&hub, "edge-a");
+    assert!(hub.unacked(&web, edge).is_empty());
+}
