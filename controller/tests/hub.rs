@@ -54,3 +54,47 @@ fn one_port_map_changing_leaves_the_others_on_its_nodes_acknowledged() {
     ack(&hub, "edge-a");
     assert!(hub.unacked(&web, edge).is_empty());
 }
+
+/// Facts that differ only in interfaces no class names on the node (a pod's veth) do not
+/// recompute: each recompute restarted the debounce of real changes (latency benchmark).
+#[tokio::test]
+async fn only_facts_the_computation_reads_trigger_a_recompute() {
+    use kuport_proto::v1::{InterfaceFacts, NodeFacts};
+    use std::time::Duration;
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster");
+    let cluster = render::load_dir(&dir, k8s_openapi::jiff::Timestamp::now()).expect("examples load");
+    let (_tx, rx) = leader::standalone("127.0.0.1:1".into());
+    let hub = Hub::new(Settings::default(), rx, true);
+    hub.set_inputs(cluster);
+    tokio::spawn(hub.clone().recompute_loop(None));
+    let _ = hub.connect(&Hello { node: "edge-a".into(), executor_version: "test".into(), applied: None });
+    let iface =
+        |name: &str, address: &str| InterfaceFacts { name: name.into(), mtu: 1500, addresses: vec![address.into()] };
+    let facts = |interfaces: Vec<InterfaceFacts>| ExecutorMessage {
+        message: Some(executor_message::Message::Facts(NodeFacts {
+            underlay_address: "100.64.0.10".into(),
+            underlay_mtu: 1500,
+            underlay_interface: "wt0".into(),
+            interfaces,
+            kernel: "test".into(),
+        })),
+    };
+    // Waits past the debounce, then returns how many computes ran so far.
+    let settled = || async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        hub.computes()
+    };
+    let base = vec![iface("enp1s0", "203.0.113.9"), iface("wt0", "100.64.0.10")];
+    hub.receive("edge-a", facts(base.clone()));
+    let first = settled().await;
+    assert!(first >= 1, "the first facts compute");
+
+    let mut with_veth = base.clone();
+    with_veth.push(iface("lxc1234", "fe80::1"));
+    hub.receive("edge-a", facts(with_veth));
+    assert_eq!(settled().await, first, "a pod's veth is not read by the computation");
+
+    hub.receive("edge-a", facts(vec![iface("enp1s0", "203.0.113.10"), iface("wt0", "100.64.0.10")]));
+    assert_eq!(settled().await, first + 1, "a named interface's address is");
+}

@@ -218,11 +218,25 @@ impl Hub {
     /// A message from a connected executor.
     pub fn receive(&self, node: &str, message: ExecutorMessage) {
         let mut inner = self.lock();
+        // The interfaces any class names on this node: the only ones the computation reads.
+        let named: Vec<String> = match &message.message {
+            Some(executor_message::Message::Facts(_)) => inner
+                .inputs
+                .iter()
+                .flat_map(|c| &c.classes)
+                .filter_map(|c| c.spec.nodes.get(node))
+                .flat_map(|n| n.interfaces.iter().cloned())
+                .collect(),
+            _ => Vec::new(),
+        };
         let Some(entry) = inner.nodes.get_mut(node) else { return };
         let mut recompute = false;
         match message.message {
             Some(executor_message::Message::Facts(f)) => {
-                recompute = entry.facts.as_ref() != Some(&f);
+                // A pod's veth coming or going changes the facts but no computed state; a
+                // recompute for it would only restart the debounce of a real change.
+                recompute =
+                    entry.facts.as_ref().is_none_or(|old| computed_from(old, &named) != computed_from(&f, &named));
                 entry.facts = Some(f);
             }
             Some(executor_message::Message::Ack(a)) => {
@@ -475,6 +489,15 @@ fn view(node: &str, e: &NodeEntry) -> NodeView {
 }
 
 /// Reported facts as the computation reads them.
+/// The part of reported facts the computation reads, given the interfaces classes name there.
+fn computed_from<'a>(
+    f: &'a WireFacts,
+    named: &[String],
+) -> (&'a str, u32, &'a str, Vec<&'a kuport_proto::v1::InterfaceFacts>) {
+    let interfaces = f.interfaces.iter().filter(|i| named.contains(&i.name)).collect();
+    (&f.underlay_address, f.underlay_mtu, &f.underlay_interface, interfaces)
+}
+
 fn facts_input(node: &str, f: &WireFacts) -> NodeFacts {
     NodeFacts {
         node: node.to_string(),
