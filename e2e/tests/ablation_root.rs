@@ -42,11 +42,12 @@ fn multi_lab() -> (Lab, BTreeMap<String, NodeState>) {
     (lab, out.node_states)
 }
 
+/// Whether the element's key holds the interface `name` (the claim key is ports . oifname ...).
 fn is_ifname(e: &kuport_proto::v1::NftElement, name: &str) -> bool {
-    matches!(e.key.first().and_then(|v| v.value.as_ref()), Some(nft_value::Value::Ifname(n)) if n == name)
+    e.key.iter().any(|v| matches!(v.value.as_ref(), Some(nft_value::Value::Ifname(n)) if n == name))
 }
 
-/// The request claim on the pod's node (`"cilium_host" . pod . udp . range` in @claim): without
+/// The request claim on the pod's node (`range . "cilium_host" . pod . udp` in @claim): without
 /// it the CNI's masquerade claims the request on its way into the pod network, and the pod sees
 /// the node's cilium_host (router) address instead of the client.
 #[test]
@@ -67,8 +68,8 @@ fn without_the_request_claim_the_pod_sees_the_node() {
     }
 }
 
-/// The reply claim on the pod's node (@reply_claim, `oifname != "cilium_*" ip saddr . proto .
-/// sport`). Note 000: without it the CNI's egress masquerade rewrites the reply's source and the
+/// The reply claim on the pod's node (@reply_claim, `oifname != "cilium_*" sport . ip saddr .
+/// proto`). Note 000: without it the CNI's egress masquerade rewrites the reply's source and the
 /// client discards it. Observed here: for connections the client opens nothing changes, because
 /// NAT is decided on a connection's first packet and a reply is never evaluated by a NAT rule;
 /// the claim only acts on a flow the pod starts from the published port. See the next test.

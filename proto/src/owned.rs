@@ -25,9 +25,10 @@ pub const RESERVED_TABLES: [u32; 4] = [0, 253, MAIN_TABLE, 255];
 
 /// Published single ports: (iifname, proto, port) to (address, port).
 pub const MAP_PUBLISH_PORT: &str = "publish_port";
-/// Published ranges: (iifname, proto, ports) to the address; the port is kept.
+/// Published ranges: (ports, iifname, proto) to the address; the port is kept. Every interval
+/// set's key starts with its ports (see the controller's datapath module).
 pub const MAP_PUBLISH_RANGE: &str = "publish_range";
 /// Link arrivals, single ports: (iifname, this end, proto, port) to (pod, port).
 pub const MAP_LINK_PORT: &str = "link_port";
-/// Link arrivals, ranges: (iifname, this end, proto, ports) to the pod.
+/// Link arrivals, ranges: (ports, iifname, this end, proto) to the pod.
 pub const MAP_LINK_RANGE: &str = "link_range";
