@@ -19,7 +19,6 @@ use std::sync::Arc;
 use kuport_proto::v1::debug_server::DebugServer;
 use kuport_proto::v1::node_sync_server::NodeSyncServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::compute::Settings;
 pub use hub::Hub;
@@ -73,7 +72,10 @@ where
     if let Ok(r) = reflection {
         router = router.add_service(r);
     }
-    router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop).await
+    // TCP_NODELAY as tonic's own bind sets it: with Nagle, the tail of a state waits for the
+    // executor's delayed ACK (40 ms on Linux).
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    router.serve_with_incoming_shutdown(incoming, stop).await
 }
 
 /// Runs a standalone controller on `listener`: the folder source, the recompute loop and the
