@@ -646,6 +646,31 @@ async fn scenario() {
         if found { Ok(()) } else { Err(format!("{events}")) }
     })
     .await;
+
+    // A kubelet heartbeat (a Node status update that keeps readiness and address) does not
+    // recompute; a readiness change does.
+    let reconciles = || {
+        let m = c2.metrics();
+        m.lines()
+            .find_map(|l| l.strip_prefix("kuport_reconciles_total ")?.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no kuport_reconciles_total:\n{m}"))
+    };
+    let node_status = |ready: &str, heartbeat: &str| {
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: edge-a}}\nstatus:\n  addresses: [{{type: InternalIP, address: 100.64.93.143}}]\n  conditions: [{{type: Ready, status: \"{ready}\", lastHeartbeatTime: \"{heartbeat}\"}}]\n"
+        )
+    };
+    let status_apply = ["apply", "--server-side", "--subresource=status", "--force-conflicts", "-f", "-"];
+    let before = reconciles();
+    cp.ok(&status_apply, Some(&node_status("True", "2026-11-29T12:00:00Z")));
+    cp.ok(&status_apply, Some(&node_status("True", "2026-11-29T12:00:10Z")));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(reconciles(), before, "heartbeats recomputed");
+    cp.ok(&status_apply, Some(&node_status("False", "2026-11-29T12:00:20Z")));
+    within(Duration::from_secs(5), "a readiness change recomputes", || {
+        if reconciles() > before { Ok(()) } else { Err(format!("still {before}")) }
+    })
+    .await;
     drop(c1);
     drop(c2);
 }

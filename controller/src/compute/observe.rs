@@ -173,6 +173,12 @@ impl<'a> View<'a> {
     }
 }
 
+/// What the computation reads of a Node besides its name: readiness and the InternalIP. A
+/// watch that sees neither change (a kubelet heartbeat) need not recompute.
+pub fn node_inputs(node: &Node) -> (bool, Option<Ipv4Addr>) {
+    (node_ready(node), internal_ip(node))
+}
+
 fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()

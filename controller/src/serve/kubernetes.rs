@@ -26,6 +26,7 @@ use super::hub::{Gate, Hub};
 use super::metrics::WriteKind;
 use crate::api::{PortMap, PortMapClass, PortMapStatus};
 use crate::compute::admission::MapKey;
+use crate::compute::observe::node_inputs;
 use crate::compute::status::{self, condition, reason};
 use crate::compute::{Cluster, Outputs, must_ack};
 
@@ -78,11 +79,12 @@ impl Stores {
     }
 }
 
-/// Watches one kind into a store; every event pokes `changed`, except, with `spec_only`, an
-/// update that left the object's generation alone: kuport's own status writes (slot claims,
-/// facts, conditions) change nothing the computation needs to redo, and each one restarting
-/// the debounce delayed every change behind a status write storm.
-fn reflect<K>(api: Api<K>, changed: Arc<Notify>, spec_only: bool) -> Store<K>
+/// Watches one kind into a store; every event pokes `changed`, except an update that left
+/// `reads(object)` alone, when given: what the computation reads of the object. kuport's own
+/// status writes (slot claims, facts, conditions) leave a PortMap's or class's generation alone,
+/// and kubelet heartbeats a Node's readiness and address; each one restarting the debounce
+/// delayed every real change behind it.
+fn reflect<K>(api: Api<K>, changed: Arc<Notify>, reads: Option<fn(&K) -> u64>) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
@@ -91,21 +93,22 @@ where
     let stream = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
-        let mut generations: std::collections::HashMap<ObjectRef<K>, Option<i64>> = Default::default();
+        let mut seen: std::collections::HashMap<ObjectRef<K>, u64> = Default::default();
         while let Some(event) = stream.next().await {
             match event {
-                Ok(watcher::Event::Apply(o)) if spec_only => {
-                    let generation = o.meta().generation;
-                    if generations.insert(ObjectRef::from_obj(&o), generation) != Some(generation) {
+                Ok(watcher::Event::Apply(o)) if let Some(reads) = reads => {
+                    if seen.insert(ObjectRef::from_obj(&o), reads(&o)) != Some(reads(&o)) {
                         changed.notify_one();
                     }
                 }
                 Ok(watcher::Event::Delete(o)) => {
-                    generations.remove(&ObjectRef::from_obj(&o));
+                    seen.remove(&ObjectRef::from_obj(&o));
                     changed.notify_one();
                 }
                 Ok(watcher::Event::InitApply(o)) => {
-                    generations.insert(ObjectRef::from_obj(&o), o.meta().generation);
+                    if let Some(reads) = reads {
+                        seen.insert(ObjectRef::from_obj(&o), reads(&o));
+                    }
                     changed.notify_one();
                 }
                 Ok(_) => changed.notify_one(),
@@ -116,17 +119,33 @@ where
     reader
 }
 
+/// A digest of what the computation reads of an object (see [`reflect`]).
+fn digest(what: &impl Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    what.hash(&mut h);
+    h.finish()
+}
+
 /// Starts the watches and feeds the hub: nothing until every store has listed once (a partial
 /// view would tear down what works), then a fresh snapshot after every change.
 pub fn observe(client: &Client, hub: Arc<Hub>) -> Stores {
     let changed = Arc::new(Notify::new());
     let stores = Stores {
-        nodes: reflect(Api::all(client.clone()), changed.clone(), false),
-        namespaces: reflect(Api::all(client.clone()), changed.clone(), false),
-        services: reflect(Api::all(client.clone()), changed.clone(), false),
-        slices: reflect(Api::all(client.clone()), changed.clone(), false),
-        classes: reflect(Api::all(client.clone()), changed.clone(), true),
-        port_maps: reflect(Api::all(client.clone()), changed.clone(), true),
+        nodes: reflect(Api::all(client.clone()), changed.clone(), Some(|n: &Node| digest(&node_inputs(n)))),
+        namespaces: reflect(Api::all(client.clone()), changed.clone(), None),
+        services: reflect(Api::all(client.clone()), changed.clone(), None),
+        slices: reflect(Api::all(client.clone()), changed.clone(), None),
+        classes: reflect(
+            Api::all(client.clone()),
+            changed.clone(),
+            Some(|c: &PortMapClass| digest(&c.metadata.generation)),
+        ),
+        port_maps: reflect(
+            Api::all(client.clone()),
+            changed.clone(),
+            Some(|p: &PortMap| digest(&p.metadata.generation)),
+        ),
     };
     let s = stores.clone();
     tokio::spawn(async move {
