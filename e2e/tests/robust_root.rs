@@ -557,10 +557,17 @@ fn manifest_edits_converge_and_the_probes_follow() {
     assert_eq!(st.endpoint.as_ref().map(|e| e.node.as_str()), Some("worker-1"), "{st:?}");
     // The established flow follows too: edge-a's executor deleted the conntrack entry that
     // still translated it to the old link, so its next datagram met the new element.
-    let established = prober.wait_answered_one("udp-established", published, Duration::from_secs(2));
+    let established = prober.wait_answered_one("udp-established", published, Duration::from_secs(5));
     let to = prober.now();
     prober.stop();
     let edge_ct = conntrack(r.lab(), "edge-a", &["dport=27015"]);
+    let pod_ct = conntrack(r.lab(), "worker-1", &["dport=27015"]);
+    let exec_logs: String = ["edge-a", "worker-1"]
+        .iter()
+        .map(|n| std::fs::read_to_string(r.plane().dir().join(kuport_lab::plane::executor_log(n))).unwrap_or_default())
+        .flat_map(|log| log.lines().filter(|l| l.contains("conntrack")).map(str::to_string).collect::<Vec<_>>())
+        .collect::<Vec<_>>()
+        .join("\n");
     println!(
         "game-0 moved to worker-1 (its namespace and server rebuilt in {}), objects written: edge-a and \
          worker-1 applied the new states {} after the write; first new flow answered by game-0 on worker-1 \
@@ -572,7 +579,8 @@ fn manifest_edits_converge_and_the_probes_follow() {
     print!("probes from the move on ({:.1} s):\n{}", (to - moved).as_secs_f64(), prober.report(moved, to));
     assert!(
         established,
-        "the established UDP flow did not follow within 2 s: edge-a's conntrack for port 27015:\n{edge_ct}"
+        "the established UDP flow did not follow within 5 s: edge-a's conntrack for port 27015:\n{edge_ct}\n\
+         worker-1's:\n{pod_ct}\nthe executors' conntrack log lines:\n{exec_logs}"
     );
     let at = prober.first_answer("udp-established", published).expect("answered") - published;
     println!("the established UDP flow followed {} after the write; edge-a's conntrack now:\n{edge_ct}", ms(at));

@@ -103,14 +103,17 @@ pub struct StaleFlows {
     pub protocol: u8,
     /// Original-direction destination ports, inclusive.
     pub ports: RangeInclusive<u16>,
-    /// The DNAT target the entries were translated to (their reply-direction source): only
-    /// flows kuport's old element sent there are touched, never another service's.
-    pub old_target: Ipv4Addr,
+    /// Some: entries translated to this address (their reply source), by an element that moved
+    /// or went; never another service's flows. None: entries not translated at all (reply source
+    /// = original destination), which a new element would now translate.
+    pub translated_to: Option<Ipv4Addr>,
 }
 
 impl StaleFlows {
     fn selects(&self, e: &Entry) -> bool {
-        e.orig.proto == self.protocol && self.ports.contains(&e.orig.dport) && e.reply_src == self.old_target
+        e.orig.proto == self.protocol
+            && self.ports.contains(&e.orig.dport)
+            && e.reply_src == self.translated_to.unwrap_or(e.orig.dst)
     }
 }
 
@@ -120,41 +123,59 @@ const DNAT_MAPS: [&str; 4] =
 /// IPPROTO_UDP.
 const UDP: u8 = 17;
 
-/// The UDP flows a table change strands: one per DNAT element of `old` whose key is gone from
-/// `new` or now maps elsewhere. Only UDP, as kube-proxy does: an established UDP flow refreshes
-/// its entry with every datagram and would follow the old target forever, while a TCP flow to a
-/// vanished pod ends on its own and one to a live pod may still drain. Sets whose digests match
-/// are skipped without a walk; elements are in canonical order, so the common head and tail of
-/// a changed set are skipped too.
-pub fn stranded_udp(old: &NftTable, new: Option<&NftTable>) -> Vec<StaleFlows> {
+/// The UDP flows a table change leaves on the wrong path, which keep it as long as they send:
+/// - those an element of `old` translated, when the element is gone from `new` or now maps
+///   elsewhere;
+/// - those no element translated (their first datagram came before the element), for every
+///   element `new` adds or changes. On a pod's node the link's element can land after the
+///   accepting node already sends the flow there; that datagram makes an untranslated entry.
+///
+/// Only UDP, as kube-proxy does: an established UDP flow refreshes its entry with every datagram,
+/// while a TCP flow to a vanished pod ends on its own and one to a live pod may still drain.
+/// Sets whose digests match are skipped without a walk; elements are in canonical order, so the
+/// common head and tail of a changed set are skipped too.
+pub fn stale_udp(old: Option<&NftTable>, new: Option<&NftTable>) -> Vec<StaleFlows> {
     let mut out = Vec::new();
     for name in DNAT_MAPS {
-        let Some(before) = old.sets.iter().find(|s| s.name == name) else { continue };
-        let after = new.and_then(|t| t.sets.iter().find(|s| s.name == name));
-        let after_elements = after.map_or(&[][..], |s| &s.elements[..]);
-        if after.is_some_and(|a| !a.digest.is_empty() && a.digest == before.digest) {
+        let (before, after) = (set_of(old, name), set_of(new, name));
+        if let (Some(b), Some(a)) = (before, after)
+            && !a.digest.is_empty()
+            && a.digest == b.digest
+        {
             continue;
         }
-        let (b, a) = (&before.elements[..], after_elements);
+        let (b, a) = (elements(before), elements(after));
         let head = b.iter().zip(a).take_while(|(x, y)| x == y).count();
         let (b, a) = (&b[head..], &a[head..]);
         let tail = b.iter().rev().zip(a.iter().rev()).take_while(|(x, y)| x == y).count();
         let (b, a) = (&b[..b.len() - tail], &a[..a.len() - tail]);
-        let kept: HashMap<String, &[NftValue]> = a.iter().map(|e| (format!("{:?}", e.key), &e.data[..])).collect();
-        for e in b {
-            if kept.get(&format!("{:?}", e.key)).is_some_and(|data| *data == &e.data[..]) {
-                continue;
-            }
-            if let Some(flows) = dnat_flows(e).filter(|f| f.protocol == UDP) {
-                out.push(flows);
-            }
+        let by_key = |list: &[NftElement]| -> HashMap<String, Vec<NftValue>> {
+            list.iter().map(|e| (format!("{:?}", e.key), e.data.clone())).collect()
+        };
+        let (was, now) = (by_key(b), by_key(a));
+        let unchanged = |e: &NftElement, other: &HashMap<String, Vec<NftValue>>| {
+            other.get(&format!("{:?}", e.key)).is_some_and(|data| *data == e.data)
+        };
+        for e in b.iter().filter(|e| !unchanged(e, &now)) {
+            out.extend(dnat_flows(e, true));
+        }
+        for e in a.iter().filter(|e| !unchanged(e, &was)) {
+            out.extend(dnat_flows(e, false));
         }
     }
     out
 }
 
-/// The flows one DNAT element translates: its protocol and ports, and its target address.
-fn dnat_flows(e: &NftElement) -> Option<StaleFlows> {
+fn set_of<'a>(table: Option<&'a NftTable>, name: &str) -> Option<&'a kuport_proto::v1::NftSet> {
+    table.and_then(|t| t.sets.iter().find(|s| s.name == name))
+}
+
+fn elements(set: Option<&kuport_proto::v1::NftSet>) -> &[NftElement] {
+    set.map_or(&[][..], |s| &s.elements[..])
+}
+
+/// The UDP flows of one DNAT element: its ports, and its target (`translated`) or none.
+fn dnat_flows(e: &NftElement, translated: bool) -> Option<StaleFlows> {
     let mut protocol = None;
     let mut ports = None;
     for v in &e.key {
@@ -164,11 +185,12 @@ fn dnat_flows(e: &NftElement) -> Option<StaleFlows> {
             _ => {}
         }
     }
-    let old_target = e.data.iter().find_map(|v| match &v.value {
+    let target = e.data.iter().find_map(|v| match &v.value {
         Some(Value::Addr(a)) => a.parse().ok(),
         _ => None,
     })?;
-    Some(StaleFlows { protocol: protocol?, ports: ports?, old_target })
+    let translated_to = translated.then_some(target);
+    Some(StaleFlows { protocol: protocol?, ports: ports?, translated_to }).filter(|f| f.protocol == UDP)
 }
 
 /// Everything that can go wrong deleting conntrack entries.
@@ -641,7 +663,7 @@ mod tests {
     #[test]
     fn flows_select_by_protocol_port_and_old_target() {
         let old = Ipv4Addr::new(10, 0, 1, 2);
-        let flows = StaleFlows { protocol: 17, ports: 27000..=27015, old_target: old };
+        let flows = StaleFlows { protocol: 17, ports: 27000..=27015, translated_to: Some(old) };
         assert!(flows.selects(&entry(27015, old.octets())));
         assert!(flows.selects(&entry(27000, old.octets())));
         assert!(!flows.selects(&entry(27015, [10, 0, 1, 3])), "another target's flow");
@@ -669,25 +691,42 @@ mod tests {
     }
 
     #[test]
-    fn a_moved_or_removed_udp_element_strands_its_flows() {
+    fn moved_removed_and_added_udp_elements_leave_stale_flows() {
         let old =
             table(vec![published(6, 80, "10.0.0.1"), published(17, 5000, "10.0.0.2"), published(17, 6000, "10.0.0.3")]);
         // Unchanged: nothing, whether or not digests are there.
-        assert!(stranded_udp(&old, Some(&old)).is_empty());
+        assert!(stale_udp(Some(&old), Some(&old)).is_empty());
         let mut undigested = old.clone();
         undigested.sets[0].digest.clear();
-        assert!(stranded_udp(&undigested, Some(&undigested)).is_empty());
+        assert!(stale_udp(Some(&undigested), Some(&undigested)).is_empty());
 
-        // 5000 moves, 6000 goes, TCP 80 moves too (TCP is left alone).
-        let new = table(vec![published(6, 80, "10.0.0.9"), published(17, 5000, "10.0.0.8")]);
-        let flows = stranded_udp(&old, Some(&new));
-        let want = [(5000, "10.0.0.2"), (6000, "10.0.0.3")].map(|(p, t)| StaleFlows {
-            protocol: UDP,
-            ports: p..=p,
-            old_target: t.parse().unwrap(),
-        });
-        assert_eq!(flows, want);
-        // The table gone: every UDP element's flows.
-        assert_eq!(stranded_udp(&old, None), want);
+        // 5000 moves, 6000 goes, 7000 comes, TCP 80 moves too (TCP is left alone).
+        let new =
+            table(vec![published(6, 80, "10.0.0.9"), published(17, 5000, "10.0.0.8"), published(17, 7000, "10.0.0.7")]);
+        let flows = |list: &[(u16, Option<&str>)]| -> Vec<StaleFlows> {
+            list.iter()
+                .map(|(p, t)| StaleFlows {
+                    protocol: UDP,
+                    ports: *p..=*p,
+                    translated_to: t.map(|t| t.parse().expect("an address")),
+                })
+                .collect()
+        };
+        // The old targets' flows, then the untranslated flows of what the new elements catch.
+        let want = flows(&[(5000, Some("10.0.0.2")), (6000, Some("10.0.0.3")), (5000, None), (7000, None)]);
+        assert_eq!(stale_udp(Some(&old), Some(&new)), want);
+        // The table gone: every UDP element's flows; the first table: its untranslated ones.
+        assert_eq!(stale_udp(Some(&old), None), flows(&[(5000, Some("10.0.0.2")), (6000, Some("10.0.0.3"))]));
+        assert_eq!(stale_udp(None, Some(&old)), flows(&[(5000, None), (6000, None)]));
+    }
+
+    #[test]
+    fn untranslated_flows_are_selected_by_port_only_when_nothing_translated_them() {
+        let flows = StaleFlows { protocol: 17, ports: 27015..=27115, translated_to: None };
+        let mut e = entry(27015, [203, 0, 113, 9]);
+        e.orig.dst = Ipv4Addr::new(203, 0, 113, 9);
+        assert!(flows.selects(&e), "reply source = original destination: untranslated");
+        e.reply_src = Ipv4Addr::new(10, 0, 1, 2);
+        assert!(!flows.selects(&e), "translated by something else");
     }
 }

@@ -171,7 +171,7 @@ impl Executor {
         if let (Ok(report), Some(old)) = (&mut result, &old)
             && !Arc::ptr_eq(old, &desired)
         {
-            self.delete_stranded_flows(old, &desired, report);
+            self.delete_stale_flows(old, &desired, report);
         }
         if let Some(old) = old {
             drop_elsewhere(old);
@@ -242,13 +242,12 @@ impl Executor {
         Ok(report)
     }
 
-    /// Once the new table is in, deletes the conntrack entries of UDP flows whose DNAT element
-    /// moved or went (see [`conntrack::stranded_udp`]): their next datagram meets the new
-    /// element. `old` is the state asked for before; a failure here is logged and reported,
+    /// Once the new table is in, deletes the conntrack entries of UDP flows a DNAT element no
+    /// longer translates, or a new one would (see [`conntrack::stale_udp`]): their next
+    /// datagram meets the new element. `old` is the state asked for before; a failure here is logged and reported,
     /// never an apply error, since the datapath itself is right.
-    fn delete_stranded_flows(&self, old: &NetnsState, new: &NetnsState, report: &mut Report) {
-        let Some(before) = own_table(old) else { return };
-        let flows = conntrack::stranded_udp(before, own_table(new));
+    fn delete_stale_flows(&self, old: &NetnsState, new: &NetnsState, report: &mut Report) {
+        let flows = conntrack::stale_udp(own_table(old), own_table(new));
         if flows.is_empty() {
             return;
         }
@@ -256,10 +255,10 @@ impl Executor {
             Ok(0) => {}
             Ok(n) => {
                 report.writes += n;
-                report.actions.push(format!("delete {n} conntrack entries of moved UDP targets"));
+                report.actions.push(format!("delete {n} conntrack entries of UDP flows on a stale path"));
             }
             Err(e) => {
-                tracing::warn!(error = %e, "deleting stranded UDP conntrack entries");
+                tracing::warn!(error = %e, "deleting stale UDP conntrack entries");
                 report.actions.push(format!("conntrack cleanup failed: {e}"));
             }
         }

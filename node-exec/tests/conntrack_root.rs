@@ -179,7 +179,7 @@ fn echo(sock: &UdpSocket, port: u16) {
 }
 
 fn udp(ports: std::ops::RangeInclusive<u16>, old_target: Ipv4Addr) -> StaleFlows {
-    StaleFlows { protocol: UDP, ports, old_target }
+    StaleFlows { protocol: UDP, ports, translated_to: Some(old_target) }
 }
 
 #[test]
@@ -229,7 +229,8 @@ fn stale_udp_flows_are_deleted_and_current_ones_kept() {
     assert_eq!(flow(PORT, "udp").len(), 1);
 
     // Nothing left to delete the second time; several flows at once count every deletion.
-    let all = [udp(PORT..=OTHER_PORT, SERVER), StaleFlows { protocol: 6, ports: PORT..=PORT, old_target: SERVER }];
+    let all =
+        [udp(PORT..=OTHER_PORT, SERVER), StaleFlows { protocol: 6, ports: PORT..=PORT, translated_to: Some(SERVER) }];
     assert_eq!(delete_stale(Some(&lab.router()), &all).expect("delete (all)"), 3);
     assert!(lab.conntrack(&[&format!("dst={ROUTER_FRONT}")]).is_empty());
     assert_eq!(delete_stale(Some(&lab.router()), &all).expect("delete (none left)"), 0);
