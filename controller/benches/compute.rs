@@ -24,209 +24,28 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{
-    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, ObjectReference, Service, ServicePort, ServiceSpec,
-};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use k8s_openapi::jiff::Timestamp;
-use kuport_controller::api::{
-    ClassNode, PortMap, PortMapClass, PortMapClassSpec, PortMapSpec, PortPolicy, Protocol, ReturnPath, ReturnPathMode,
-    ServiceRef, ServingMode, VxlanSpec,
-};
+#[path = "common/cluster.rs"]
+mod cluster;
+#[path = "common/machine.rs"]
+mod machine;
+use cluster::*;
+use machine::loadavg;
+
+use kuport_controller::api::Protocol;
 use kuport_controller::compute::admission::{self, MapKey};
 use kuport_controller::compute::datapath::{Builder, LinkEnd};
 use kuport_controller::compute::links::{self, LinkKey};
-use kuport_controller::compute::observe::{self, View};
+use kuport_controller::compute::observe::View;
 use kuport_controller::compute::placement::{self, Placement};
 use kuport_controller::compute::status::Refusal;
-use kuport_controller::compute::{Cluster, InterfaceFacts, NodeFacts, Outputs, Settings, compute};
+use kuport_controller::compute::{Cluster, Outputs, Settings, compute};
 use prost::Message as _;
 
 /// (nodes, PortMaps) measured by default; pods are PODS_PER_SERVICE per PortMap.
 const SIZES: [(usize, usize); 3] = [(100, 1_000), (1_000, 10_000), (5_000, 50_000)];
 const DEFAULT_REPS: usize = 3;
-const PODS_PER_SERVICE: usize = 3;
-const EDGES: usize = 10;
-const NAMESPACES: usize = 100;
 /// A first compute slower than this is measured once, and larger sizes are skipped.
 const TOO_SLOW: Duration = Duration::from_secs(60);
-
-/// (name, mode, accepting edges, interface, subnet, first VNI, VXLAN port)
-type ClassShape = (&'static str, ServingMode, &'static [usize], &'static str, &'static str, u32, u16);
-const CLASSES: [ClassShape; 4] = [
-    ("public", ServingMode::Single, &[0, 1, 2], "enp1s0", "172.16.0.0/16", 10_000, 4790),
-    ("public-multi", ServingMode::Multi, &[3, 4, 5], "enp1s0", "172.17.0.0/16", 100_000, 4791),
-    ("intranet", ServingMode::Multi, &[6, 7, 8, 9], "wt0", "172.18.0.0/16", 200_000, 4792),
-    ("mesh", ServingMode::Single, &[0, 1], "wt0", "172.19.0.0/16", 300_000, 4793),
-];
-
-fn node_name(i: usize) -> String {
-    if i < EDGES { format!("edge-{i:02}") } else { format!("worker-{i:05}") }
-}
-
-fn ip(base: u32, i: usize) -> String {
-    Ipv4Addr::from(base + i as u32).to_string()
-}
-
-/// A small deterministic generator (splitmix64).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-fn meta(ns: Option<&str>, name: String) -> ObjectMeta {
-    ObjectMeta { name: Some(name), namespace: ns.map(Into::into), ..Default::default() }
-}
-
-fn build(n_nodes: usize, n_maps: usize) -> Cluster {
-    let now = Timestamp::from_second(1_795_000_000).unwrap_or(Timestamp::UNIX_EPOCH);
-    let mut c = Cluster { now, ..Default::default() };
-    let (underlay, public, pods) = (u32::from(Ipv4Addr::new(10, 0, 0, 1)), 0xcb00_7100, 0x0a80_0000);
-    for i in 0..n_nodes {
-        let name = node_name(i);
-        c.nodes.push(Node {
-            metadata: meta(None, name.clone()),
-            status: Some(NodeStatus {
-                addresses: Some(vec![
-                    NodeAddress { type_: "InternalIP".into(), address: ip(underlay, i) },
-                    NodeAddress { type_: "Hostname".into(), address: name.clone() },
-                ]),
-                conditions: Some(vec![NodeCondition {
-                    type_: "Ready".into(),
-                    status: "True".into(),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        let mut interfaces = vec![
-            InterfaceFacts { name: "wt0".into(), addresses: vec![ip(underlay, i)] },
-            InterfaceFacts { name: "cilium_host".into(), addresses: vec![ip(pods, i * 256)] },
-        ];
-        if i < EDGES {
-            interfaces.push(InterfaceFacts { name: "enp1s0".into(), addresses: vec![ip(public, i)] });
-        }
-        c.facts.push(NodeFacts {
-            node: name,
-            underlay_address: Some(Ipv4Addr::from(underlay + i as u32)),
-            underlay_mtu: Some(if i % 7 == 0 { 1380 } else { 1420 }),
-            interfaces: Some(interfaces),
-        });
-    }
-    for (name, mode, edges, iface, subnet, vni, port) in CLASSES {
-        let spec = PortMapClassSpec {
-            nodes: edges.iter().map(|e| (node_name(*e), ClassNode { interfaces: vec![iface.into()] })).collect(),
-            serving_mode: mode,
-            ports: PortPolicy::default(),
-            namespace_selector: None,
-            return_path: ReturnPath {
-                mode: ReturnPathMode::Vxlan,
-                vxlan: VxlanSpec { vni, port, subnet: subnet.into() },
-            },
-        };
-        let mut class = PortMapClass::new(name, spec);
-        class.metadata.generation = Some(1);
-        c.classes.push(class);
-    }
-    for k in 0..NAMESPACES {
-        c.namespaces.push(Namespace {
-            metadata: ObjectMeta {
-                name: Some(format!("team-{k:03}")),
-                labels: Some(BTreeMap::from([("team".to_string(), k.to_string())])),
-                ..Default::default()
-            },
-            ..Default::default()
-        });
-    }
-    let mut rng = Rng(42);
-    for i in 0..n_maps {
-        let class = CLASSES[i % CLASSES.len()].0;
-        let j = i / CLASSES.len();
-        let ns = format!("team-{:03}", i % NAMESPACES);
-        let svc = format!("svc-{i:05}");
-        // Published ports are unique within each class and protocol.
-        let (proto, port, end, pod_port) = match j % 10 {
-            0 => (Protocol::Udp, 20_000 + (j / 10) as u16 * 10, Some(20_009 + (j / 10) as u16 * 10), 27_015),
-            5 => (Protocol::Udp, 50_000 + (j / 10) as u16, None, 5_353),
-            _ => (Protocol::Tcp, 1_024 + j as u16, None, 8_080),
-        };
-        let proto_s = if proto == Protocol::Tcp { "TCP" } else { "UDP" };
-        let mut pm = PortMap::new(
-            &format!("pm-{i:05}"),
-            PortMapSpec {
-                class_name: class.into(),
-                protocol: proto,
-                port,
-                end_port: end,
-                interfaces: None,
-                service_ref: ServiceRef { name: svc.clone(), port: Some("p".into()) },
-            },
-        );
-        pm.metadata.namespace = Some(ns.clone());
-        pm.metadata.generation = Some(1);
-        pm.metadata.creation_timestamp = Timestamp::from_second(1_700_000_000 + i as i64).ok().map(Time);
-        c.port_maps.push(pm);
-        c.services.push(Service {
-            metadata: meta(Some(&ns), svc.clone()),
-            spec: Some(ServiceSpec {
-                ports: Some(vec![ServicePort {
-                    name: Some("p".into()),
-                    protocol: Some(proto_s.into()),
-                    port: pod_port,
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        let endpoints = (0..PODS_PER_SERVICE)
-            .map(|k| {
-                let node = rng.below(n_nodes);
-                Endpoint {
-                    addresses: vec![ip(pods, 1 + i * PODS_PER_SERVICE + k)],
-                    conditions: Some(EndpointConditions {
-                        ready: Some(true),
-                        serving: Some(true),
-                        terminating: Some(false),
-                    }),
-                    node_name: Some(node_name(node)),
-                    target_ref: Some(ObjectReference {
-                        kind: Some("Pod".into()),
-                        name: Some(format!("{svc}-{k}")),
-                        namespace: Some(ns.clone()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }
-            })
-            .collect();
-        let mut slice = EndpointSlice {
-            metadata: meta(Some(&ns), format!("{svc}-x7k2p")),
-            address_type: "IPv4".into(),
-            ports: Some(vec![EndpointPort {
-                name: Some("p".into()),
-                protocol: Some(proto_s.into()),
-                port: Some(pod_port),
-                ..Default::default()
-            }]),
-            endpoints: Some(endpoints),
-        };
-        slice.metadata.labels = Some(BTreeMap::from([(observe::SERVICE_NAME_LABEL.to_string(), svc)]));
-        c.endpoint_slices.push(slice);
-    }
-    c
-}
 
 /// Writes the link rows a compute decided into the classes, as the controller does.
 fn with_class_status(c: &mut Cluster, out: &Outputs) {
@@ -273,15 +92,6 @@ fn median_min(mut v: Vec<Duration>) -> (Duration, Duration) {
 fn ms(d: Duration) -> String {
     let ms = d.as_secs_f64() * 1e3;
     if ms >= 100.0 { format!("{ms:.0} ms") } else { format!("{ms:.1} ms") }
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// The stages of `compute`, copied (they are public except link_ends and the statuses), timed.
@@ -399,7 +209,7 @@ fn main() {
         eprintln!("size {n_nodes} nodes, {n_maps} PortMaps: building");
         reset_hwm();
         let rss0 = proc_status("VmRSS:");
-        let (build_time, mut cluster) = timed(|| build(n_nodes, n_maps));
+        let (build_time, mut cluster) = timed(|| build(n_nodes, n_maps, &mut Rng(42)));
         let rss_input = proc_status("VmRSS:").saturating_sub(rss0);
 
         eprintln!("  first compute (no class status)");
@@ -438,7 +248,7 @@ fn main() {
         let svc_slice = moved
             .endpoint_slices
             .iter_mut()
-            .find(|s| s.metadata.name.as_deref() == Some("svc-00000-x7k2p"))
+            .find(|s| s.metadata.name.as_deref() == Some(slice_name("pm-00000").as_str()))
             .and_then(|s| s.endpoints.as_mut());
         let target = node_name(n_nodes / 2 + 1);
         if let (Some(eps), Some(chosen)) = (svc_slice, &chosen) {
@@ -472,7 +282,7 @@ fn main() {
         if let Some(eps) = standby
             .endpoint_slices
             .iter_mut()
-            .find(|s| s.metadata.name.as_deref() == Some("svc-00001-x7k2p"))
+            .find(|s| s.metadata.name.as_deref() == Some(slice_name("pm-00001").as_str()))
             .and_then(|s| s.endpoints.as_mut())
             && let Some(ep) = eps.iter_mut().find(|e| e.addresses.first() != chosen1.as_ref())
         {

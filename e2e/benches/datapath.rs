@@ -24,6 +24,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "shared/mod.rs"]
+mod shared;
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -38,13 +40,9 @@ use kuport_lab::program::{apply, compute};
 use kuport_lab::sys::in_netns;
 use kuport_lab::{Lab, Protocol, Topology};
 use kuport_proto::v1::{L4Proto, NftElement, NftTable, NftType, NftValue, NodeState, PortRange, nft_value::Value};
+use shared::{ACCEPTING, CLIENT, POD_NODE, PUBLIC, env_or, load_average, stats};
 
-const ACCEPTING: &str = "edge-a";
-const POD_NODE: &str = "worker-2";
-/// The client attached to edge-a only: every flow enters there.
-const CLIENT: &str = "client-2";
 const PUBLIC_IF: &str = "enp1s0";
-const PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 9);
 /// Synthetic mapping i publishes FIRST_SYNTHETIC_PORT + i (and, for a range, the 9 after it),
 /// above the real mappings' ports; from SKIP_FROM on SKIP higher, clear of the game range
 /// 27015-27115 (an interval set refuses overlapping elements).
@@ -83,13 +81,6 @@ struct Config {
     duration: Duration,
     workers: usize,
     mappings: usize,
-}
-
-fn env_or(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
 }
 
 impl Config {
@@ -431,20 +422,6 @@ fn measure(lab: &Lab, t: &Target, cfg: &Config) -> Rate {
         wrong: all.iter().map(|c| c.wrong).sum(),
         failed: all.iter().map(|c| c.failed).sum(),
     }
-}
-
-/// Median, minimum, maximum.
-fn stats(xs: &[f64]) -> (f64, f64, f64) {
-    let mut s = xs.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    let median = if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 };
-    (median, s[0], s[n - 1])
-}
-
-fn load_average() -> f64 {
-    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    text.split_whitespace().next().and_then(|l| l.parse().ok()).unwrap_or(f64::NAN)
 }
 
 /// Rates per target for lab A and lab B, and each round's B/A ratio.

@@ -20,6 +20,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "shared/mod.rs"]
+mod shared;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
@@ -33,12 +35,8 @@ use std::time::{Duration, Instant};
 use common::{port_map, with_classes};
 use kuport_lab::sys::in_netns;
 use kuport_lab::{Lab, Protocol, Topology, program};
+use shared::{ACCEPTING, CLIENT, POD_NODE, PUBLIC, env_or, load_average, stats};
 
-const ACCEPTING: &str = "edge-a";
-const POD_NODE: &str = "worker-2";
-/// Attached to edge-a only: every packet enters there.
-const CLIENT: &str = "client-2";
-const PUBLIC: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 9);
 const IPERF_PORT: u16 = 5201;
 /// The remote pod's iperf3 is published on the next port (one public port per mapping).
 const REMOTE_PUBLIC_PORT: u16 = 5202;
@@ -57,13 +55,6 @@ const PATHS: [Path; 2] = [
     Path { name: "pod on the accepting node (web-0 on edge-a)", pod: "web-0", port: IPERF_PORT },
     Path { name: "pod over the VXLAN link (api-0 on worker-2)", pod: "api-0", port: REMOTE_PUBLIC_PORT },
 ];
-
-fn env_or(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
 
 /// The default lab with Service ports for iperf3 (web-0 and api-0 listen on 5201) and for the
 /// MTU probes (UDP 9001 on api-0).
@@ -168,20 +159,6 @@ fn client_path_mtu(lab: &Lab) -> u32 {
         let link: serde_json::Value = serde_json::from_str(&json).expect("ip -j prints JSON");
         link[0]["mtu"].as_u64().unwrap_or_default() as u32
     })
-}
-
-/// Median, minimum, maximum.
-fn stats(xs: &[f64]) -> (f64, f64, f64) {
-    let mut s = xs.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    let median = if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 };
-    (median, s[0], s[n - 1])
-}
-
-fn load_average() -> f64 {
-    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    text.split_whitespace().next().and_then(|l| l.parse().ok()).unwrap_or(f64::NAN)
 }
 
 /// Shapes the client's egress (the iperf3 data direction) to `mbit`, or removes the shaping.

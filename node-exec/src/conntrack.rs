@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use kuport_proto::owned;
 
+use crate::nft::attr::{self, Attr, AttrWriter};
 use crate::nft::netlink::{Hdr, split};
 use kuport_proto::v1::nft_value::Value;
 use kuport_proto::v1::{NftElement, NftTable, NftValue};
@@ -45,10 +46,6 @@ const NETLINK_CAP_ACK: i32 = 10;
 const NETLINK_EXT_ACK: i32 = 11;
 /// Length of struct nlmsghdr.
 const NLMSG_HDRLEN: usize = 16;
-/// Attribute type bit of nested attributes.
-const NLA_F_NESTED: u16 = 0x8000;
-/// Mask of the attribute type bits.
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 // --- nfnetlink (linux/netfilter/nfnetlink.h) ----------------------------------------------
 /// Length of struct nfgenmsg.
@@ -298,7 +295,7 @@ struct Entry {
 /// Parses one dumped entry (the attributes after nfgenmsg). None for entries this module does
 /// not handle: not IPv4, or without ports.
 fn parse_entry(payload: &[u8]) -> Option<Entry> {
-    let top = attrs(payload);
+    let top = attrs(payload)?;
     let orig = parse_tuple(find(&top, CTA_TUPLE_ORIG)?)?;
     let reply = parse_tuple(find(&top, CTA_TUPLE_REPLY)?)?;
     Some(Entry {
@@ -310,9 +307,9 @@ fn parse_entry(payload: &[u8]) -> Option<Entry> {
 }
 
 fn parse_tuple(data: &[u8]) -> Option<Tuple> {
-    let tuple = attrs(data);
-    let ip = attrs(find(&tuple, CTA_TUPLE_IP)?);
-    let proto = attrs(find(&tuple, CTA_TUPLE_PROTO)?);
+    let tuple = attrs(data)?;
+    let ip = attrs(find(&tuple, CTA_TUPLE_IP)?)?;
+    let proto = attrs(find(&tuple, CTA_TUPLE_PROTO)?)?;
     Some(Tuple {
         src: ipv4(find(&ip, CTA_IP_V4_SRC)?)?,
         dst: ipv4(find(&ip, CTA_IP_V4_DST)?)?,
@@ -326,74 +323,39 @@ fn parse_tuple(data: &[u8]) -> Option<Tuple> {
 /// The attributes of an IPCTNL_MSG_CT_DELETE naming `e`.
 fn delete_attrs(e: &Entry) -> Vec<u8> {
     let t = &e.orig;
-    let mut w = Vec::new();
-    let tuple = begin(&mut w, CTA_TUPLE_ORIG);
-    let ip = begin(&mut w, CTA_TUPLE_IP);
-    put(&mut w, CTA_IP_V4_SRC, &t.src.octets());
-    put(&mut w, CTA_IP_V4_DST, &t.dst.octets());
-    end(&mut w, ip);
-    let proto = begin(&mut w, CTA_TUPLE_PROTO);
-    put(&mut w, CTA_PROTO_NUM, &[t.proto]);
-    put(&mut w, CTA_PROTO_SRC_PORT, &t.sport.to_be_bytes());
-    put(&mut w, CTA_PROTO_DST_PORT, &t.dport.to_be_bytes());
-    end(&mut w, proto);
+    let mut w = AttrWriter::new();
+    let tuple = w.begin(CTA_TUPLE_ORIG);
+    let ip = w.begin(CTA_TUPLE_IP);
+    w.put(CTA_IP_V4_SRC, &t.src.octets());
+    w.put(CTA_IP_V4_DST, &t.dst.octets());
+    w.end(ip);
+    let proto = w.begin(CTA_TUPLE_PROTO);
+    w.put(CTA_PROTO_NUM, &[t.proto]);
+    w.put(CTA_PROTO_SRC_PORT, &t.sport.to_be_bytes());
+    w.put(CTA_PROTO_DST_PORT, &t.dport.to_be_bytes());
+    w.end(proto);
     if let Some(z) = t.zone {
-        put(&mut w, CTA_TUPLE_ZONE, &z.to_be_bytes());
+        w.put(CTA_TUPLE_ZONE, &z.to_be_bytes());
     }
-    end(&mut w, tuple);
+    w.end(tuple);
     if let Some(z) = e.zone {
-        put(&mut w, CTA_ZONE, &z.to_be_bytes());
+        w.put(CTA_ZONE, &z.to_be_bytes());
     }
     if let Some(id) = e.id {
-        put(&mut w, CTA_ID, &id.to_be_bytes());
+        w.put(CTA_ID, &id.to_be_bytes());
     }
-    w
+    w.buf
 }
 
-// --- attributes (TLVs) --------------------------------------------------------------------
+// --- attributes (TLVs): the nf_tables codec's writer and parser ------------------------
 
-fn align4(len: usize) -> usize {
-    (len + 3) & !3
+/// An entry's attributes; a malformed run makes the entry unreadable (it is skipped).
+fn attrs(buf: &[u8]) -> Option<Vec<Attr<'_>>> {
+    attr::parse(buf).ok()
 }
 
-fn put(w: &mut Vec<u8>, ty: u16, data: &[u8]) {
-    // Every attribute here is a few bytes; u16 lengths cannot overflow.
-    w.extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
-    w.extend_from_slice(&ty.to_ne_bytes());
-    w.extend_from_slice(data);
-    w.resize(align4(w.len()), 0);
-}
-
-/// Opens a nested attribute; [`end`] patches its length.
-fn begin(w: &mut Vec<u8>, ty: u16) -> usize {
-    let at = w.len();
-    w.extend_from_slice(&[0, 0]);
-    w.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
-    at
-}
-
-fn end(w: &mut [u8], at: usize) {
-    let len = (w.len() - at) as u16;
-    w[at..at + 2].copy_from_slice(&len.to_ne_bytes());
-}
-
-/// (type without flag bits, payload) pairs; stops at anything malformed.
-fn attrs(mut buf: &[u8]) -> Vec<(u16, &[u8])> {
-    let mut out = Vec::new();
-    while buf.len() >= 4 {
-        let len = usize::from(u16::from_ne_bytes([buf[0], buf[1]]));
-        let ty = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > buf.len() {
-            break;
-        }
-        out.push((ty, &buf[4..len]));
-        buf = &buf[align4(len).min(buf.len())..];
-    }
-    out
-}
-
-fn find<'a>(attrs: &[(u16, &'a [u8])], ty: u16) -> Option<&'a [u8]> {
-    attrs.iter().find(|(t, _)| *t == ty).map(|(_, d)| *d)
+fn find<'a>(attrs: &[Attr<'a>], ty: u16) -> Option<&'a [u8]> {
+    attr::find(attrs, ty).map(|a| a.data)
 }
 
 fn be16(d: &[u8]) -> Option<u16> {
@@ -435,7 +397,8 @@ fn parse_error(hdr: &Hdr, payload: &[u8]) -> (i32, Option<String>) {
     if hdr.flags & NLM_F_ACK_TLVS != 0 {
         // With NETLINK_CAP_ACK only the request's header is echoed; the TLVs follow it.
         let tlvs = payload.get(4 + NLMSG_HDRLEN..).unwrap_or_default();
-        text = find(&attrs(tlvs), NLMSGERR_ATTR_MSG)
+        text = attrs(tlvs)
+            .and_then(|a| find(&a, NLMSGERR_ATTR_MSG).map(<[u8]>::to_vec))
             .map(|d| String::from_utf8_lossy(d.split(|b| *b == 0).next().unwrap_or_default()).into_owned());
     }
     (-err, text)
@@ -631,19 +594,19 @@ mod tests {
 
     /// A dumped entry as the kernel encodes it: the delete's attributes plus a reply tuple.
     fn dumped(e: &Entry) -> Vec<u8> {
-        let mut w = delete_attrs(e);
-        let reply = begin(&mut w, CTA_TUPLE_REPLY);
-        let ip = begin(&mut w, CTA_TUPLE_IP);
-        put(&mut w, CTA_IP_V4_SRC, &e.reply_src.octets());
-        put(&mut w, CTA_IP_V4_DST, &e.orig.src.octets());
-        end(&mut w, ip);
-        let proto = begin(&mut w, CTA_TUPLE_PROTO);
-        put(&mut w, CTA_PROTO_NUM, &[e.orig.proto]);
-        put(&mut w, CTA_PROTO_SRC_PORT, &e.orig.dport.to_be_bytes());
-        put(&mut w, CTA_PROTO_DST_PORT, &e.orig.sport.to_be_bytes());
-        end(&mut w, proto);
-        end(&mut w, reply);
-        w
+        let mut w = AttrWriter { buf: delete_attrs(e) };
+        let reply = w.begin(CTA_TUPLE_REPLY);
+        let ip = w.begin(CTA_TUPLE_IP);
+        w.put(CTA_IP_V4_SRC, &e.reply_src.octets());
+        w.put(CTA_IP_V4_DST, &e.orig.src.octets());
+        w.end(ip);
+        let proto = w.begin(CTA_TUPLE_PROTO);
+        w.put(CTA_PROTO_NUM, &[e.orig.proto]);
+        w.put(CTA_PROTO_SRC_PORT, &e.orig.dport.to_be_bytes());
+        w.put(CTA_PROTO_DST_PORT, &e.orig.sport.to_be_bytes());
+        w.end(proto);
+        w.end(reply);
+        w.buf
     }
 
     #[test]

@@ -96,7 +96,8 @@ where
         while let Some(event) = stream.next().await {
             match event {
                 Ok(watcher::Event::Apply(o)) if let Some(reads) = reads => {
-                    if seen.insert(ObjectRef::from_obj(&o), reads(&o)) != Some(reads(&o)) {
+                    let read = reads(&o);
+                    if seen.insert(ObjectRef::from_obj(&o), read) != Some(read) {
                         changed.notify_one();
                     }
                 }

@@ -13,7 +13,7 @@
 
 mod applier;
 mod apply;
-mod attr;
+pub(crate) mod attr;
 mod consts;
 mod decode;
 mod diff;

@@ -1,0 +1,236 @@
+//! The synthetic cluster the compute and fan-out benchmarks share (included with `#[path]`):
+//! Ready nodes with InternalIPs and NodeFacts; ten edge nodes carrying four Vxlan PortMapClasses
+//! (two Single, two Multi); PortMaps in 100 namespaces, each with its own Service whose pods are
+//! spread over all nodes; every tenth mapping a UDP range of ten ports, every tenth a single UDP
+//! port, the rest a single TCP port.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, ObjectReference, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kuport_controller::api::{
+    ClassNode, PortMap, PortMapClass, PortMapClassSpec, PortMapSpec, PortPolicy, Protocol, ReturnPath, ReturnPathMode,
+    ServiceRef, ServingMode, VxlanSpec,
+};
+use kuport_controller::compute::observe;
+use kuport_controller::compute::{Cluster, InterfaceFacts, NodeFacts};
+
+pub const PODS_PER_SERVICE: usize = 3;
+pub const EDGES: usize = 10;
+pub const NAMESPACES: usize = 100;
+
+/// (name, mode, accepting edges, interface, subnet, first VNI, VXLAN port)
+pub type ClassShape = (&'static str, ServingMode, &'static [usize], &'static str, &'static str, u32, u16);
+pub const CLASSES: [ClassShape; 4] = [
+    ("public", ServingMode::Single, &[0, 1, 2], "enp1s0", "172.16.0.0/16", 10_000, 4790),
+    ("public-multi", ServingMode::Multi, &[3, 4, 5], "enp1s0", "172.17.0.0/16", 100_000, 4791),
+    ("intranet", ServingMode::Multi, &[6, 7, 8, 9], "wt0", "172.18.0.0/16", 200_000, 4792),
+    ("mesh", ServingMode::Single, &[0, 1], "wt0", "172.19.0.0/16", 300_000, 4793),
+];
+pub const UNDERLAY: u32 = 0x0a00_0001; // 10.0.0.1
+pub const PUBLIC: u32 = 0xcb00_7100; // 203.0.113.0
+pub const PODS: u32 = 0x0a80_0000; // 10.128.0.0
+
+pub fn node_name(i: usize) -> String {
+    if i < EDGES { format!("edge-{i:02}") } else { format!("worker-{i:05}") }
+}
+
+pub fn ip(base: u32, i: usize) -> String {
+    Ipv4Addr::from(base + i as u32).to_string()
+}
+
+/// A small deterministic generator (splitmix64).
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+pub fn meta(ns: Option<&str>, name: String) -> ObjectMeta {
+    ObjectMeta { name: Some(name), namespace: ns.map(Into::into), ..Default::default() }
+}
+
+/// One published mapping: the PortMap, its Service and its EndpointSlice.
+pub struct Mapping<'a> {
+    pub name: String,
+    pub ns: String,
+    pub class: &'a str,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub end_port: Option<u16>,
+    pub pod_port: i32,
+    /// (address, node) of each pod.
+    pub pods: Vec<(String, String)>,
+    pub created: i64,
+}
+
+pub fn add_mapping(c: &mut Cluster, m: Mapping) {
+    let svc = format!("svc-{}", m.name);
+    let proto_s = if m.protocol == Protocol::Tcp { "TCP" } else { "UDP" };
+    let mut pm = PortMap::new(
+        &m.name,
+        PortMapSpec {
+            class_name: m.class.into(),
+            protocol: m.protocol,
+            port: m.port,
+            end_port: m.end_port,
+            interfaces: None,
+            service_ref: ServiceRef { name: svc.clone(), port: Some("p".into()) },
+        },
+    );
+    pm.metadata.namespace = Some(m.ns.clone());
+    pm.metadata.generation = Some(1);
+    pm.metadata.creation_timestamp = Timestamp::from_second(m.created).ok().map(Time);
+    c.port_maps.push(pm);
+    c.services.push(Service {
+        metadata: meta(Some(&m.ns), svc.clone()),
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort {
+                name: Some("p".into()),
+                protocol: Some(proto_s.into()),
+                port: m.pod_port,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let endpoints = m
+        .pods
+        .iter()
+        .enumerate()
+        .map(|(k, (address, node))| Endpoint {
+            addresses: vec![address.clone()],
+            conditions: Some(EndpointConditions { ready: Some(true), serving: Some(true), terminating: Some(false) }),
+            node_name: Some(node.clone()),
+            target_ref: Some(ObjectReference {
+                kind: Some("Pod".into()),
+                name: Some(format!("{svc}-{k}")),
+                namespace: Some(m.ns.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let mut slice = EndpointSlice {
+        metadata: meta(Some(&m.ns), slice_name(&m.name)),
+        address_type: "IPv4".into(),
+        ports: Some(vec![EndpointPort {
+            name: Some("p".into()),
+            protocol: Some(proto_s.into()),
+            port: Some(m.pod_port),
+            ..Default::default()
+        }]),
+        endpoints: Some(endpoints),
+    };
+    slice.metadata.labels = Some(BTreeMap::from([(observe::SERVICE_NAME_LABEL.to_string(), svc)]));
+    c.endpoint_slices.push(slice);
+}
+
+pub fn build(n_nodes: usize, n_maps: usize, rng: &mut Rng) -> Cluster {
+    let now = Timestamp::from_second(1_795_000_000).unwrap_or(Timestamp::UNIX_EPOCH);
+    let mut c = Cluster { now, ..Default::default() };
+    for i in 0..n_nodes {
+        let name = node_name(i);
+        c.nodes.push(Node {
+            metadata: meta(None, name.clone()),
+            status: Some(NodeStatus {
+                addresses: Some(vec![
+                    NodeAddress { type_: "InternalIP".into(), address: ip(UNDERLAY, i) },
+                    NodeAddress { type_: "Hostname".into(), address: name.clone() },
+                ]),
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let mut interfaces = vec![
+            InterfaceFacts { name: "wt0".into(), addresses: vec![ip(UNDERLAY, i)] },
+            InterfaceFacts { name: "cilium_host".into(), addresses: vec![ip(PODS, i * 256)] },
+        ];
+        if i < EDGES {
+            interfaces.push(InterfaceFacts { name: "enp1s0".into(), addresses: vec![ip(PUBLIC, i)] });
+        }
+        c.facts.push(NodeFacts {
+            node: name,
+            underlay_address: Some(Ipv4Addr::from(UNDERLAY + i as u32)),
+            underlay_mtu: Some(if i % 7 == 0 { 1380 } else { 1420 }),
+            interfaces: Some(interfaces),
+        });
+    }
+    for (name, mode, edges, iface, subnet, vni, port) in CLASSES {
+        let spec = PortMapClassSpec {
+            nodes: edges.iter().map(|e| (node_name(*e), ClassNode { interfaces: vec![iface.into()] })).collect(),
+            serving_mode: mode,
+            ports: PortPolicy::default(),
+            namespace_selector: None,
+            return_path: ReturnPath {
+                mode: ReturnPathMode::Vxlan,
+                vxlan: VxlanSpec { vni, port, subnet: subnet.into() },
+            },
+        };
+        let mut class = PortMapClass::new(name, spec);
+        class.metadata.generation = Some(1);
+        c.classes.push(class);
+    }
+    for k in 0..NAMESPACES {
+        c.namespaces.push(Namespace {
+            metadata: ObjectMeta {
+                name: Some(format!("team-{k:03}")),
+                labels: Some(BTreeMap::from([("team".to_string(), k.to_string())])),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+    }
+    for i in 0..n_maps {
+        let j = i / CLASSES.len();
+        // Published ports are unique within each class and protocol.
+        let (protocol, port, end_port, pod_port) = match j % 10 {
+            0 => (Protocol::Udp, 20_000 + (j / 10) as u16 * 10, Some(20_009 + (j / 10) as u16 * 10), 27_015),
+            5 => (Protocol::Udp, 50_000 + (j / 10) as u16, None, 5_353),
+            _ => (Protocol::Tcp, 1_024 + j as u16, None, 8_080),
+        };
+        let pods = (0..PODS_PER_SERVICE)
+            .map(|k| (ip(PODS, 1 + i * PODS_PER_SERVICE + k), node_name(rng.below(n_nodes))))
+            .collect();
+        add_mapping(
+            &mut c,
+            Mapping {
+                name: format!("pm-{i:05}"),
+                ns: format!("team-{:03}", i % NAMESPACES),
+                class: CLASSES[i % CLASSES.len()].0,
+                protocol,
+                port,
+                end_port,
+                pod_port,
+                pods,
+                created: 1_700_000_000 + i as i64,
+            },
+        );
+    }
+    c
+}
+
+/// The EndpointSlice of PortMap `name`'s Service.
+pub fn slice_name(name: &str) -> String {
+    format!("svc-{name}-x7k2p")
+}
