@@ -18,8 +18,9 @@
 //! enp1s0: half to 100 pods on edge-a, half over the edge-a/worker-2 link to 100 pods on
 //! worker-2 (every 10th a UDP range of 10 ports, the rest single TCP ports). So the nodes a flow
 //! crosses hold the mappings' elements in the maps and sets its lookups use (edge-a:
-//! publish_port, publish_range, claim; worker-2: link_port, link_range, claim, reply_claim,
-//! return_mark), and both labs have the same sets and rules.
+//! publish_port, publish_range, claim_port, claim_range; worker-2: link_port, link_range and the
+//! _port and _range sets of claim, reply_claim and return_mark), and both labs have the same
+//! sets and rules.
 //!
 
 #[path = "../tests/common/mod.rs"]
@@ -165,6 +166,12 @@ fn set_elements<'a>(t: &'a mut NftTable, name: &str) -> &'a mut Vec<NftElement> 
     &mut set.unwrap_or_else(|| panic!("the computed table has no set {name}")).elements
 }
 
+/// The set of `base` that holds ports `first` to `last`: `base_port` for a single port (a hash
+/// set), `base_range` for a range (an interval set), as the controller renders them.
+fn sized(base: &str, first: u32, last: u32) -> String {
+    format!("{base}_{}", if first == last { "port" } else { "range" })
+}
+
 /// The first element of a set, to read the link's names and numbers from.
 fn first(t: &mut NftTable, set: &str) -> NftElement {
     set_elements(t, set).first().cloned().unwrap_or_else(|| panic!("set {set} is empty"))
@@ -190,16 +197,16 @@ struct Link {
 fn link_of(states: &mut BTreeMap<String, NodeState>) -> Link {
     let edge = kuport_table(host_state(states, ACCEPTING));
     let far: Ipv4Addr = text_of(&first(edge, "publish_range").data[0]).parse().expect("an address");
-    let claim = set_elements(edge, "claim")
+    let claim = set_elements(edge, "claim_range")
         .iter()
         .find(|e| text_of(of_type(&e.key, NftType::Ipv4Addr)) == far.to_string())
         .cloned();
     let edge_device = text_of(of_type(&claim.expect("edge-a claims the link's far end").key, NftType::Ifname));
     let pod_node = kuport_table(host_state(states, POD_NODE));
     let pod_node_device = text_of(of_type(&first(pod_node, "link_range").key, NftType::Ifname));
-    let mark = match first(pod_node, "return_mark").data[0].value {
+    let mark = match first(pod_node, "return_mark_range").data[0].value {
         Some(Value::Mark(m)) => m,
-        ref other => panic!("return_mark maps to a mark, not {other:?}"),
+        ref other => panic!("return_mark_range maps to a mark, not {other:?}"),
     };
     Link { edge_device, far, pod_node_device, mark }
 }
@@ -247,7 +254,7 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize) {
             push(edge, "publish_range", vec![ifname(PUBLIC_IF), p.clone(), ports(first, last)], vec![addr(to)]);
         }
         let (oif, dst) = if m.remote { (link.edge_device.as_str(), link.far) } else { ("cilium_host", m.pod) };
-        push(edge, "claim", vec![ifname(oif), addr(dst), p, ports(first, last)], vec![]);
+        push(edge, &sized("claim", first, last), vec![ifname(oif), addr(dst), p, ports(first, last)], vec![]);
     }
     let pod_node = kuport_table(host_state(states, POD_NODE));
     for m in (0..count).map(synthetic).filter(|m| m.remote) {
@@ -258,10 +265,11 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize) {
         } else {
             push(pod_node, "link_range", key, vec![pod.clone()]);
         }
-        push(pod_node, "claim", vec![ifname("cilium_host"), pod.clone(), p.clone(), ports(first, last)], vec![]);
+        let claim = vec![ifname("cilium_host"), pod.clone(), p.clone(), ports(first, last)];
+        push(pod_node, &sized("claim", first, last), claim, vec![]);
         let reply = vec![pod, p, ports(first, last)];
-        push(pod_node, "reply_claim", reply.clone(), vec![]);
-        push(pod_node, "return_mark", reply, vec![mark(link.mark)]);
+        push(pod_node, &sized("reply_claim", first, last), reply.clone(), vec![]);
+        push(pod_node, &sized("return_mark", first, last), reply, vec![mark(link.mark)]);
     }
     for node in [ACCEPTING, POD_NODE] {
         kuport_proto::canonical::canonicalize(states.get_mut(node).expect("a computed state"));

@@ -42,21 +42,22 @@ fn multi_lab() -> (Lab, BTreeMap<String, NodeState>) {
     (lab, out.node_states)
 }
 
-/// Whether the element's key holds the interface `name` (the claim key is ports . oifname ...).
+/// Whether the element's key holds the interface `name`, in any field (a range key starts with
+/// its ports, a single port's ends with it).
 fn is_ifname(e: &kuport_proto::v1::NftElement, name: &str) -> bool {
     e.key.iter().any(|v| matches!(v.value.as_ref(), Some(nft_value::Value::Ifname(n)) if n == name))
 }
 
-/// The request claim on the pod's node (`range . "cilium_host" . pod . udp` in @claim): without
-/// it the CNI's masquerade claims the request on its way into the pod network, and the pod sees
-/// the node's cilium_host (router) address instead of the client.
+/// The request claim on the pod's node (`range . "cilium_host" . pod . udp` in @claim_range):
+/// without it the CNI's masquerade claims the request on its way into the pod network, and the
+/// pod sees the node's cilium_host (router) address instead of the client.
 #[test]
 fn without_the_request_claim_the_pod_sees_the_node() {
     if !root() {
         return;
     }
     let (mut lab, mut states) = single_lab();
-    let n = drop_elements(host_state(&mut states, "worker-2"), "claim", |e| is_ifname(e, "cilium_host"));
+    let n = drop_elements(host_state(&mut states, "worker-2"), "claim_range", |e| is_ifname(e, "cilium_host"));
     assert_eq!(n, 1);
     apply(&mut lab, &states).unwrap();
     for client in ["client-1", "client-2"] {
@@ -68,8 +69,8 @@ fn without_the_request_claim_the_pod_sees_the_node() {
     }
 }
 
-/// The reply claim on the pod's node (@reply_claim, `oifname != "cilium_*" sport . ip saddr .
-/// proto`). Note 000: without it the CNI's egress masquerade rewrites the reply's source and the
+/// The reply claim on the pod's node (@reply_claim_range, `oifname != "cilium_*" sport . ip saddr
+/// . proto`). Note 000: without it the CNI's egress masquerade rewrites the reply's source and the
 /// client discards it. Observed here: for connections the client opens nothing changes, because
 /// NAT is decided on a connection's first packet and a reply is never evaluated by a NAT rule;
 /// the claim only acts on a flow the pod starts from the published port. See the next test.
@@ -79,7 +80,7 @@ fn without_the_reply_claim_client_opened_flows_still_work() {
         return;
     }
     let (mut lab, mut states) = single_lab();
-    let n = drop_elements(host_state(&mut states, "worker-2"), "reply_claim", |_| true);
+    let n = drop_elements(host_state(&mut states, "worker-2"), "reply_claim_range", |_| true);
     assert_eq!(n, 1);
     apply(&mut lab, &states).unwrap();
     for client in ["client-1", "client-2"] {
@@ -129,7 +130,7 @@ fn reply_claim_on_a_pod_first_datagram() {
     let out = compute(&mut lab, &m);
     let full = out.node_states.clone();
     let mut ablated = out.node_states;
-    assert_eq!(drop_elements(host_state(&mut ablated, "worker-2"), "reply_claim", |_| true), 1);
+    assert_eq!(drop_elements(host_state(&mut ablated, "worker-2"), "reply_claim_port", |_| true), 1);
 
     let pod_ns = lab.netns("push-0").unwrap();
     let client_ns = lab.netns("client-1").unwrap();
@@ -160,9 +161,9 @@ fn reply_claim_on_a_pod_first_datagram() {
     assert_eq!(results[1], "203.0.113.9:7000", "without the claim: masqueraded, then translated back by edge-a");
 }
 
-/// The return mark (@return_mark on the pod's node): without it the reply is routed by the main
-/// table. client-1, which worker-2 reaches over its own internet connection, receives it from
-/// worker-2's end of the link (the source the pod's node translated back to), not from the
+/// The return mark (@return_mark_range on the pod's node): without it the reply is routed by the
+/// main table. client-1, which worker-2 reaches over its own internet connection, receives it
+/// from worker-2's end of the link (the source the pod's node translated back to), not from the
 /// address it dialed; client-2, which only edge-a reaches, receives nothing.
 #[test]
 fn without_the_return_mark_the_reply_leaves_by_the_wrong_way() {
@@ -170,7 +171,7 @@ fn without_the_return_mark_the_reply_leaves_by_the_wrong_way() {
         return;
     }
     let (mut lab, mut states) = single_lab();
-    assert_eq!(drop_elements(host_state(&mut states, "worker-2"), "return_mark", |_| true), 1);
+    assert_eq!(drop_elements(host_state(&mut states, "worker-2"), "return_mark_range", |_| true), 1);
     apply(&mut lab, &states).unwrap();
     wrong_way(&lab);
 }

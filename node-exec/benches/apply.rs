@@ -4,13 +4,9 @@
 //! KUPORT_BENCH_SIZES (comma-separated mapping counts) and KUPORT_BENCH_REPS override the
 //! defaults; KUPORT_BENCH_QUICK=1 skips nft and the read-back rows; KUPORT_BENCH_TRACE=1 prints
 //! each Applier delta's elements compared and time comparing / writing. Prints a markdown table of
-//! median and minimum wall times. Desired tables are canonical and carry set digests, as the
-//! controller sends them (`kuport_proto::canonicalize`, outside the timed regions); the rows
-//! marked "no digests" clear them.
-
-mod common {
-    include!("../tests/common/example.rs");
-}
+//! median and minimum wall times. The table is the one the controller renders for the pod's
+//! node of n single-mode PortMaps (the controller's testkit, outside the timed regions), canonical
+//! with runs and digests as the controller sends it; the rows marked "no digests" clear both.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -21,10 +17,10 @@ use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use kuport_controller::compute::testkit::World;
 use kuport_node_exec::executor::{ExecError, Executor};
 use kuport_node_exec::nft::{Applier, ApplyMode, apply_table, remove_table};
-use kuport_proto::v1::{L4Proto, NetnsState, NftElement, NftFamily, NftSet, NftTable, NodeState};
+use kuport_proto::v1::{NetnsState, NftFamily, NftSet, NftTable, NodeState};
 
 /// Mapping counts measured by default.
 const DEFAULT_SIZES: [usize; 3] = [1_000, 10_000, 50_000];
@@ -33,14 +29,16 @@ const DEFAULT_REPS: usize = 5;
 /// Every RANGE_EVERY-th mapping publishes a UDP port range instead of one TCP port.
 const RANGE_EVERY: usize = 10;
 /// Ports of a published range.
-const RANGE_WIDTH: u32 = 10;
+const RANGE_WIDTH: u16 = 10;
 /// First node port handed out (mapping i publishes FIRST_NODE_PORT + i).
-const FIRST_NODE_PORT: u32 = 5_000;
+const FIRST_NODE_PORT: u16 = 5_000;
 /// The pod-side port of single-port mappings, and the first of range mappings.
-const POD_PORT: u32 = 8_080;
-const POD_RANGE_FIRST: u32 = 27_015;
-/// The return mark of single-mode links (kuport's 0x6b70 prefix).
-const RETURN_MARK: u32 = 0x6b70_0001;
+const POD_PORT: i32 = 8_080;
+const POD_RANGE_FIRST: i32 = 27_015;
+/// The CNI's VXLAN port: a UDP range over it is refused, so that mapping publishes one port.
+const CNI_VXLAN_PORT: u16 = 8_472;
+/// The node whose table is measured: it holds every pod; edge-a accepts every mapping.
+const POD_NODE: &str = "worker-b";
 const TABLE: &str = "kuport";
 
 type BenchResult<T> = Result<T, String>;
@@ -107,80 +105,100 @@ fn run(cmd: &mut Command) -> BenchResult<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The elements one mapping adds, by set name (what the controller renders for one published
-/// port of a pod in single mode: the DNAT, the request and reply claims, the return mark).
-fn mapping(i: usize) -> Vec<(&'static str, NftElement)> {
-    let ip = format!("10.244.{}.{}", i / 250, i % 250 + 2);
-    let node_port = FIRST_NODE_PORT + i as u32;
-    let (proto_, ports) = if i % RANGE_EVERY == RANGE_EVERY - 1 {
-        (L4Proto::Udp, port(POD_RANGE_FIRST, POD_RANGE_FIRST + RANGE_WIDTH - 1))
-    } else {
-        (L4Proto::Tcp, port(POD_PORT, POD_PORT))
-    };
-    let publish = if proto_ == L4Proto::Udp {
+/// A cluster of `n` single-mode PortMaps, all accepted by edge-a and served by pods on
+/// worker-b, so worker-b's table holds four elements per mapping: the link's DNAT, the request
+/// and reply claims, the return mark. Mapping i publishes one TCP port, or every tenth a UDP
+/// range, and has its own Service and pod.
+fn world(indices: impl Iterator<Item = usize>) -> World {
+    use kuport_controller::api::{Protocol, ReturnPathMode, ServingMode};
+    let mut w = World::new()
+        .node("edge-a", "100.64.93.143", true)
+        .node(POD_NODE, "100.64.0.2", true)
+        .facts("edge-a", 1420, &[("enp1s0", "203.0.113.9")])
+        .facts(POD_NODE, 1420, &[("eth0", "100.64.0.2")])
+        .class("public", ServingMode::Single, ReturnPathMode::Vxlan, &[("edge-a", &["enp1s0"])]);
+    for i in indices {
+        let (svc, pod) = (format!("s{i}"), format!("pod-{i}"));
+        let ip = format!("10.244.{}.{}", i / 250, i % 250 + 2);
+        let node_port = FIRST_NODE_PORT + i as u16;
+        let eps = [(pod.as_str(), POD_NODE, ip.as_str(), true)];
         // Ranges publish node ports [p - width + 1, p], disjoint between range mappings.
         let first = node_port + 1 - RANGE_WIDTH;
-        ("publish_range", elem(vec![ifname("enp1s0"), proto(proto_), port(first, node_port)], vec![addr(&ip)]))
-    } else {
-        (
-            "publish_port",
-            elem(vec![ifname("enp1s0"), proto(proto_), port(node_port, node_port)], vec![addr(&ip), ports.clone()]),
-        )
-    };
-    vec![
-        publish,
-        ("claim", elem(vec![ifname("cilium_host"), addr(&ip), proto(proto_), ports.clone()], vec![])),
-        ("reply_claim", elem(vec![addr(&ip), proto(proto_), ports.clone()], vec![])),
-        ("return_mark", elem(vec![addr(&ip), proto(proto_), ports], vec![mark(RETURN_MARK)])),
-    ]
-}
-
-fn set_mut<'a>(t: &'a mut NftTable, name: &str) -> BenchResult<&'a mut NftSet> {
-    t.sets.iter_mut().find(|s| s.name == name).ok_or_else(|| format!("no set {name}"))
-}
-
-/// The kuport example table (its chains, ct_mark and link_range) with `n` mappings.
-fn table(n: usize) -> BenchResult<NftTable> {
-    let mut t = kuport_example();
-    for s in ["publish_port", "publish_range", "claim", "reply_claim", "return_mark"] {
-        set_mut(&mut t, s)?.elements.clear();
-    }
-    for i in 0..n {
-        for (s, e) in mapping(i) {
-            set_mut(&mut t, s)?.elements.push(e);
-        }
-    }
-    Ok(t)
-}
-
-fn with_mapping(base: &NftTable, i: usize) -> BenchResult<NftTable> {
-    let mut t = base.clone();
-    for (s, e) in mapping(i) {
-        set_mut(&mut t, s)?.elements.push(e);
-    }
-    Ok(t)
-}
-
-/// `add element` (or `delete element`, keys only) lines for mapping `i`, in nft syntax.
-fn element_lines(base: &NftTable, i: usize, delete: bool) -> BenchResult<String> {
-    let mut out = String::new();
-    for (s, e) in mapping(i) {
-        let set = base.sets.iter().find(|x| x.name == s).ok_or_else(|| format!("no set {s}"))?;
-        // The renderer's own element text: a one-element table, cut at `elements = {`.
-        let one = NftTable {
-            sets: vec![NftSet { elements: vec![e], counter: false, ..set.clone() }],
-            chains: vec![],
-            ..base.clone()
+        w = if i % RANGE_EVERY == RANGE_EVERY - 1 && !(first..=node_port).contains(&CNI_VXLAN_PORT) {
+            w.service("bench", &svc, "UDP", POD_RANGE_FIRST, &eps).port_map(
+                "bench",
+                &svc,
+                "public",
+                Protocol::Udp,
+                first,
+                Some(node_port),
+                &svc,
+                i as i64,
+            )
+        } else {
+            w.service("bench", &svc, "TCP", POD_PORT, &eps).port_map(
+                "bench",
+                &svc,
+                "public",
+                Protocol::Tcp,
+                node_port,
+                None,
+                &svc,
+                i as i64,
+            )
         };
-        let text = kuport_proto::text::nft_table(&one);
-        let body = text
-            .split_once("elements = { ")
-            .and_then(|(_, rest)| rest.split_once(" }"))
-            .map(|(el, _)| el.to_string())
-            .ok_or_else(|| format!("no elements in {text}"))?;
-        let body = if delete { body.split(" : ").next().unwrap_or_default().to_string() } else { body };
-        let verb = if delete { "delete" } else { "add" };
-        let _ = writeln!(out, "{verb} element ip {TABLE} {s} {{ {body} }}");
+    }
+    w
+}
+
+/// The pod node's table as the controller renders and sends it (canonical, with digests and
+/// runs), for mappings 0..n and then `extra`.
+fn rendered(n: usize, extra: Option<usize>) -> BenchResult<NftTable> {
+    let out = world((0..n).chain(extra)).run();
+    let accepted = |s: &kuport_controller::api::PortMapStatus| {
+        s.conditions.iter().any(|c| c.type_ == "Accepted" && c.status == "True")
+    };
+    let refused = out.port_maps.values().filter(|s| !accepted(s)).count();
+    if refused > 0 {
+        return Err(format!("{n}: {refused} PortMap(s) not accepted"));
+    }
+    out.node_states
+        .get(POD_NODE)
+        .and_then(|s| s.netns.first())
+        .and_then(|ns| ns.nft_tables.first())
+        .cloned()
+        .ok_or_else(|| format!("{n}: no table rendered for {POD_NODE}"))
+}
+
+/// `add element` (or `delete element`, keys only) lines for what `plus` holds beyond `base`,
+/// in nft syntax (the renderer's own element text).
+fn element_lines(base: &NftTable, plus: &NftTable, delete: bool) -> BenchResult<String> {
+    use prost::Message;
+    let mut out = String::new();
+    for set in &plus.sets {
+        let have: std::collections::HashSet<Vec<u8>> = base
+            .sets
+            .iter()
+            .filter(|b| b.name == set.name)
+            .flat_map(|b| b.elements.iter().map(Message::encode_to_vec))
+            .collect();
+        for e in set.elements.iter().filter(|e| !have.contains(&e.encode_to_vec())) {
+            // A one-element table's text, cut at `elements = {`.
+            let one = NftTable {
+                sets: vec![NftSet { elements: vec![e.clone()], counter: false, ..set.clone() }],
+                chains: vec![],
+                ..base.clone()
+            };
+            let text = kuport_proto::text::nft_table(&one);
+            let body = text
+                .split_once("elements = { ")
+                .and_then(|(_, rest)| rest.split_once(" }"))
+                .map(|(el, _)| el.to_string())
+                .ok_or_else(|| format!("no elements in {text}"))?;
+            let body = if delete { body.split(" : ").next().unwrap_or_default().to_string() } else { body };
+            let verb = if delete { "delete" } else { "add" };
+            let _ = writeln!(out, "{verb} element ip {TABLE} {} {{ {body} }}", set.name);
+        }
     }
     Ok(out)
 }
@@ -241,8 +259,7 @@ impl Row {
     }
 }
 
-/// What the controller sends: the table in canonical order with every set's digest, computed
-/// by `kuport_proto::canonicalize` (outside any timed region: the controller pays for it).
+/// `kuport_proto::canonicalize` of one table (order, runs, digests), as the controller does.
 fn canonical(t: NftTable) -> NftTable {
     let mut st =
         NodeState { node: "bench".into(), netns: vec![NetnsState { nft_tables: vec![t], ..Default::default() }] };
@@ -250,11 +267,13 @@ fn canonical(t: NftTable) -> NftTable {
     st.netns.pop().and_then(|mut n| n.nft_tables.pop()).unwrap_or_default()
 }
 
-/// The same table without digests: the Applier then compares every set element by element.
+/// The same table without digests and runs: the Applier then compares every set element by
+/// element.
 fn without_digests(t: &NftTable) -> NftTable {
     let mut t = t.clone();
     for s in &mut t.sets {
         s.digest.clear();
+        s.runs.clear();
     }
     t
 }
@@ -278,21 +297,25 @@ fn check_one_mapping(n: usize, what: &str, mode: ApplyMode, writes: usize, batch
 fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) -> BenchResult<()> {
     // KUPORT_BENCH_QUICK=1: our rows alone (for profiling; nft and read-back skipped).
     let quick = std::env::var("KUPORT_BENCH_QUICK").as_deref() == Ok("1");
-    let raw = table(n)?;
-    let mut canon = Row::new("controller: `canonicalize` (sort, dedup, set digests), not part of any apply");
-    let mut digests = Row::new("controller: the set digests alone (sha256 of the sorted elements)");
+    // Every desired table below is the controller's, in canonical order with runs and digests.
+    let base = rendered(n, None)?;
+    // The elements in reverse, so that canonicalize has sorting to do.
+    let mut raw = without_digests(&base);
+    for s in &mut raw.sets {
+        s.elements.reverse();
+    }
+    let mut canon = Row::new("controller: `canonicalize` (sort, dedup, runs and digests), not part of any apply");
+    let mut digests = Row::new("controller: the runs and digests alone (sha256 of the sorted elements)");
     for _ in 0..reps {
         let (t, d) = timed(|| canonical(raw.clone()));
         canon.ours.push(d);
         let ((), d) = timed(|| {
             for s in &t.sets {
-                std::hint::black_box(kuport_proto::canonical::set_digest(&s.elements));
+                std::hint::black_box(kuport_proto::canonical::element_runs(&s.elements));
             }
         });
         digests.ours.push(d);
     }
-    // Every desired table below is in canonical order, as the controller sends it.
-    let base = canonical(raw);
     let plain = without_digests(&base);
     let elements: usize = base.sets.iter().map(|s| s.elements.len()).sum();
     let base_text = kuport_proto::text::nft_table(&base);
@@ -319,11 +342,12 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
     // Warm applier: remembers `base` (and its digests) from one cold apply.
     let mut applier = Applier::new(Some(&path));
     applier.apply(&base).map_err(nft_err)?;
-    let plus: Vec<NftTable> =
-        (0..reps).map(|k| with_mapping(&plain, n + k).map(canonical)).collect::<BenchResult<_>>()?;
+    let plus: Vec<NftTable> = (0..reps).map(|k| rendered(n, Some(n + k))).collect::<BenchResult<_>>()?;
     let plus_plain: Vec<NftTable> = plus.iter().map(without_digests).collect();
-    let mut add_d = Row::new("add one mapping (4 elements), `Applier`, set digests");
-    let mut del_d = Row::new("remove that mapping, `Applier`, set digests");
+    let add_lines: Vec<String> = plus.iter().map(|t| element_lines(&base, t, false)).collect::<BenchResult<_>>()?;
+    let del_lines: Vec<String> = plus.iter().map(|t| element_lines(&base, t, true)).collect::<BenchResult<_>>()?;
+    let mut add_d = Row::new("add one mapping (4 elements), `Applier`, runs and digests");
+    let mut del_d = Row::new("remove that mapping, `Applier`, runs and digests");
     let mut add = Row::new("add one mapping (4 elements), `Applier`, no digests");
     let mut del = Row::new("remove that mapping, `Applier`, no digests");
     let mut readback = Row::new("add one mapping, read-back `apply_table`");
@@ -332,23 +356,23 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
         // With digests: the memory holds base's digests (the apply of `base` before this).
         let (r, d) = timed(|| applier.apply(t));
         let r = r.map_err(nft_err)?;
-        check_one_mapping(n, "one mapping (digests)", r.mode, r.writes, r.batches)?;
+        check_one_mapping(n, "one mapping (runs and digests)", r.mode, r.writes, r.batches)?;
         add_d.ours.push(d);
         if !quick && k == 0 {
             let expect = ours_ns.list()?;
-            nft_ns.nft_file(&element_lines(&base, n + k, false)?, "check")?;
+            nft_ns.nft_file(&add_lines[k], "check")?;
             if nft_ns.list()? != expect {
                 return Err(format!("{n}: nft's element add lists differently from ours"));
             }
-            nft_ns.nft_file(&element_lines(&base, n + k, true)?, "uncheck")?;
+            nft_ns.nft_file(&del_lines[k], "uncheck")?;
         }
         let (r, d) = timed(|| applier.apply(&base));
         let r = r.map_err(nft_err)?;
-        check_one_mapping(n, "removing one mapping (digests)", r.mode, r.writes, r.batches)?;
+        check_one_mapping(n, "removing one mapping (runs and digests)", r.mode, r.writes, r.batches)?;
         del_d.ours.push(d);
         if !quick {
-            add_d.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, false)?, "add")?);
-            del_d.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, true)?, "del")?);
+            add_d.nft.push(nft_ns.nft_file(&add_lines[k], "add")?);
+            del_d.nft.push(nft_ns.nft_file(&del_lines[k], "del")?);
         }
 
         // Without digests: every set is compared element by element.
@@ -365,10 +389,30 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
         if quick {
             continue;
         }
-        add.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, false)?, "add")?);
-        del.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, true)?, "del")?);
+        add.nft.push(nft_ns.nft_file(&add_lines[k], "add")?);
+        del.nft.push(nft_ns.nft_file(&del_lines[k], "del")?);
     }
-    let mut noop_d = Row::new("no-op reconcile, `Applier` with memory, set digests");
+    // A UDP range mapping: its four elements go to the interval sets (pipapo in the kernel).
+    let range_plus = rendered(n, Some(n + RANGE_EVERY - 1))?;
+    let (range_add, range_del) = (element_lines(&base, &range_plus, false)?, element_lines(&base, &range_plus, true)?);
+    let mut add_r = Row::new("add one UDP range mapping (4 elements), `Applier`, runs and digests");
+    let mut del_r = Row::new("remove that range mapping, `Applier`, runs and digests");
+    for _ in 0..reps {
+        let (r, d) = timed(|| applier.apply(&range_plus));
+        let r = r.map_err(nft_err)?;
+        check_one_mapping(n, "one range mapping", r.mode, r.writes, r.batches)?;
+        add_r.ours.push(d);
+        let (r, d) = timed(|| applier.apply(&base));
+        let r = r.map_err(nft_err)?;
+        check_one_mapping(n, "removing one range mapping", r.mode, r.writes, r.batches)?;
+        del_r.ours.push(d);
+        if quick {
+            continue;
+        }
+        add_r.nft.push(nft_ns.nft_file(&range_add, "add")?);
+        del_r.nft.push(nft_ns.nft_file(&range_del, "del")?);
+    }
+    let mut noop_d = Row::new("no-op reconcile, `Applier` with memory, runs and digests");
     let mut noop = Row::new("no-op reconcile, `Applier` with memory, no digests");
     let mut noop_rb = Row::new("no-op reconcile, read-back `apply_table`");
     for _ in 0..reps {
@@ -394,10 +438,11 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
     // The whole executor: a one-netns state holding the table, handed over shared (as the
     // sync client's keeper does), so the executor holds the only reference (the state it
     // replaces is freed on its dropper thread). Its applier starts with a read-back of `base`.
-    let mut ex_add = Row::new("add one mapping, whole `Executor::apply_shared`, set digests");
-    let mut ex_del = Row::new("remove that mapping, whole `Executor::apply_shared`, set digests");
-    let mut ex_add_copy = Row::new("add one mapping, `Executor::apply(&NetnsState)` (copies the state), set digests");
-    let mut ex_noop = Row::new("no-op, whole `Executor::apply_shared`, set digests");
+    let mut ex_add = Row::new("add one mapping, whole `Executor::apply_shared`, runs and digests");
+    let mut ex_del = Row::new("remove that mapping, whole `Executor::apply_shared`, runs and digests");
+    let mut ex_add_copy =
+        Row::new("add one mapping, `Executor::apply(&NetnsState)` (copies the state), runs and digests");
+    let mut ex_noop = Row::new("no-op, whole `Executor::apply_shared`, runs and digests");
     let mut ex = Executor::new(Some(path.clone()));
     ex.apply_shared(netns_state(&path, &base)).map_err(|e| e.to_string())?;
     let ex_report = |n: usize, what: &str, r: Result<kuport_node_exec::executor::Report, ExecError>| {
@@ -429,8 +474,8 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
         if quick {
             continue;
         }
-        ex_add.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, false)?, "add")?);
-        ex_del.nft.push(nft_ns.nft_file(&element_lines(&base, n + k, true)?, "del")?);
+        ex_add.nft.push(nft_ns.nft_file(&add_lines[k], "add")?);
+        ex_del.nft.push(nft_ns.nft_file(&del_lines[k], "del")?);
     }
     // The heavy operations last: their aftermath in the kernel (freeing a whole table) must
     // not fall into the small ones above. Each is undone (untimed) before the next.
@@ -440,7 +485,7 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
         readback.ours.push(d);
         apply_table(Some(&path), &base).map_err(nft_err)?;
         reload.nft.push(nft_ns.nft_file(&reload_text(t), "reload")?);
-        nft_ns.nft_file(&element_lines(&base, n + k, true)?, "unreload")?;
+        nft_ns.nft_file(&del_lines[k], "unreload")?;
     }
     if !quick && ours_ns.list()? != nft_ns.list()? {
         return Err(format!("{n}: after the runs our table lists differently from nft's"));
@@ -451,6 +496,8 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
         cold,
         add_d,
         del_d,
+        add_r,
+        del_r,
         ex_add,
         ex_del,
         ex_add_copy,
@@ -482,7 +529,9 @@ fn main() -> ExitCode {
     if std::env::var("KUPORT_BENCH_TRACE").as_deref() == Ok("1") {
         // Where an Applier's time goes: elements compared, time comparing, time writing.
         tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("kuport_node_exec::nft=debug"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "kuport_node_exec::nft=debug,kuport_node_exec::executor=debug",
+            ))
             .with_writer(std::io::stderr)
             .init();
     }

@@ -16,6 +16,7 @@ use std::ops::RangeInclusive;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use kuport_proto::canonical::unchanged_ends;
 use kuport_proto::owned;
 
 use crate::nft::attr::{self, Attr, AttrWriter};
@@ -129,8 +130,9 @@ const UDP: u8 = 17;
 ///
 /// Only UDP, as kube-proxy does: an established UDP flow refreshes its entry with every datagram,
 /// while a TCP flow to a vanished pod ends on its own and one to a live pod may still drain.
-/// Sets whose digests match are skipped without a walk; elements are in canonical order, so the
-/// common head and tail of a changed set are skipped too.
+/// Sets whose digests match are skipped without a walk, and so are the equal runs at both ends
+/// of a changed set; elements are in canonical order, so its common head and tail are skipped
+/// too.
 pub fn stale_udp(old: Option<&NftTable>, new: Option<&NftTable>) -> Vec<StaleFlows> {
     let mut out = Vec::new();
     for name in DNAT_MAPS {
@@ -142,6 +144,12 @@ pub fn stale_udp(old: Option<&NftTable>, new: Option<&NftTable>) -> Vec<StaleFlo
             continue;
         }
         let (b, a) = (elements(before), elements(after));
+        // Equal runs at both ends hold equal elements: not walked.
+        let (head, tail) = match (before, after) {
+            (Some(x), Some(y)) => unchanged_ends(&x.runs, b.len(), &y.runs, a.len()),
+            _ => (0, 0),
+        };
+        let (b, a) = (&b[head..b.len() - tail], &a[head..a.len() - tail]);
         let head = b.iter().zip(a).take_while(|(x, y)| x == y).count();
         let (b, a) = (&b[head..], &a[head..]);
         let tail = b.iter().rev().zip(a.iter().rev()).take_while(|(x, y)| x == y).count();
@@ -649,7 +657,7 @@ mod tests {
 
     fn table(elements: Vec<NftElement>) -> NftTable {
         let mut set = kuport_proto::v1::NftSet { name: owned::MAP_PUBLISH_PORT.into(), elements, ..Default::default() };
-        set.digest = kuport_proto::canonical::set_digest(&set.elements);
+        (set.runs, set.digest) = kuport_proto::canonical::element_runs(&set.elements);
         NftTable { name: owned::NFT_TABLE.into(), sets: vec![set], ..Default::default() }
     }
 
@@ -681,6 +689,23 @@ mod tests {
         // The table gone: every UDP element's flows; the first table: its untranslated ones.
         assert_eq!(stale_udp(Some(&old), None), flows(&[(5000, Some("10.0.0.2")), (6000, Some("10.0.0.3"))]));
         assert_eq!(stale_udp(None, Some(&old)), flows(&[(5000, None), (6000, None)]));
+    }
+
+    #[test]
+    fn runs_skip_the_unchanged_ends_of_a_large_map_and_find_the_same_flows() {
+        let many = |skip: u32, moved: u32| {
+            let target = |p: u32| if p == moved { "10.0.9.9" } else { "10.0.0.1" };
+            table((1..=20_000).filter(|p| *p != skip).map(|p| published(17, p, target(p))).collect())
+        };
+        let (old, new) = (many(10_001, 0), many(0, 15_000));
+        assert!(old.sets[0].runs.len() > 20);
+        let mut plain = (old.clone(), new.clone());
+        for s in [&mut plain.0.sets[0], &mut plain.1.sets[0]] {
+            (s.runs, s.digest) = (Vec::new(), Vec::new());
+        }
+        let want = stale_udp(Some(&plain.0), Some(&plain.1));
+        assert_eq!(want.len(), 3, "{want:?}");
+        assert_eq!(stale_udp(Some(&old), Some(&new)), want);
     }
 
     #[test]

@@ -166,16 +166,21 @@ impl Executor {
 
     /// [`Executor::apply`] of a shared state, which is kept without copying it.
     pub fn apply_shared(&mut self, desired: Arc<NetnsState>) -> Result<Report, ExecError> {
+        let started = std::time::Instant::now();
         let old = self.desired.replace(Arc::clone(&desired));
         let mut result = self.apply_inner(&desired);
+        let applied = started.elapsed();
         if let (Ok(report), Some(old)) = (&mut result, &old)
             && !Arc::ptr_eq(old, &desired)
         {
             self.delete_stale_flows(old, &desired, report);
         }
+        let flows = started.elapsed() - applied;
         if let Some(old) = old {
             drop_elsewhere(old);
         }
+        // Where the time goes (the apply benchmark's KUPORT_BENCH_TRACE=1 prints it).
+        tracing::debug!(?applied, ?flows, total = ?started.elapsed(), "state applied");
         let mut stats = self.stats.lock();
         stats.applies += 1;
         stats.last_error = result.as_ref().err().map(ToString::to_string);
@@ -187,11 +192,13 @@ impl Executor {
         let mut report = Report::default();
 
         // 1. Make: the new objects, with the old ones still in place.
+        let started = std::time::Instant::now();
         let before = self.applied.as_ref().map(|prev| keep_previous(desired, prev));
         // A merge the route model refuses (e.g. two states' objects clash) is skipped: the
         // desired state alone is then applied in one step.
         let before = before.filter(|b| route::Desired::from_proto(b).is_ok());
         route_step(netns, before.as_ref().unwrap_or(desired), &mut report)?;
+        let routes = started.elapsed();
 
         // 2. The tables: each is one transaction, so a refusal leaves the old table whole.
         let mut own_table = false;
@@ -234,6 +241,8 @@ impl Executor {
             }
         }
 
+        let tables = started.elapsed() - routes;
+        tracing::debug!(?routes, ?tables, "make and tables");
         // 3. Break: what the new state no longer has.
         if before.as_ref().is_some_and(|b| !same_objects(b, desired)) {
             route_step(netns, desired, &mut report)?;
@@ -487,12 +496,12 @@ fn drop_elsewhere(state: Arc<NetnsState>) {
     }
 }
 
-/// `state` without its nft tables: what the route step and [`keep_previous`] need.
 /// kuport's own table in `state`, if it has one.
 fn own_table(state: &NetnsState) -> Option<&kuport_proto::v1::NftTable> {
     state.nft_tables.iter().find(|t| t.family == NftFamily::Ip as i32 && t.name == owned::NFT_TABLE)
 }
 
+/// `state` without its nft tables: what the route step and [`keep_previous`] need.
 fn without_tables(state: &NetnsState) -> NetnsState {
     NetnsState {
         path: state.path.clone(),

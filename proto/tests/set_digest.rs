@@ -1,7 +1,7 @@
 //! The per-set digest that `canonicalize` computes: it changes exactly when the set's elements
 //! change, whatever order they were given in, and nothing that renders a set shows it.
 
-use kuport_proto::canonical::{order, set_digest};
+use kuport_proto::canonical::{RUN_SPAN, element_runs, order, set_digest};
 use kuport_proto::canonicalize;
 use kuport_proto::v1::{NetnsState, NftElement, NftSet, NftTable, NftType, NftValue, NodeState, PortRange, nft_value};
 use proptest::prelude::*;
@@ -100,7 +100,7 @@ fn order_alone_leaves_no_digest() {
     let canonical = s.clone();
     order(&mut s);
     let set = &s.netns[0].nft_tables[0].sets[0];
-    assert!(set.digest.is_empty());
+    assert!(set.digest.is_empty() && set.runs.is_empty());
     assert_eq!(set.elements, canonical.netns[0].nft_tables[0].sets[0].elements);
 }
 
@@ -117,4 +117,49 @@ fn the_text_does_not_show_the_digest() {
         kuport_proto::text::nft_table(&canonical.netns[0].nft_tables[0]),
         kuport_proto::text::nft_table(&sorted.netns[0].nft_tables[0])
     );
+}
+
+/// `n` distinct elements of a large set (ports 1 to 65,535 of up to 250 addresses).
+fn large(n: usize, skip: u32) -> Vec<NftElement> {
+    (0..n as u32)
+        .filter(|i| *i != skip)
+        .map(|i| element((i / 65_000) as u8, (i % 65_000 + 1) as u16, (i % 2) as u8))
+        .collect()
+}
+
+/// How many runs two run lists share at their start and at their end (not overlapping).
+fn shared_runs(a: &[kuport_proto::v1::ElementRun], b: &[kuport_proto::v1::ElementRun]) -> usize {
+    let head = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let tail = a[head..].iter().rev().zip(b[head..].iter().rev()).take_while(|(x, y)| x == y).count();
+    head + tail
+}
+
+#[test]
+fn runs_cover_the_elements_and_average_the_span() {
+    let set = canonical_set(large(20_000, u32::MAX));
+    let total: u32 = set.runs.iter().map(|r| r.elements).sum();
+    assert_eq!(total as usize, set.elements.len());
+    assert!(set.runs.iter().all(|r| r.elements > 0 && r.digest.len() == 32));
+    // Content-defined cuts: the mean run is about RUN_SPAN long (a loose bound, the cuts are
+    // deterministic for these elements).
+    let mean = set.elements.len() / set.runs.len();
+    assert!((RUN_SPAN as usize / 2..RUN_SPAN as usize * 2).contains(&mean), "mean run {mean}");
+    assert_eq!((set.runs.clone(), set.digest.clone()), element_runs(&set.elements));
+    // The empty set has no runs and still a digest.
+    let empty = canonical_set(Vec::new());
+    assert!(empty.runs.is_empty());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Wherever one element goes in or out, every other run stays: the executor then compares
+    /// the elements of at most two runs.
+    #[test]
+    fn one_element_more_changes_at_most_two_runs(skip in 0u32..5_000) {
+        let (with, without) = (canonical_set(large(5_000, u32::MAX)), canonical_set(large(5_000, skip)));
+        prop_assert!(shared_runs(&with.runs, &without.runs) + 2 >= with.runs.len());
+        prop_assert!(shared_runs(&with.runs, &without.runs) + 2 >= without.runs.len());
+        prop_assert_ne!(with.digest, without.digest);
+    }
 }

@@ -108,14 +108,14 @@ pub fn kuport_table(ns: &mut NetnsState) -> &mut NftTable {
     ns.nft_tables.iter_mut().find(|t| t.name == owned::NFT_TABLE).expect("kuport's table")
 }
 
-/// Removes the elements of set or map `set` that `pick` selects; how many. The set's digest
-/// is computed anew: an executor that remembers the set skips it while the digest is unchanged.
+/// Removes the elements of set or map `set` that `pick` selects; how many. The set's runs and
+/// digest are computed anew: an executor that remembers the set skips what they say is unchanged.
 pub fn drop_elements(ns: &mut NetnsState, set: &str, pick: impl Fn(&NftElement) -> bool) -> usize {
     let t = kuport_table(ns);
     let s = t.sets.iter_mut().find(|s| s.name == set).unwrap_or_else(|| panic!("no set {set}"));
     let before = s.elements.len();
     s.elements.retain(|e| !pick(e));
-    s.digest = kuport_proto::canonical::set_digest(&s.elements);
+    (s.runs, s.digest) = kuport_proto::canonical::element_runs(&s.elements);
     before - s.elements.len()
 }
 

@@ -7,16 +7,20 @@
 //!
 //! A desired set that carries a digest (`NftSet.digest`, which `kuport_proto::canonicalize`
 //! computes) equal to the digest remembered for that set, with an unchanged header, is not
-//! walked at all: the digest covers its elements. Sets without a digest are compared element
-//! by element. A digest is remembered only after a successful write, and every remembered
-//! digest is dropped on any error (the next apply then compares elements again).
+//! walked at all: the digest covers its elements. In a set whose digest changed, the runs the
+//! caller gave (`NftSet.runs`) that equal remembered ones at the start and at the end are not
+//! walked either, so a one-element change compares a run or two of elements, not the set.
+//! Sets without a digest are compared element by element. Digests and runs are remembered
+//! only after a successful write, and dropped on any error (the next apply then compares
+//! elements again).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kuport_proto::v1::{NftChain, NftElement, NftSet, NftTable, nft_value::Value};
+use kuport_proto::canonical::unchanged_ends;
+use kuport_proto::v1::{ElementRun, NftChain, NftElement, NftSet, NftTable, nft_value::Value};
 
 use super::NftError;
 use super::apply::{
@@ -73,12 +77,14 @@ fn key_hash(key: &[kuport_proto::v1::NftValue]) -> u64 {
 /// A remembered set: its header (elements empty), its elements in normal form in the order
 /// they were last desired (so an unchanged run is recognised by a sequential comparison, which
 /// is several times cheaper than a hash lookup per element), the hashes of their keys, and the
-/// digest the caller gave for exactly these elements (empty: none, or not trusted).
+/// digest and runs the caller gave for exactly these elements (empty: none, or not trusted;
+/// runs only while `elems` is in the caller's order).
 struct SetMemory {
     header: NftSet,
     elems: Vec<NftElement>,
     keys: KeySet,
     digest: Vec<u8>,
+    runs: Vec<ElementRun>,
 }
 
 type KeySet = HashSet<u64, BuildHasherDefault<PassThrough>>;
@@ -115,7 +121,9 @@ struct SetDelta {
     middle: Vec<NftElement>,
     /// The desired set's digest, remembered once written.
     digest: Vec<u8>,
-    /// Desired elements compared (0 when the digest skipped the set).
+    /// The desired set's runs, remembered once written (None: keep the remembered ones).
+    runs: Option<Vec<ElementRun>>,
+    /// Desired elements compared: those neither the digest nor equal runs let it skip.
     walked: usize,
 }
 
@@ -190,10 +198,9 @@ impl Applier {
             Ok(deltas) => match (started.elapsed(), self.write_delta(&mem, &deltas)) {
                 (compared, Ok(report)) => {
                     // Where the time goes (the benchmark's KUPORT_BENCH_TRACE=1 prints it).
-                    let walked: usize = deltas.iter().map(|d| d.walked).sum();
                     let written = started.elapsed() - compared;
                     tracing::debug!(
-                        table = %mem.name, walked, ?compared, ?written, writes = report.writes,
+                        table = %mem.name, walked = report.compared, ?compared, ?written, writes = report.writes,
                         "delta applied from memory"
                     );
                     update(&mut mem, deltas);
@@ -237,14 +244,15 @@ impl Applier {
         let fam = family_code(want.family)?;
         let diffs = diff(&skeleton(&want), Some(&old.skeleton()));
         let batches = replace_batches(fam, &want, self.opts.max_ops_per_batch.max(1))?;
-        let mut report = ApplyReport { mode: ApplyMode::Replaced, writes: 0, batches: 0, diffs };
+        let mut report = ApplyReport { mode: ApplyMode::Replaced, writes: 0, batches: 0, diffs, compared: 0 };
         send(self.socket()?, &batches, &mut report)?;
         self.memory = remember(want, desired);
         Ok(report)
     }
 
     fn write_delta(&mut self, mem: &Memory, deltas: &[SetDelta]) -> Result<ApplyReport, NftError> {
-        let mut report = ApplyReport { mode: ApplyMode::Unchanged, writes: 0, batches: 0, diffs: Vec::new() };
+        let compared = deltas.iter().map(|d| d.walked).sum();
+        let mut report = ApplyReport { mode: ApplyMode::Unchanged, writes: 0, batches: 0, diffs: Vec::new(), compared };
         if deltas.iter().all(SetDelta::is_empty) {
             return Ok(report);
         }
@@ -289,11 +297,12 @@ impl Applier {
 }
 
 impl Memory {
-    /// The memory without digests: after an error, every set is compared element by element
-    /// on the next apply.
+    /// The memory without digests and runs: after an error, every set is compared element by
+    /// element on the next apply.
     fn distrusted(mut self) -> Self {
         for s in &mut self.sets {
             s.digest.clear();
+            s.runs.clear();
         }
         self
     }
@@ -310,7 +319,11 @@ impl Memory {
 }
 
 fn skeleton(t: &NftTable) -> NftTable {
-    let sets = t.sets.iter().map(|s| NftSet { elements: Vec::new(), digest: Vec::new(), ..s.clone() }).collect();
+    let sets = t
+        .sets
+        .iter()
+        .map(|s| NftSet { elements: Vec::new(), digest: Vec::new(), runs: Vec::new(), ..s.clone() })
+        .collect();
     NftTable { family: t.family, name: t.name.clone(), sets, chains: t.chains.clone() }
 }
 
@@ -328,17 +341,21 @@ fn remember(want: NftTable, desired: &NftTable) -> Option<Memory> {
         }
         let given = desired.sets.iter().find(|d| d.name == s.name);
         let digest = given.map(|d| d.digest.clone()).unwrap_or_default();
-        let elems = in_given_order(&s, normal, given.map(|d| d.elements.as_slice()).unwrap_or(&[]));
+        let (elems, aligned) = in_given_order(&s, normal, given.map(|d| d.elements.as_slice()).unwrap_or(&[]));
+        let runs = given.filter(|_| aligned).map(|d| d.runs.clone()).unwrap_or_default();
         s.digest.clear();
-        sets.push(SetMemory { header: s, elems, keys, digest });
+        s.runs.clear();
+        sets.push(SetMemory { header: s, elems, keys, digest, runs });
     }
     Some(Memory { family: want.family, name: want.name, sets, chains: want.chains, raw_chains: desired.chains.clone() })
 }
 
 /// The normal elements in the order the caller gave them (normalizing sorts them), so that
-/// the next apply of the same list compares sequentially. Elements not found as given (not in
-/// normal form) keep their sorted place at the end; that only costs speed, never exactness.
-fn in_given_order(set: &NftSet, normal: Vec<NftElement>, given: &[NftElement]) -> Vec<NftElement> {
+/// the next apply of the same list compares sequentially, and whether that order is exactly
+/// the caller's (one normal element for each given one: then the caller's runs describe it).
+/// Elements not found as given (not in normal form) keep their sorted place at the end; that
+/// only costs speed, never exactness.
+fn in_given_order(set: &NftSet, normal: Vec<NftElement>, given: &[NftElement]) -> (Vec<NftElement>, bool) {
     let mut by_key: HashMap<u64, NftElement, BuildHasherDefault<PassThrough>> =
         HashMap::with_capacity_and_hasher(normal.len(), Default::default());
     for e in normal {
@@ -352,10 +369,11 @@ fn in_given_order(set: &NftSet, normal: Vec<NftElement>, given: &[NftElement]) -
         });
         out.extend(found);
     }
+    let aligned = by_key.is_empty() && out.len() == given.len();
     let mut rest: Vec<NftElement> = by_key.into_values().collect();
     rest.sort_by_key(|e| format!("{:?}", e.key));
     out.extend(rest);
-    out
+    (out, aligned)
 }
 
 fn same_header(a: &NftSet, b: &NftSet) -> bool {
@@ -392,7 +410,8 @@ fn delta(mem: &mut Memory, desired: &NftTable) -> Result<Vec<SetDelta>, Result<S
             out.push(SetDelta { digest: d.digest.clone(), ..Default::default() });
             continue;
         }
-        out.push(SetDelta { digest: d.digest.clone(), ..set_delta(s, d)? });
+        let runs = Some(d.runs.clone());
+        out.push(SetDelta { digest: d.digest.clone(), runs, ..set_delta(s, d)? });
     }
     Ok(out)
 }
@@ -414,16 +433,22 @@ struct Slot {
     seen: bool,
 }
 
-/// The delta of one set. The common prefix and suffix of the desired and remembered element
-/// lists are compared in place (a one-mapping change leaves all but one element there); only
-/// the middle is diffed by key, against a hash map of the remembered middle. A middle key that
-/// the untouched prefix or suffix also holds is a duplicate (or a hash collision).
+/// The delta of one set. The runs the caller gave that equal remembered ones at both ends are
+/// skipped unseen; then the common prefix and suffix of the rest of the desired and remembered
+/// element lists are compared in place (a one-mapping change leaves all but one element
+/// there); only the middle is diffed by key, against a hash map of the remembered middle. A
+/// middle key that the untouched prefix or suffix also holds is a duplicate (or a hash
+/// collision).
 fn set_delta(s: &SetMemory, d: &NftSet) -> Result<SetDelta, Fail> {
     let (want, have) = (&d.elements, &s.elems);
-    let prefix = want.iter().zip(have).take_while(|(w, h)| w == h).count();
-    let suffix = want[prefix..].iter().rev().zip(have[prefix..].iter().rev()).take_while(|(w, h)| w == h).count();
+    let (head, tail) = unchanged_ends(&s.runs, have.len(), &d.runs, want.len());
+    let (want_rest, have_rest) = (&want[head..want.len() - tail], &have[head..have.len() - tail]);
+    let prefix = head + want_rest.iter().zip(have_rest).take_while(|(w, h)| w == h).count();
+    let (want_rest, have_rest) = (&want[prefix..want.len() - tail], &have[prefix..have.len() - tail]);
+    let suffix = tail + want_rest.iter().rev().zip(have_rest.iter().rev()).take_while(|(w, h)| w == h).count();
     let (want_mid, have_mid) = (&want[prefix..want.len() - suffix], &have[prefix..have.len() - suffix]);
-    let mut out = SetDelta { at: prefix, replaced: have_mid.len(), walked: want.len(), ..Default::default() };
+    let walked = want.len() - head - tail;
+    let mut out = SetDelta { at: prefix, replaced: have_mid.len(), walked, ..Default::default() };
     if want_mid.is_empty() && have_mid.is_empty() {
         return Ok(out);
     }
@@ -508,6 +533,9 @@ fn update(mem: &mut Memory, deltas: Vec<SetDelta>) {
         }
         s.elems.splice(d.at..d.at + d.replaced, d.middle);
         s.digest = d.digest;
+        if let Some(runs) = d.runs {
+            s.runs = runs;
+        }
     }
 }
 

@@ -50,6 +50,9 @@ pub struct ApplyReport {
     pub batches: usize,
     /// What differed before the apply.
     pub diffs: Vec<NftDiff>,
+    /// Desired elements an [`super::Applier`] compared with remembered ones (0 on other paths):
+    /// what digests and runs did not let it skip.
+    pub compared: usize,
 }
 
 /// Opens a netfilter socket inside `netns` (a path such as /var/run/netns/NAME), or in the
@@ -256,7 +259,8 @@ pub(crate) fn apply_normal(sock: &mut Socket, want: &NftTable, opts: &ApplyOptio
     let have = read_with(sock, family, &want.name)?;
     let diffs = diff(want, have.as_ref());
     let budget = opts.max_ops_per_batch.max(1);
-    let mut report = ApplyReport { mode: ApplyMode::Unchanged, writes: 0, batches: 0, diffs: diffs.clone() };
+    let mut report =
+        ApplyReport { mode: ApplyMode::Unchanged, writes: 0, batches: 0, diffs: diffs.clone(), compared: 0 };
     if diffs.is_empty() {
         return Ok(report);
     }

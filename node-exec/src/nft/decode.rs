@@ -76,6 +76,7 @@ pub(crate) fn set(payload: &[u8]) -> Result<(String, NftSet), NftError> {
             counter,
             elements: Vec::new(),
             digest: Vec::new(),
+            runs: Vec::new(),
         },
     ))
 }

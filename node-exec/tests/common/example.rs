@@ -44,7 +44,7 @@ pub fn set(
     counter: bool,
     elements: Vec<NftElement>,
 ) -> NftSet {
-    NftSet { name: name.into(), key: types(key), data: types(data), interval, counter, elements, digest: Vec::new() }
+    NftSet { name: name.into(), key: types(key), data: types(data), interval, counter, elements, ..Default::default() }
 }
 #[allow(dead_code)]
 pub fn elem(key: Vec<NftValue>, data: Vec<NftValue>) -> NftElement {

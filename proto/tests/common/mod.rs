@@ -62,6 +62,7 @@ pub fn set(
         counter,
         elements,
         digest: Vec::new(),
+        runs: Vec::new(),
     }
 }
 
