@@ -6,6 +6,8 @@ mkdir -p "$cache"
 need=()
 command -v nft >/dev/null || need+=(nftables)
 command -v ip >/dev/null || need+=(iproute2)
+# A C compiler for the crates with C inside (ring, mimalloc).
+command -v cc >/dev/null || need+=(gcc)
 if ((${#need[@]})); then
   echo "installing ${need[*]}"
   apt-get update -qq

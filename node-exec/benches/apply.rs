@@ -8,6 +8,11 @@
 //! node of n single-mode PortMaps (the controller's testkit, outside the timed regions), canonical
 //! with runs and digests as the controller sends it; the rows marked "no digests" clear both.
 
+/// The executor binary's allocator (`src/main.rs`), so that freeing and allocating cost here
+/// what they cost there.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::fmt::Write as _;
 use std::fs::File;
 use std::os::fd::AsRawFd;

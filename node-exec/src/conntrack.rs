@@ -146,7 +146,10 @@ pub fn stale_udp(old: Option<&NftTable>, new: Option<&NftTable>) -> Vec<StaleFlo
         let (b, a) = (elements(before), elements(after));
         // Equal runs at both ends hold equal elements: not walked.
         let (head, tail) = match (before, after) {
-            (Some(x), Some(y)) => unchanged_ends(&x.runs, b.len(), &y.runs, a.len()),
+            (Some(x), Some(y)) => {
+                let ends = unchanged_ends(&x.runs, b.len(), &y.runs, a.len());
+                (ends.head, ends.tail)
+            }
             _ => (0, 0),
         };
         let (b, a) = (&b[head..b.len() - tail], &a[head..a.len() - tail]);

@@ -488,7 +488,13 @@ fn drop_elsewhere(state: Arc<NetnsState>) {
     let dropper = DROPPER.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<Arc<NetnsState>>();
         let thread = std::thread::Builder::new().name("kuport-dropper".into());
-        thread.spawn(move || rx.into_iter().for_each(drop)).ok().map(|_| tx)
+        let free = |state: Arc<NetnsState>| {
+            let t = std::time::Instant::now();
+            drop(state);
+            let freed = t.elapsed();
+            tracing::debug!(?freed, "dropper");
+        };
+        thread.spawn(move || rx.into_iter().for_each(free)).ok().map(|_| tx)
     });
     if let Some(tx) = dropper {
         // Fails only when the thread is gone; the state is then freed here.

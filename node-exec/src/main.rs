@@ -11,6 +11,12 @@ use kuport_node_exec::executor::Executor;
 use kuport_node_exec::sync;
 use kuport_proto::v1::{NetnsState, NodeState};
 
+/// mimalloc, not glibc's malloc: a 50,000-mapping state is about a million allocations, and
+/// after glibc freed one (on the executor's dropper thread) the next apply's first allocations
+/// sorted its free lists, 20 to 45 ms of a 2 ms one-mapping change (docs/decisions.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "kuport-node-exec", about = "Makes this node's kernel match its kuport state")]
 struct Cli {

@@ -90,20 +90,28 @@ pub fn element_runs(elements: &[NftElement]) -> (Vec<ElementRun>, Vec<u8>) {
     (runs, set.finalize().to_vec())
 }
 
-/// How many elements two versions of a set share at their start and at their end, by their
-/// runs alone: `(head, tail)`, not overlapping. (0, 0) when either list of runs does not cover
-/// exactly its elements (no runs, or not computed for these elements).
-pub fn unchanged_ends(old: &[ElementRun], old_len: usize, new: &[ElementRun], new_len: usize) -> (usize, usize) {
-    let covers = |runs: &[ElementRun], len: usize| {
-        !runs.is_empty() && runs.iter().map(|r| r.elements as usize).sum::<usize>() == len
-    };
-    if !covers(old, old_len) || !covers(new, new_len) {
-        return (0, 0);
-    }
-    let head = old.iter().zip(new).take_while(|(a, b)| a == b).count();
-    let tail = old[head..].iter().rev().zip(new[head..].iter().rev()).take_while(|(a, b)| a == b).count();
+/// What two versions of a set share at their start and at their end, by their runs alone (not
+/// overlapping): so many runs, holding so many elements. All zero when either list of runs does
+/// not cover exactly its elements (no runs, or not computed for these elements).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharedEnds {
+    pub head_runs: usize,
+    pub tail_runs: usize,
+    pub head: usize,
+    pub tail: usize,
+}
+
+/// The [`SharedEnds`] of a set's `old` and `new` runs, whose lists hold `old_len` and `new_len`
+/// elements.
+pub fn unchanged_ends(old: &[ElementRun], old_len: usize, new: &[ElementRun], new_len: usize) -> SharedEnds {
     let count = |runs: &[ElementRun]| runs.iter().map(|r| r.elements as usize).sum::<usize>();
-    (count(&new[..head]), count(&new[new.len() - tail..]))
+    if old.is_empty() || new.is_empty() || count(old) != old_len || count(new) != new_len {
+        return SharedEnds::default();
+    }
+    let head_runs = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+    let tail_runs =
+        old[head_runs..].iter().rev().zip(new[head_runs..].iter().rev()).take_while(|(a, b)| a == b).count();
+    SharedEnds { head_runs, tail_runs, head: count(&new[..head_runs]), tail: count(&new[new.len() - tail_runs..]) }
 }
 
 /// FNV-1a over the bytes, then splitmix64's finalizer, whose low bits depend on every input
@@ -236,10 +244,11 @@ mod tests {
     fn unchanged_ends_need_runs_that_cover_the_elements() {
         let run = |n: u32, d: u8| ElementRun { elements: n, digest: vec![d] };
         let old = [run(2, 1), run(3, 2), run(1, 3)];
-        assert_eq!(unchanged_ends(&old, 6, &[run(2, 1), run(4, 9), run(1, 3)], 7), (2, 1));
-        assert_eq!(unchanged_ends(&old, 6, &old, 6), (6, 0));
-        assert_eq!(unchanged_ends(&old, 6, &[], 6), (0, 0), "no runs");
-        assert_eq!(unchanged_ends(&old, 7, &old, 6), (0, 0), "runs of other elements");
+        let ends = |e: SharedEnds| (e.head_runs, e.tail_runs, e.head, e.tail);
+        assert_eq!(ends(unchanged_ends(&old, 6, &[run(2, 1), run(4, 9), run(1, 3)], 7)), (1, 1, 2, 1));
+        assert_eq!(ends(unchanged_ends(&old, 6, &old, 6)), (3, 0, 6, 0));
+        assert_eq!(unchanged_ends(&old, 6, &[], 6), SharedEnds::default(), "no runs");
+        assert_eq!(unchanged_ends(&old, 7, &old, 6), SharedEnds::default(), "runs of other elements");
     }
 
     #[test]

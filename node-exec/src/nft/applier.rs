@@ -121,8 +121,9 @@ struct SetDelta {
     middle: Vec<NftElement>,
     /// The desired set's digest, remembered once written.
     digest: Vec<u8>,
-    /// The desired set's runs, remembered once written (None: keep the remembered ones).
-    runs: Option<Vec<ElementRun>>,
+    /// The remembered runs to replace (by index) and the desired runs that replace them, once
+    /// written: only the runs that differ, so an apply allocates for a run or two, not for all.
+    runs: Option<(std::ops::Range<usize>, Vec<ElementRun>)>,
     /// Desired elements compared: those neither the digest nor equal runs let it skip.
     walked: usize,
 }
@@ -410,8 +411,7 @@ fn delta(mem: &mut Memory, desired: &NftTable) -> Result<Vec<SetDelta>, Result<S
             out.push(SetDelta { digest: d.digest.clone(), ..Default::default() });
             continue;
         }
-        let runs = Some(d.runs.clone());
-        out.push(SetDelta { digest: d.digest.clone(), runs, ..set_delta(s, d)? });
+        out.push(SetDelta { digest: d.digest.clone(), ..set_delta(s, d)? });
     }
     Ok(out)
 }
@@ -441,14 +441,17 @@ struct Slot {
 /// collision).
 fn set_delta(s: &SetMemory, d: &NftSet) -> Result<SetDelta, Fail> {
     let (want, have) = (&d.elements, &s.elems);
-    let (head, tail) = unchanged_ends(&s.runs, have.len(), &d.runs, want.len());
+    let ends = unchanged_ends(&s.runs, have.len(), &d.runs, want.len());
+    let (head, tail) = (ends.head, ends.tail);
     let (want_rest, have_rest) = (&want[head..want.len() - tail], &have[head..have.len() - tail]);
     let prefix = head + want_rest.iter().zip(have_rest).take_while(|(w, h)| w == h).count();
     let (want_rest, have_rest) = (&want[prefix..want.len() - tail], &have[prefix..have.len() - tail]);
     let suffix = tail + want_rest.iter().rev().zip(have_rest.iter().rev()).take_while(|(w, h)| w == h).count();
     let (want_mid, have_mid) = (&want[prefix..want.len() - suffix], &have[prefix..have.len() - suffix]);
     let walked = want.len() - head - tail;
-    let mut out = SetDelta { at: prefix, replaced: have_mid.len(), walked, ..Default::default() };
+    let runs =
+        (ends.head_runs..s.runs.len() - ends.tail_runs, d.runs[ends.head_runs..d.runs.len() - ends.tail_runs].to_vec());
+    let mut out = SetDelta { at: prefix, replaced: have_mid.len(), walked, runs: Some(runs), ..Default::default() };
     if want_mid.is_empty() && have_mid.is_empty() {
         return Ok(out);
     }
@@ -533,8 +536,8 @@ fn update(mem: &mut Memory, deltas: Vec<SetDelta>) {
         }
         s.elems.splice(d.at..d.at + d.replaced, d.middle);
         s.digest = d.digest;
-        if let Some(runs) = d.runs {
-            s.runs = runs;
+        if let Some((at, runs)) = d.runs {
+            s.runs.splice(at, runs);
         }
     }
 }
