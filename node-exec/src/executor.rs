@@ -9,6 +9,10 @@
 //!    state has none;
 //! 3. only then the removal of the links, addresses, routes and rules no longer desired.
 //!
+//! Steps 1 and 3 are skipped when the new state's links, addresses, routes, rules and sysctls
+//! equal those last applied and no drift was found since (a one-mapping change is then only
+//! its table delta); the drift check, not the next apply, finds and repairs outside changes.
+//!
 //! A refusal stops the apply where it is: what already works is never torn down for something
 //! new that failed, and nothing is torn down on drop or shutdown either.
 
@@ -128,6 +132,11 @@ pub struct Executor {
     /// The links, addresses, routes, rules and sysctls of the state last applied in full (its
     /// nft tables left out): they stay until a new state's tables are in.
     applied: Option<NetnsState>,
+    /// Whether the kernel is known to hold `applied`'s objects: set by a full apply, cleared
+    /// when a route step starts (until it succeeds) and when drift is found. While it holds, a
+    /// state with the same objects skips the route step (a thread, a netlink runtime and a dump
+    /// of every link, address, route and rule: 0.6 ms, up to 13 ms on the benchmark machine).
+    routes_known: bool,
     /// Inside a drift episode (found, not yet repaired).
     drifting: bool,
     /// One applier per table: it remembers what it applied, so a change sends only the delta
@@ -143,6 +152,7 @@ impl Executor {
             netns,
             desired: None,
             applied: None,
+            routes_known: false,
             drifting: false,
             tables: BTreeMap::new(),
             stats: StatsHandle::default(),
@@ -193,11 +203,16 @@ impl Executor {
 
         // 1. Make: the new objects, with the old ones still in place.
         let started = std::time::Instant::now();
-        let before = self.applied.as_ref().map(|prev| keep_previous(desired, prev));
-        // A merge the route model refuses (e.g. two states' objects clash) is skipped: the
-        // desired state alone is then applied in one step.
-        let before = before.filter(|b| route::Desired::from_proto(b).is_ok());
-        route_step(netns, before.as_ref().unwrap_or(desired), &mut report)?;
+        let same_routes = self.routes_known && self.applied.as_ref().is_some_and(|a| same_objects(a, desired));
+        let mut before = None;
+        if !same_routes {
+            self.routes_known = false;
+            before = self.applied.as_ref().map(|prev| keep_previous(desired, prev));
+            // A merge the route model refuses (e.g. two states' objects clash) is skipped: the
+            // desired state alone is then applied in one step.
+            before = before.filter(|b| route::Desired::from_proto(b).is_ok());
+            route_step(netns, before.as_ref().unwrap_or(desired), &mut report)?;
+        }
         let routes = started.elapsed();
 
         // 2. The tables: each is one transaction, so a refusal leaves the old table whole.
@@ -242,12 +257,15 @@ impl Executor {
         }
 
         let tables = started.elapsed() - routes;
-        tracing::debug!(?routes, ?tables, "make and tables");
+        tracing::debug!(?routes, ?tables, same_routes, "make and tables");
         // 3. Break: what the new state no longer has.
         if before.as_ref().is_some_and(|b| !same_objects(b, desired)) {
             route_step(netns, desired, &mut report)?;
         }
-        self.applied = Some(without_tables(desired));
+        if !same_routes {
+            self.applied = Some(without_tables(desired));
+            self.routes_known = true;
+        }
         Ok(report)
     }
 
@@ -326,6 +344,7 @@ impl Executor {
         for applier in self.tables.values_mut() {
             applier.forget();
         }
+        self.routes_known = false;
         if self.apply_shared(desired).is_ok() {
             self.drifting = false;
         }

@@ -583,6 +583,27 @@ fn outside_changes_are_repaired_and_counted_once_each() {
 }
 
 #[test]
+fn unchanged_routes_are_not_reread_and_the_drift_check_still_repairs_them() {
+    if !root() {
+        return;
+    }
+    let s = node_state(&examples(), "worker-1");
+    let ns = Netns::new();
+    ns.underlay(&s);
+    let mut ex = Executor::new(Some(ns.path()));
+    apply(&mut ex, &s);
+    // While the state's links, addresses, routes and rules stay as applied, an apply does not
+    // read them back, so it does not see this outside change...
+    ns.ip(&["link", "del", &s.links[0].name]);
+    assert_eq!(apply(&mut ex, &s), 0);
+    assert!(!ex.differences(&s).expect("diff").is_empty());
+    // ...the drift check (run on every link, address, route and rule notification) repairs it.
+    assert!(!ex.check().is_empty());
+    assert_exactly(&ns, &s);
+    assert!(apply(&mut ex, &s) == 0 && ex.differences(&s).expect("diff").is_empty());
+}
+
+#[test]
 fn a_refused_change_keeps_the_previous_state_and_names_the_object() {
     if !root() {
         return;
