@@ -299,6 +299,15 @@ fn check_one_mapping(n: usize, what: &str, mode: ApplyMode, writes: usize, batch
     Ok(())
 }
 
+/// Applies `t` through `a` (timed) and checks it wrote one mapping's four elements in one
+/// transaction.
+fn timed_mapping(a: &mut Applier, t: &NftTable, n: usize, what: &str) -> BenchResult<Duration> {
+    let (r, d) = timed(|| a.apply(t));
+    let r = r.map_err(nft_err)?;
+    check_one_mapping(n, what, r.mode, r.writes, r.batches)?;
+    Ok(d)
+}
+
 fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) -> BenchResult<()> {
     // KUPORT_BENCH_QUICK=1: our rows alone (for profiling; nft and read-back skipped).
     let quick = std::env::var("KUPORT_BENCH_QUICK").as_deref() == Ok("1");
@@ -359,10 +368,7 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
     let mut reload = Row::new("add one mapping, whole-table `nft -f` reload");
     for (k, t) in plus.iter().enumerate() {
         // With digests: the memory holds base's digests (the apply of `base` before this).
-        let (r, d) = timed(|| applier.apply(t));
-        let r = r.map_err(nft_err)?;
-        check_one_mapping(n, "one mapping (runs and digests)", r.mode, r.writes, r.batches)?;
-        add_d.ours.push(d);
+        add_d.ours.push(timed_mapping(&mut applier, t, n, "one mapping (runs and digests)")?);
         if !quick && k == 0 {
             let expect = ours_ns.list()?;
             nft_ns.nft_file(&add_lines[k], "check")?;
@@ -371,24 +377,15 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
             }
             nft_ns.nft_file(&del_lines[k], "uncheck")?;
         }
-        let (r, d) = timed(|| applier.apply(&base));
-        let r = r.map_err(nft_err)?;
-        check_one_mapping(n, "removing one mapping (runs and digests)", r.mode, r.writes, r.batches)?;
-        del_d.ours.push(d);
+        del_d.ours.push(timed_mapping(&mut applier, &base, n, "removing one mapping (runs and digests)")?);
         if !quick {
             add_d.nft.push(nft_ns.nft_file(&add_lines[k], "add")?);
             del_d.nft.push(nft_ns.nft_file(&del_lines[k], "del")?);
         }
 
         // Without digests: every set is compared element by element.
-        let (r, d) = timed(|| applier.apply(&plus_plain[k]));
-        let r = r.map_err(nft_err)?;
-        check_one_mapping(n, "one mapping", r.mode, r.writes, r.batches)?;
-        add.ours.push(d);
-        let (r, d) = timed(|| applier.apply(&plain));
-        let r = r.map_err(nft_err)?;
-        check_one_mapping(n, "removing one mapping", r.mode, r.writes, r.batches)?;
-        del.ours.push(d);
+        add.ours.push(timed_mapping(&mut applier, &plus_plain[k], n, "one mapping")?);
+        del.ours.push(timed_mapping(&mut applier, &plain, n, "removing one mapping")?);
         // Learn base's digests again (a no-op that compares elements) for the next round.
         applier.apply(&base).map_err(nft_err)?;
         if quick {
@@ -403,14 +400,8 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
     let mut add_r = Row::new("add one UDP range mapping (4 elements), `Applier`, runs and digests");
     let mut del_r = Row::new("remove that range mapping, `Applier`, runs and digests");
     for _ in 0..reps {
-        let (r, d) = timed(|| applier.apply(&range_plus));
-        let r = r.map_err(nft_err)?;
-        check_one_mapping(n, "one range mapping", r.mode, r.writes, r.batches)?;
-        add_r.ours.push(d);
-        let (r, d) = timed(|| applier.apply(&base));
-        let r = r.map_err(nft_err)?;
-        check_one_mapping(n, "removing one range mapping", r.mode, r.writes, r.batches)?;
-        del_r.ours.push(d);
+        add_r.ours.push(timed_mapping(&mut applier, &range_plus, n, "one range mapping")?);
+        del_r.ours.push(timed_mapping(&mut applier, &base, n, "removing one range mapping")?);
         if quick {
             continue;
         }
