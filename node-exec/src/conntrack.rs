@@ -16,7 +16,7 @@ use std::ops::RangeInclusive;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use kuport_proto::canonical::unchanged_ends;
+use kuport_proto::canonical::common_ends;
 use kuport_proto::owned;
 
 use crate::nft::attr::{self, Attr, AttrWriter};
@@ -144,19 +144,8 @@ pub fn stale_udp(old: Option<&NftTable>, new: Option<&NftTable>) -> Vec<StaleFlo
             continue;
         }
         let (b, a) = (elements(before), elements(after));
-        // Equal runs at both ends hold equal elements: not walked.
-        let (head, tail) = match (before, after) {
-            (Some(x), Some(y)) => {
-                let ends = unchanged_ends(&x.runs, b.len(), &y.runs, a.len());
-                (ends.head, ends.tail)
-            }
-            _ => (0, 0),
-        };
+        let (_, head, tail) = common_ends(b, runs(before), a, runs(after));
         let (b, a) = (&b[head..b.len() - tail], &a[head..a.len() - tail]);
-        let head = b.iter().zip(a).take_while(|(x, y)| x == y).count();
-        let (b, a) = (&b[head..], &a[head..]);
-        let tail = b.iter().rev().zip(a.iter().rev()).take_while(|(x, y)| x == y).count();
-        let (b, a) = (&b[..b.len() - tail], &a[..a.len() - tail]);
         let by_key = |list: &[NftElement]| -> HashMap<String, Vec<NftValue>> {
             list.iter().map(|e| (format!("{:?}", e.key), e.data.clone())).collect()
         };
@@ -180,6 +169,10 @@ fn set_of<'a>(table: Option<&'a NftTable>, name: &str) -> Option<&'a kuport_prot
 
 fn elements(set: Option<&kuport_proto::v1::NftSet>) -> &[NftElement] {
     set.map_or(&[][..], |s| &s.elements[..])
+}
+
+fn runs(set: Option<&kuport_proto::v1::NftSet>) -> &[kuport_proto::v1::ElementRun] {
+    set.map_or(&[][..], |s| &s.runs[..])
 }
 
 /// The UDP flows of one DNAT element: its ports, and its target (`translated`) or none.

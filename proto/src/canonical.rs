@@ -114,6 +114,22 @@ pub fn unchanged_ends(old: &[ElementRun], old_len: usize, new: &[ElementRun], ne
     SharedEnds { head_runs, tail_runs, head: count(&new[..head_runs]), tail: count(&new[new.len() - tail_runs..]) }
 }
 
+/// How many elements two versions of a set share at their start and at their end (`prefix`,
+/// `suffix`, not overlapping): the equal runs at both ends ([`unchanged_ends`]) unseen, then
+/// the elements after and before them compared one by one. The elements between differ.
+pub fn common_ends(
+    old: &[NftElement],
+    old_runs: &[ElementRun],
+    new: &[NftElement],
+    new_runs: &[ElementRun],
+) -> (SharedEnds, usize, usize) {
+    let ends = unchanged_ends(old_runs, old.len(), new_runs, new.len());
+    let (o, n) = (&old[..old.len() - ends.tail], &new[..new.len() - ends.tail]);
+    let prefix = ends.head + o[ends.head..].iter().zip(&n[ends.head..]).take_while(|(a, b)| a == b).count();
+    let suffix = ends.tail + o[prefix..].iter().rev().zip(n[prefix..].iter().rev()).take_while(|(a, b)| a == b).count();
+    (ends, prefix, suffix)
+}
+
 /// FNV-1a over the bytes, then splitmix64's finalizer, whose low bits depend on every input
 /// bit (FNV-1a's own low bits see only the low bits of each byte).
 fn boundary_hash(bytes: &[u8]) -> u64 {

@@ -19,7 +19,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use kuport_proto::canonical::unchanged_ends;
+use kuport_proto::canonical::common_ends;
 use kuport_proto::v1::{ElementRun, NftChain, NftElement, NftSet, NftTable, nft_value::Value};
 
 use super::NftError;
@@ -441,14 +441,9 @@ struct Slot {
 /// collision).
 fn set_delta(s: &SetMemory, d: &NftSet) -> Result<SetDelta, Fail> {
     let (want, have) = (&d.elements, &s.elems);
-    let ends = unchanged_ends(&s.runs, have.len(), &d.runs, want.len());
-    let (head, tail) = (ends.head, ends.tail);
-    let (want_rest, have_rest) = (&want[head..want.len() - tail], &have[head..have.len() - tail]);
-    let prefix = head + want_rest.iter().zip(have_rest).take_while(|(w, h)| w == h).count();
-    let (want_rest, have_rest) = (&want[prefix..want.len() - tail], &have[prefix..have.len() - tail]);
-    let suffix = tail + want_rest.iter().rev().zip(have_rest.iter().rev()).take_while(|(w, h)| w == h).count();
+    let (ends, prefix, suffix) = common_ends(have, &s.runs, want, &d.runs);
     let (want_mid, have_mid) = (&want[prefix..want.len() - suffix], &have[prefix..have.len() - suffix]);
-    let walked = want.len() - head - tail;
+    let walked = want.len() - ends.head - ends.tail;
     let runs =
         (ends.head_runs..s.runs.len() - ends.tail_runs, d.runs[ends.head_runs..d.runs.len() - ends.tail_runs].to_vec());
     let mut out = SetDelta { at: prefix, replaced: have_mid.len(), walked, runs: Some(runs), ..Default::default() };
