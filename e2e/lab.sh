@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The lab on this machine (as root): `bash e2e/lab.sh up` builds a simulated cluster in network
-# namespaces (an edge node, two workers, note 000's classes), runs the controller and one executor
+# namespaces (an edge node, two workers, the example classes), runs the controller and one executor
 # per node, and shows a client reaching a pod on another node with its real address. Any other
 # kuport-lab command works the same way: status, probe, exec, apply, down.
 set -euo pipefail

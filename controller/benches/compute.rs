@@ -32,13 +32,16 @@ use cluster::*;
 use machine::loadavg;
 
 use kuport_controller::api::Protocol;
-use kuport_controller::compute::admission::{self, MapKey};
-use kuport_controller::compute::datapath::{Builder, LinkEnd};
-use kuport_controller::compute::links::{self, LinkKey};
-use kuport_controller::compute::observe::View;
-use kuport_controller::compute::placement::{self, Placement};
-use kuport_controller::compute::status::Refusal;
-use kuport_controller::compute::{Cluster, Outputs, Settings, compute};
+use kuport_controller::compute::numbers::Numbers;
+use kuport_controller::compute::portmap::admission::{self, MapKey};
+use kuport_controller::compute::portmap::datapath::{Builder, LinkEnd};
+use kuport_controller::compute::portmap::links::{self, LinkKey};
+use kuport_controller::compute::portmap::placement::{self, Placement};
+use kuport_controller::compute::portmap::status::Refusal;
+use kuport_controller::compute::{Outputs, Settings, compute};
+use kuport_controller::observe::Cluster;
+use kuport_controller::observe::index::View;
+use kuport_proto::v1::NodeState;
 use prost::Message as _;
 
 /// (nodes, PortMaps) measured by default; pods are PODS_PER_SERVICE per PortMap.
@@ -132,7 +135,7 @@ fn stages(c: &Cluster, settings: &Settings) -> Vec<(&'static str, Duration)> {
             }
         }
     }
-    let alloc = links::allocate(&view.classes, &vxlan, &needed, c.now);
+    let alloc = links::allocate(&view.classes, &vxlan, &needed, c.now, &mut Numbers::default());
     times.push(("links (needed set + allocate)", t.elapsed()));
     let t = Instant::now();
     let all_nodes =
@@ -161,7 +164,15 @@ fn stages(c: &Cluster, settings: &Settings) -> Vec<(&'static str, Duration)> {
     }
     times.push(("datapath: link ends + Builder::add", t.elapsed()));
     let t = Instant::now();
-    let states = builder.finish();
+    let states: Vec<NodeState> = builder
+        .finish()
+        .into_iter()
+        .map(|(node, host)| {
+            let mut state = NodeState { node, netns: vec![host] };
+            kuport_proto::canonicalize(&mut state);
+            state
+        })
+        .collect();
     times.push(("datapath: Builder::finish (render)", t.elapsed()));
     std::hint::black_box(states);
     times

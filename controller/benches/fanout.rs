@@ -39,8 +39,10 @@ use cluster::*;
 use machine::loadavg;
 
 use kuport_controller::api::Protocol;
-use kuport_controller::compute::{Cluster, Settings};
-use kuport_controller::serve::{Hub, MAX_MESSAGE, hub, leader, serve_grpc};
+use kuport_controller::compute::Settings;
+use kuport_controller::observe::Cluster;
+use kuport_controller::serve::{MAX_MESSAGE, serve_grpc};
+use kuport_controller::stream::{Hub, hub, leader};
 use kuport_proto::v1::node_sync_client::NodeSyncClient;
 use kuport_proto::v1::{Ack, ExecutorMessage, Hello, controller_message, executor_message};
 use prost::Message as _;
@@ -560,7 +562,7 @@ fn main() {
     tracing_subscriber::registry()
         .with(
             Capture(events.clone())
-                .with_filter(Targets::new().with_target("kuport_controller::serve::hub", tracing::Level::DEBUG)),
+                .with_filter(Targets::new().with_target("kuport_controller::stream::hub", tracing::Level::DEBUG)),
         )
         .init();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);

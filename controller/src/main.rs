@@ -1,13 +1,17 @@
 //! kuport-controller: computes every node's desired network state.
 
+// Library paths handle input: no unwrap there (tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use k8s_openapi::jiff::Timestamp;
+use kuport_controller::api::crds;
 use kuport_controller::compute::{Settings, compute};
-use kuport_controller::{crds, render, serve};
+use kuport_controller::{render, serve};
 
 #[derive(Parser)]
 #[command(version, about)]

@@ -13,7 +13,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::api::{PortMap, PortMapClass};
-use crate::compute::{Cluster, InterfaceFacts, NodeFacts, Outputs};
+use crate::compute::Outputs;
+use crate::observe::{Cluster, InterfaceFacts, NodeFacts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {

@@ -4,14 +4,13 @@
 
 use std::path::Path;
 
-use kuport_controller::compute::Settings;
-use kuport_controller::compute::admission::MapKey;
+use kuport_controller::compute::{ObjectKey, Settings};
 use kuport_controller::render;
-use kuport_controller::serve::{Hub, leader};
+use kuport_controller::stream::{Hub, leader};
 use kuport_proto::v1::{Ack, ExecutorMessage, Hello, executor_message};
 
-fn key(ns: &str, name: &str) -> MapKey {
-    (ns.to_string(), name.to_string())
+fn key(ns: &str, name: &str) -> ObjectKey {
+    ObjectKey::port_map(ns, name)
 }
 
 /// Acks what the hub currently wants on `node`.

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
-use kuport_controller::serve::kubernetes::RECONNECT_GRACE;
+use kuport_controller::report::status::RECONNECT_GRACE;
 use kuport_proto::v1::node_sync_client::NodeSyncClient;
 use kuport_proto::v1::{
     Ack, Applied, ExecutorMessage, Hello, InterfaceFacts, NodeFacts, controller_message, executor_message,

@@ -17,7 +17,7 @@ const NOW: &str = "2026-11-29T00:00:00Z";
 fn examples_render() {
     let now: Timestamp = NOW.parse().expect("timestamp");
     let cluster = load_dir(&examples(), now).expect("examples load");
-    assert_eq!(cluster.classes.len(), 2, "note 000's two classes");
+    assert_eq!(cluster.classes.len(), 2, "the example classes public and intranet (docs/portmap/modes.md)");
     insta::assert_snapshot!(render_text(&compute(&cluster, &Settings::default())));
 }
 

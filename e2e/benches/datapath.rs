@@ -31,7 +31,7 @@ mod shared;
 use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream, UdpSocket};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,9 @@ use kuport_lab::echo::parse_answer;
 use kuport_lab::program::{apply, compute};
 use kuport_lab::sys::in_netns;
 use kuport_lab::{Lab, Protocol, Topology};
-use kuport_proto::v1::{L4Proto, NftElement, NftTable, NftType, NftValue, NodeState, PortRange, nft_value::Value};
+use kuport_proto::build::{addr, ifname, mark, ports, proto};
+use kuport_proto::v1::{L4Proto, NftElement, NftTable, NftType, NftValue, NodeState, nft_value::Value};
+use rustix::net::{AddressFamily, SocketFlags, SocketType, sockopt};
 use shared::{ACCEPTING, CLIENT, POD_NODE, PUBLIC, env_or, load_average, stats};
 
 const PUBLIC_IF: &str = "enp1s0";
@@ -116,25 +118,6 @@ fn manifests() -> kuport_lab::Manifests {
             + &port_map("apps", "api", "public", "TCP", "9000", "api", "api")
             + &port_map("games", "game", "public", "UDP", "27015-27115", "game", "game")),
     )
-}
-
-fn v(value: Value) -> NftValue {
-    NftValue { value: Some(value) }
-}
-fn ifname(s: &str) -> NftValue {
-    v(Value::Ifname(s.into()))
-}
-fn addr(a: Ipv4Addr) -> NftValue {
-    v(Value::Addr(a.to_string()))
-}
-fn proto(p: L4Proto) -> NftValue {
-    v(Value::Proto(p as i32))
-}
-fn ports(first: u32, last: u32) -> NftValue {
-    v(Value::Port(PortRange { first, last }))
-}
-fn mark(m: u32) -> NftValue {
-    v(Value::Mark(m))
 }
 
 /// The value of `key` of the given type (the sets' keys hold each type at most once).
@@ -310,43 +293,16 @@ struct Counts {
     failed: u64,
 }
 
-fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
-        sin_zero: [0; 8],
-    }
-}
-
-fn check(rc: libc::c_int) -> std::io::Result<()> {
-    if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
-}
-
-fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> std::io::Result<()> {
-    let len = size_of::<T>() as libc::socklen_t;
-    // SAFETY: value points to a live T of len bytes.
-    check(unsafe { libc::setsockopt(fd.as_raw_fd(), level, name, (value as *const T).cast(), len) })
-}
-
 /// A socket bound to the given source port. TCP sockets close with a reset (SO_LINGER 0): no
 /// TIME_WAIT in the client, and the pod's side is gone at once too.
-fn bound_socket(kind: libc::c_int, port: u16) -> std::io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the fd is owned at once.
-    let raw = unsafe { libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, 0) };
-    check(raw)?;
-    // SAFETY: raw is a fresh fd nobody else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    if kind == libc::SOCK_STREAM {
-        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_LINGER, &libc::linger { l_onoff: 1, l_linger: 0 })?;
+fn bound_socket(kind: SocketType, port: u16) -> std::io::Result<OwnedFd> {
+    let fd = rustix::net::socket_with(AddressFamily::INET, kind, SocketFlags::CLOEXEC, None)?;
+    if kind == SocketType::STREAM {
+        sockopt::set_socket_linger(&fd, Some(Duration::ZERO))?;
         // connect(2) gives up after SO_SNDTIMEO instead of retrying a lost SYN for minutes.
-        let timeout = libc::timeval { tv_sec: 1, tv_usec: 0 };
-        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &timeout)?;
+        sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, Some(Duration::from_secs(1)))?;
     }
-    let local = sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
-    let len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: local is a valid sockaddr_in of len bytes.
-    check(unsafe { libc::bind(fd.as_raw_fd(), (&raw const local).cast(), len) })?;
+    rustix::net::bind(&fd, &SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))?;
     Ok(fd)
 }
 
@@ -356,17 +312,14 @@ fn one_flow(protocol: Protocol, to: SocketAddrV4, port: u16) -> std::io::Result<
     let mut text = String::new();
     match protocol {
         Protocol::Tcp => {
-            let fd = bound_socket(libc::SOCK_STREAM, port)?;
-            let remote = sockaddr(to);
-            let len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            // SAFETY: remote is a valid sockaddr_in of len bytes.
-            check(unsafe { libc::connect(fd.as_raw_fd(), (&raw const remote).cast(), len) })?;
+            let fd = bound_socket(SocketType::STREAM, port)?;
+            rustix::net::connect(&fd, &to)?;
             let mut s = TcpStream::from(fd);
             s.set_read_timeout(Some(Duration::from_secs(1)))?;
             s.read_to_string(&mut text)?;
         }
         Protocol::Udp => {
-            let s = UdpSocket::from(bound_socket(libc::SOCK_DGRAM, port)?);
+            let s = UdpSocket::from(bound_socket(SocketType::DGRAM, port)?);
             s.connect(to)?;
             s.set_read_timeout(Some(Duration::from_millis(250)))?;
             s.send(b"x")?;

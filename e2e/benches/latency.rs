@@ -4,7 +4,7 @@
 //! One default lab on a local API server, two controller replicas and one executor per node, as
 //! `kuport-lab up` runs them. Then [`CHANGES`] changes, alternating:
 //!
-//! - a PortMap create: `apps/lat-K`, TCP 20000+K of note 000's public class to echo-0 (worker-1),
+//! - a PortMap create: `apps/lat-K`, TCP 20000+K of the `public` class (docs/portmap/modes.md) to echo-0 (worker-1),
 //!   published on edge-a: edge-a's `publish_port` and worker-1's `link_port` must hold it;
 //! - an EndpointSlice change: api-0 (PortMap `apps/api`, TCP 9000) moved between worker-2 and
 //!   worker-1 by the lab, then only `apps/api-lab` written: the new node's `link_port` must
@@ -67,7 +67,7 @@ const API_PORT: u16 = 9000;
 const API_ON: [(&str, Ipv4Addr); 2] =
     [("worker-1", Ipv4Addr::new(10, 244, 1, 9)), ("worker-2", Ipv4Addr::new(10, 244, 2, 9))];
 
-/// The manifests: the default lab's (note 000's classes, game) and a PortMap to api-0.
+/// The manifests: the default lab's (the example classes, game) and a PortMap to api-0.
 const API_PORT_MAP: &str = "apiVersion: kuport.wlz.li/v1alpha1
 kind: PortMap
 metadata:

@@ -26,7 +26,6 @@ mod shared;
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd as _;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,6 +34,7 @@ use std::time::{Duration, Instant};
 use common::{port_map, with_classes};
 use kuport_lab::sys::in_netns;
 use kuport_lab::{Lab, Protocol, Topology, program};
+use rustix::net::sockopt::{self, Ipv4PathMtuDiscovery};
 use shared::{ACCEPTING, CLIENT, POD_NODE, PUBLIC, env_or, load_average, stats};
 
 const IPERF_PORT: u16 = 5201;
@@ -324,15 +324,8 @@ fn send_datagram(lab: &Lab, payload: usize, df: bool, warm: bool) -> Sent {
     let to = SocketAddrV4::new(PUBLIC, MTU_PORT);
     in_netns(&path, || {
         let s = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0))?;
-        let mode = if df { libc::IP_PMTUDISC_DO } else { libc::IP_PMTUDISC_DONT };
-        let len = size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: mode is a live c_int of len bytes.
-        let rc = unsafe {
-            libc::setsockopt(s.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, (&raw const mode).cast(), len)
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let mode = if df { Ipv4PathMtuDiscovery::DO } else { Ipv4PathMtuDiscovery::DONT };
+        sockopt::set_ip_mtu_discover(&s, mode)?;
         s.connect(to)?;
         s.set_read_timeout(Some(Duration::from_millis(500)))?;
         let mut buf = [0u8; 64];
@@ -345,10 +338,8 @@ fn send_datagram(lab: &Lab, payload: usize, df: bool, warm: bool) -> Sent {
             Ok(n) => String::from_utf8_lossy(&buf[..n]).parse().ok(),
             Err(_) => None,
         };
-        let mut mtu: libc::c_int = 0;
-        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: mtu and len are live and sized for IP_MTU's int.
-        unsafe { libc::getsockopt(s.as_raw_fd(), libc::IPPROTO_IP, libc::IP_MTU, (&raw mut mtu).cast(), &mut len) };
+        // 0 when the kernel knows no path MTU for the socket.
+        let mtu = sockopt::ip_mtu(&s).ok().and_then(|m| i32::try_from(m).ok()).unwrap_or(0);
         Ok(Sent { received, path_mtu: mtu, send_error })
     })
     .expect("sending from the client")

@@ -6,7 +6,7 @@
 # of cluster with a token of the chart's ServiceAccount (TokenRequest), so every request it makes
 # is authorized by the chart's ClusterRole and Role and nothing else.
 #
-#  1. Enough: with note 000's classes, nodes and the web and game examples the controller leads
+#  1. Enough: with the example classes, nodes and the web and game examples the controller leads
 #     (the Lease), writes the class and PortMap statuses, refuses a conflicting PortMap with a
 #     PortConflict event (and patches that event into a series when it repeats), logs no
 #     "forbidden", and the API server refused none of its requests; every grant was used.
@@ -224,7 +224,7 @@ examples() {
     -f examples/cluster/web.yaml -f examples/cluster/game.yaml
   kubectl apply --server-side --subresource=status -f examples/cluster/nodes.yaml
 }
-check "note 000's classes, nodes (with status), web and game applied (as admin)" examples
+check "the example classes, nodes (with status), web and game applied (as admin)" examples
 
 # A copy of game.yaml's PortMap under another name (and a new age): the same ports, so it
 # conflicts with game and loses.

@@ -2,7 +2,7 @@
 # Tests of the Helm chart charts/kuport, without the running controller (no kubelet: pods never
 # start). Offline: helm lint, golden renders, the CRD copy, RBAC and security contexts of the
 # render. Online, against the lab's real kube-apiserver (e2e/controlplane): install, every object
-# there, the RBAC as the API server evaluates it, the CRDs accept note 000's examples, upgrade,
+# there, the RBAC as the API server evaluates it, the CRDs accept the examples, upgrade,
 # uninstall keeps only the CRDs. That those grants are enough for the real controller, and each
 # one needed, is e2e/chart/rbac.sh's (it needs the controller binary, so it runs after cargo).
 #
@@ -304,7 +304,7 @@ rbac_live() {
 check "RBAC as the API server evaluates it (kubectl auth can-i --as each ServiceAccount)" rbac_live
 
 examples() {
-  # Note 000's two classes, then the example workloads' Namespaces, Services, EndpointSlices
+  # The two example classes, then the example workloads' Namespaces, Services, EndpointSlices
   # and PortMaps.
   kubectl apply -f examples/cluster/classes.yaml
   kubectl apply -f examples/cluster/web.yaml -f examples/cluster/game.yaml -f examples/cluster/dns.yaml
@@ -325,7 +325,7 @@ EOF
   fi
   grep -q "spec.protocol" "$work/bad.err" && grep -q "spec.port" "$work/bad.err" || { cat "$work/bad.err"; return 1; }
 }
-check "the CRDs accept note 000's examples and reject an invalid PortMap" examples
+check "the CRDs accept the examples and reject an invalid PortMap" examples
 
 custom_server() {
   # The custom render (privileged executor, NodePort, percentages, ...) passes the API server's

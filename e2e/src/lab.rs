@@ -1,43 +1,37 @@
 //! A lab: the topology built from network namespaces and veths, with a Cilium-like CNI on each
-//! node and an echo server in each pod.
+//! node (see [`crate::cni`]) and an echo server in each pod.
 //!
 //! Namespaces: one per node, pod and client, named `<lab id>-<host>`, and one switch namespace
 //! `<lab id>_switch` holding a bridge per underlay network. The lab id is unique on the machine,
 //! so labs run side by side; interface names repeat freely inside namespaces.
 //!
-//! Each node, as Cilium sets it up as far as kuport's rules care:
-//! - the underlay interface (`wt0`), a veth into the switch's bridge for its network;
-//! - each public interface, a bridge whose ports are veths to the attached clients (`lab-c*`),
-//!   with a /32 route to each attached client's address;
-//! - `cilium_host`/`cilium_net`, a veth pair, with the router address (the pod CIDR's first) on
-//!   `cilium_host`;
-//! - per pod, a veth `lxc<hash>` whose peer is the pod's `eth0`. Traffic to a pod leaves
-//!   through `cilium_host` (route `POD/32 dev cilium_host`, a permanent neighbour entry for the
-//!   pod's MAC), and a tc clsact egress u32 filter on `cilium_host` redirects it to the pod's
-//!   `lxc` device. The pod's replies arrive on `lxc*`; its default route is the router address;
-//! - the CNI's masquerade in nftables table `ip nat` (see [`cni_ruleset`]).
+//! Each node has the underlay interface (`wt0`), a veth into the switch's bridge for its
+//! network; each public interface, a bridge whose ports are veths to the attached clients
+//! (`lab-c*`), with a /32 route to each attached client's address; and the CNI's devices, routes
+//! and masquerade.
 
 use std::collections::BTreeMap;
-use std::io::BufRead as _;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 use kuport_controller::api::PortMapClassStatus;
 use kuport_node_exec::executor::Executor;
+use rustix::process::Signal;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
 
+use crate::cni;
 use crate::echo::PodServer;
 use crate::manifests::Manifests;
 use crate::objects::{Objects, generate};
 use crate::plane::{Plane, PlaneOptions, PlaneRecord};
 use crate::probe::{Answer, ProbeError, probe};
+use crate::process::{Lifetime, owned, signal, spawn, wait_gone};
 use crate::sys::{self, ip_batch, netns_path, tc_batch};
-use crate::topology::{NodeSpec, PodSpec, Ports, Protocol, Topology, router};
+use crate::topology::{NodeSpec, PodSpec, Ports, Protocol, Topology};
 
 /// How long a probe waits by default.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -125,53 +119,6 @@ fn fresh_id() -> anyhow::Result<String> {
             return Ok(id);
         }
     }
-}
-
-/// The host-side device of a pod's veth, as Cilium names them: `lxc` and 12 hex digits.
-pub fn lxc_name(pod: &PodSpec) -> String {
-    let hash = Sha256::digest(format!("{}/{}", pod.namespace, pod.name));
-    format!("lxc{}", &hex::encode(hash)[..12])
-}
-
-fn mac(first: u8, a: Ipv4Addr) -> String {
-    let o = a.octets();
-    format!("{first:02x}:4c:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3])
-}
-
-/// The pod's `eth0` MAC and its host-side `lxc` MAC (locally administered, from the address).
-fn pod_macs(pod: &PodSpec) -> (String, String) {
-    (mac(0x02, pod.address), mac(0x06, pod.address))
-}
-
-/// The CNI's NAT rules on a node, in their own table (never kuport's): what kuport's claims
-/// must beat.
-///
-/// - Note 000 quotes Cilium's host-to-cluster SNAT, `oifname "cilium_host" ip saddr != <pod
-///   cidr> ip daddr != <pod cidr>`; it is here as quoted (to the router address) and never
-///   matches traffic *to* a pod.
-/// - The rule the project's lab measured (shared/seeds/README.md), `oifname "cilium_host" ip
-///   saddr != <pod cidr> masquerade`, rewrites every forwarded packet entering the pod network:
-///   without kuport's request claim a pod sees the node's router address as the client.
-/// - Pod traffic leaving the node by a non-CNI device (for anywhere outside the cluster's pod
-///   CIDRs) is masqueraded to the node's address.
-pub fn cni_ruleset(node: &NodeSpec, all_pod_cidrs: &[String]) -> String {
-    let cidr = node.pod_cidr.0.trunc();
-    let router = router(node);
-    let cluster = all_pod_cidrs.join(", ");
-    format!(
-        "table ip nat {{
-	chain POSTROUTING {{
-		type nat hook postrouting priority srcnat; policy accept;
-		counter jump CILIUM_POST_nat
-	}}
-	chain CILIUM_POST_nat {{
-		oifname \"cilium_host\" ip saddr != {cidr} ip daddr != {cidr} counter snat ip to {router} comment \"cilium host->cluster masquerade\"
-		oifname \"cilium_host\" ip saddr != {cidr} counter masquerade comment \"lab: forwarded traffic entering the pod network\"
-		ip saddr {cidr} ip daddr != {{ {cluster} }} oifname != \"cilium_*\" counter masquerade comment \"cilium masquerade non-cluster\"
-	}}
-}}
-"
-    )
 }
 
 impl Lab {
@@ -290,11 +237,8 @@ impl Lab {
                 format!("link add name {} mtu {} type veth peer name n{ni} netns {switch}", u.interface, u.mtu),
                 format!("addr add {} dev {}", u.address, u.interface),
                 format!("link set dev {} up", u.interface),
-                "link add cilium_host type veth peer name cilium_net".into(),
-                format!("addr add {}/32 dev cilium_host", router(node)),
-                "link set cilium_net up".into(),
-                "link set cilium_host up".into(),
             ];
+            lines.extend(cni::host_lines(node));
             for p in &node.public {
                 lines.push(format!("link add name {} type bridge", p.interface));
                 lines.push(format!("addr add {} dev {}", p.address, p.interface));
@@ -313,11 +257,11 @@ impl Lab {
                 }
             }
             for pod in t.pods.iter().filter(|p| p.node == node.name) {
-                lines.extend(self.pod_lines_on_node(pod));
+                lines.extend(cni::pod_lines_on_node(pod, &self.netns_name(&pod.name)));
             }
             ip_batch(&ns, &lines)?;
             self.sync_tc(node)?;
-            sys::nft(&ns, &cni_ruleset(node, &cidrs))?;
+            sys::nft(&ns, &cni::nat_ruleset(node, &cidrs))?;
             // The underlay port on the switch.
             let net = t.networks().iter().position(|n| *n == u.network).unwrap_or_default();
             ip_batch(&switch, &[format!("link set n{ni} mtu {} master br{net} up", u.mtu)])?;
@@ -349,56 +293,17 @@ impl Lab {
         Ok(())
     }
 
-    /// The node-side `ip` lines of one pod: its veth and the route and neighbour through
-    /// `cilium_host`.
-    fn pod_lines_on_node(&self, pod: &PodSpec) -> Vec<String> {
-        let (eth0, lxc_mac) = pod_macs(pod);
-        let lxc = lxc_name(pod);
-        let pod_ns = self.netns_name(&pod.name);
-        vec![
-            format!("link add {lxc} address {lxc_mac} type veth peer name eth0 address {eth0} netns {pod_ns}"),
-            format!("link set {lxc} up"),
-            format!("route add {}/32 dev cilium_host", pod.address),
-            format!("neigh add {} lladdr {eth0} dev cilium_host nud permanent", pod.address),
-        ]
-    }
-
     /// The pod's own namespace: its address, the router as default route.
     fn pod_inside(&self, pod: &PodSpec) -> anyhow::Result<()> {
         let node = self.topology.node(&pod.node).ok_or_else(|| anyhow!("pod {}: no node {}", pod.name, pod.node))?;
-        let (_, lxc_mac) = pod_macs(pod);
-        let r = router(node);
-        ip_batch(
-            &self.netns_name(&pod.name),
-            &[
-                "link set lo up".into(),
-                format!("addr add {}/32 dev eth0", pod.address),
-                "link set eth0 up".into(),
-                format!("route add {r}/32 dev eth0 scope link"),
-                format!("route add default via {r} dev eth0"),
-                format!("neigh add {r} lladdr {lxc_mac} dev eth0 nud permanent"),
-            ],
-        )
+        ip_batch(&self.netns_name(&pod.name), &cni::pod_lines(pod, node))
     }
 
     /// Rewrites `cilium_host`'s egress filters: one redirect per pod on the node.
     fn sync_tc(&self, node: &NodeSpec) -> anyhow::Result<()> {
         let ns = self.netns_name(&node.name);
         let has_qdisc = sys::run("tc", &["-n", &ns, "qdisc", "show", "dev", "cilium_host"], None)?.contains("clsact");
-        let mut lines = Vec::new();
-        if has_qdisc {
-            lines.push("filter del dev cilium_host egress".to_string());
-        } else {
-            lines.push("qdisc add dev cilium_host clsact".to_string());
-        }
-        for pod in self.topology.pods.iter().filter(|p| p.node == node.name) {
-            lines.push(format!(
-                "filter add dev cilium_host egress protocol ip prio 1 u32 match ip dst {}/32 action mirred egress redirect dev {}",
-                pod.address,
-                lxc_name(pod)
-            ));
-        }
-        tc_batch(&ns, &lines)
+        tc_batch(&ns, &cni::tc_lines(has_qdisc, self.topology.pods.iter().filter(|p| p.node == node.name)))
     }
 
     fn start_server(&mut self, pod: &PodSpec) -> anyhow::Result<()> {
@@ -462,7 +367,7 @@ impl Lab {
         self.add_netns(ns)?;
         let spec = self.topology.pod(pod).cloned().ok_or_else(|| anyhow!("no pod {pod:?}"))?;
         let node_spec = self.topology.node(node).cloned().ok_or_else(|| anyhow!("no node {node}"))?;
-        ip_batch(&self.netns_name(node), &self.pod_lines_on_node(&spec))?;
+        ip_batch(&self.netns_name(node), &cni::pod_lines_on_node(&spec, &self.netns_name(&spec.name)))?;
         self.sync_tc(&node_spec)?;
         self.pod_inside(&spec)?;
         self.start_server(&spec)
@@ -630,7 +535,6 @@ impl Drop for Lab {
 
 /// Starts `BIN serve` for a pod, detached (own session), and waits until it serves.
 fn spawn_server(bin: &Path, log_dir: &Path, netns: &Path, pod: &PodSpec) -> anyhow::Result<u32> {
-    use std::os::unix::process::CommandExt as _;
     std::fs::create_dir_all(log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
     let log_path = log_dir.join(format!("serve-{}.log", pod.name));
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
@@ -643,44 +547,24 @@ fn spawn_server(bin: &Path, log_dir: &Path, netns: &Path, pod: &PodSpec) -> anyh
     if !pod.udp.is_empty() {
         cmd.arg("--udp").arg(list(&pod.udp));
     }
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
-    // SAFETY: setsid is async-signal-safe; the child leaves our session and process group.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().with_context(|| format!("starting {} serve", bin.display()))?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
-    let mut line = String::new();
-    std::io::BufReader::new(stdout).read_line(&mut line).context("waiting for the echo server")?;
-    if line.trim() != "ready" {
-        let _ = child.wait();
+    let (mut proc, line) =
+        spawn(cmd, log, Lifetime::Detached, true).with_context(|| format!("starting {} serve", bin.display()))?;
+    if line.as_deref().map(str::trim) != Some("ready") {
+        if let Some(child) = proc.child.as_mut() {
+            let _ = child.wait();
+        }
         let log = std::fs::read_to_string(&log_path).unwrap_or_default();
         bail!("the echo server of pod {} did not start: {}", pod.name, log.trim());
     }
-    Ok(child.id())
+    Ok(proc.pid)
 }
 
-/// Kills an echo server process, only if it still is one of this lab's.
+/// Kills an echo server process, only if it still is one of this lab's, and waits (briefly)
+/// until it has exited.
 fn kill_server(pid: u32, lab_id: &str) {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-    if !(cmdline.contains(" serve ") && cmdline.contains(&format!("{lab_id}-"))) {
+    if !owned(pid, &[" serve ", &format!("{lab_id}-")]) {
         return;
     }
-    // SAFETY: kill has no memory preconditions.
-    unsafe {
-        libc::kill(pid as i32, libc::SIGTERM);
-    }
-    // Wait (briefly) until it has exited: gone, or a zombie its parent has yet to reap.
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while std::time::Instant::now() < deadline {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if stat.is_empty() || stat.contains(") Z ") {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    signal(pid, Signal::TERM);
+    wait_gone(pid, Duration::from_secs(2));
 }

@@ -7,6 +7,9 @@
 //! namespace; `status` shows the lab and kuportctl's nodes table; `down` removes every
 //! namespace, process and file the lab made.
 
+// Library paths handle input: no unwrap there (tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -19,7 +22,7 @@ use kuport_lab::apiserver::ApiServer;
 use kuport_lab::lab::{Lab, LabOptions, Record, ServerMode};
 use kuport_lab::plane::{self, KubeSource, Plane, PlaneOptions};
 use kuport_lab::topology::{Ports, Protocol, Topology};
-use kuport_lab::{Manifests, echo, sys};
+use kuport_lab::{Manifests, echo, process, sys};
 
 #[derive(Parser)]
 #[command(name = "kuport-lab", about = "A simulated cluster in network namespaces, programmed by kuport")]
@@ -187,8 +190,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", kuport_lab::objects::generate(&t).to_yaml());
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Serve { netns, pod, tcp, udp } => serve(&netns, &pod, &tcp, &udp),
+        Cmd::Serve { netns, pod, tcp, udp } => {
+            process::adopt_lifetime()?;
+            serve(&netns, &pod, &tcp, &udp)
+        }
         Cmd::Controller { manifests, kubeconfig, identity, listen } => {
+            process::adopt_lifetime()?;
             let source = match (manifests, kubeconfig) {
                 (Some(m), _) => plane::ControllerSource::Folder(m),
                 (None, Some(kubeconfig)) => {
@@ -200,6 +207,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::NodeExec { controller, node, netns, store, underlay_interface, backoff_initial_ms, backoff_max_ms } => {
+            process::adopt_lifetime()?;
             let mut cfg = kuport_node_exec::sync::Config::new(controller, node);
             cfg.netns = Some(netns);
             cfg.state_dir = Some(store);

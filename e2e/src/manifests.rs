@@ -4,15 +4,16 @@
 
 use std::path::Path;
 
-use kuport_controller::compute::Cluster;
+use kuport_controller::observe::Cluster;
 use kuport_controller::render::{LoadError, load_text};
 
-/// The shipped default manifests: note 000's two classes and a PortMap to a pod on a worker.
+/// The shipped default manifests: the two example classes of docs/portmap/modes.md and a
+/// PortMap to a pod on a worker.
 const DEFAULT: [(&str, &str); 2] = [
     ("manifests/default/classes.yaml", include_str!("../manifests/default/classes.yaml")),
     ("manifests/default/game.yaml", include_str!("../manifests/default/game.yaml")),
 ];
-/// Note 000's two classes and the intranet DNS mappings for the Multi topology.
+/// The two example classes and the intranet DNS mappings for the Multi topology.
 const MULTI: [(&str, &str); 2] = [
     ("manifests/multi/classes.yaml", include_str!("../manifests/multi/classes.yaml")),
     ("manifests/multi/dns.yaml", include_str!("../manifests/multi/dns.yaml")),

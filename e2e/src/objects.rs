@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kuport_controller::compute::{Cluster, InterfaceFacts, NodeFacts};
+use kuport_controller::observe::{Cluster, InterfaceFacts, NodeFacts};
 
 use crate::topology::{PodSpec, Topology};
 

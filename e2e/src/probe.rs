@@ -12,6 +12,8 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use kuport_node_exec::sys::netns::Netns;
+
 use crate::echo::parse_answer;
 use crate::sys::in_netns;
 use crate::topology::Protocol;
@@ -81,12 +83,12 @@ fn probe_here(to: SocketAddrV4, protocol: Protocol, timeout: Duration) -> Result
         io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset => {
             ProbeError::Refused { after: start.elapsed() }
         }
+        // Host or network unreachable: an ICMP error answered.
+        io::ErrorKind::HostUnreachable | io::ErrorKind::NetworkUnreachable => {
+            ProbeError::Refused { after: start.elapsed() }
+        }
         io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ProbeError::NoAnswer { waited: start.elapsed() },
-        _ => match e.raw_os_error() {
-            // Host or network unreachable: an ICMP error answered.
-            Some(libc::EHOSTUNREACH | libc::ENETUNREACH) => ProbeError::Refused { after: start.elapsed() },
-            _ => ProbeError::Io(e.to_string()),
-        },
+        _ => ProbeError::Io(e.to_string()),
     };
     let (text, reply_from, local) = match protocol {
         Protocol::Tcp => {
@@ -306,19 +308,12 @@ fn run_stream(
     interval: Duration,
     timeout: Duration,
 ) {
-    use std::os::fd::AsRawFd as _;
     let push = |sent: Duration, outcome: Outcome| {
         samples.lock().unwrap_or_else(|e| e.into_inner()).push(Sample { sent, outcome });
     };
-    let entered = std::fs::File::open(&target.from).and_then(|f| {
-        // SAFETY: setns on an open namespace fd changes only this thread's namespace.
-        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    });
-    if let Err(e) = entered {
-        push(started.elapsed(), Outcome::Lost(format!("entering {}: {e}", target.from.display())));
+    // This thread probes from the client's namespace for as long as the stream runs.
+    if let Err(e) = Netns::open(&target.from).and_then(|ns| ns.enter()) {
+        push(started.elapsed(), Outcome::Lost(e.to_string()));
         return;
     }
     let mut kept: Option<UdpSocket> = None;

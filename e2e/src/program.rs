@@ -51,7 +51,10 @@ pub fn apply(lab: &mut Lab, states: &BTreeMap<String, NodeState>) -> anyhow::Res
     for name in states.keys().filter(|n| !nodes.contains(n)) {
         // The controller computes states for every node a class names; those outside the lab
         // have no namespace to apply them in.
-        let empty = states[name].netns.iter().all(|n| *n == NetnsState { path: n.path.clone(), ..Default::default() });
+        let empty = states[name]
+            .netns
+            .iter()
+            .all(|n| *n == NetnsState { target: n.target.clone(), version: n.version.clone(), ..Default::default() });
         if !empty {
             failures.push(format!("{name}: a state for a node the lab does not have"));
         }
@@ -61,10 +64,13 @@ pub fn apply(lab: &mut Lab, states: &BTreeMap<String, NodeState>) -> anyhow::Res
         let state = states.get(&node).cloned().unwrap_or_default();
         let mut host = NetnsState::default();
         for ns in state.netns {
-            if ns.path.is_empty() {
+            if ns.is_host() {
                 host = ns;
             } else {
-                failures.push(format!("{node}: namespace {}: pod namespaces are not applied by the lab yet", ns.path));
+                failures.push(format!(
+                    "{node}: namespace {}: pod namespaces are not applied by the lab yet",
+                    ns.describe()
+                ));
             }
         }
         let ex = lab.executors.entry(node.clone()).or_insert_with(|| Executor::new(Some(path)));

@@ -2,13 +2,12 @@
 //! `tc` and `nft` commands the lab builds its network with (the lab is test equipment: unlike
 //! the executor, it may shell out).
 
-use std::fs::File;
 use std::io::{self, Write as _};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
+use kuport_node_exec::sys::{self as executor_sys, netns};
 
 /// Where `ip netns add` mounts its namespaces.
 pub const NETNS_DIR: &str = "/run/netns";
@@ -20,19 +19,14 @@ pub fn netns_path(name: &str) -> PathBuf {
 /// Runs `work` on a fresh thread inside the namespace at `path` and returns its result.
 /// Sockets the work creates stay in that namespace wherever they are used afterwards.
 pub fn in_netns<T: Send>(path: &Path, work: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
-    let file = File::open(path).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            // SAFETY: setns on an open namespace fd changes only this thread's namespace.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                let e = io::Error::last_os_error();
-                return Err(io::Error::new(e.kind(), format!("entering {}: {e}", path.display())));
-            }
-            work()
-        })
-        .join()
-        .unwrap_or_else(|_| Err(io::Error::other("the namespace thread panicked")))
-    })
+    let done: Result<io::Result<T>, executor_sys::Error> = netns::run(Some(path), || Ok(work()));
+    done.map_err(|e| {
+        // The kind of the underlying failure (a missing namespace file is NotFound).
+        let kind = std::error::Error::source(&e)
+            .and_then(|s| s.downcast_ref::<io::Error>())
+            .map_or(io::ErrorKind::Other, io::Error::kind);
+        io::Error::new(kind, e.to_string())
+    })?
 }
 
 /// Sets sysctls (`net.ipv4.ip_forward` style keys) inside a namespace.
@@ -124,6 +118,5 @@ pub fn netns_del(name: &str) -> anyhow::Result<()> {
 
 /// True when this process runs as root.
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    executor_sys::is_root()
 }

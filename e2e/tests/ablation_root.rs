@@ -1,5 +1,5 @@
 //! Ablations: each test removes one element of the computed datapath from one node (in the
-//! test, on the computed NodeState, before applying it) and shows what note 000 says breaks.
+//! test, on the computed NodeState, before applying it) and shows what docs/portmap/datapath.md says breaks.
 //! Each first proves the full state works in the same lab, so the failure is the ablation's.
 //!
 //! Single cases use the shipped default lab: the game range (UDP 27015-27115) published on
@@ -70,7 +70,7 @@ fn without_the_request_claim_the_pod_sees_the_node() {
 }
 
 /// The reply claim on the pod's node (@reply_claim_range, `oifname != "cilium_*" sport . ip saddr
-/// . proto`). Note 000: without it the CNI's egress masquerade rewrites the reply's source and the
+/// . proto`). docs/portmap/datapath.md: without it the CNI's egress masquerade rewrites the reply's source and the
 /// client discards it. Observed here: for connections the client opens nothing changes, because
 /// NAT is decided on a connection's first packet and a reply is never evaluated by a NAT rule;
 /// the claim only acts on a flow the pod starts from the published port. See the next test.
@@ -91,10 +91,10 @@ fn without_the_reply_claim_client_opened_flows_still_work() {
 }
 
 /// Where the reply claim does act: a datagram the pod sends first from its published port after
-/// its own node's conntrack entry has expired while edge-a's lives on (note 000: "a packet the
-/// pod sends first in that window is lost"). Observed: with the claim it reaches the client from
-/// the pod's own address; without it the CNI masquerades it to worker-2's end of the link, which
-/// edge-a's live entry translates back, so it arrives from the address the client dialed.
+/// its own node's conntrack entry has expired while edge-a's lives on (docs/portmap/datapath.md,
+/// "The reply claim"). Observed: with the claim it reaches the client from the pod's own
+/// address; without it the CNI masquerades it to worker-2's end of the link, which edge-a's
+/// live entry translates back, so it arrives from the address the client dialed.
 #[test]
 fn reply_claim_on_a_pod_first_datagram() {
     if !root() {

@@ -9,7 +9,8 @@ use common::*;
 use kuport_lab::Protocol::{Tcp, Udp};
 use kuport_lab::{Lab, Manifests, Topology, program};
 
-/// Note 000's first shape: the pod sits on the node that accepts the packet. No link.
+/// The first shape of docs/portmap/datapath.md: the pod sits on the node that accepts the
+/// packet. No link.
 #[test]
 fn single_pod_on_accepting_node_tcp() {
     if !root() {
@@ -68,7 +69,7 @@ fn udp_range_of_101_ports() {
     assert!(outside.is_err(), "port 27116 is outside the range: {outside:?}");
 }
 
-/// Multi: every worker accepts note 000's intranet class on wt0; the pod is on worker-1. Clients
+/// Multi: every worker accepts the `intranet` class (docs/portmap/modes.md) on wt0; the pod is on worker-1. Clients
 /// enter at each worker: worker-1 delivers locally, worker-2 and worker-3 over their links,
 /// and worker-1 returns each reply by the link its request came in on (the ct mark).
 #[test]

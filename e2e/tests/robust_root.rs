@@ -165,7 +165,7 @@ impl Drop for Robust {
     }
 }
 
-/// Note 000's classes, the game range on worker-2, a TCP mapping to api-0 on worker-2 and,
+/// The example classes, the game range on worker-2, a TCP mapping to api-0 on worker-2 and,
 /// with `echo`, a UDP mapping to echo-0 on worker-1.
 fn manifests(echo: bool) -> Manifests {
     let mut m = Manifests::default_lab()

@@ -14,9 +14,6 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::fmt::Write as _;
-use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::sync::Arc;
@@ -25,6 +22,7 @@ use std::time::{Duration, Instant};
 use kuport_controller::compute::testkit::World;
 use kuport_node_exec::executor::{ExecError, Executor};
 use kuport_node_exec::nft::{Applier, ApplyMode, apply_table, remove_table};
+use kuport_node_exec::sys::netns;
 use kuport_proto::v1::{NetnsState, NftFamily, NftSet, NftTable, NodeState};
 
 /// Mapping counts measured by default.
@@ -65,19 +63,10 @@ impl Netns {
     /// `nft ARGS` inside the namespace; setns happens in the child, so only nft itself (fork,
     /// exec, parse, netlink) is timed, not `ip netns exec`.
     fn nft(&self, args: &[&str]) -> BenchResult<String> {
-        let ns = File::open(self.path()).map_err(|e| format!("{}: {e}", self.name))?;
-        let fd = ns.as_raw_fd();
+        let ns = netns::Netns::open(&self.path()).map_err(|e| format!("{}: {e}", self.name))?;
         let mut cmd = Command::new("nft");
         cmd.args(args);
-        // SAFETY: setns is async-signal-safe; fd stays open in the parent until the child execs.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        ns.command(&mut cmd).map_err(|e| format!("{}: {e}", self.name))?;
         run(&mut cmd)
     }
     fn nft_file(&self, text: &str, tag: &str) -> BenchResult<Duration> {
@@ -286,7 +275,7 @@ fn without_digests(t: &NftTable) -> NftTable {
 /// A one-netns state holding `t`, as the sync client hands it to the executor.
 fn netns_state(path: &std::path::Path, t: &NftTable) -> Arc<NetnsState> {
     Arc::new(NetnsState {
-        path: path.to_string_lossy().into_owned(),
+        target: kuport_proto::netns::path(path.to_string_lossy()),
         nft_tables: vec![t.clone()],
         ..Default::default()
     })
@@ -517,8 +506,7 @@ fn env_list(var: &str) -> Option<Vec<usize>> {
 
 fn main() -> ExitCode {
     // `cargo bench` passes --bench; nothing else is accepted.
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !kuport_node_exec::sys::is_root() {
         eprintln!("the apply benchmark needs root (network namespaces, nf_tables)");
         return ExitCode::FAILURE;
     }

@@ -2,14 +2,18 @@
 //! state from the controller and keeps it; `apply` and `keep` take it from a JSON file (for
 //! debugging and the lab).
 
-use std::path::{Path, PathBuf};
+// Library paths handle input: no unwrap there (tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use kuport_node_exec::executor::Executor;
+use kuport_node_exec::podns::{self, Held};
 use kuport_node_exec::sync;
-use kuport_proto::v1::{NetnsState, NodeState};
+use kuport_proto::v1::{NetnsState, NodeState, netns_ref};
 
 /// mimalloc, not glibc's malloc: a 50,000-mapping state is about a million allocations, and
 /// after glibc freed one (on the executor's dropper thread) the next apply's first allocations
@@ -29,7 +33,7 @@ struct Target {
     /// A NodeState as JSON.
     #[arg(long)]
     state: PathBuf,
-    /// Apply the host entry (empty path) inside this namespace instead, e.g. /var/run/netns/NAME.
+    /// Apply the host entry inside this namespace instead, e.g. /var/run/netns/NAME.
     #[arg(long)]
     netns: Option<PathBuf>,
 }
@@ -109,9 +113,9 @@ fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Apply(t) => {
             let mut failed = 0;
-            for (netns, state) in entries(&t)? {
-                let label = label(netns.as_deref());
-                match Executor::new(netns).apply(&state) {
+            for (mut ex, state) in entries(&t)? {
+                let label = state.describe();
+                match ex.apply(&state) {
                     Ok(report) => println!("netns {label}: {report}"),
                     Err(e) => {
                         failed += 1;
@@ -127,33 +131,36 @@ fn run() -> anyhow::Result<()> {
     }
 }
 
-/// The state's namespace entries, each with the namespace to apply it in.
-fn entries(t: &Target) -> anyhow::Result<Vec<(Option<PathBuf>, NetnsState)>> {
+/// The state's namespace entries, each with an executor for its namespace (a file or a pod's is
+/// found and held open).
+fn entries(t: &Target) -> anyhow::Result<Vec<(Executor, NetnsState)>> {
     let text = std::fs::read_to_string(&t.state).with_context(|| format!("reading {}", t.state.display()))?;
     let state: NodeState = serde_json::from_str(&text).with_context(|| format!("parsing {}", t.state.display()))?;
-    Ok(state
+    let host = podns::host_ids(t.netns.as_deref());
+    state
         .netns
         .into_iter()
         .map(|ns| {
-            let path = if ns.path.is_empty() { t.netns.clone() } else { Some(PathBuf::from(&ns.path)) };
-            (path, ns)
+            let ex = match ns.target.as_ref().and_then(|r| r.kind.as_ref()) {
+                None => Executor::new(t.netns.clone()),
+                Some(netns_ref::Kind::Path(p)) if p.is_empty() => Executor::new(t.netns.clone()),
+                Some(netns_ref::Kind::Path(p)) => Executor::held(Held::open(p.as_ref())?),
+                Some(netns_ref::Kind::Pod(pod)) => Executor::held(podns::resolve(pod, &host)?),
+            };
+            Ok((ex, ns))
         })
-        .collect())
+        .collect::<Result<_, podns::PodnsError>>()
+        .context("finding the state's network namespaces")
 }
 
-fn label(netns: Option<&Path>) -> String {
-    netns.map_or_else(|| "host".to_string(), |p| p.display().to_string())
-}
-
-fn keep(entries: Vec<(Option<PathBuf>, NetnsState)>) -> anyhow::Result<()> {
+fn keep(entries: Vec<(Executor, NetnsState)>) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("building the runtime")?;
     rt.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let loops = entries.into_iter().map(|(netns, state)| {
+        let loops = entries.into_iter().map(|(mut ex, state)| {
             let mut stop = stop_rx.clone();
             async move {
-                let label = label(netns.as_deref());
-                let mut ex = Executor::new(netns);
+                let label = state.describe();
                 let stats = ex.stats();
                 let result =
                     ex.keep(&state, async move { while stop.changed().await.is_ok() && !*stop.borrow() {} }).await;

@@ -6,10 +6,8 @@
 mod host;
 use host::{root, run};
 
-use std::fs::File;
 use std::io::ErrorKind;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -18,6 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use kuport_node_exec::conntrack::{ConntrackError, StaleFlows, delete_stale};
+use kuport_node_exec::sys::netns;
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 231, 1, 2);
 const ROUTER_FRONT: Ipv4Addr = Ipv4Addr::new(10, 231, 1, 1);
@@ -150,16 +149,7 @@ impl Drop for Lab {
 
 /// Runs `f` on a thread inside the namespace at `path`; sockets it makes stay in that namespace.
 fn in_netns<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> T {
-    let file = File::open(path).unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: setns on this thread only, with a valid namespace fd.
-            assert_eq!(unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) }, 0, "setns");
-            f()
-        })
-        .join()
-        .unwrap()
-    })
+    netns::run(Some(path), || Ok::<_, kuport_node_exec::sys::Error>(f())).expect("in the namespace")
 }
 
 /// Sends one datagram to the router's published `port` and waits for the echo.

@@ -22,7 +22,7 @@ use kuport_controller::{
 use kuport_node_exec::executor::{ExecError, Executor, StatsHandle};
 use kuport_proto::{
     owned,
-    v1::{NetnsState, NftFamily, Route, link},
+    v1::{NetnsState, NftFamily, NftTable, Route, link},
 };
 
 /// The examples' clock: every PortMap is older than this.
@@ -669,4 +669,45 @@ fn the_binary_applies_a_json_state() {
     println!("{first}");
     assert_exactly(&ns, &state.netns[0]);
     assert!(again.contains(": 0 write(s)"), "{again}");
+}
+
+/// The namespace's tables as `nft list tables` prints them (`table inet kuport-test`).
+fn tables(ns: &Netns) -> BTreeSet<String> {
+    ns.nft(&["list", "tables"]).lines().map(|l| l.trim().to_string()).collect()
+}
+
+#[test]
+fn a_kuport_table_of_any_name_and_family_that_leaves_the_state_is_removed() {
+    if !root() {
+        return;
+    }
+    let s = node_state(&examples(), "edge-a");
+    let ns = Netns::new();
+    ns.underlay(&s);
+    let mut ex = Executor::new(Some(ns.path()));
+    let mut with = s.clone();
+    with.nft_tables.push(NftTable { family: NftFamily::Inet as i32, name: "kuport-test".into(), ..Default::default() });
+    ns.nft(&["add", "table", "inet", "foreign"]);
+    apply(&mut ex, &with);
+    let listed = tables(&ns);
+    for t in ["table ip kuport", "table inet kuport-test", "table inet foreign"] {
+        assert!(listed.contains(t), "{t} missing: {listed:?}");
+    }
+
+    // It leaves the state: it goes, after the tables that stay are in; others' tables stay.
+    let report = ex.apply(&s).unwrap_or_else(|e| panic!("apply: {e}"));
+    assert!(report.actions.iter().any(|a| a == "delete nft table inet kuport-test"), "{report}");
+    let listed = tables(&ns);
+    assert!(!listed.contains("table inet kuport-test"), "{listed:?}");
+    assert!(listed.contains("table ip kuport") && listed.contains("table inet foreign"), "{listed:?}");
+    assert_exactly(&ns, &s);
+
+    // One made outside, under kuport's prefix, is drift: found, and repaired by removing it.
+    ns.nft(&["add", "table", "ip6", "kuport-stray"]);
+    let found = ex.differences(&s).expect("diff");
+    assert_eq!(found, ["extra nft table ip6 kuport-stray"]);
+    assert_eq!(ex.check(), found);
+    let listed = tables(&ns);
+    assert!(!listed.contains("table ip6 kuport-stray") && listed.contains("table inet foreign"), "{listed:?}");
+    assert!(ex.differences(&s).expect("diff").is_empty());
 }

@@ -1,4 +1,4 @@
-//! Root tests of `kuport_node_exec::route` against a real kernel, each in a scratch namespace.
+//! Root tests of `kuport_node_exec::rtnl` against a real kernel, each in a scratch namespace.
 //! The oracle is `ip`. Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1.
 
 #[path = "common/host.rs"]
@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use kuport_node_exec::route::{self, Change, Desired, Subject};
+use kuport_node_exec::rtnl::{self, Change, Desired, Subject};
 use kuport_proto::v1::{Address, IpRule, Link, NetnsState, Route, Sysctl, Vxlan, link};
 
 const DEV: &str = "kup-1234abcd";
@@ -124,16 +124,16 @@ fn state(w: &Want) -> NetnsState {
     }
 }
 
-fn apply(ns: &Netns, s: &NetnsState) -> route::ApplyReport {
+fn apply(ns: &Netns, s: &NetnsState) -> rtnl::ApplyReport {
     let path = ns.path();
-    route::apply(Some(&path), s).unwrap_or_else(|e| panic!("apply: {e}"))
+    rtnl::apply(Some(&path), s).unwrap_or_else(|e| panic!("apply: {e}"))
 }
 
-fn diff(ns: &Netns, s: &NetnsState) -> Vec<route::Difference> {
+fn diff(ns: &Netns, s: &NetnsState) -> Vec<rtnl::Difference> {
     let desired = Desired::from_proto(s).expect("valid");
     let path = ns.path();
-    let observed = route::read(Some(&path), &desired).expect("read");
-    route::diff(&desired, &observed)
+    let observed = rtnl::read(Some(&path), &desired).expect("read");
+    rtnl::diff(&desired, &observed)
 }
 
 /// kuport's rules (mark under 0x6b70....) as `ip rule` prints them.
@@ -268,7 +268,7 @@ fn removing_everything_leaves_no_trace_and_spares_foreign_objects() {
 }
 
 /// Waits up to a second for a notification about `subject`.
-fn notified(rt: &tokio::runtime::Runtime, sub: &mut route::Subscription, subject: Subject) -> bool {
+fn notified(rt: &tokio::runtime::Runtime, sub: &mut rtnl::Subscription, subject: Subject) -> bool {
     rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(1), async {
             while let Some(n) = sub.recv().await {
@@ -294,7 +294,7 @@ fn outside_changes_are_noticed_and_repaired() {
     let s = state(&want);
     apply(&ns, &s);
     let path = ns.path();
-    let mut sub = route::subscribe(Some(&path)).expect("subscribe");
+    let mut sub = rtnl::subscribe(Some(&path)).expect("subscribe");
 
     ns.ip(&["rule", "del", "pref", "102"]);
     assert!(notified(&rt, &mut sub, Subject::Rule), "rule deletion unnoticed");
@@ -327,7 +327,7 @@ fn refused_changes_report_the_object_and_keep_the_previous_state() {
 
     // A gateway no address of the link reaches: replacing the route fails, the old one stays.
     let unreachable = state(&Want { via: "10.200.0.1", ..Want::default() });
-    let err = route::apply(Some(&path), &unreachable).expect_err("unreachable gateway");
+    let err = rtnl::apply(Some(&path), &unreachable).expect_err("unreachable gateway");
     let text = err.to_string();
     println!("{text}");
     assert!(text.contains(&format!("change route default via 10.200.0.1 dev {DEV} table 201: ")), "{text}");
@@ -342,7 +342,7 @@ fn refused_changes_report_the_object_and_keep_the_previous_state() {
     long.addresses[0].dev = name.into();
     long.routes[0].dev = name.into();
     long.sysctls.truncate(1);
-    let err = route::apply(Some(&path), &long).expect_err("long name");
+    let err = rtnl::apply(Some(&path), &long).expect_err("long name");
     let text = err.to_string();
     println!("{text}");
     assert!(text.contains(&format!("add link {name}: ")), "{text}");
@@ -361,7 +361,7 @@ fn invalid_states_write_nothing() {
     let mut s = state(&Want::default());
     s.ip_rules[0].fwmark = 0x1234;
     s.ip_rules[0].fwmask = 0xffff_ffff;
-    let err = route::apply(Some(&path), &s).expect_err("foreign mark");
+    let err = rtnl::apply(Some(&path), &s).expect_err("foreign mark");
     assert_eq!(err.report.writes, 0);
     assert!(err.to_string().contains("rule pref 101 fwmark 0x1234/"), "{err}");
     assert!(!ns.try_ip(&["link", "show", DEV]));

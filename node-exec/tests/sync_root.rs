@@ -158,7 +158,7 @@ fn synced(r: &NodeDebug) -> bool {
 async fn desired_table(client: &mut DebugClient<Channel>, node: &str) -> Option<NftTable> {
     let n = client.get_node(GetNodeRequest { node: node.into() }).await.expect("GetNode").into_inner();
     let state = n.desired?.state?;
-    state.netns.into_iter().find(|ns| ns.path.is_empty())?.nft_tables.into_iter().find(|t| t.name == "kuport")
+    state.netns.into_iter().find(|ns| ns.is_host())?.nft_tables.into_iter().find(|t| t.name == "kuport")
 }
 
 /// The kernel of `node` lists its desired table exactly.

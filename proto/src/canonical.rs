@@ -33,6 +33,27 @@ pub fn canonicalize(state: &mut NodeState) {
                 set.digest = digest;
             }
         }
+        ns.version = netns_version(ns);
+    }
+}
+
+/// The version of one namespace: the hex sha256 of its canonical encoding with `version` and
+/// `held` cleared. [`canonicalize`] sets it.
+pub fn netns_version(ns: &NetnsState) -> String {
+    if ns.version.is_empty() && !ns.held {
+        return hex::encode(Sha256::digest(ns.encode_to_vec()));
+    }
+    let bare = NetnsState { version: String::new(), held: false, ..ns.clone() };
+    hex::encode(Sha256::digest(bare.encode_to_vec()))
+}
+
+/// The order of namespaces in a state: the host first, then paths, then pods.
+pub fn netns_order(ns: &NetnsState) -> (u8, &str, &str, &str) {
+    use crate::v1::netns_ref::Kind;
+    match ns.target.as_ref().and_then(|t| t.kind.as_ref()) {
+        None => (0, "", "", ""),
+        Some(Kind::Path(p)) => (1, p.as_str(), "", ""),
+        Some(Kind::Pod(p)) => (2, p.namespace.as_str(), p.name.as_str(), p.uid.as_str()),
     }
 }
 
@@ -41,7 +62,7 @@ pub fn canonicalize(state: &mut NodeState) {
 /// form, a table read back from the kernel), where a digest would only cost time or differ
 /// spuriously.
 pub fn order(state: &mut NodeState) {
-    state.netns.sort_by(|a, b| a.path.cmp(&b.path));
+    state.netns.sort_by(|a, b| netns_order(a).cmp(&netns_order(b)));
     for ns in &mut state.netns {
         canonicalize_netns(ns);
     }
@@ -191,8 +212,8 @@ fn value_order(v: &NftValue) -> (u8, u128, u32, String) {
     }
 }
 
-/// The version of a state: the hex sha256 of its canonical protobuf encoding (digests included,
-/// which are a function of the elements).
+/// The version of a state: the hex sha256 of its node name and of each namespace's version
+/// ([`netns_version`], which covers its digests, a function of the elements), in canonical order.
 pub fn version(state: &NodeState) -> String {
     let mut canonical = state.clone();
     canonicalize(&mut canonical);
@@ -200,9 +221,22 @@ pub fn version(state: &NodeState) -> String {
 }
 
 /// [`version`] of a state [`canonicalize`] already ordered (as every state the controller
-/// computes is): no copy, no second sort, no second set digest.
+/// computes is): no copy, no second sort, no second set digest. A namespace sent `held` counts
+/// by the version it names, so a state keeps its version on the stream.
 pub fn canonical_version(state: &NodeState) -> String {
-    hex::encode(Sha256::digest(state.encode_to_vec()))
+    let mut h = Sha256::new();
+    let mut buf = Vec::new();
+    prost::encoding::encode_varint(state.node.len() as u64, &mut buf);
+    h.update(&buf);
+    h.update(state.node.as_bytes());
+    for ns in &state.netns {
+        if ns.version.is_empty() {
+            h.update(netns_version(ns).as_bytes());
+        } else {
+            h.update(ns.version.as_bytes());
+        }
+    }
+    hex::encode(h.finalize())
 }
 
 #[cfg(test)]

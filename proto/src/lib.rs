@@ -1,7 +1,13 @@
 //! kuport's wire types and what every component needs to agree on about them: the canonical
-//! order of a node state, its version, and its canonical text.
+//! order of a node state, its version, and its canonical text; and typed constructors for
+//! whoever builds one ([`build`]).
 
+// Library paths handle input: no unwrap there (tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod build;
 pub mod canonical;
+pub mod netns;
 pub mod owned;
 pub mod text;
 

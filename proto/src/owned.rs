@@ -5,6 +5,9 @@
 pub const LINK_PREFIX: &str = "kup-";
 /// kuport's nftables table (family ip).
 pub const NFT_TABLE: &str = "kuport";
+/// kuport owns every nftables table whose name starts with this, in any family (`kuport`,
+/// `kuport-intercept`, ...), as it owns its `kup-` links: one that leaves a state is removed.
+pub const NFT_TABLE_PREFIX: &str = "kuport";
 /// kuport's prefix in packet and conntrack marks ("kp"): a mark carries it exactly when it names
 /// one of kuport's links.
 pub const MARK_PREFIX: u32 = 0x6b70_0000;

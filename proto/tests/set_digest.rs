@@ -1,20 +1,14 @@
 //! The per-set digest that `canonicalize` computes: it changes exactly when the set's elements
 //! change, whatever order they were given in, and nothing that renders a set shows it.
 
+use kuport_proto::build::{addr, element, mark, port, set};
 use kuport_proto::canonical::{RUN_SPAN, element_runs, order, set_digest};
 use kuport_proto::canonicalize;
-use kuport_proto::v1::{NetnsState, NftElement, NftSet, NftTable, NftType, NftValue, NodeState, PortRange, nft_value};
+use kuport_proto::v1::{NetnsState, NftElement, NftSet, NftTable, NftType, NodeState};
 use proptest::prelude::*;
 
-fn element(ip: u8, port: u16, mark: u8) -> NftElement {
-    let v = |v| NftValue { value: Some(v) };
-    NftElement {
-        key: vec![
-            v(nft_value::Value::Addr(format!("10.244.0.{ip}"))),
-            v(nft_value::Value::Port(PortRange { first: u32::from(port), last: u32::from(port) })),
-        ],
-        data: vec![v(nft_value::Value::Mark(u32::from(mark)))],
-    }
+fn return_mark(ip: u8, p: u16, m: u8) -> NftElement {
+    element(vec![addr(format!("10.244.0.{ip}")), port(u32::from(p))], vec![mark(u32::from(m))])
 }
 
 fn state(elements: Vec<NftElement>) -> NodeState {
@@ -24,13 +18,7 @@ fn state(elements: Vec<NftElement>) -> NodeState {
             nft_tables: vec![NftTable {
                 family: 1,
                 name: "kuport".into(),
-                sets: vec![NftSet {
-                    name: "return_mark".into(),
-                    key: vec![NftType::Ipv4Addr as i32, NftType::InetService as i32],
-                    data: vec![NftType::Mark as i32],
-                    elements,
-                    ..Default::default()
-                }],
+                sets: vec![set("return_mark", &[NftType::Ipv4Addr, NftType::InetService], &[NftType::Mark], elements)],
                 ..Default::default()
             }],
             ..Default::default()
@@ -50,7 +38,7 @@ fn elements() -> impl Strategy<Value = Vec<(u8, u16, u8)>> {
 }
 
 fn build(v: &[(u8, u16, u8)]) -> Vec<NftElement> {
-    v.iter().map(|(a, p, m)| element(*a, *p, *m)).collect()
+    v.iter().map(|(a, p, m)| return_mark(*a, *p, *m)).collect()
 }
 
 proptest! {
@@ -123,7 +111,7 @@ fn the_text_does_not_show_the_digest() {
 fn large(n: usize, skip: u32) -> Vec<NftElement> {
     (0..n as u32)
         .filter(|i| *i != skip)
-        .map(|i| element((i / 65_000) as u8, (i % 65_000 + 1) as u16, (i % 2) as u8))
+        .map(|i| return_mark((i / 65_000) as u8, (i % 65_000 + 1) as u16, (i % 2) as u8))
         .collect()
 }
 

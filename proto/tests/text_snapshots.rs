@@ -47,7 +47,7 @@ fn inet() {
 
 fn host_netns() -> NetnsState {
     NetnsState {
-        path: String::new(),
+        target: kuport_proto::netns::host(),
         sysctls: vec![Sysctl { key: "net.ipv4.ip_forward".into(), value: "1".into() }],
         nft_tables: vec![kuport_table()],
         links: vec![Link {
@@ -70,6 +70,7 @@ fn host_netns() -> NetnsState {
             IpRule { pref: 101, fwmark: 0x6b70_0001, fwmask: 0xffff_ffff, to: "100.64.0.2/32".into(), table: 254 },
             IpRule { pref: 102, fwmark: 0x6b70_0000, fwmask: 0xffff_0000, to: String::new(), table: 100 },
         ],
+        ..NetnsState::default()
     }
 }
 
@@ -81,7 +82,7 @@ fn ip_commands_of_a_netns() {
 #[test]
 fn whole_node_state() {
     let pod = NetnsState {
-        path: "/var/run/netns/cni-1234".into(),
+        target: kuport_proto::netns::path("/var/run/netns/cni-1234"),
         sysctls: vec![Sysctl { key: "net.ipv4.conf.all.rp_filter".into(), value: "0".into() }],
         nft_tables: vec![table(NftFamily::Ip, "nothing", vec![], vec![])],
         ..NetnsState::default()
@@ -116,17 +117,17 @@ fn invalid_model() {
         ),
         rule(vec![bad_match(Selector::MetaSkuid as i32, CmpOp::Eq as i32, Some(id(1)), 0xff)], vec![accept()]),
         rule(vec![eq(Selector::MetaMark, id(1))], vec![accept()]),
-        rule(vec![lookup(&[], "nowhere", false)], vec![verdict(kuport_proto::v1::VerdictKind::Jump, "")]),
+        rule(vec![lookup(&[], "nowhere")], vec![verdict(kuport_proto::v1::VerdictKind::Jump, "")]),
         rule(
             vec![],
-            vec![nat_map(
+            vec![nat_to_map(
                 kuport_proto::v1::NatKind::Unspecified,
                 NftFamily::Unspecified,
                 &[Selector::Iifname],
                 "nowhere",
             )],
         ),
-        rule(vec![], vec![nat_to(kuport_proto::v1::NatKind::Dnat, NftFamily::Ip, "", None)]),
+        rule(vec![], vec![nat_to_addr(kuport_proto::v1::NatKind::Dnat, NftFamily::Ip, "", None)]),
         rule(vec![], vec![verdict(kuport_proto::v1::VerdictKind::Unspecified, "")]),
     ];
     let mut bad_chain = base_chain("bad", ChainType::Unspecified, Hook::Unspecified, 0, ChainPolicy::Accept, rules);
@@ -139,7 +140,7 @@ fn invalid_model() {
         &[kuport_proto::v1::NftType::Mark],
         false,
         false,
-        vec![elem(vec![port(1)], vec![mark(1), mark(2)]), elem(vec![], vec![])],
+        vec![element(vec![port(1)], vec![mark(1), mark(2)]), element(vec![], vec![])],
     );
     let mut t = table(
         NftFamily::Unspecified,

@@ -18,8 +18,8 @@ use kuport_controller::api::{
     ClassNode, PortMap, PortMapClass, PortMapClassSpec, PortMapSpec, PortPolicy, Protocol, ReturnPath, ReturnPathMode,
     ServiceRef, ServingMode, VxlanSpec,
 };
-use kuport_controller::compute::observe;
-use kuport_controller::compute::{Cluster, InterfaceFacts, NodeFacts};
+use kuport_controller::observe::index as observe;
+use kuport_controller::observe::{Cluster, InterfaceFacts, NodeFacts};
 
 pub const PODS_PER_SERVICE: usize = 3;
 pub const EDGES: usize = 10;

@@ -1,5 +1,8 @@
 //! kuportctl: asks a kuport controller what it wants each node to be, and what the nodes did.
 
+// Library paths handle input: no unwrap there (tests may).
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

@@ -1,44 +1,26 @@
-//! The computation: from what the cluster holds, every node's desired state and every status.
+//! Compute: from what the cluster holds, every node's desired state and every status.
 //!
-//! Pure: no I/O, no clock (the caller passes `now`), no dependence on input order. The stages
-//! follow the questions note 000 asks of a mapping, in order:
-//!
-//! 1. [`admission`]: may it publish these ports here? (Accepted)
-//! 2. [`placement`]: which pod, and which nodes program it? (Programmed)
-//! 3. [`links`]: which node pairs need a link, and their slots and numbers.
-//! 4. [`datapath`]: the nftables elements, links, routes and rules of every node.
+//! Pure: no I/O, no clock (the caller passes `now`), no dependence on input order. Each
+//! capability decides its part in a module of its own ([`portmap`] today); what they share is
+//! written once: the node-scoped allocator of marks, tables and rule preferences ([`numbers`]),
+//! conditions ([`conditions`]), the objects whose status waits on executors ([`Tracked`]), which
+//! facts matter ([`relevant_facts`]) and the assembly of each node's state. docs/design.md shows
+//! where each rule is decided.
 
-pub mod admission;
-pub mod datapath;
-#[cfg(test)]
-mod golden;
-pub mod links;
-pub mod observe;
-pub mod placement;
-pub mod status;
+pub mod conditions;
+pub mod numbers;
+pub mod portmap;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
-#[cfg(test)]
-mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::jiff::Timestamp;
-use kuport_proto::v1::NodeState;
-use serde::{Deserialize, Serialize};
+use kuport_proto::v1::{NetnsState, NodeState};
 
-use crate::api::{
-    ClassNodeStatus, EndpointStatus, InterfaceAddress, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus,
-    PublishedAddress, ReturnPathMode,
-};
-use admission::MapKey;
-use datapath::LinkEnd;
-use links::{LinkKey, VXLAN_OVERHEAD};
-use placement::Placement;
-use status::{Refusal, condition, reason};
+use crate::api::{PortMapClassStatus, PortMapStatus};
+use crate::observe::index::View;
+use crate::observe::{Cluster, NodeFacts};
+use portmap::MapKey;
 
 /// Controller settings that describe the CNI kuport runs beside.
 #[derive(Clone, Debug)]
@@ -64,39 +46,36 @@ impl Default for Settings {
     }
 }
 
-/// What an executor reports about its node.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeFacts {
-    pub node: String,
-    #[serde(default)]
-    pub underlay_address: Option<Ipv4Addr>,
-    #[serde(default)]
-    pub underlay_mtu: Option<u32>,
-    /// The node's interfaces; None until reported, which leaves every interface possible.
-    #[serde(default)]
-    pub interfaces: Option<Vec<InterfaceFacts>>,
+/// The kinds of object whose status reports what executors did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    PortMap,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct InterfaceFacts {
+/// An object a status is written on, whatever its kind.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub kind: ObjectKind,
+    /// Empty for a cluster-scoped object.
+    pub namespace: String,
     pub name: String,
-    #[serde(default)]
-    pub addresses: Vec<String>,
 }
 
-/// Everything the computation reads.
-#[derive(Clone, Debug, Default)]
-pub struct Cluster {
-    pub nodes: Vec<Node>,
-    pub namespaces: Vec<Namespace>,
-    pub services: Vec<Service>,
-    pub endpoint_slices: Vec<EndpointSlice>,
-    pub classes: Vec<PortMapClass>,
-    pub port_maps: Vec<PortMap>,
-    pub facts: Vec<NodeFacts>,
-    pub now: Timestamp,
+impl ObjectKey {
+    pub fn port_map(namespace: &str, name: &str) -> Self {
+        ObjectKey { kind: ObjectKind::PortMap, namespace: namespace.to_string(), name: name.to_string() }
+    }
+}
+
+/// What an object's status waits for: the executors that must apply it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tracked {
+    /// The nodes whose executors must acknowledge a state holding the object, sorted.
+    pub nodes: Vec<String>,
+    /// A digest of everything the object's part of those states was computed from: while it
+    /// stays the same, so does that part on every node, and a node that acknowledged it once
+    /// need not acknowledge it again.
+    pub fingerprint: u64,
 }
 
 /// Everything the computation decides.
@@ -105,262 +84,48 @@ pub struct Outputs {
     pub node_states: BTreeMap<String, NodeState>,
     pub port_maps: BTreeMap<MapKey, PortMapStatus>,
     pub classes: BTreeMap<String, PortMapClassStatus>,
-    /// For each programmed mapping, the nodes whose executors must acknowledge it.
+    /// For each programmed mapping, its programming (accepting) nodes.
     pub programming: BTreeMap<MapKey, Vec<String>>,
-    /// For each programmed mapping, [`datapath::Builder::fingerprint`]: what its elements
-    /// were computed from, so the hub knows which node states changed it.
-    pub fingerprints: BTreeMap<MapKey, u64>,
+    /// Every object placed in node states, with the nodes that must acknowledge it.
+    pub tracked: BTreeMap<ObjectKey, Tracked>,
+}
+
+impl Outputs {
+    /// The nodes whose executors must apply `key` (none when it is in no node's state).
+    pub fn must_ack(&self, key: &ObjectKey) -> &[String] {
+        self.tracked.get(key).map(|t| t.nodes.as_slice()).unwrap_or(&[])
+    }
 }
 
 pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
-    let view = observe::View::new(cluster, settings.cni_vxlan_port);
-    let now = cluster.now;
-    let vxlan: BTreeMap<String, _> =
-        view.classes.iter().map(|(n, c)| (n.clone(), links::class_vxlan(c, settings))).collect();
-
-    // 1 and 2: judge and place every mapping, oldest first.
-    let mut verdicts: Vec<(MapKey, Result<Placement, Refusal>)> = Vec::new();
-    // Programmed mappings by pod address and protocol, for the one-way-return check.
-    let mut by_pod: BTreeMap<(Ipv4Addr, crate::api::Protocol), Vec<usize>> = BTreeMap::new();
-    for (key, admitted) in admission::admit(&view, &cluster.port_maps) {
-        let placed = admitted.and_then(|a| placement::place(&view, a));
-        // Replies from one pod port can return one way only: by one serving node's link, or
-        // (Multi) by whichever link each request came in on.
-        let placed = placed.and_then(|p| {
-            let pod = (p.endpoint.address, p.admitted.protocol);
-            let clash = by_pod.get(&pod).into_iter().flatten().find_map(|i| match &verdicts[*i] {
-                (k, Ok(q)) if placement::same_pod_port(&p, q) && p.return_route() != q.return_route() => {
-                    Some(k.clone())
-                }
-                _ => None,
-            });
-            match clash {
-                None => Ok(p),
-                Some((ns, name)) => Err(Refusal::programmed(
-                    reason::RETURN_PATH_UNAVAILABLE,
-                    format!(
-                        "pod {} port {} already answers the older PortMap {ns}/{name} through another node",
-                        p.endpoint.pod, p.endpoint.port
-                    ),
-                )),
-            }
-        });
-        if let Ok(p) = &placed {
-            by_pod.entry((p.endpoint.address, p.admitted.protocol)).or_default().push(verdicts.len());
-        }
-        verdicts.push((key, placed));
-    }
-
-    // 3: links for every programming node that lacks the pod.
-    let mut needed = BTreeSet::new();
-    for (_, v) in &verdicts {
-        if let Ok(p) = v {
-            for node in p.remote_nodes() {
-                needed.insert(LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node));
-            }
-        }
-    }
-    let alloc = links::allocate(&view.classes, &vxlan, &needed, now);
-
-    // 4: build the nodes, refusing mappings whose links cannot be built.
-    let all_nodes = view.nodes.keys().cloned().chain(view.classes.values().flat_map(|c| c.spec.nodes.keys().cloned()));
-    let mut builder = datapath::Builder::new(settings, all_nodes);
+    let view = View::new(cluster, settings.cni_vxlan_port);
+    let mut numbers = numbers::Numbers::default();
     let mut out = Outputs::default();
-    let previous: BTreeMap<MapKey, &PortMap> = cluster.port_maps.iter().map(|pm| (admission::key_of(pm), pm)).collect();
-    for (key, verdict) in verdicts {
-        let verdict = verdict.and_then(|p| {
-            let ends = link_ends(&view, &alloc, &p)?;
-            builder.add(&p, &ends);
-            let fingerprint = datapath::Builder::fingerprint(&p, &ends);
-            Ok((p, fingerprint))
-        });
-        let Some(pm) = previous.get(&key) else { continue };
-        let verdict = verdict.map(|(p, fingerprint)| {
-            out.programming.insert(key.clone(), p.nodes.keys().cloned().collect());
-            out.fingerprints.insert(key.clone(), fingerprint);
-            p
-        });
-        out.port_maps.insert(key, port_map_status(&view, pm, &verdict, now));
-    }
-    out.node_states = builder.finish();
-    for (name, class) in &view.classes {
-        let rows = alloc.rows.get(name).cloned().unwrap_or_default();
-        out.classes.insert(name.clone(), class_status(&view, class, &vxlan[name], &alloc, rows, now));
-    }
+    let hosts = portmap::compute(&view, cluster, settings, &mut numbers, &mut out);
+    out.node_states = assemble(hosts);
     out
 }
 
-/// The nodes whose executors must apply a programmed mapping: its accepting nodes, and the
-/// pod's node when any of them lacks the pod (it holds the link's far end and the return path).
-pub fn must_ack(out: &Outputs, key: &MapKey) -> Vec<String> {
-    let Some(accepting) = out.programming.get(key) else { return Vec::new() };
-    let mut nodes = accepting.clone();
-    let pod = out.port_maps.get(key).and_then(|s| s.endpoint.as_ref()).map(|e| e.node.clone());
-    if let Some(pod) = pod
-        && accepting.iter().any(|n| *n != pod)
-        && !nodes.contains(&pod)
-    {
-        nodes.push(pod);
-    }
-    nodes.sort();
-    nodes
-}
-
-/// Both ends of every link a placement needs, or why one cannot be built.
-fn link_ends(
-    view: &observe::View,
-    alloc: &links::Allocation,
-    p: &Placement,
-) -> Result<BTreeMap<String, (LinkEnd, LinkEnd)>, Refusal> {
-    let mut ends = BTreeMap::new();
-    for node in p.remote_nodes() {
-        let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
-        let numbers = match alloc.needed.get(&key) {
-            Some(Ok(n)) => n,
-            Some(Err((_, message))) => {
-                return Err(Refusal::programmed(reason::RETURN_PATH_UNAVAILABLE, message.clone()));
-            }
-            None => return Err(Refusal::programmed(reason::RETURN_PATH_UNAVAILABLE, "no link was planned".into())),
-        };
-        let near = LinkEnd::new(view, &key, numbers, node);
-        let far = LinkEnd::new(view, &key, numbers, &p.endpoint.node);
-        let (Some(near), Some(far)) = (near, far) else {
-            let missing: Vec<&str> = [node.as_str(), p.endpoint.node.as_str()]
-                .into_iter()
-                .filter(|n| view.node(n).underlay.is_none())
-                .collect();
-            return Err(Refusal::programmed(
-                reason::RETURN_PATH_UNAVAILABLE,
-                format!("no underlay address is known for node {} yet", missing.join(", ")),
-            ));
-        };
-        ends.insert(node.clone(), (near, far));
-    }
-    Ok(ends)
-}
-
-fn port_map_status(
-    view: &observe::View,
-    pm: &PortMap,
-    verdict: &Result<Placement, Refusal>,
-    now: Timestamp,
-) -> PortMapStatus {
-    let generation = pm.metadata.generation;
-    let prev = pm.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
-    let cond = |t: &str, ok: bool, r: &str, m: String| condition(prev, t, ok, r, m, generation, now);
-    let mut st = PortMapStatus { observed_generation: generation, ..Default::default() };
-    match verdict {
-        Ok(p) => {
-            st.endpoint =
-                Some(EndpointStatus { node: p.endpoint.node.clone(), address: p.endpoint.address.to_string() });
-            for (node, ifaces) in &p.nodes {
-                let v = view.node(node);
-                for iface in ifaces {
-                    let addrs = v.addresses_of(iface);
-                    if addrs.is_empty() {
-                        st.published.push(PublishedAddress {
-                            node: node.clone(),
-                            interface: iface.clone(),
-                            address: String::new(),
-                        });
-                    }
-                    for a in addrs {
-                        st.published.push(PublishedAddress {
-                            node: node.clone(),
-                            interface: iface.clone(),
-                            address: a.clone(),
-                        });
-                    }
-                }
-            }
-            st.published.sort();
-            let nodes: Vec<&str> = p.nodes.keys().map(String::as_str).collect();
-            st.conditions = vec![
-                cond(status::ACCEPTED, true, reason::ACCEPTED, String::new()),
-                cond(status::PROGRAMMED, true, reason::PROGRAMMED, format!("programmed on {}", nodes.join(", "))),
-            ];
-        }
-        Err(r) if r.condition == status::ACCEPTED => {
-            st.conditions = vec![
-                cond(status::ACCEPTED, false, r.reason, r.message.clone()),
-                cond(status::PROGRAMMED, false, reason::NOT_ACCEPTED, "the mapping is not accepted".into()),
-            ];
-        }
-        Err(r) => {
-            st.conditions = vec![
-                cond(status::ACCEPTED, true, reason::ACCEPTED, String::new()),
-                cond(status::PROGRAMMED, false, r.reason, r.message.clone()),
-            ];
-        }
-    }
-    st
-}
-
-fn class_status(
-    view: &observe::View,
-    class: &PortMapClass,
-    vxlan: &Result<links::ClassVxlan, (&'static str, String)>,
-    alloc: &links::Allocation,
-    rows: Vec<crate::api::LinkSlot>,
-    now: Timestamp,
-) -> PortMapClassStatus {
-    let name = class.metadata.name.clone().unwrap_or_default();
-    let mut nodes: BTreeSet<String> = class.spec.nodes.keys().cloned().collect();
-    for r in &rows {
-        nodes.extend(r.pair.iter().cloned());
-    }
-    let node_rows = nodes
+/// Every node's state from its host namespace, canonical (ordered, digested, versioned).
+fn assemble(hosts: BTreeMap<String, NetnsState>) -> BTreeMap<String, NodeState> {
+    hosts
         .into_iter()
-        .map(|n| {
-            let v = view.node(&n);
-            let mut addresses: Vec<InterfaceAddress> = class
-                .spec
-                .nodes
-                .get(&n)
-                .map(|cn| {
-                    cn.interfaces
-                        .iter()
-                        .flat_map(|i| {
-                            v.addresses_of(i)
-                                .iter()
-                                .map(|a| InterfaceAddress { interface: i.clone(), address: a.clone() })
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            addresses.sort();
-            let message = match (v.exists, v.ready) {
-                (false, _) => "no Node object".to_string(),
-                (true, false) => "Node is not Ready".to_string(),
-                _ => String::new(),
-            };
-            let interfaces = class.spec.nodes.get(&n).and_then(|cn| v.known_interfaces(&cn.interfaces));
-            ClassNodeStatus {
-                name: n,
-                ready: v.ready,
-                message,
-                underlay_address: v.underlay.map(|a| a.to_string()),
-                underlay_mtu: v.underlay_mtu,
-                link_mtu: Some(v.mtu().saturating_sub(VXLAN_OVERHEAD)),
-                addresses,
-                interfaces,
-            }
+        .map(|(node, host)| {
+            let mut state = NodeState { node: node.clone(), netns: vec![host] };
+            kuport_proto::canonicalize(&mut state);
+            (node, state)
         })
-        .collect();
-    let exhausted = alloc.needed.iter().find_map(|(k, r)| match r {
-        Err((rsn, m)) if k.class == name && *rsn == reason::SUBNET_EXHAUSTED => Some(m.clone()),
-        _ => None,
-    });
-    let prev = class.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
-    let generation = class.metadata.generation;
-    let ready = match (class.spec.return_path.mode, vxlan, exhausted) {
-        (ReturnPathMode::Vxlan, Err((rsn, m)), _) => {
-            condition(prev, status::READY, false, rsn, m.clone(), generation, now)
-        }
-        (ReturnPathMode::Vxlan, Ok(_), Some(m)) => {
-            condition(prev, status::READY, false, reason::SUBNET_EXHAUSTED, m, generation, now)
-        }
-        _ => condition(prev, status::READY, true, reason::READY, String::new(), generation, now),
-    };
-    PortMapClassStatus { links: rows, nodes: node_rows, conditions: vec![ready] }
+        .collect()
+}
+
+/// Of an executor's reported `facts`, what the computation reads given `inputs`: two reports
+/// with the same relevant facts compute the same states and statuses, so only a change in them
+/// needs a recompute (a pod's veth coming or going changes neither).
+pub fn relevant_facts(inputs: Option<&Cluster>, facts: &NodeFacts) -> NodeFacts {
+    let read = portmap::interfaces_read(inputs, &facts.node);
+    let interfaces = facts
+        .interfaces
+        .as_ref()
+        .map(|list| list.iter().filter(|i| read.contains(&i.name.as_str())).cloned().collect());
+    NodeFacts { interfaces, ..facts.clone() }
 }

@@ -11,9 +11,11 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::*;
+use super::{Outputs, Settings, compute};
 use crate::api::Protocol::{Tcp, Udp};
 use crate::api::*;
+use crate::observe::index::SERVICE_NAME_LABEL;
+use crate::observe::{Cluster, InterfaceFacts, NodeFacts};
 
 /// The fixed time every test computes at.
 pub fn now() -> Timestamp {
@@ -118,7 +120,7 @@ impl World {
             metadata: ObjectMeta {
                 name: Some(format!("{name}-x")),
                 namespace: Some(ns.into()),
-                labels: Some(BTreeMap::from([(observe::SERVICE_NAME_LABEL.to_string(), name.to_string())])),
+                labels: Some(BTreeMap::from([(SERVICE_NAME_LABEL.to_string(), name.to_string())])),
                 ..Default::default()
             },
             address_type: "IPv4".into(),

@@ -28,7 +28,7 @@ pub fn default_lab() -> Lab {
     Lab::up(&Topology::default_lab()).expect("the default lab builds")
 }
 
-/// Note 000's two classes (unchanged) and the given documents.
+/// The two example classes of docs/portmap/modes.md (unchanged) and the given documents.
 pub fn with_classes(extra: &str) -> Manifests {
     Manifests::from_text("classes.yaml", include_str!("../../manifests/default/classes.yaml"))
         .and_then(|m| m.add("test.yaml", extra))
@@ -101,7 +101,7 @@ pub fn message(out: &Outputs, ns: &str, name: &str, type_: &str) -> String {
 /// A node's own (host) namespace entry of its computed state.
 pub fn host_state<'a>(states: &'a mut std::collections::BTreeMap<String, NodeState>, node: &str) -> &'a mut NetnsState {
     let s = states.get_mut(node).unwrap_or_else(|| panic!("no state for {node}"));
-    s.netns.iter_mut().find(|n| n.path.is_empty()).unwrap_or_else(|| panic!("{node}: no host namespace entry"))
+    s.netns.iter_mut().find(|n| n.is_host()).unwrap_or_else(|| panic!("{node}: no host namespace entry"))
 }
 
 pub fn kuport_table(ns: &mut NetnsState) -> &mut NftTable {

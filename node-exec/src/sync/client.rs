@@ -1,7 +1,6 @@
 //! The NodeSync client: connect, say who we are, apply what arrives (fenced), answer, report,
 //! and reconnect with capped exponential backoff and jitter when the stream ends.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,13 +11,11 @@ use kuport_proto::v1::{
     Ack, ControllerMessage, DesiredState, DriftReport, ExecutorMessage, Hello, NetnsState, NodeFacts, NodeState,
     ObjectError, controller_message, executor_message,
 };
-use prost::Message as _;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::fence::Fence;
 use super::{facts, store};
-use crate::executor::{ExecError, Keeper, spawn_keeper};
 
 /// The largest message either side accepts: a 50,000-mapping node state is about 20 MB.
 pub const MAX_MESSAGE: usize = 256 * 1024 * 1024;
@@ -62,79 +59,19 @@ impl Config {
     }
 }
 
-/// What applies the states the controller sends (the real one is [`NodeKeepers`]; tests use
-/// fakes to check what reaches the kernel).
+/// What applies the states the controller sends (the real one is [`super::NodeKeepers`]; tests
+/// use fakes to check what reaches the kernel).
 pub trait NodeApplier: Send {
     /// Makes `state` the node's state and keeps it; Err names each refused object. Owned: a
     /// 50,000-mapping state is hundreds of thousands of allocations, not to be copied.
     fn apply(&mut self, state: NodeState) -> impl Future<Output = Result<(), Vec<ObjectError>>> + Send;
     /// Drift repaired so far (a growing count) and the last differences found.
     fn drift(&self) -> (u64, Vec<String>);
-}
-
-/// The real applier: one [`Keeper`] (an executor on its own thread, repairing drift) per
-/// network namespace of the node state.
-pub struct NodeKeepers {
-    host_netns: Option<PathBuf>,
-    keepers: BTreeMap<String, Keeper>,
-}
-
-impl NodeKeepers {
-    pub fn new(host_netns: Option<PathBuf>) -> Self {
-        NodeKeepers { host_netns, keepers: BTreeMap::new() }
-    }
-
-    fn keeper(&mut self, path: &str) -> Result<&Keeper, ExecError> {
-        if !self.keepers.contains_key(path) {
-            let netns = if path.is_empty() { self.host_netns.clone() } else { Some(PathBuf::from(path)) };
-            self.keepers.insert(path.to_string(), spawn_keeper(netns)?);
-        }
-        self.keepers.get(path).ok_or_else(|| ExecError::Watch { what: "executor", reason: "vanished".into() })
-    }
-}
-
-impl NodeApplier for NodeKeepers {
-    async fn apply(&mut self, state: NodeState) -> Result<(), Vec<ObjectError>> {
-        let mut entries: BTreeMap<String, NetnsState> =
-            state.netns.into_iter().map(|ns| (ns.path.clone(), ns)).collect();
-        // A namespace kept before but absent now: its kuport objects go (the host entry is
-        // then an empty state; pod namespaces likewise).
-        for path in self.keepers.keys() {
-            entries.entry(path.clone()).or_insert_with(|| NetnsState { path: path.clone(), ..Default::default() });
-        }
-        let mut errors = Vec::new();
-        for (path, ns) in entries {
-            let keeper = match self.keeper(&path) {
-                Ok(k) => k.clone(),
-                Err(e) => {
-                    errors.push(ObjectError { object: format!("network namespace {path:?}"), reason: e.to_string() });
-                    continue;
-                }
-            };
-            match keeper.apply(Arc::new(ns)).await {
-                Ok(_) => {}
-                Err(ExecError::Refused { report }) => {
-                    errors.extend(report.errors.into_iter().map(|e| ObjectError { object: e.object, reason: e.reason }))
-                }
-                Err(e) => {
-                    errors.push(ObjectError { object: format!("network namespace {path:?}"), reason: e.to_string() })
-                }
-            }
-        }
-        if errors.is_empty() { Ok(()) } else { Err(errors) }
-    }
-
-    fn drift(&self) -> (u64, Vec<String>) {
-        let mut total = 0;
-        let mut last = Vec::new();
-        for k in self.keepers.values() {
-            let s = k.stats().get();
-            total += s.drift_repairs;
-            if s.drift_repairs > 0 {
-                last.extend(s.last_differences);
-            }
-        }
-        (total, last)
+    /// What a namespace sent held (`ns`: its target and version) holds, whole: what the store
+    /// keeps for it. None when it is not held at that version.
+    fn held(&self, ns: &NetnsState) -> Option<Arc<NetnsState>> {
+        let _ = ns;
+        None
     }
 }
 
@@ -258,7 +195,7 @@ impl Jitter {
 fn watch_facts(netns: Option<PathBuf>, underlay: Option<String>) -> watch::Receiver<Option<NodeFacts>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
-        let mut subscription = match crate::route::subscribe(netns.as_deref()) {
+        let mut subscription = match crate::rtnl::subscribe(netns.as_deref()) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot watch interfaces; facts are re-read every 30 s");
@@ -402,17 +339,25 @@ async fn receive<A: NodeApplier>(
         return None;
     }
     // Encoded for the store now, so the state itself can be handed over, not copied.
-    let encoded = cfg.state_dir.is_some().then(|| ds.encode_to_vec());
+    let pending = cfg.state_dir.is_some().then(|| store::Pending::new(&ds));
     let state = ds.state.take().unwrap_or_default();
     let result = applier.apply(state).await;
     fence.record(&ds, result.is_ok());
     let ok = result.is_ok();
-    if ok && let (Some(dir), Some(encoded)) = (&cfg.state_dir, encoded) {
-        let dir = dir.clone();
-        match tokio::task::spawn_blocking(move || store::save_encoded(&dir, &encoded)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "storing the applied state"),
-            Err(e) => tracing::warn!(error = %e, "storing the applied state"),
+    if ok && let (Some(dir), Some(pending)) = (&cfg.state_dir, pending) {
+        // Held namespaces are stored as the executor keeps them.
+        match pending.finish(|ns| applier.held(ns)) {
+            Some(encoded) => {
+                let dir = dir.clone();
+                match tokio::task::spawn_blocking(move || store::save_encoded(&dir, &encoded)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "storing the applied state"),
+                    Err(e) => tracing::warn!(error = %e, "storing the applied state"),
+                }
+            }
+            None => {
+                tracing::warn!(version = %ds.version, "a held namespace is not known whole; the state is not stored")
+            }
         }
     }
     match &result {

@@ -5,12 +5,12 @@ use std::path::Path;
 
 use kuport_proto::v1::{InterfaceFacts, NodeFacts};
 
-use crate::route::{self, ObservedAddress, ObservedLink, ObservedRoute};
+use crate::rtnl::{self, ObservedAddress, ObservedLink, ObservedRoute};
 
 /// Reads the facts of `netns` (None: the caller's). The underlay interface is `underlay` when
 /// given, else the one the main table's default route leaves through.
-pub fn read(netns: Option<&Path>, underlay: Option<&str>) -> Result<NodeFacts, route::Error> {
-    let observed = route::read(netns, &route::Desired::default())?;
+pub fn read(netns: Option<&Path>, underlay: Option<&str>) -> Result<NodeFacts, rtnl::Error> {
+    let observed = rtnl::read(netns, &rtnl::Desired::default())?;
     Ok(from_observed(&observed.links, &observed.addresses, &observed.routes, underlay))
 }
 
@@ -22,7 +22,7 @@ fn from_observed(
 ) -> NodeFacts {
     let mut interfaces: Vec<InterfaceFacts> = links
         .iter()
-        .filter(|l| l.name != "lo" && !route::consts::owns_link(&l.name))
+        .filter(|l| l.name != "lo" && !rtnl::consts::owns_link(&l.name))
         .map(|l| {
             let mut addresses: Vec<String> =
                 addresses.iter().filter(|a| a.index == l.index).map(|a| a.net.addr().to_string()).collect();
@@ -34,7 +34,7 @@ fn from_observed(
     let underlay = underlay.map(str::to_string).or_else(|| {
         routes
             .iter()
-            .filter(|r| r.table == route::consts::TABLE_MAIN && r.dst.prefix_len() == 0)
+            .filter(|r| r.table == rtnl::consts::TABLE_MAIN && r.dst.prefix_len() == 0)
             .min_by_key(|r| r.priority)
             .and_then(|r| r.dev.clone())
     });

@@ -7,6 +7,8 @@
 pub mod client;
 pub mod facts;
 pub mod fence;
+mod keepers;
 pub mod store;
 
-pub use client::{Config, NodeApplier, NodeKeepers, run};
+pub use client::{Config, NodeApplier, run};
+pub use keepers::NodeKeepers;

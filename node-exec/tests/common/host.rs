@@ -5,8 +5,7 @@ use std::process::Command;
 /// True to run; false (after printing a skip line) when not root and KUPORT_SKIP_ROOT_TESTS=1.
 /// Panics otherwise: CI runs these tests as root, and a silent skip would hide them.
 pub fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if kuport_node_exec::sys::is_root() {
         return true;
     }
     if std::env::var("KUPORT_SKIP_ROOT_TESTS").as_deref() == Ok("1") {

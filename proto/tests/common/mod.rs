@@ -1,51 +1,23 @@
-//! Builders and fixture tables shared by the snapshot and nft round-trip tests. The fixtures
-//! together cover the whole rule and set vocabulary of kuport.v1, in forms nft 1.0.6 loads.
+//! Fixture tables shared by the snapshot and nft round-trip tests, built with
+//! [`kuport_proto::build`]. The fixtures together cover the whole rule and set vocabulary of
+//! kuport.v1, in forms nft 1.0.6 loads.
 #![allow(dead_code)]
 
+pub use kuport_proto::build::{
+    accept, addr, base_chain, chain, compare, counter, ct_mark_set, drop, element, eq, goto, id, ifname, jump, lookup,
+    map_lookup, mark, member, meta_mark_set, nat_to_addr, nat_to_map, nat_to_selector, ne, not_lookup, port,
+    port_range, ports, proto, redirect_to_map, redirect_to_port, rule, table, verdict,
+};
 use kuport_proto::v1::{
-    BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Counter, Hook, L4Proto, MapLookup, Nat, NatKind, NatTarget,
-    NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue, PortRange,
-    Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value, redirect,
-    set_mark,
+    ChainPolicy, ChainType, CmpOp, Hook, L4Proto, NatKind, NftElement, NftFamily, NftMatch, NftSet, NftTable, NftType,
+    Selector, VerdictKind, set_mark,
 };
 
 use L4Proto::{Tcp, Udp};
 use NftType as T;
 use Selector as S;
 
-// ---- values ----------------------------------------------------------------------------------
-
-pub fn ifname(s: &str) -> NftValue {
-    NftValue { value: Some(nft_value::Value::Ifname(s.into())) }
-}
-pub fn addr(s: &str) -> NftValue {
-    NftValue { value: Some(nft_value::Value::Addr(s.into())) }
-}
-pub fn proto(p: L4Proto) -> NftValue {
-    NftValue { value: Some(nft_value::Value::Proto(p as i32)) }
-}
-pub fn port(p: u32) -> NftValue {
-    ports(p, p)
-}
-pub fn ports(first: u32, last: u32) -> NftValue {
-    NftValue { value: Some(nft_value::Value::Port(PortRange { first, last })) }
-}
-pub fn mark(m: u32) -> NftValue {
-    NftValue { value: Some(nft_value::Value::Mark(m)) }
-}
-pub fn id(i: u32) -> NftValue {
-    NftValue { value: Some(nft_value::Value::Id(i)) }
-}
-
-// ---- sets --------------------------------------------------------------------------------------
-
-pub fn elem(key: Vec<NftValue>, data: Vec<NftValue>) -> NftElement {
-    NftElement { key, data }
-}
-pub fn key(key: Vec<NftValue>) -> NftElement {
-    NftElement { key, data: vec![] }
-}
-
+/// A set or map with its flags (the fixtures set each explicitly).
 pub fn set(
     name: &str,
     key: &[NftType],
@@ -54,114 +26,7 @@ pub fn set(
     counter: bool,
     elements: Vec<NftElement>,
 ) -> NftSet {
-    NftSet {
-        name: name.into(),
-        key: key.iter().map(|t| *t as i32).collect(),
-        data: data.iter().map(|t| *t as i32).collect(),
-        interval,
-        counter,
-        elements,
-        digest: Vec::new(),
-        runs: Vec::new(),
-    }
-}
-
-// ---- matches -----------------------------------------------------------------------------------
-
-pub fn cmp_full(sel: Selector, op: CmpOp, value: NftValue, mask: u32) -> NftMatch {
-    NftMatch {
-        kind: Some(nft_match::Kind::Compare(Compare { selector: sel as i32, op: op as i32, value: Some(value), mask })),
-    }
-}
-pub fn eq(sel: Selector, value: NftValue) -> NftMatch {
-    cmp_full(sel, CmpOp::Eq, value, 0)
-}
-pub fn ne(sel: Selector, value: NftValue) -> NftMatch {
-    cmp_full(sel, CmpOp::Neq, value, 0)
-}
-pub fn lookup(key: &[Selector], set: &str, negate: bool) -> NftMatch {
-    NftMatch {
-        kind: Some(nft_match::Kind::Lookup(SetLookup {
-            key: key.iter().map(|s| *s as i32).collect(),
-            set: set.into(),
-            negate,
-        })),
-    }
-}
-
-// ---- statements --------------------------------------------------------------------------------
-
-fn st(kind: nft_statement::Kind) -> NftStatement {
-    NftStatement { kind: Some(kind) }
-}
-pub fn counter() -> NftStatement {
-    st(nft_statement::Kind::Counter(Counter {}))
-}
-pub fn verdict(kind: VerdictKind, chain: &str) -> NftStatement {
-    st(nft_statement::Kind::Verdict(Verdict { kind: kind as i32, chain: chain.into() }))
-}
-pub fn accept() -> NftStatement {
-    verdict(VerdictKind::Accept, "")
-}
-pub fn drop() -> NftStatement {
-    verdict(VerdictKind::Drop, "")
-}
-pub fn map_lookup(key: &[Selector], map: &str) -> MapLookup {
-    MapLookup { key: key.iter().map(|s| *s as i32).collect(), map: map.into() }
-}
-pub fn nat(kind: NatKind, family: NftFamily, to: nat::To) -> NftStatement {
-    st(nft_statement::Kind::Nat(Nat { kind: kind as i32, family: family as i32, to: Some(to) }))
-}
-pub fn nat_to(kind: NatKind, family: NftFamily, a: &str, p: Option<(u32, u32)>) -> NftStatement {
-    let port = p.map(|(first, last)| PortRange { first, last });
-    nat(kind, family, nat::To::Target(NatTarget { addr: a.into(), port }))
-}
-pub fn nat_sel(kind: NatKind, family: NftFamily, sel: Selector) -> NftStatement {
-    nat(kind, family, nat::To::Selector(sel as i32))
-}
-pub fn nat_map(kind: NatKind, family: NftFamily, key: &[Selector], map: &str) -> NftStatement {
-    nat(kind, family, nat::To::Map(map_lookup(key, map)))
-}
-pub fn redirect_port(first: u32, last: u32) -> NftStatement {
-    st(nft_statement::Kind::Redirect(Redirect { to: Some(redirect::To::Port(PortRange { first, last })) }))
-}
-pub fn redirect_map(key: &[Selector], map: &str) -> NftStatement {
-    st(nft_statement::Kind::Redirect(Redirect { to: Some(redirect::To::Map(map_lookup(key, map))) }))
-}
-pub fn meta_mark_set(from: set_mark::From) -> NftStatement {
-    st(nft_statement::Kind::MetaMarkSet(SetMark { from: Some(from) }))
-}
-pub fn ct_mark_set(from: set_mark::From) -> NftStatement {
-    st(nft_statement::Kind::CtMarkSet(SetMark { from: Some(from) }))
-}
-
-// ---- chains and tables -------------------------------------------------------------------------
-
-pub fn rule(matches: Vec<NftMatch>, statements: Vec<NftStatement>) -> NftRule {
-    NftRule { matches, statements }
-}
-
-pub fn base_chain(
-    name: &str,
-    ty: ChainType,
-    hook: Hook,
-    priority: i32,
-    policy: ChainPolicy,
-    rules: Vec<NftRule>,
-) -> NftChain {
-    NftChain {
-        name: name.into(),
-        base: Some(BaseChain { r#type: ty as i32, hook: hook as i32, priority, policy: policy as i32 }),
-        rules,
-    }
-}
-
-pub fn chain(name: &str, rules: Vec<NftRule>) -> NftChain {
-    NftChain { name: name.into(), base: None, rules }
-}
-
-pub fn table(family: NftFamily, name: &str, sets: Vec<NftSet>, chains: Vec<NftChain>) -> NftTable {
-    NftTable { family: family as i32, name: name.into(), sets, chains }
+    NftSet { interval, counter, ..kuport_proto::build::set(name, key, data, elements) }
 }
 
 // ---- fixtures ----------------------------------------------------------------------------------
@@ -179,10 +44,10 @@ pub fn kuport_table() -> NftTable {
         false,
         true,
         vec![
-            elem(vec![ifname("enp1s0"), proto(Udp), port(27015)], vec![addr("10.244.18.107"), port(27015)]),
-            elem(vec![ifname("enp1s0"), proto(Tcp), port(80)], vec![addr("10.244.1.2"), port(8080)]),
-            elem(vec![ifname("eth0"), proto(Tcp), port(443)], vec![addr("10.0.0.1"), port(443)]),
-            elem(vec![ifname("wt0"), proto(Udp), port(5353)], vec![addr("10.244.3.4"), port(53)]),
+            element(vec![ifname("enp1s0"), proto(Udp), port(27015)], vec![addr("10.244.18.107"), port(27015)]),
+            element(vec![ifname("enp1s0"), proto(Tcp), port(80)], vec![addr("10.244.1.2"), port(8080)]),
+            element(vec![ifname("eth0"), proto(Tcp), port(443)], vec![addr("10.0.0.1"), port(443)]),
+            element(vec![ifname("wt0"), proto(Udp), port(5353)], vec![addr("10.244.3.4"), port(53)]),
         ],
     );
     let publish_range = set(
@@ -192,9 +57,9 @@ pub fn kuport_table() -> NftTable {
         true,
         true,
         vec![
-            elem(vec![ifname("enp1s0"), proto(Udp), ports(27015, 27115)], vec![addr("10.244.18.107")]),
-            elem(vec![ifname("enp1s0"), proto(Tcp), ports(30000, 30010)], vec![addr("10.244.1.1")]),
-            elem(vec![ifname("eth0"), proto(Tcp), port(8443)], vec![addr("10.244.1.9")]),
+            element(vec![ifname("enp1s0"), proto(Udp), ports(27015, 27115)], vec![addr("10.244.18.107")]),
+            element(vec![ifname("enp1s0"), proto(Tcp), ports(30000, 30010)], vec![addr("10.244.1.1")]),
+            element(vec![ifname("eth0"), proto(Tcp), port(8443)], vec![addr("10.244.1.9")]),
         ],
     );
     let link_range = set(
@@ -203,7 +68,7 @@ pub fn kuport_table() -> NftTable {
         &[T::Ipv4Addr],
         true,
         true,
-        vec![elem(
+        vec![element(
             vec![ifname("wt0"), addr("100.64.0.2"), proto(Udp), ports(27015, 27115)],
             vec![addr("10.244.18.107")],
         )],
@@ -215,8 +80,14 @@ pub fn kuport_table() -> NftTable {
         false,
         true,
         vec![
-            elem(vec![ifname("wt0"), addr("100.64.0.2"), proto(Tcp), port(80)], vec![addr("10.244.1.2"), port(8080)]),
-            elem(vec![ifname("wt0"), addr("100.64.0.3"), proto(Tcp), port(80)], vec![addr("10.244.1.3"), port(8080)]),
+            element(
+                vec![ifname("wt0"), addr("100.64.0.2"), proto(Tcp), port(80)],
+                vec![addr("10.244.1.2"), port(8080)],
+            ),
+            element(
+                vec![ifname("wt0"), addr("100.64.0.3"), proto(Tcp), port(80)],
+                vec![addr("10.244.1.3"), port(8080)],
+            ),
         ],
     );
     let claim = set(
@@ -226,9 +97,9 @@ pub fn kuport_table() -> NftTable {
         true,
         true,
         vec![
-            key(vec![ifname("enp1s0"), addr("192.168.1.10"), proto(Udp), ports(27015, 27115)]),
-            key(vec![ifname("enp1s0"), addr("192.168.1.10"), proto(Tcp), port(80)]),
-            key(vec![ifname("wt0"), addr("100.64.0.0/10"), proto(Tcp), ports(1, 65535)]),
+            member(vec![ifname("enp1s0"), addr("192.168.1.10"), proto(Udp), ports(27015, 27115)]),
+            member(vec![ifname("enp1s0"), addr("192.168.1.10"), proto(Tcp), port(80)]),
+            member(vec![ifname("wt0"), addr("100.64.0.0/10"), proto(Tcp), ports(1, 65535)]),
         ],
     );
     let reply_claim = set(
@@ -238,9 +109,9 @@ pub fn kuport_table() -> NftTable {
         false,
         false,
         vec![
-            key(vec![addr("10.244.18.107"), proto(Udp), port(27015)]),
-            key(vec![addr("10.244.1.2"), proto(Tcp), port(8080)]),
-            key(vec![addr("10.244.1.2"), proto(Tcp), port(8081)]),
+            member(vec![addr("10.244.18.107"), proto(Udp), port(27015)]),
+            member(vec![addr("10.244.1.2"), proto(Tcp), port(8080)]),
+            member(vec![addr("10.244.1.2"), proto(Tcp), port(8081)]),
         ],
     );
     let return_mark = set(
@@ -250,8 +121,8 @@ pub fn kuport_table() -> NftTable {
         true,
         true,
         vec![
-            elem(vec![addr("10.244.18.107"), proto(Udp), ports(27015, 27115)], vec![mark(0x6b70_0001)]),
-            elem(vec![addr("10.244.1.2"), proto(Tcp), port(8080)], vec![mark(0x6b70_0002)]),
+            element(vec![addr("10.244.18.107"), proto(Udp), ports(27015, 27115)], vec![mark(0x6b70_0001)]),
+            element(vec![addr("10.244.1.2"), proto(Tcp), port(8080)], vec![mark(0x6b70_0002)]),
         ],
     );
     let ct_mark = set(
@@ -260,7 +131,10 @@ pub fn kuport_table() -> NftTable {
         &[T::Mark],
         false,
         false,
-        vec![elem(vec![ifname("enp1s0")], vec![mark(0x6b70_0001)]), elem(vec![ifname("wt0")], vec![mark(0x6b70_0002)])],
+        vec![
+            element(vec![ifname("enp1s0")], vec![mark(0x6b70_0001)]),
+            element(vec![ifname("wt0")], vec![mark(0x6b70_0002)]),
+        ],
     );
     let pre = base_chain(
         "kup-pre",
@@ -269,10 +143,10 @@ pub fn kuport_table() -> NftTable {
         -110,
         ChainPolicy::Accept,
         vec![
-            rule(vec![], vec![nat_map(NatKind::Dnat, IP, &PUBLISH_KEY, "publish_port")]),
-            rule(vec![], vec![nat_map(NatKind::Dnat, IP, &PUBLISH_KEY, "publish_range")]),
-            rule(vec![], vec![nat_map(NatKind::Dnat, IP, &KEY4, "link_port")]),
-            rule(vec![], vec![nat_map(NatKind::Dnat, IP, &KEY4, "link_range")]),
+            rule(vec![], vec![nat_to_map(NatKind::Dnat, IP, &PUBLISH_KEY, "publish_port")]),
+            rule(vec![], vec![nat_to_map(NatKind::Dnat, IP, &PUBLISH_KEY, "publish_range")]),
+            rule(vec![], vec![nat_to_map(NatKind::Dnat, IP, &KEY4, "link_port")]),
+            rule(vec![], vec![nat_to_map(NatKind::Dnat, IP, &KEY4, "link_range")]),
         ],
     );
     let post = base_chain(
@@ -283,10 +157,10 @@ pub fn kuport_table() -> NftTable {
         ChainPolicy::Accept,
         vec![
             rule(
-                vec![cmp_full(S::CtMark, CmpOp::Eq, mark(0x6b70_0000), 0xffff_0000)],
-                vec![counter(), nat_sel(NatKind::Snat, IP, S::IpSaddr)],
+                vec![compare(S::CtMark, CmpOp::Eq, mark(0x6b70_0000), 0xffff_0000)],
+                vec![counter(), nat_to_selector(NatKind::Snat, IP, S::IpSaddr)],
             ),
-            rule(vec![lookup(&[S::IpSaddr, S::L4proto, S::ThSport], "reply_claim", false)], vec![counter(), accept()]),
+            rule(vec![lookup(&[S::IpSaddr, S::L4proto, S::ThSport], "reply_claim")], vec![counter(), accept()]),
         ],
     );
     let mangle = base_chain(
@@ -297,11 +171,11 @@ pub fn kuport_table() -> NftTable {
         ChainPolicy::Accept,
         vec![
             rule(
-                vec![lookup(&KEY4, "claim", false)],
+                vec![lookup(&KEY4, "claim")],
                 vec![ct_mark_set(set_mark::From::Map(map_lookup(&[S::Iifname], "ct_mark")))],
             ),
             rule(
-                vec![cmp_full(S::CtMark, CmpOp::Eq, mark(0x6b70_0000), 0xffff_0000)],
+                vec![compare(S::CtMark, CmpOp::Eq, mark(0x6b70_0000), 0xffff_0000)],
                 vec![meta_mark_set(set_mark::From::Selector(S::CtMark as i32))],
             ),
             rule(
@@ -327,8 +201,8 @@ pub fn matches_table() -> NftTable {
     let a = |ms: Vec<NftMatch>| rule(ms, vec![accept()]);
     let ports3 = set("ports3", &[T::Ipv4Addr, T::InetProto, T::InetService], &[], false, false, vec![]);
     let pp = set("pp", &[T::InetProto, T::InetService], &[], false, false, vec![]);
-    let marks = set("marks", &[T::Mark], &[], false, false, vec![key(vec![mark(1)])]);
-    let protos = set("protos", &[T::InetProto], &[], false, false, vec![key(vec![proto(Tcp)])]);
+    let marks = set("marks", &[T::Mark], &[], false, false, vec![member(vec![mark(1)])]);
+    let protos = set("protos", &[T::InetProto], &[], false, false, vec![member(vec![proto(Tcp)])]);
     let c = chain(
         "matches",
         vec![
@@ -367,28 +241,28 @@ pub fn matches_table() -> NftTable {
             // Marks and ids.
             a(vec![eq(S::MetaMark, mark(1))]),
             a(vec![ne(S::MetaMark, mark(0x6b70_0001))]),
-            a(vec![cmp_full(S::MetaMark, CmpOp::Eq, mark(0x6b70_0000), 0xffff_0000)]),
-            a(vec![cmp_full(S::CtMark, CmpOp::Neq, mark(0x6b70_0000), 0xffff_0000)]),
-            a(vec![cmp_full(S::CtMark, CmpOp::Eq, mark(0x6b00_0000), 0xff00_ff00)]),
-            a(vec![cmp_full(S::CtMark, CmpOp::Neq, mark(0x6b00_0000), 0xff00_ff00)]),
-            a(vec![cmp_full(S::MetaMark, CmpOp::Eq, mark(1), 0xffff_ffff)]),
-            a(vec![cmp_full(S::MetaMark, CmpOp::Eq, mark(0x8000_0000), 0x8000_0000)]),
+            a(vec![compare(S::MetaMark, CmpOp::Eq, mark(0x6b70_0000), 0xffff_0000)]),
+            a(vec![compare(S::CtMark, CmpOp::Neq, mark(0x6b70_0000), 0xffff_0000)]),
+            a(vec![compare(S::CtMark, CmpOp::Eq, mark(0x6b00_0000), 0xff00_ff00)]),
+            a(vec![compare(S::CtMark, CmpOp::Neq, mark(0x6b00_0000), 0xff00_ff00)]),
+            a(vec![compare(S::MetaMark, CmpOp::Eq, mark(1), 0xffff_ffff)]),
+            a(vec![compare(S::MetaMark, CmpOp::Eq, mark(0x8000_0000), 0x8000_0000)]),
             a(vec![eq(S::CtMark, mark(0))]),
             a(vec![eq(S::MetaSkuid, id(1000))]),
             a(vec![ne(S::MetaSkuid, id(0))]),
             a(vec![eq(S::MetaSkgid, id(100))]),
             // Lookups.
-            a(vec![lookup(&[S::MetaMark], "marks", false)]),
-            a(vec![lookup(&[S::L4proto], "protos", true)]),
-            a(vec![lookup(&[S::IpDaddr, S::L4proto, S::ThDport], "ports3", false)]),
-            a(vec![lookup(&[S::IpSaddr, S::L4proto, S::TcpDport], "ports3", true)]),
-            a(vec![eq(S::L4proto, proto(Tcp)), lookup(&[S::IpDaddr, S::L4proto, S::ThDport], "ports3", false)]),
-            a(vec![eq(S::L4proto, proto(Udp)), lookup(&[S::L4proto, S::ThDport], "pp", false)]),
+            a(vec![lookup(&[S::MetaMark], "marks")]),
+            a(vec![not_lookup(&[S::L4proto], "protos")]),
+            a(vec![lookup(&[S::IpDaddr, S::L4proto, S::ThDport], "ports3")]),
+            a(vec![not_lookup(&[S::IpSaddr, S::L4proto, S::TcpDport], "ports3")]),
+            a(vec![eq(S::L4proto, proto(Tcp)), lookup(&[S::IpDaddr, S::L4proto, S::ThDport], "ports3")]),
+            a(vec![eq(S::L4proto, proto(Udp)), lookup(&[S::L4proto, S::ThDport], "pp")]),
             // Verdicts and regular chains.
             rule(vec![eq(S::Iifname, ifname("eth1"))], vec![counter()]),
             rule(vec![], vec![counter(), accept()]),
-            rule(vec![eq(S::Iifname, ifname("eth2"))], vec![verdict(VerdictKind::Jump, "sub")]),
-            rule(vec![eq(S::Iifname, ifname("eth3"))], vec![verdict(VerdictKind::Goto, "sub")]),
+            rule(vec![eq(S::Iifname, ifname("eth2"))], vec![jump("sub")]),
+            rule(vec![eq(S::Iifname, ifname("eth3"))], vec![goto("sub")]),
             rule(vec![], vec![counter(), drop()]),
         ],
     );
@@ -406,7 +280,7 @@ pub fn matches_table() -> NftTable {
         Hook::Input,
         0,
         ChainPolicy::Drop,
-        vec![rule(vec![], vec![verdict(VerdictKind::Jump, "matches")])],
+        vec![rule(vec![], vec![jump("matches")])],
     );
     table(IP, "vocab_matches", vec![ports3, pp, marks, protos], vec![c, sub, empty, input])
 }
@@ -422,7 +296,7 @@ pub fn statements_table() -> NftTable {
         &[T::Ipv4Addr],
         false,
         false,
-        vec![elem(vec![port(80)], vec![addr("10.0.0.1")])],
+        vec![element(vec![port(80)], vec![addr("10.0.0.1")])],
     );
     let by_key =
         set("by_key", &[T::Ifname, T::InetProto, T::InetService], &[T::Ipv4Addr, T::InetService], false, false, vec![]);
@@ -432,7 +306,7 @@ pub fn statements_table() -> NftTable {
         &[T::InetService],
         false,
         false,
-        vec![elem(vec![proto(Tcp), port(80)], vec![port(8080)])],
+        vec![element(vec![proto(Tcp), port(80)], vec![port(8080)])],
     );
     let mark_by_if = set(
         "mark_by_if",
@@ -441,9 +315,9 @@ pub fn statements_table() -> NftTable {
         false,
         false,
         vec![
-            elem(vec![ifname("eth0"), addr("10.0.0.1")], vec![mark(1)]),
-            elem(vec![ifname("eth0"), addr("10.0.0.2")], vec![mark(2)]),
-            elem(vec![ifname("wt0"), addr("10.0.0.1")], vec![mark(3)]),
+            element(vec![ifname("eth0"), addr("10.0.0.1")], vec![mark(1)]),
+            element(vec![ifname("eth0"), addr("10.0.0.2")], vec![mark(2)]),
+            element(vec![ifname("wt0"), addr("10.0.0.1")], vec![mark(3)]),
         ],
     );
     let mark_by_port = set("mark_by_port", &[T::InetService], &[T::Mark], false, false, vec![]);
@@ -454,20 +328,20 @@ pub fn statements_table() -> NftTable {
         -100,
         ChainPolicy::Accept,
         vec![
-            rule(vec![], vec![nat_to(Dnat, IP, "10.0.0.1", None)]),
-            rule(vec![tcp()], vec![nat_to(Dnat, IP, "10.0.0.1", Some((80, 80)))]),
-            rule(vec![tcp()], vec![nat_to(Dnat, IP, "10.0.0.1", Some((80, 90)))]),
-            rule(vec![tcp()], vec![nat_to(Dnat, IP, "", Some((80, 80)))]),
-            rule(vec![eq(S::UdpDport, port(53))], vec![nat_to(Dnat, IP, "", Some((5300, 5310)))]),
-            rule(vec![], vec![nat_sel(Dnat, IP, S::IpDaddr)]),
-            rule(vec![], vec![nat_map(Dnat, IP, &[S::ThDport], "by_port")]),
-            rule(vec![tcp()], vec![nat_map(Dnat, IP, &[S::ThDport], "by_port")]),
-            rule(vec![], vec![nat_map(Dnat, IP, &[S::TcpDport], "by_port")]),
-            rule(vec![tcp()], vec![counter(), nat_map(Dnat, IP, &[S::ThDport], "by_port")]),
-            rule(vec![], vec![nat_map(Dnat, IP, &[S::Iifname, S::L4proto, S::ThDport], "by_key")]),
-            rule(vec![tcp()], vec![redirect_port(8080, 8080)]),
-            rule(vec![eq(S::TcpDport, port(80))], vec![redirect_port(8080, 8090)]),
-            rule(vec![tcp()], vec![redirect_map(&[S::L4proto, S::ThDport], "redir")]),
+            rule(vec![], vec![nat_to_addr(Dnat, IP, "10.0.0.1", None)]),
+            rule(vec![tcp()], vec![nat_to_addr(Dnat, IP, "10.0.0.1", Some(port_range(80, 80)))]),
+            rule(vec![tcp()], vec![nat_to_addr(Dnat, IP, "10.0.0.1", Some(port_range(80, 90)))]),
+            rule(vec![tcp()], vec![nat_to_addr(Dnat, IP, "", Some(port_range(80, 80)))]),
+            rule(vec![eq(S::UdpDport, port(53))], vec![nat_to_addr(Dnat, IP, "", Some(port_range(5300, 5310)))]),
+            rule(vec![], vec![nat_to_selector(Dnat, IP, S::IpDaddr)]),
+            rule(vec![], vec![nat_to_map(Dnat, IP, &[S::ThDport], "by_port")]),
+            rule(vec![tcp()], vec![nat_to_map(Dnat, IP, &[S::ThDport], "by_port")]),
+            rule(vec![], vec![nat_to_map(Dnat, IP, &[S::TcpDport], "by_port")]),
+            rule(vec![tcp()], vec![counter(), nat_to_map(Dnat, IP, &[S::ThDport], "by_port")]),
+            rule(vec![], vec![nat_to_map(Dnat, IP, &[S::Iifname, S::L4proto, S::ThDport], "by_key")]),
+            rule(vec![tcp()], vec![redirect_to_port(8080, 8080)]),
+            rule(vec![eq(S::TcpDport, port(80))], vec![redirect_to_port(8080, 8090)]),
+            rule(vec![tcp()], vec![redirect_to_map(&[S::L4proto, S::ThDport], "redir")]),
         ],
     );
     let post = base_chain(
@@ -477,9 +351,9 @@ pub fn statements_table() -> NftTable {
         110,
         ChainPolicy::Accept,
         vec![
-            rule(vec![], vec![nat_to(Snat, IP, "10.0.0.1", None)]),
-            rule(vec![tcp()], vec![nat_to(Snat, IP, "10.0.0.1", Some((1000, 2000)))]),
-            rule(vec![], vec![nat_sel(Snat, IP, S::IpSaddr)]),
+            rule(vec![], vec![nat_to_addr(Snat, IP, "10.0.0.1", None)]),
+            rule(vec![tcp()], vec![nat_to_addr(Snat, IP, "10.0.0.1", Some(port_range(1000, 2000)))]),
+            rule(vec![], vec![nat_to_selector(Snat, IP, S::IpSaddr)]),
         ],
     );
     let marks = base_chain(
@@ -527,10 +401,10 @@ pub fn statements_table() -> NftTable {
 /// Element order and line wrapping for every key type, interval or not.
 pub fn sets_table() -> NftTable {
     let addrs4: Vec<_> =
-        [9, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12].iter().map(|i| key(vec![addr(&format!("10.0.0.{i}"))])).collect();
-    let services: Vec<_> = (1..=12).rev().map(|p| key(vec![port(p * 100)])).collect();
-    let marks: Vec<_> = [7, 0x6b70_0001, 1, 2, 3, 0x100, 5].iter().map(|m| key(vec![mark(*m)])).collect();
-    let ifnames: Vec<_> = ["eth0", "wt0", "enp1s0", "a", "lo"].iter().map(|n| key(vec![ifname(n)])).collect();
+        [9, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12].iter().map(|i| member(vec![addr(format!("10.0.0.{i}"))])).collect();
+    let services: Vec<_> = (1..=12).rev().map(|p| member(vec![port(p * 100)])).collect();
+    let marks: Vec<_> = [7, 0x6b70_0001, 1, 2, 3, 0x100, 5].iter().map(|m| member(vec![mark(*m)])).collect();
+    let ifnames: Vec<_> = ["eth0", "wt0", "enp1s0", "a", "lo"].iter().map(|n| member(vec![ifname(n)])).collect();
     let ifnames_i = ifnames.clone();
     table(
         IP,
@@ -544,11 +418,11 @@ pub fn sets_table() -> NftTable {
                 true,
                 true,
                 vec![
-                    key(vec![addr("192.168.0.0/24")]),
-                    key(vec![addr("10.0.0.9")]),
-                    key(vec![addr("10.1.2.3/16")]),
-                    key(vec![addr("10.0.0.1/32")]),
-                    key(vec![addr("10.3.0.0/31")]),
+                    member(vec![addr("192.168.0.0/24")]),
+                    member(vec![addr("10.0.0.9")]),
+                    member(vec![addr("10.1.2.3/16")]),
+                    member(vec![addr("10.0.0.1/32")]),
+                    member(vec![addr("10.3.0.0/31")]),
                 ],
             ),
             set("svc", &[T::InetService], &[], false, false, services),
@@ -559,16 +433,16 @@ pub fn sets_table() -> NftTable {
                 true,
                 false,
                 vec![
-                    key(vec![port(8080)]),
-                    key(vec![ports(1024, 2047)]),
-                    key(vec![ports(0, 79)]),
-                    key(vec![port(81)]),
-                    key(vec![ports(27015, 27115)]),
-                    key(vec![ports(3000, 3001)]),
+                    member(vec![port(8080)]),
+                    member(vec![ports(1024, 2047)]),
+                    member(vec![ports(0, 79)]),
+                    member(vec![port(81)]),
+                    member(vec![ports(27015, 27115)]),
+                    member(vec![ports(3000, 3001)]),
                 ],
             ),
             set("marks", &[T::Mark], &[], false, true, marks),
-            set("protos", &[T::InetProto], &[], false, false, vec![key(vec![proto(Udp)]), key(vec![proto(Tcp)])]),
+            set("protos", &[T::InetProto], &[], false, false, vec![member(vec![proto(Udp)]), member(vec![proto(Tcp)])]),
             set("ifs", &[T::Ifname], &[], false, false, ifnames),
             set("ifsi", &[T::Ifname], &[], true, false, ifnames_i),
             set(
@@ -578,19 +452,19 @@ pub fn sets_table() -> NftTable {
                 true,
                 true,
                 vec![
-                    elem(vec![addr("192.168.0.0/16")], vec![mark(0x6b70_0000)]),
-                    elem(vec![addr("10.0.0.0/8")], vec![mark(1)]),
-                    elem(vec![addr("9.0.0.1")], vec![mark(2)]),
+                    element(vec![addr("192.168.0.0/16")], vec![mark(0x6b70_0000)]),
+                    element(vec![addr("10.0.0.0/8")], vec![mark(1)]),
+                    element(vec![addr("9.0.0.1")], vec![mark(2)]),
                 ],
             ),
-            set("mark_map", &[T::Mark], &[T::Mark], false, false, vec![elem(vec![mark(1)], vec![mark(2)])]),
+            set("mark_map", &[T::Mark], &[T::Mark], false, false, vec![element(vec![mark(1)], vec![mark(2)])]),
             set(
                 "port_map",
                 &[T::InetService],
                 &[T::Ipv4Addr],
                 false,
                 false,
-                vec![elem(vec![port(443)], vec![addr("10.0.0.2")]), elem(vec![port(80)], vec![addr("10.0.0.1")])],
+                vec![element(vec![port(443)], vec![addr("10.0.0.2")]), element(vec![port(80)], vec![addr("10.0.0.1")])],
             ),
             set(
                 "triples",
@@ -599,12 +473,12 @@ pub fn sets_table() -> NftTable {
                 false,
                 false,
                 vec![
-                    key(vec![addr("10.0.0.2"), proto(Tcp), port(80)]),
-                    key(vec![addr("10.0.0.1"), proto(Tcp), port(80)]),
-                    key(vec![addr("10.0.0.1"), proto(Udp), port(80)]),
-                    key(vec![addr("10.0.0.1"), proto(Tcp), port(81)]),
-                    key(vec![addr("9.0.0.1"), proto(Tcp), port(256)]),
-                    key(vec![addr("10.0.0.1"), proto(Tcp), port(1)]),
+                    member(vec![addr("10.0.0.2"), proto(Tcp), port(80)]),
+                    member(vec![addr("10.0.0.1"), proto(Tcp), port(80)]),
+                    member(vec![addr("10.0.0.1"), proto(Udp), port(80)]),
+                    member(vec![addr("10.0.0.1"), proto(Tcp), port(81)]),
+                    member(vec![addr("9.0.0.1"), proto(Tcp), port(256)]),
+                    member(vec![addr("10.0.0.1"), proto(Tcp), port(1)]),
                 ],
             ),
             set(
@@ -614,10 +488,10 @@ pub fn sets_table() -> NftTable {
                 true,
                 false,
                 vec![
-                    key(vec![addr("10.0.0.0/24"), ports(1024, 2047)]),
-                    key(vec![addr("10.0.0.1"), ports(0, 65535)]),
-                    key(vec![addr("10.9.0.0/16"), port(5)]),
-                    key(vec![addr("10.0.0.7/8"), port(6)]),
+                    member(vec![addr("10.0.0.0/24"), ports(1024, 2047)]),
+                    member(vec![addr("10.0.0.1"), ports(0, 65535)]),
+                    member(vec![addr("10.9.0.0/16"), port(5)]),
+                    member(vec![addr("10.0.0.7/8"), port(6)]),
                 ],
             ),
             set(
@@ -627,9 +501,9 @@ pub fn sets_table() -> NftTable {
                 false,
                 true,
                 vec![
-                    key(vec![ifname("eth0"), mark(2)]),
-                    key(vec![ifname("eth0"), mark(0x100)]),
-                    key(vec![ifname("eth1"), mark(1)]),
+                    member(vec![ifname("eth0"), mark(2)]),
+                    member(vec![ifname("eth0"), mark(0x100)]),
+                    member(vec![ifname("eth1"), mark(1)]),
                 ],
             ),
             set("empty", &[T::Ipv4Addr], &[], false, false, vec![]),
@@ -654,10 +528,10 @@ pub fn ip6_table() -> NftTable {
                 false,
                 false,
                 vec![
-                    key(vec![addr("fd00::3")]),
-                    key(vec![addr("fd00::1")]),
-                    key(vec![addr("::1")]),
-                    key(vec![addr("fd00::2")]),
+                    member(vec![addr("fd00::3")]),
+                    member(vec![addr("fd00::1")]),
+                    member(vec![addr("::1")]),
+                    member(vec![addr("fd00::2")]),
                 ],
             ),
             set(
@@ -666,7 +540,11 @@ pub fn ip6_table() -> NftTable {
                 &[],
                 true,
                 false,
-                vec![key(vec![addr("fd00::1/64")]), key(vec![addr("::ffff:1.2.3.4")]), key(vec![addr("fd01::5/128")])],
+                vec![
+                    member(vec![addr("fd00::1/64")]),
+                    member(vec![addr("::ffff:1.2.3.4")]),
+                    member(vec![addr("fd01::5/128")]),
+                ],
             ),
             set(
                 "pub6",
@@ -674,7 +552,7 @@ pub fn ip6_table() -> NftTable {
                 &[T::Ipv6Addr, T::InetService],
                 false,
                 true,
-                vec![elem(vec![ifname("eth0"), proto(Tcp), port(80)], vec![addr("fd00::10"), port(8080)])],
+                vec![element(vec![ifname("eth0"), proto(Tcp), port(80)], vec![addr("fd00::10"), port(8080)])],
             ),
             set("by_if6", &[T::Ifname], &[T::Ipv6Addr], false, false, vec![]),
             set(
@@ -683,7 +561,7 @@ pub fn ip6_table() -> NftTable {
                 &[],
                 true,
                 false,
-                vec![key(vec![addr("fd00::/64"), proto(Udp), ports(27015, 27115)])],
+                vec![member(vec![addr("fd00::/64"), proto(Udp), ports(27015, 27115)])],
             ),
         ],
         vec![
@@ -694,15 +572,15 @@ pub fn ip6_table() -> NftTable {
                 -90,
                 ChainPolicy::Accept,
                 vec![
-                    rule(vec![eq(S::Ip6Saddr, addr("fd00::1/64"))], vec![nat_to(Dnat, IP6, "fd00::1", None)]),
+                    rule(vec![eq(S::Ip6Saddr, addr("fd00::1/64"))], vec![nat_to_addr(Dnat, IP6, "fd00::1", None)]),
                     rule(
                         vec![eq(S::Ip6Daddr, addr("fd00::5/128")), eq(S::L4proto, proto(Tcp))],
-                        vec![nat_to(Dnat, IP6, "fd00::1", Some((80, 90)))],
+                        vec![nat_to_addr(Dnat, IP6, "fd00::1", Some(port_range(80, 90)))],
                     ),
-                    rule(vec![], vec![nat_map(Dnat, IP6, &[S::Iifname, S::L4proto, S::ThDport], "pub6")]),
-                    rule(vec![], vec![nat_map(Dnat, IP6, &[S::Iifname], "by_if6")]),
-                    rule(vec![ne(S::Ip6Daddr, addr("::ffff:1.2.3.4"))], vec![nat_sel(Dnat, IP6, S::Ip6Daddr)]),
-                    rule(vec![lookup(&[S::Ip6Daddr, S::L4proto, S::ThDport], "claim6", false)], vec![accept()]),
+                    rule(vec![], vec![nat_to_map(Dnat, IP6, &[S::Iifname, S::L4proto, S::ThDport], "pub6")]),
+                    rule(vec![], vec![nat_to_map(Dnat, IP6, &[S::Iifname], "by_if6")]),
+                    rule(vec![ne(S::Ip6Daddr, addr("::ffff:1.2.3.4"))], vec![nat_to_selector(Dnat, IP6, S::Ip6Daddr)]),
+                    rule(vec![lookup(&[S::Ip6Daddr, S::L4proto, S::ThDport], "claim6")], vec![accept()]),
                 ],
             ),
             base_chain(
@@ -711,7 +589,7 @@ pub fn ip6_table() -> NftTable {
                 Hook::Postrouting,
                 100,
                 ChainPolicy::Accept,
-                vec![rule(vec![eq(S::Ip6Saddr, addr("fd00::1"))], vec![nat_sel(Snat, IP6, S::Ip6Saddr)])],
+                vec![rule(vec![eq(S::Ip6Saddr, addr("fd00::1"))], vec![nat_to_selector(Snat, IP6, S::Ip6Saddr)])],
             ),
         ],
     )
@@ -748,7 +626,7 @@ pub fn inet_table() -> NftTable {
                     rule(vec![eq(S::Ip6Saddr, addr("fd00::1")), eq(S::Ip6Daddr, addr("fd00::/64"))], vec![accept()]),
                     rule(vec![eq(S::L4proto, proto(Tcp)), eq(S::ThDport, port(80))], vec![accept()]),
                     rule(
-                        vec![eq(S::L4proto, proto(Tcp)), lookup(&[S::Ip6Daddr, S::L4proto, S::ThDport], "s6", false)],
+                        vec![eq(S::L4proto, proto(Tcp)), lookup(&[S::Ip6Daddr, S::L4proto, S::ThDport], "s6")],
                         vec![accept()],
                     ),
                     rule(vec![eq(S::Iifname, ifname("x")), eq(S::IpSaddr, addr("1.1.1.1"))], vec![drop()]),
@@ -761,14 +639,20 @@ pub fn inet_table() -> NftTable {
                 -100,
                 ChainPolicy::Accept,
                 vec![
-                    rule(vec![], vec![nat_to(Dnat, IP, "10.0.0.1", None)]),
-                    rule(vec![], vec![nat_to(Dnat, IP6, "fd00::1", None)]),
-                    rule(vec![eq(S::L4proto, proto(Tcp))], vec![nat_to(Dnat, IP, "10.0.0.1", Some((80, 80)))]),
-                    rule(vec![eq(S::L4proto, proto(Tcp))], vec![nat_to(Dnat, IP6, "fd00::1", Some((80, 90)))]),
-                    rule(vec![eq(S::L4proto, proto(Tcp))], vec![nat_to(Dnat, IP, "", Some((80, 80)))]),
-                    rule(vec![], vec![nat_map(Dnat, IP, &[S::Iifname, S::L4proto, S::ThDport], "pub4")]),
-                    rule(vec![], vec![nat_map(Dnat, IP, &[S::Iifname], "a4")]),
-                    rule(vec![], vec![nat_sel(Dnat, IP, S::IpDaddr)]),
+                    rule(vec![], vec![nat_to_addr(Dnat, IP, "10.0.0.1", None)]),
+                    rule(vec![], vec![nat_to_addr(Dnat, IP6, "fd00::1", None)]),
+                    rule(
+                        vec![eq(S::L4proto, proto(Tcp))],
+                        vec![nat_to_addr(Dnat, IP, "10.0.0.1", Some(port_range(80, 80)))],
+                    ),
+                    rule(
+                        vec![eq(S::L4proto, proto(Tcp))],
+                        vec![nat_to_addr(Dnat, IP6, "fd00::1", Some(port_range(80, 90)))],
+                    ),
+                    rule(vec![eq(S::L4proto, proto(Tcp))], vec![nat_to_addr(Dnat, IP, "", Some(port_range(80, 80)))]),
+                    rule(vec![], vec![nat_to_map(Dnat, IP, &[S::Iifname, S::L4proto, S::ThDport], "pub4")]),
+                    rule(vec![], vec![nat_to_map(Dnat, IP, &[S::Iifname], "a4")]),
+                    rule(vec![], vec![nat_to_selector(Dnat, IP, S::IpDaddr)]),
                 ],
             ),
             base_chain(
@@ -778,8 +662,8 @@ pub fn inet_table() -> NftTable {
                 100,
                 ChainPolicy::Accept,
                 vec![
-                    rule(vec![], vec![nat_sel(Snat, IP, S::IpSaddr)]),
-                    rule(vec![], vec![nat_sel(Snat, IP6, S::Ip6Saddr)]),
+                    rule(vec![], vec![nat_to_selector(Snat, IP, S::IpSaddr)]),
+                    rule(vec![], vec![nat_to_selector(Snat, IP6, S::Ip6Saddr)]),
                 ],
             ),
         ],

@@ -1,0 +1,279 @@
+//! The port-map capability's resources: PortMapClass (which nodes accept, how replies return)
+//! and PortMap (one port or range, delivered to one pod behind a Service). docs/portmap/modes.md
+//! describes the serving modes and return paths these fields select.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Default first VNI of a class: VNI = base + slot.
+pub const DEFAULT_VNI_BASE: u32 = 4200;
+/// Default UDP port of kuport's VXLAN links; never the CNI's (Cilium uses 8472).
+pub const DEFAULT_VXLAN_PORT: u16 = 4790;
+/// Default subnet from which each node pair takes one /31.
+pub const DEFAULT_LINK_SUBNET: &str = "169.254.77.0/24";
+
+/// Which nodes accept a class's traffic and how it is carried to the pod.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kuport.wlz.li",
+    version = "v1alpha1",
+    kind = "PortMapClass",
+    shortname = "pmc",
+    status = "PortMapClassStatus",
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.servingMode"}"#,
+    printcolumn = r#"{"name":"ReturnPath","type":"string","jsonPath":".spec.returnPath.mode"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapClassSpec {
+    /// Accepting nodes by name, each with the interfaces it accepts on.
+    pub nodes: BTreeMap<String, ClassNode>,
+    /// Single (default): one serving node carries a mapping. Multi: every accepting node does.
+    #[serde(default)]
+    pub serving_mode: ServingMode,
+    /// The ports mappings of this class may publish.
+    #[serde(default)]
+    pub ports: PortPolicy,
+    /// Namespaces whose PortMaps may use this class; absent selects every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// How a reply returns when the pod is not on the node that accepted the request.
+    #[serde(default)]
+    pub return_path: ReturnPath,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassNode {
+    /// Interface names that accept traffic, such as enp1s0 or wt0.
+    pub interfaces: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ServingMode {
+    #[default]
+    Single,
+    Multi,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortPolicy {
+    #[serde(default = "default_min_port")]
+    pub min: u16,
+    #[serde(default = "default_max_port")]
+    pub max: u16,
+    /// Ports no mapping may publish, even inside min..max.
+    #[serde(default)]
+    pub reserved: Vec<u16>,
+}
+
+fn default_min_port() -> u16 {
+    1
+}
+fn default_max_port() -> u16 {
+    65535
+}
+
+impl Default for PortPolicy {
+    fn default() -> Self {
+        Self { min: default_min_port(), max: default_max_port(), reserved: Vec::new() }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReturnPath {
+    #[serde(default)]
+    pub mode: ReturnPathMode,
+    #[serde(default)]
+    pub vxlan: VxlanSpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ReturnPathMode {
+    /// Build a VXLAN link from each programming node that lacks the pod to the pod's node.
+    #[default]
+    Vxlan,
+    /// Build no link; refuse any mapping that would need one.
+    None,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VxlanSpec {
+    /// The first VNI; a link's VNI is this plus its slot.
+    #[serde(default = "default_vni")]
+    pub vni: u32,
+    /// The links' UDP port; must differ from the CNI's (8472 for Cilium).
+    #[serde(default = "default_vxlan_port")]
+    #[x_kube(validation = Rule::new("self != 8472").message("port 8472 is the CNI's VXLAN port (Cilium); choose another"))]
+    pub port: u16,
+    /// IPv4 subnet from which each node pair takes one /31.
+    #[serde(default = "default_subnet")]
+    #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self).prefixLength() <= 30").message("subnet must be an IPv4 CIDR with room for at least one /31 link (prefix length 30 or shorter)"))]
+    pub subnet: String,
+}
+
+fn default_vni() -> u32 {
+    DEFAULT_VNI_BASE
+}
+fn default_vxlan_port() -> u16 {
+    DEFAULT_VXLAN_PORT
+}
+fn default_subnet() -> String {
+    DEFAULT_LINK_SUBNET.to_string()
+}
+
+impl Default for VxlanSpec {
+    fn default() -> Self {
+        Self { vni: default_vni(), port: default_vxlan_port(), subnet: default_subnet() }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapClassStatus {
+    /// Link slots claimed by node pairs. A slot never changes while its pair uses it.
+    #[serde(default)]
+    pub links: Vec<LinkSlot>,
+    /// What the class knows of each node it involves, so a new leader computes the same MTUs.
+    #[serde(default)]
+    pub nodes: Vec<ClassNodeStatus>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkSlot {
+    /// The two node names, sorted.
+    pub pair: Vec<String>,
+    pub slot: u32,
+    /// The pair's /31: the first node of `pair` takes the lower address.
+    pub subnet: String,
+    /// Set once no mapping uses the link; the slot is released 24 h later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unused_since: Option<Time>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassNodeStatus {
+    pub name: String,
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub underlay_address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub underlay_mtu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_mtu: Option<u32>,
+    /// Addresses of the node's accepting interfaces.
+    #[serde(default)]
+    pub addresses: Vec<InterfaceAddress>,
+    /// Which of the class's interfaces the node's executor reported having, once it reported:
+    /// a new leader decides NoInterfaceOnNode from this until the executor reconnects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interfaces: Option<Vec<String>>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceAddress {
+    pub interface: String,
+    pub address: String,
+}
+
+/// Publishes a port or port range and delivers it to one pod behind a Service.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[kube(
+    group = "kuport.wlz.li",
+    version = "v1alpha1",
+    kind = "PortMap",
+    namespaced,
+    shortname = "pm",
+    status = "PortMapStatus",
+    printcolumn = r#"{"name":"Class","type":"string","jsonPath":".spec.className"}"#,
+    printcolumn = r#"{"name":"Protocol","type":"string","jsonPath":".spec.protocol"}"#,
+    printcolumn = r#"{"name":"Port","type":"integer","jsonPath":".spec.port"}"#,
+    printcolumn = r#"{"name":"End","type":"integer","jsonPath":".spec.endPort"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.endpoint.node"}"#,
+    printcolumn = r#"{"name":"Programmed","type":"string","jsonPath":".status.conditions[?(@.type==\"Programmed\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Published","type":"string","priority":1,"jsonPath":".status.published[*].address"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Programmed\")].reason"}"#
+)]
+#[x_kube(validation = Rule::new("!has(self.endPort) || self.endPort >= self.port").message("endPort must not be below port"))]
+#[x_kube(validation = Rule::new("has(self.endPort) == has(oldSelf.endPort) && (!has(self.endPort) || self.endPort == oldSelf.endPort)").message("endPort is immutable: delete and recreate the PortMap"))]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapSpec {
+    #[x_kube(validation = Rule::new("self == oldSelf").message("className is immutable: delete and recreate the PortMap"))]
+    pub class_name: String,
+    #[x_kube(validation = Rule::new("self == oldSelf").message("protocol is immutable: delete and recreate the PortMap"))]
+    pub protocol: Protocol,
+    /// The published port, or the first of a range.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("port is immutable: delete and recreate the PortMap"))]
+    pub port: u16,
+    /// The last port of an inclusive range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_port: Option<u16>,
+    /// Narrows the class's interfaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interfaces: Option<Vec<String>>,
+    pub service_ref: ServiceRef,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+pub enum Protocol {
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceRef {
+    pub name: String,
+    /// The Service port's name; may be omitted when the Service has one port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The one pod that receives the traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<EndpointStatus>,
+    /// Where clients can dial the mapping.
+    #[serde(default)]
+    pub published: Vec<PublishedAddress>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointStatus {
+    pub node: String,
+    pub address: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishedAddress {
+    pub node: String,
+    pub interface: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub address: String,
+}

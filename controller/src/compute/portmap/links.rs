@@ -1,0 +1,299 @@
+//! VXLAN links between node pairs: slots, and every number derived from a slot
+//! (docs/portmap/links.md).
+//!
+//! A slot is claimed in the class's status the first time a pair needs a link and never changes
+//! while the pair uses it. A link's slot is a slot of both its nodes, drawn from the node-scoped
+//! allocator ([`numbers`]), which makes its mark and routing table unique on each node; its VNI
+//! and /31 are checked unique per node here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use sha2::{Digest, Sha256};
+
+use super::status::reason;
+use crate::api::{LinkSlot, PortMapClass};
+use crate::compute::Settings;
+use crate::compute::numbers::{self, MAX_SLOT, Numbers, Runs, Slot};
+
+/// Bytes VXLAN adds: outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14.
+pub const VXLAN_OVERHEAD: u32 = 50;
+/// The outer header's TTL.
+pub const VXLAN_TTL: u32 = 64;
+/// The highest VNI (24 bits).
+pub const MAX_VNI: u32 = 0x00ff_ffff;
+/// An unused pair keeps its slot this long, so a pod moving back finds the same numbers.
+pub const RELEASE_AFTER_SECONDS: i64 = 24 * 60 * 60;
+
+/// A class's link settings, checked.
+#[derive(Clone, Debug)]
+pub struct ClassVxlan {
+    pub vni: u32,
+    pub port: u16,
+    pub subnet: Ipv4Net,
+}
+
+/// Checks a class's spec.returnPath.vxlan. The error is (reason, message).
+pub fn class_vxlan(class: &PortMapClass, settings: &Settings) -> Result<ClassVxlan, (&'static str, String)> {
+    let v = &class.spec.return_path.vxlan;
+    let subnet: Ipv4Net = v.subnet.parse().map_err(|_| {
+        (reason::INVALID_SUBNET, format!("spec.returnPath.vxlan.subnet: {:?} is not an IPv4 prefix", v.subnet))
+    })?;
+    if subnet.prefix_len() > 30 {
+        return Err((
+            reason::INVALID_SUBNET,
+            format!("spec.returnPath.vxlan.subnet: {subnet} has no room for a /31 besides slot 0, which is never used"),
+        ));
+    }
+    if v.port == settings.cni_vxlan_port || v.port == 0 {
+        return Err((
+            reason::VXLAN_PORT_CONFLICT,
+            format!("spec.returnPath.vxlan.port: {} is the CNI's VXLAN port; choose another", v.port),
+        ));
+    }
+    if v.vni == 0 || v.vni > MAX_VNI {
+        return Err((
+            reason::INVALID_VNI,
+            format!("spec.returnPath.vxlan.vni: {} is not between 1 and {MAX_VNI}", v.vni),
+        ));
+    }
+    Ok(ClassVxlan {
+        vni: v.vni,
+        port: v.port,
+        subnet: Ipv4Net::new(subnet.network(), subnet.prefix_len()).unwrap_or(subnet),
+    })
+}
+
+/// A link: one class, one node pair (sorted).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LinkKey {
+    pub class: String,
+    pub pair: (String, String),
+}
+
+impl LinkKey {
+    pub fn new(class: &str, a: &str, b: &str) -> Self {
+        let pair = if a <= b { (a.to_string(), b.to_string()) } else { (b.to_string(), a.to_string()) };
+        LinkKey { class: class.to_string(), pair }
+    }
+
+    pub fn peer_of(&self, node: &str) -> &str {
+        if self.pair.0 == node { &self.pair.1 } else { &self.pair.0 }
+    }
+}
+
+/// The numbers of one link, the same at both ends.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LinkNumbers {
+    pub slot: u32,
+    pub vni: u32,
+    pub port: u16,
+    /// The pair's /31; the first node of the pair takes the lower address.
+    pub net: Ipv4Net,
+}
+
+impl LinkNumbers {
+    pub fn mark(&self) -> u32 {
+        Slot(self.slot).mark()
+    }
+
+    pub fn table(&self) -> u32 {
+        Slot(self.slot).table()
+    }
+
+    /// The link address of `node` on link `key`.
+    pub fn address_of(&self, key: &LinkKey, node: &str) -> Ipv4Addr {
+        let low = self.net.network();
+        if key.pair.0 == node { low } else { Ipv4Addr::from(u32::from(low) + 1) }
+    }
+}
+
+/// The device name of a link on one node: kup- and 8 hex digits of sha256 over the class and
+/// the peer, so two classes over one node pair never collide.
+pub fn device_name(class: &str, peer: &str) -> String {
+    let digest = Sha256::digest(format!("{class}/{peer}").as_bytes());
+    format!("kup-{}", &hex::encode(digest)[..8])
+}
+
+/// The slot claims after this pass.
+#[derive(Debug, Default)]
+pub struct Allocation {
+    /// Numbers for every link that is needed now, or why it cannot be built.
+    pub needed: BTreeMap<LinkKey, Result<LinkNumbers, (&'static str, String)>>,
+    /// Each class's status rows: links in use, and unused ones still held.
+    pub rows: BTreeMap<String, Vec<LinkSlot>>,
+}
+
+/// The VNIs and /31s one node's links already use, across classes (their slots are in the
+/// node's [`Numbers`]).
+#[derive(Default)]
+struct NodeUse {
+    vnis: BTreeSet<u32>,
+    /// The /31s (and /32s) in use, by their /31's network address: a candidate /31 overlaps
+    /// one of them exactly when the address is the same.
+    nets31: BTreeSet<u32>,
+    /// Wider subnets (only from hand-edited status rows): checked one by one.
+    wider: Vec<Ipv4Net>,
+}
+
+impl NodeUse {
+    fn add_net(&mut self, net: Ipv4Net) {
+        if net.prefix_len() >= 31 {
+            self.nets31.insert(u32::from(net.network()) & !1);
+        } else {
+            self.wider.push(net);
+        }
+    }
+
+    fn net_free(&self, net: &Ipv4Net) -> bool {
+        !self.nets31.contains(&u32::from(net.network()))
+            && !self.wider.iter().any(|n| n.contains(net) || net.contains(n))
+    }
+}
+
+/// Keeps existing claims, releases those unused for a day, and claims slots for new links,
+/// taking each link's slot on both its nodes in `numbers`.
+pub fn allocate(
+    classes: &BTreeMap<String, &PortMapClass>,
+    vxlan: &BTreeMap<String, Result<ClassVxlan, (&'static str, String)>>,
+    needed: &BTreeSet<LinkKey>,
+    now: Timestamp,
+    numbers: &mut Numbers,
+) -> Allocation {
+    let mut alloc = Allocation::default();
+    let mut per_node: BTreeMap<String, NodeUse> = BTreeMap::new();
+    let mut class_slots: BTreeMap<String, Runs> = BTreeMap::new();
+    let mut existing: BTreeMap<LinkKey, LinkNumbers> = BTreeMap::new();
+
+    for (name, class) in classes {
+        let mut rows: Vec<&LinkSlot> = class.status.iter().flat_map(|s| &s.links).collect();
+        rows.sort_by_key(|r| r.slot);
+        for row in rows {
+            let [a, b] = row.pair.as_slice() else { continue };
+            let key = LinkKey::new(name, a, b);
+            let Ok(net) = row.subnet.parse::<Ipv4Net>() else { continue };
+            if existing.contains_key(&key) || row.slot == 0 {
+                continue;
+            }
+            let unused_since = if needed.contains(&key) {
+                None
+            } else {
+                let since = row.unused_since.as_ref().map(|t| t.0).unwrap_or(now);
+                if now.as_second() - since.as_second() >= RELEASE_AFTER_SECONDS {
+                    continue;
+                }
+                Some(Time(since))
+            };
+            let base = vxlan
+                .get(name)
+                .and_then(|v| v.as_ref().ok())
+                .map(|v| v.vni)
+                .unwrap_or(class.spec.return_path.vxlan.vni);
+            let link = LinkNumbers {
+                slot: row.slot,
+                vni: base.saturating_add(row.slot),
+                port: class.spec.return_path.vxlan.port,
+                net,
+            };
+            record(&mut per_node, numbers, &mut class_slots, &key, &link);
+            alloc.rows.entry(name.clone()).or_default().push(LinkSlot {
+                pair: vec![key.pair.0.clone(), key.pair.1.clone()],
+                slot: row.slot,
+                subnet: net.to_string(),
+                unused_since,
+            });
+            existing.insert(key, link);
+        }
+    }
+
+    for key in needed {
+        if let Some(n) = existing.get(key) {
+            alloc.needed.insert(key.clone(), Ok(n.clone()));
+            continue;
+        }
+        let result = match vxlan.get(&key.class) {
+            None => Err((reason::RETURN_PATH_UNAVAILABLE, format!("PortMapClass {:?} does not exist", key.class))),
+            Some(Err(e)) => Err(e.clone()),
+            Some(Ok(v)) => claim(key, v, &per_node, numbers, class_slots.get(&key.class)).ok_or_else(|| {
+                (
+                    reason::SUBNET_EXHAUSTED,
+                    format!(
+                        "PortMapClass {:?} spec.returnPath.vxlan.subnet {} has no free /31 for {} and {}",
+                        key.class, v.subnet, key.pair.0, key.pair.1
+                    ),
+                )
+            }),
+        };
+        if let Ok(n) = &result {
+            record(&mut per_node, numbers, &mut class_slots, key, n);
+            alloc.rows.entry(key.class.clone()).or_default().push(LinkSlot {
+                pair: vec![key.pair.0.clone(), key.pair.1.clone()],
+                slot: n.slot,
+                subnet: n.net.to_string(),
+                unused_since: None,
+            });
+        }
+        alloc.needed.insert(key.clone(), result);
+    }
+    for rows in alloc.rows.values_mut() {
+        rows.sort_by(|a, b| (a.slot, &a.pair).cmp(&(b.slot, &b.pair)));
+    }
+    alloc
+}
+
+fn record(
+    per_node: &mut BTreeMap<String, NodeUse>,
+    numbers: &mut Numbers,
+    class_slots: &mut BTreeMap<String, Runs>,
+    key: &LinkKey,
+    n: &LinkNumbers,
+) {
+    for node in [&key.pair.0, &key.pair.1] {
+        numbers.take(node, Slot(n.slot));
+        let u = per_node.entry(node.clone()).or_default();
+        u.vnis.insert(n.vni);
+        u.add_net(n.net);
+    }
+    class_slots.entry(key.class.clone()).or_default().insert(n.slot);
+}
+
+/// The lowest slot that collides with nothing on either node or in the class.
+fn claim(
+    key: &LinkKey,
+    v: &ClassVxlan,
+    per_node: &BTreeMap<String, NodeUse>,
+    numbers: &Numbers,
+    taken: Option<&Runs>,
+) -> Option<LinkNumbers> {
+    let capacity = 1u64 << (31 - u32::from(v.subnet.prefix_len()));
+    let last = u32::try_from(capacity - 1).unwrap_or(u32::MAX).min(MAX_SLOT);
+    let empty = NodeUse::default();
+    let no_runs = Runs::default();
+    let a = per_node.get(&key.pair.0).unwrap_or(&empty);
+    let b = per_node.get(&key.pair.1).unwrap_or(&empty);
+    let taken = taken.unwrap_or(&no_runs);
+    let nodes = [numbers.on(&key.pair.0), numbers.on(&key.pair.1)];
+    let mut slot = 1;
+    loop {
+        // Skip to a slot free in the class and on both nodes; repeat until none moves it.
+        let next = numbers::next_free(&nodes, taken.next_free(slot));
+        if next != slot {
+            slot = next;
+            continue;
+        }
+        if slot > last {
+            return None;
+        }
+        let vni = v.vni.checked_add(slot).filter(|x| *x <= MAX_VNI)?;
+        let low = u32::from(v.subnet.network()).checked_add(2 * slot)?;
+        let net = Ipv4Net::new(Ipv4Addr::from(low), 31).ok()?;
+        let free = [a, b].iter().all(|u| !u.vnis.contains(&vni) && u.net_free(&net));
+        if free {
+            return Some(LinkNumbers { slot, vni, port: v.port, net });
+        }
+        slot += 1;
+    }
+}

@@ -1,0 +1,303 @@
+//! The port-map capability: PortMaps published on accepting nodes and delivered to one pod,
+//! over kuport's VXLAN links when the pod is elsewhere.
+//!
+//! The stages follow the questions a mapping raises, in order (docs/portmap/modes.md):
+//!
+//! 1. [`admission`]: may it publish these ports here? (Accepted)
+//! 2. [`placement`]: which pod, and which nodes program it? (Programmed)
+//! 3. [`links`]: which node pairs need a link, and their slots and numbers.
+//! 4. [`datapath`]: the nftables elements, links, routes and rules of every node.
+//!
+//! [`status`] names every condition and reason they give.
+
+pub mod admission;
+pub mod datapath;
+#[cfg(test)]
+mod golden;
+pub mod links;
+pub mod placement;
+pub mod status;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use k8s_openapi::jiff::Timestamp;
+use kuport_proto::v1::NetnsState;
+
+pub use admission::MapKey;
+use datapath::LinkEnd;
+use links::{LinkKey, VXLAN_OVERHEAD};
+use placement::Placement;
+use status::{Refusal, reason};
+
+use super::conditions::condition;
+use super::numbers::Numbers;
+use super::{ObjectKey, Outputs, Settings, Tracked};
+use crate::api::{
+    ClassNodeStatus, EndpointStatus, InterfaceAddress, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus,
+    Protocol, PublishedAddress, ReturnPathMode,
+};
+use crate::observe::Cluster;
+use crate::observe::index::View;
+
+/// Judges, places and builds every mapping: fills `out`'s PortMap and class statuses, the
+/// programming nodes and what each programmed mapping waits for, and returns every node's
+/// host namespace. Link slots are drawn from `numbers`.
+pub fn compute(
+    view: &View,
+    cluster: &Cluster,
+    settings: &Settings,
+    numbers: &mut Numbers,
+    out: &mut Outputs,
+) -> BTreeMap<String, NetnsState> {
+    let now = cluster.now;
+    let vxlan: BTreeMap<String, _> =
+        view.classes.iter().map(|(n, c)| (n.clone(), links::class_vxlan(c, settings))).collect();
+
+    // 1 and 2: judge and place every mapping, oldest first.
+    let mut verdicts: Vec<(MapKey, Result<Placement, Refusal>)> = Vec::new();
+    // Programmed mappings by pod address and protocol, for the one-way-return check.
+    let mut by_pod: BTreeMap<(Ipv4Addr, Protocol), Vec<usize>> = BTreeMap::new();
+    for (key, admitted) in admission::admit(view, &cluster.port_maps) {
+        let placed = admitted.and_then(|a| placement::place(view, a));
+        // Replies from one pod port can return one way only: by one serving node's link, or
+        // (Multi) by whichever link each request came in on.
+        let placed = placed.and_then(|p| {
+            let pod = (p.endpoint.address, p.admitted.protocol);
+            let clash = by_pod.get(&pod).into_iter().flatten().find_map(|i| match &verdicts[*i] {
+                (k, Ok(q)) if placement::same_pod_port(&p, q) && p.return_route() != q.return_route() => {
+                    Some(k.clone())
+                }
+                _ => None,
+            });
+            match clash {
+                None => Ok(p),
+                Some((ns, name)) => Err(Refusal::programmed(
+                    reason::RETURN_PATH_UNAVAILABLE,
+                    format!(
+                        "pod {} port {} already answers the older PortMap {ns}/{name} through another node",
+                        p.endpoint.pod, p.endpoint.port
+                    ),
+                )),
+            }
+        });
+        if let Ok(p) = &placed {
+            by_pod.entry((p.endpoint.address, p.admitted.protocol)).or_default().push(verdicts.len());
+        }
+        verdicts.push((key, placed));
+    }
+
+    // 3: links for every programming node that lacks the pod.
+    let mut needed = BTreeSet::new();
+    for (_, v) in &verdicts {
+        if let Ok(p) = v {
+            for node in p.remote_nodes() {
+                needed.insert(LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node));
+            }
+        }
+    }
+    let alloc = links::allocate(&view.classes, &vxlan, &needed, now, numbers);
+
+    // 4: build the nodes, refusing mappings whose links cannot be built.
+    let all_nodes = view.nodes.keys().cloned().chain(view.classes.values().flat_map(|c| c.spec.nodes.keys().cloned()));
+    let mut builder = datapath::Builder::new(settings, all_nodes);
+    let previous: BTreeMap<MapKey, &PortMap> = cluster.port_maps.iter().map(|pm| (admission::key_of(pm), pm)).collect();
+    for (key, verdict) in verdicts {
+        let verdict = verdict.and_then(|p| {
+            let ends = link_ends(view, &alloc, &p)?;
+            builder.add(&p, &ends);
+            let fingerprint = datapath::Builder::fingerprint(&p, &ends);
+            Ok((p, fingerprint))
+        });
+        let Some(pm) = previous.get(&key) else { continue };
+        let verdict = verdict.map(|(p, fingerprint)| {
+            out.programming.insert(key.clone(), p.nodes.keys().cloned().collect());
+            out.tracked.insert(ObjectKey::port_map(&key.0, &key.1), Tracked { nodes: must_ack(&p), fingerprint });
+            p
+        });
+        out.port_maps.insert(key, port_map_status(view, pm, &verdict, now));
+    }
+    for (name, class) in &view.classes {
+        let rows = alloc.rows.get(name).cloned().unwrap_or_default();
+        out.classes.insert(name.clone(), class_status(view, class, &vxlan[name], &alloc, rows, now));
+    }
+    builder.finish()
+}
+
+/// The interfaces of `node` the port maps read: those any class names on it.
+pub fn interfaces_read<'a>(inputs: Option<&'a Cluster>, node: &str) -> BTreeSet<&'a str> {
+    inputs
+        .iter()
+        .flat_map(|c| &c.classes)
+        .filter_map(|c| c.spec.nodes.get(node))
+        .flat_map(|n| n.interfaces.iter().map(String::as_str))
+        .collect()
+}
+
+/// The nodes whose executors must apply a programmed mapping: its accepting nodes, and the
+/// pod's node when any of them lacks the pod (it holds the link's far end and the return path).
+fn must_ack(p: &Placement) -> Vec<String> {
+    let mut nodes: Vec<String> = p.nodes.keys().cloned().collect();
+    let pod = &p.endpoint.node;
+    if nodes.iter().any(|n| n != pod) && !nodes.contains(pod) {
+        nodes.push(pod.clone());
+    }
+    nodes.sort();
+    nodes
+}
+
+/// Both ends of every link a placement needs, or why one cannot be built.
+fn link_ends(
+    view: &View,
+    alloc: &links::Allocation,
+    p: &Placement,
+) -> Result<BTreeMap<String, (LinkEnd, LinkEnd)>, Refusal> {
+    let mut ends = BTreeMap::new();
+    for node in p.remote_nodes() {
+        let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
+        let numbers = match alloc.needed.get(&key) {
+            Some(Ok(n)) => n,
+            Some(Err((_, message))) => {
+                return Err(Refusal::programmed(reason::RETURN_PATH_UNAVAILABLE, message.clone()));
+            }
+            None => return Err(Refusal::programmed(reason::RETURN_PATH_UNAVAILABLE, "no link was planned".into())),
+        };
+        let near = LinkEnd::new(view, &key, numbers, node);
+        let far = LinkEnd::new(view, &key, numbers, &p.endpoint.node);
+        let (Some(near), Some(far)) = (near, far) else {
+            let missing: Vec<&str> = [node.as_str(), p.endpoint.node.as_str()]
+                .into_iter()
+                .filter(|n| view.node(n).underlay.is_none())
+                .collect();
+            return Err(Refusal::programmed(
+                reason::RETURN_PATH_UNAVAILABLE,
+                format!("no underlay address is known for node {} yet", missing.join(", ")),
+            ));
+        };
+        ends.insert(node.clone(), (near, far));
+    }
+    Ok(ends)
+}
+
+fn port_map_status(view: &View, pm: &PortMap, verdict: &Result<Placement, Refusal>, now: Timestamp) -> PortMapStatus {
+    let generation = pm.metadata.generation;
+    let prev = pm.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+    let cond = |t: &str, ok: bool, r: &str, m: String| condition(prev, t, ok, r, m, generation, now);
+    let mut st = PortMapStatus { observed_generation: generation, ..Default::default() };
+    match verdict {
+        Ok(p) => {
+            st.endpoint =
+                Some(EndpointStatus { node: p.endpoint.node.clone(), address: p.endpoint.address.to_string() });
+            for (node, ifaces) in &p.nodes {
+                let v = view.node(node);
+                for iface in ifaces {
+                    let addrs = v.addresses_of(iface);
+                    if addrs.is_empty() {
+                        st.published.push(PublishedAddress {
+                            node: node.clone(),
+                            interface: iface.clone(),
+                            address: String::new(),
+                        });
+                    }
+                    for a in addrs {
+                        st.published.push(PublishedAddress {
+                            node: node.clone(),
+                            interface: iface.clone(),
+                            address: a.clone(),
+                        });
+                    }
+                }
+            }
+            st.published.sort();
+            let nodes: Vec<&str> = p.nodes.keys().map(String::as_str).collect();
+            st.conditions = vec![
+                cond(status::ACCEPTED, true, reason::ACCEPTED, String::new()),
+                cond(status::PROGRAMMED, true, reason::PROGRAMMED, format!("programmed on {}", nodes.join(", "))),
+            ];
+        }
+        Err(r) if r.condition == status::ACCEPTED => {
+            st.conditions = vec![
+                cond(status::ACCEPTED, false, r.reason, r.message.clone()),
+                cond(status::PROGRAMMED, false, reason::NOT_ACCEPTED, "the mapping is not accepted".into()),
+            ];
+        }
+        Err(r) => {
+            st.conditions = vec![
+                cond(status::ACCEPTED, true, reason::ACCEPTED, String::new()),
+                cond(status::PROGRAMMED, false, r.reason, r.message.clone()),
+            ];
+        }
+    }
+    st
+}
+
+fn class_status(
+    view: &View,
+    class: &PortMapClass,
+    vxlan: &Result<links::ClassVxlan, (&'static str, String)>,
+    alloc: &links::Allocation,
+    rows: Vec<crate::api::LinkSlot>,
+    now: Timestamp,
+) -> PortMapClassStatus {
+    let name = class.metadata.name.clone().unwrap_or_default();
+    let mut nodes: BTreeSet<String> = class.spec.nodes.keys().cloned().collect();
+    for r in &rows {
+        nodes.extend(r.pair.iter().cloned());
+    }
+    let node_rows = nodes
+        .into_iter()
+        .map(|n| {
+            let v = view.node(&n);
+            let mut addresses: Vec<InterfaceAddress> = class
+                .spec
+                .nodes
+                .get(&n)
+                .map(|cn| {
+                    cn.interfaces
+                        .iter()
+                        .flat_map(|i| {
+                            v.addresses_of(i)
+                                .iter()
+                                .map(|a| InterfaceAddress { interface: i.clone(), address: a.clone() })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            addresses.sort();
+            let message = match (v.exists, v.ready) {
+                (false, _) => "no Node object".to_string(),
+                (true, false) => "Node is not Ready".to_string(),
+                _ => String::new(),
+            };
+            let interfaces = class.spec.nodes.get(&n).and_then(|cn| v.known_interfaces(&cn.interfaces));
+            ClassNodeStatus {
+                name: n,
+                ready: v.ready,
+                message,
+                underlay_address: v.underlay.map(|a| a.to_string()),
+                underlay_mtu: v.underlay_mtu,
+                link_mtu: Some(v.mtu().saturating_sub(VXLAN_OVERHEAD)),
+                addresses,
+                interfaces,
+            }
+        })
+        .collect();
+    let exhausted = alloc.needed.iter().find_map(|(k, r)| match r {
+        Err((rsn, m)) if k.class == name && *rsn == reason::SUBNET_EXHAUSTED => Some(m.clone()),
+        _ => None,
+    });
+    let prev = class.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+    let generation = class.metadata.generation;
+    let ready = match (class.spec.return_path.mode, vxlan, exhausted) {
+        (ReturnPathMode::Vxlan, Err((rsn, m)), _) => {
+            condition(prev, status::READY, false, rsn, m.clone(), generation, now)
+        }
+        (ReturnPathMode::Vxlan, Ok(_), Some(m)) => {
+            condition(prev, status::READY, false, reason::SUBNET_EXHAUSTED, m, generation, now)
+        }
+        _ => condition(prev, status::READY, true, reason::READY, String::new(), generation, now),
+    };
+    PortMapClassStatus { links: rows, nodes: node_rows, conditions: vec![ready] }
+}

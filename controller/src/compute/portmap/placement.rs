@@ -1,0 +1,202 @@
+//! Programmed, first half: which pod receives a mapping and which nodes must program it.
+//!
+//! Every choice here is a pure function of the observed state, so any replica, and any node
+//! reading the same objects, picks the same pod and the same nodes.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use super::admission::{Admitted, proto_text};
+use super::status::{Refusal, reason};
+use crate::api::{Protocol, ReturnPathMode, ServingMode};
+use crate::observe::index::View;
+
+/// The one pod that receives a mapping's traffic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub node: String,
+    pub pod: String,
+    pub address: Ipv4Addr,
+    /// The pod's port for the Service's named port.
+    pub port: u16,
+}
+
+#[derive(Clone, Debug)]
+pub struct Placement<'a> {
+    pub admitted: Admitted<'a>,
+    pub endpoint: Endpoint,
+    /// Programming nodes with the interfaces each publishes on.
+    pub nodes: BTreeMap<String, Vec<String>>,
+}
+
+impl Placement<'_> {
+    /// Programming nodes that lack the pod: each needs a link to the pod's node.
+    pub fn remote_nodes(&self) -> impl Iterator<Item = &String> {
+        self.nodes.keys().filter(move |n| **n != self.endpoint.node)
+    }
+
+    /// The ports the pod serves: a range keeps its numbers; a single port goes to the
+    /// Service's target port.
+    pub fn pod_ports(&self) -> (u16, u16) {
+        if self.admitted.is_range() { self.admitted.ports } else { (self.endpoint.port, self.endpoint.port) }
+    }
+
+    /// The node whose route a reply from this pod port must take, or None under Multi, where
+    /// each reply follows its own request's link.
+    pub fn return_route(&self) -> Option<&str> {
+        match self.admitted.class.spec.serving_mode {
+            ServingMode::Single => self.nodes.keys().next().map(String::as_str),
+            ServingMode::Multi => None,
+        }
+    }
+}
+
+/// Chooses the endpoint and the programming nodes of one accepted mapping.
+pub fn place<'a>(view: &View<'a>, admitted: Admitted<'a>) -> Result<Placement<'a>, Refusal> {
+    let endpoint = choose_endpoint(view, &admitted)?;
+    let class = &admitted.class.spec;
+    // Nodes that can carry the mapping now: Ready, and holding one of its interfaces.
+    let usable: BTreeMap<String, Vec<String>> = admitted
+        .accepting
+        .iter()
+        .filter_map(|(node, ifaces)| {
+            let v = view.node(node);
+            let present: Vec<String> = ifaces.iter().filter(|i| v.may_have(i)).cloned().collect();
+            (v.ready && !present.is_empty()).then(|| (node.clone(), present))
+        })
+        .collect();
+    if usable.is_empty() {
+        let names: Vec<&String> = admitted.accepting.keys().collect();
+        let any_ready = names.iter().any(|n| view.node(n).ready);
+        return Err(if any_ready {
+            Refusal::programmed(
+                reason::NO_INTERFACE_ON_NODE,
+                format!(
+                    "no Ready accepting node of PortMapClass {:?} has any of the interfaces {:?}",
+                    admitted.class_name,
+                    interface_list(&admitted)
+                ),
+            )
+        } else {
+            Refusal::programmed(
+                reason::NODE_NOT_READY,
+                format!("no accepting node of PortMapClass {:?} is Ready ({})", admitted.class_name, join(&names)),
+            )
+        });
+    }
+    let nodes: BTreeMap<String, Vec<String>> = match class.serving_mode {
+        ServingMode::Multi => usable,
+        ServingMode::Single => {
+            let serving = if usable.contains_key(&endpoint.node) {
+                endpoint.node.clone()
+            } else {
+                usable.keys().next().cloned().unwrap_or_default()
+            };
+            usable.into_iter().filter(|(n, _)| *n == serving).collect()
+        }
+    };
+    let placement = Placement { admitted, endpoint, nodes };
+    let lacking: Vec<&String> = placement.remote_nodes().collect();
+    if !lacking.is_empty() && class.return_path.mode == ReturnPathMode::None {
+        return Err(Refusal::programmed(
+            reason::RETURN_PATH_UNAVAILABLE,
+            format!(
+                "the chosen pod {} is on node {}, which {} lacks; PortMapClass {:?} has spec.returnPath.mode None",
+                placement.endpoint.pod,
+                placement.endpoint.node,
+                join(&lacking),
+                placement.admitted.class_name
+            ),
+        ));
+    }
+    Ok(placement)
+}
+
+fn interface_list(a: &Admitted) -> Vec<String> {
+    let mut all: Vec<String> = a.accepting.values().flatten().cloned().collect();
+    all.sort();
+    all.dedup();
+    all
+}
+
+fn join(names: &[&String]) -> String {
+    names.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+/// One ready endpoint of the Service's named port: accepting nodes first, then by node name,
+/// then by pod name. Endpoints on NotReady nodes come last.
+pub fn choose_endpoint(view: &View, a: &Admitted) -> Result<Endpoint, Refusal> {
+    let (ns, _) = &a.key;
+    let svc_ref = &a.pm.spec.service_ref;
+    let no_endpoint = |m: String| Refusal::programmed(reason::NO_READY_ENDPOINT, m);
+    let Some(svc) = view.services.get(&(ns.clone(), svc_ref.name.clone())) else {
+        return Err(no_endpoint(format!("spec.serviceRef.name: Service {ns}/{} does not exist", svc_ref.name)));
+    };
+    let ports = svc.spec.as_ref().and_then(|s| s.ports.clone()).unwrap_or_default();
+    let svc_port = match &svc_ref.port {
+        Some(name) => ports.iter().find(|p| p.name.as_deref() == Some(name.as_str())),
+        None if ports.len() == 1 => ports.first(),
+        None => None,
+    };
+    let Some(svc_port) = svc_port else {
+        return Err(no_endpoint(match &svc_ref.port {
+            Some(name) => format!("spec.serviceRef.port: Service {ns}/{} has no port named {name:?}", svc_ref.name),
+            None => format!("spec.serviceRef.port: Service {ns}/{} has {} ports; name one", svc_ref.name, ports.len()),
+        }));
+    };
+    let svc_proto = svc_port.protocol.as_deref().unwrap_or("TCP");
+    if svc_proto != proto_text(a.protocol) {
+        return Err(no_endpoint(format!(
+            "spec.protocol: {} does not match Service {ns}/{} port {:?}, which is {svc_proto}",
+            proto_text(a.protocol),
+            svc_ref.name,
+            svc_port.name.clone().unwrap_or_default()
+        )));
+    }
+    let port_name = svc_port.name.clone().unwrap_or_default();
+    let mut candidates = Vec::new();
+    for slice in view.slices.get(&(ns.clone(), svc_ref.name.clone())).into_iter().flatten() {
+        if slice.address_type != "IPv4" {
+            continue;
+        }
+        let Some(port) = slice.ports.iter().flatten().find(|p| {
+            p.name.clone().unwrap_or_default() == port_name
+                && p.protocol.as_deref().unwrap_or("TCP") == proto_text(a.protocol)
+        }) else {
+            continue;
+        };
+        let Some(port) = port.port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0) else { continue };
+        for ep in slice.endpoints.iter().flatten() {
+            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            let (Some(node), Some(address)) =
+                (ep.node_name.clone(), ep.addresses.iter().find_map(|a| a.parse::<Ipv4Addr>().ok()))
+            else {
+                continue;
+            };
+            if !ready {
+                continue;
+            }
+            let pod = ep.target_ref.as_ref().and_then(|r| r.name.clone()).unwrap_or_else(|| address.to_string());
+            let order = (!view.node(&node).ready, !a.accepting.contains_key(&node), node.clone(), pod.clone(), address);
+            candidates.push((order, Endpoint { node, pod, address, port }));
+        }
+    }
+    candidates.sort_by(|x, y| x.0.cmp(&y.0));
+    candidates.into_iter().next().map(|(_, e)| e).ok_or_else(|| {
+        no_endpoint(format!("Service {ns}/{} has no ready endpoint for port {port_name:?}", svc_ref.name))
+    })
+}
+
+/// Whether two mappings' pod ports overlap, which makes their replies indistinguishable.
+pub fn same_pod_port(a: &Placement, b: &Placement) -> bool {
+    let (x0, x1) = a.pod_ports();
+    let (y0, y1) = b.pod_ports();
+    a.endpoint.address == b.endpoint.address && a.admitted.protocol == b.admitted.protocol && x0 <= y1 && y0 <= x1
+}
+
+pub fn l4(p: Protocol) -> kuport_proto::v1::L4Proto {
+    match p {
+        Protocol::Tcp => kuport_proto::v1::L4Proto::Tcp,
+        Protocol::Udp => kuport_proto::v1::L4Proto::Udp,
+    }
+}

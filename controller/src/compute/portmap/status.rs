@@ -1,0 +1,53 @@
+//! The port map's conditions (PortMap Accepted and Programmed, PortMapClass Ready) and every
+//! reason they give; docs/portmap/modes.md explains each.
+
+pub const ACCEPTED: &str = "Accepted";
+pub const PROGRAMMED: &str = "Programmed";
+pub const READY: &str = "Ready";
+
+/// Every reason kuport writes into a condition.
+pub mod reason {
+    // Accepted
+    pub const ACCEPTED: &str = "Accepted";
+    pub const CLASS_NOT_FOUND: &str = "ClassNotFound";
+    pub const INVALID_PORT_RANGE: &str = "InvalidPortRange";
+    pub const NAMESPACE_NOT_SELECTED: &str = "NamespaceNotSelected";
+    pub const PORT_OUTSIDE_CLASS_RANGE: &str = "PortOutsideClassRange";
+    pub const RESERVED_PORT: &str = "ReservedPort";
+    pub const PORT_CONFLICT: &str = "PortConflict";
+    pub const INTERFACE_NOT_IN_CLASS: &str = "InterfaceNotInClass";
+    // Programmed
+    pub const PROGRAMMED: &str = "Programmed";
+    pub const NOT_ACCEPTED: &str = "NotAccepted";
+    pub const NO_READY_ENDPOINT: &str = "NoReadyEndpoint";
+    pub const RETURN_PATH_UNAVAILABLE: &str = "ReturnPathUnavailable";
+    pub const NODE_NOT_READY: &str = "NodeNotReady";
+    pub const NO_INTERFACE_ON_NODE: &str = "NoInterfaceOnNode";
+    /// Computed and sent, but a node that must apply it has not acknowledged yet.
+    pub const PENDING: &str = "Pending";
+    // PortMapClass Ready
+    pub const READY: &str = "Ready";
+    pub const INVALID_SUBNET: &str = "InvalidSubnet";
+    pub const VXLAN_PORT_CONFLICT: &str = "VxlanPortConflict";
+    pub const INVALID_VNI: &str = "InvalidVni";
+    pub const SUBNET_EXHAUSTED: &str = "SubnetExhausted";
+}
+
+/// Why a mapping is not (yet) in the datapath.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// ACCEPTED or PROGRAMMED: the condition that turns False.
+    pub condition: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn accepted(reason: &'static str, message: String) -> Self {
+        Refusal { condition: ACCEPTED, reason, message }
+    }
+
+    pub fn programmed(reason: &'static str, message: String) -> Self {
+        Refusal { condition: PROGRAMMED, reason, message }
+    }
+}

@@ -1,0 +1,619 @@
+//! Table-driven tests of every condition reason and of the serving-mode and return-path table
+//! (docs/portmap/modes.md), and property tests of order independence and link numbering
+//! (docs/portmap/links.md).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::jiff::Timestamp;
+use kuport_proto::v1::{NodeState, link};
+use proptest::prelude::*;
+
+use super::status::{self, reason};
+use super::*;
+use crate::api::*;
+use crate::compute::Outputs;
+use crate::compute::numbers::{self, Rule};
+use crate::compute::testkit::{World, now};
+
+/// Three ready nodes with underlays, the usual base.
+fn base() -> World {
+    World::new().node("edge-a", "100.64.93.143", true).node("worker-b", "100.64.0.2", true).node(
+        "worker-c",
+        "100.64.0.3",
+        true,
+    )
+}
+
+fn cond<'a>(out: &'a Outputs, name: &str, type_: &str) -> (&'a str, &'a str, &'a str) {
+    let st = out.port_maps.iter().find(|((_, n), _)| n == name).map(|(_, s)| s).expect("status exists");
+    let c = st.conditions.iter().find(|c| c.type_ == type_).expect("condition exists");
+    (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+fn links_on(out: &Outputs, node: &str) -> usize {
+    out.node_states.get(node).map(|s| s.netns.iter().map(|n| n.links.len()).sum()).unwrap_or(0)
+}
+
+const PUBLIC: &[(&str, &[&str])] = &[("edge-a", &["enp1s0"])];
+const ALL3: &[(&str, &[&str])] = &[("edge-a", &["wt0"]), ("worker-b", &["wt0"]), ("worker-c", &["wt0"])];
+use Protocol::{Tcp, Udp};
+use ReturnPathMode::{None as NoPath, Vxlan};
+use ServingMode::{Multi, Single};
+
+#[test]
+fn accepted_reasons() {
+    let app = |w: World| w.service("ns", "svc", "TCP", 3000, &[("pod", "edge-a", "10.244.0.7", true)]);
+    let w = || app(base().class("public", Single, Vxlan, PUBLIC));
+    let cases: Vec<(&str, World, &str, &str)> = vec![
+        (
+            "class missing",
+            w().port_map("ns", "m", "nope", Tcp, 3000, None, "svc", 0),
+            reason::CLASS_NOT_FOUND,
+            "spec.className",
+        ),
+        (
+            "end below port",
+            w().port_map("ns", "m", "public", Tcp, 3000, Some(2999), "svc", 0),
+            reason::INVALID_PORT_RANGE,
+            "spec.endPort",
+        ),
+        (
+            "port zero",
+            w().port_map("ns", "m", "public", Tcp, 0, None, "svc", 0),
+            reason::INVALID_PORT_RANGE,
+            "spec.port",
+        ),
+        (
+            "namespace not selected",
+            w().namespace("ns", &[("team", "b")])
+                .edit_class("public", |s| {
+                    s.namespace_selector = Some(LabelSelector {
+                        match_labels: Some(BTreeMap::from([("team".into(), "a".into())])),
+                        ..Default::default()
+                    })
+                })
+                .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0),
+            reason::NAMESPACE_NOT_SELECTED,
+            "namespaceSelector",
+        ),
+        (
+            "outside range",
+            w().edit_class("public", |s| s.ports.min = 1024).port_map(
+                "ns",
+                "m",
+                "public",
+                Tcp,
+                1000,
+                Some(1100),
+                "svc",
+                0,
+            ),
+            reason::PORT_OUTSIDE_CLASS_RANGE,
+            "1000-1100",
+        ),
+        (
+            "reserved",
+            w().edit_class("public", |s| s.ports.reserved = vec![443]).port_map(
+                "ns",
+                "m",
+                "public",
+                Tcp,
+                400,
+                Some(500),
+                "svc",
+                0,
+            ),
+            reason::RESERVED_PORT,
+            "443",
+        ),
+        (
+            "over a VXLAN port",
+            w().port_map("ns", "m", "public", Udp, 4700, Some(4800), "svc", 0),
+            reason::RESERVED_PORT,
+            "4790",
+        ),
+        (
+            "interface not in class",
+            w().port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
+                .edit_map("m", |s| s.interfaces = Some(vec!["eth9".into()])),
+            reason::INTERFACE_NOT_IN_CLASS,
+            "eth9",
+        ),
+        (
+            "same class overlap",
+            w().port_map("ns", "old", "public", Tcp, 2990, Some(3010), "svc", 0)
+                .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 5),
+            reason::PORT_CONFLICT,
+            "ns/old",
+        ),
+        (
+            "other class, same interface",
+            w().class("second", Single, Vxlan, PUBLIC)
+                .port_map("ns", "old", "second", Tcp, 3000, None, "svc", 0)
+                .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 5),
+            reason::PORT_CONFLICT,
+            "edge-a interface enp1s0",
+        ),
+    ];
+    for (name, world, want, field) in cases {
+        let out = world.run();
+        let (status, got, message) = cond(&out, "m", status::ACCEPTED);
+        assert_eq!((status, got), ("False", want), "{name}: {message}");
+        assert!(message.contains(field), "{name}: {message:?} should name {field:?}");
+        assert_eq!(cond(&out, "m", status::PROGRAMMED).1, reason::NOT_ACCEPTED, "{name}");
+    }
+}
+
+#[test]
+fn conflict_loser_is_refused_and_winner_untouched() {
+    let w = base()
+        .class("public", Single, Vxlan, PUBLIC)
+        .service("ns", "svc", "UDP", 27015, &[("pod", "edge-a", "10.244.0.7", true)])
+        .port_map("ns", "young", "public", Udp, 27050, None, "svc", 10)
+        .port_map("ns", "old", "public", Udp, 27015, Some(27115), "svc", 0);
+    let out = w.run();
+    assert_eq!(cond(&out, "old", status::PROGRAMMED).0, "True");
+    assert_eq!(cond(&out, "young", status::ACCEPTED).1, reason::PORT_CONFLICT);
+    // Same age: namespace/name decides.
+    let out = base()
+        .class("public", Single, Vxlan, PUBLIC)
+        .service("ns", "svc", "TCP", 3000, &[("pod", "edge-a", "10.244.0.7", true)])
+        .port_map("ns", "b", "public", Tcp, 3000, None, "svc", 0)
+        .port_map("ns", "a", "public", Tcp, 3000, None, "svc", 0)
+        .run();
+    assert_eq!(cond(&out, "a", status::PROGRAMMED).0, "True");
+    assert_eq!(cond(&out, "b", status::ACCEPTED).1, reason::PORT_CONFLICT);
+}
+
+#[test]
+fn programmed_reasons() {
+    let mk = || base().class("public", Single, Vxlan, PUBLIC);
+    let m = |w: World| w.port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0);
+    let cases: Vec<(&str, World, &str, &str)> = vec![
+        ("no service", m(mk()), reason::NO_READY_ENDPOINT, "does not exist"),
+        (
+            "no ready endpoint",
+            m(mk().service("ns", "svc", "TCP", 3000, &[("pod", "edge-a", "10.244.0.7", false)])),
+            reason::NO_READY_ENDPOINT,
+            "no ready endpoint",
+        ),
+        (
+            "no such named port",
+            m(mk().service("ns", "svc", "TCP", 3000, &[("pod", "edge-a", "10.244.0.7", true)]))
+                .edit_map("m", |s| s.service_ref.port = Some("nope".into())),
+            reason::NO_READY_ENDPOINT,
+            "no port named",
+        ),
+        (
+            "protocol mismatch",
+            m(mk().service("ns", "svc", "UDP", 3000, &[("pod", "edge-a", "10.244.0.7", true)])),
+            reason::NO_READY_ENDPOINT,
+            "spec.protocol",
+        ),
+        (
+            "node not ready",
+            m(World::new()
+                .node("edge-a", "100.64.93.143", false)
+                .node("worker-b", "100.64.0.2", true)
+                .class("public", Single, Vxlan, PUBLIC)
+                .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])),
+            reason::NODE_NOT_READY,
+            "edge-a",
+        ),
+        (
+            "no interface on node",
+            m(mk().facts("edge-a", 1500, &[("eth0", "192.0.2.1")]).service(
+                "ns",
+                "svc",
+                "TCP",
+                3000,
+                &[("pod", "edge-a", "10.244.0.7", true)],
+            )),
+            reason::NO_INTERFACE_ON_NODE,
+            "enp1s0",
+        ),
+        (
+            "None with a remote pod",
+            m(base().class("public", Single, NoPath, PUBLIC).service(
+                "ns",
+                "svc",
+                "TCP",
+                3000,
+                &[("pod", "worker-b", "10.244.1.7", true)],
+            )),
+            reason::RETURN_PATH_UNAVAILABLE,
+            "mode None",
+        ),
+        (
+            "subnet exhausted",
+            m(mk().edit_class("public", |s| s.return_path.vxlan.subnet = "169.254.77.0/31".into()).service(
+                "ns",
+                "svc",
+                "TCP",
+                3000,
+                &[("pod", "worker-b", "10.244.1.7", true)],
+            )),
+            reason::RETURN_PATH_UNAVAILABLE,
+            "",
+        ),
+        (
+            "no underlay address",
+            m(World::new()
+                .node("edge-a", "not-an-ip", true)
+                .node("worker-b", "100.64.0.2", true)
+                .class("public", Single, Vxlan, PUBLIC)
+                .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])),
+            reason::RETURN_PATH_UNAVAILABLE,
+            "underlay",
+        ),
+    ];
+    for (name, world, want, text) in cases {
+        let out = world.run();
+        let (status, got, message) = cond(&out, "m", status::PROGRAMMED);
+        assert_eq!((status, got), ("False", want), "{name}: {message}");
+        assert!(message.contains(text), "{name}: {message:?} should contain {text:?}");
+        assert_eq!(cond(&out, "m", status::ACCEPTED).0, "True", "{name}");
+        // A refused mapping programs nothing anywhere.
+        assert!(out.node_states.values().all(|s| s.netns.iter().all(|n| n.nft_tables.is_empty())), "{name}");
+    }
+}
+
+#[test]
+fn one_pod_port_returns_one_way() {
+    // Two Single classes publish one pod port from different serving nodes: the reply mark
+    // would be ambiguous, so the younger mapping is refused.
+    let out = base()
+        .class("a", Single, Vxlan, &[("edge-a", &["enp1s0"])])
+        .class("b", Single, Vxlan, &[("worker-c", &["enp1s0"])])
+        .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])
+        .port_map("ns", "first", "a", Tcp, 3000, None, "svc", 0)
+        .port_map("ns", "m", "b", Tcp, 4000, None, "svc", 1)
+        .run();
+    assert_eq!(cond(&out, "first", status::PROGRAMMED).0, "True");
+    let (_, r, msg) = cond(&out, "m", status::PROGRAMMED);
+    assert_eq!(r, reason::RETURN_PATH_UNAVAILABLE, "{msg}");
+    assert!(msg.contains("ns/first"));
+}
+
+/// docs/portmap/modes.md's table: servingMode x where the pod sits x returnPath.mode.
+#[test]
+fn serving_mode_and_return_path_table() {
+    struct Row {
+        name: &'static str,
+        mode: ServingMode,
+        nodes: &'static [(&'static str, &'static [&'static str])],
+        pod_node: &'static str,
+        vxlan: (bool, &'static [&'static str], usize),
+        none: (bool, &'static [&'static str], usize),
+    }
+    const ONE: &[(&str, &[&str])] = &[("edge-a", &["wt0"])];
+    let rows = [
+        Row {
+            name: "Single, pod on the serving node",
+            mode: Single,
+            nodes: PUBLIC,
+            pod_node: "edge-a",
+            vxlan: (true, &["edge-a"], 0),
+            none: (true, &["edge-a"], 0),
+        },
+        Row {
+            name: "Single, pod outside the accepting nodes",
+            mode: Single,
+            nodes: PUBLIC,
+            pod_node: "worker-b",
+            vxlan: (true, &["edge-a"], 1),
+            none: (false, &[], 0),
+        },
+        Row {
+            name: "Single, several accepting, pod on one",
+            mode: Single,
+            nodes: ALL3,
+            pod_node: "worker-c",
+            vxlan: (true, &["worker-c"], 0),
+            none: (true, &["worker-c"], 0),
+        },
+        Row {
+            name: "Multi, one accepting node, pod on it",
+            mode: Multi,
+            nodes: ONE,
+            pod_node: "edge-a",
+            vxlan: (true, &["edge-a"], 0),
+            none: (true, &["edge-a"], 0),
+        },
+        Row {
+            name: "Multi, several accepting, pod on one",
+            mode: Multi,
+            nodes: ALL3,
+            pod_node: "worker-b",
+            vxlan: (true, &["edge-a", "worker-b", "worker-c"], 2),
+            none: (false, &[], 0),
+        },
+        Row {
+            name: "Multi, one accepting, pod elsewhere",
+            mode: Multi,
+            nodes: ONE,
+            pod_node: "worker-b",
+            vxlan: (true, &["edge-a"], 1),
+            none: (false, &[], 0),
+        },
+    ];
+    for row in rows {
+        for (rp, (programmed, nodes, links)) in [(Vxlan, row.vxlan), (NoPath, row.none)] {
+            let out = base()
+                .class("c", row.mode, rp, row.nodes)
+                .service("ns", "svc", "TCP", 3000, &[("pod", row.pod_node, "10.244.9.9", true)])
+                .port_map("ns", "m", "c", Tcp, 3000, None, "svc", 0)
+                .run();
+            let label = format!("{} / {rp:?}", row.name);
+            let (status, r, msg) = cond(&out, "m", status::PROGRAMMED);
+            assert_eq!(status == "True", programmed, "{label}: {r} {msg}");
+            let prog: Vec<&str> = out.programming.values().flatten().map(String::as_str).collect();
+            assert_eq!(prog, nodes.to_vec(), "{label}");
+            assert_eq!(links_on(&out, row.pod_node), links, "{label}: links on the pod's node");
+            if !programmed {
+                assert_eq!(r, reason::RETURN_PATH_UNAVAILABLE, "{label}");
+            }
+        }
+    }
+}
+
+#[test]
+fn single_prefers_the_pods_node_and_follows_the_pod() {
+    let w = |pod_node: &str| {
+        base()
+            .class("c", Single, Vxlan, ALL3)
+            .service("ns", "svc", "TCP", 3000, &[("pod", pod_node, "10.244.9.9", true)])
+            .port_map("ns", "m", "c", Tcp, 3000, None, "svc", 0)
+            .run()
+    };
+    assert_eq!(w("worker-b").programming.values().next().cloned(), Some(vec!["worker-b".to_string()]));
+    assert_eq!(w("worker-c").programming.values().next().cloned(), Some(vec!["worker-c".to_string()]));
+}
+
+#[test]
+fn endpoint_choice_prefers_accepting_nodes_then_names() {
+    let out = base()
+        .class("public", Single, Vxlan, PUBLIC)
+        .service(
+            "ns",
+            "svc",
+            "TCP",
+            3000,
+            &[
+                ("pod-z", "worker-b", "10.244.1.1", true),
+                ("pod-b", "edge-a", "10.244.0.2", true),
+                ("pod-a", "edge-a", "10.244.0.1", true),
+            ],
+        )
+        .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
+        .run();
+    let st = &out.port_maps[&("ns".to_string(), "m".to_string())];
+    assert_eq!(st.endpoint.as_ref().map(|e| e.address.as_str()), Some("10.244.0.1"));
+}
+
+#[test]
+fn link_mtu_is_the_smaller_underlay_less_50() {
+    let w = base()
+        .class("public", Single, Vxlan, PUBLIC)
+        .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])
+        .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
+        .facts("edge-a", 1420, &[("enp1s0", "203.0.113.9")]);
+    let mtu = |out: &Outputs, n: &str| out.node_states[n].netns[0].links[0].mtu;
+    // worker-b has not reported: edge-a keeps its own figure, and worker-b, knowing nothing of
+    // its own underlay, takes edge-a's smaller one.
+    let out = w.run();
+    assert_eq!((mtu(&out, "edge-a"), mtu(&out, "worker-b")), (1370, 1370));
+    let out = w.facts("worker-b", 1380, &[]).run();
+    assert_eq!((mtu(&out, "edge-a"), mtu(&out, "worker-b")), (1330, 1330));
+}
+
+#[test]
+fn slots_are_released_a_day_after_last_use() {
+    let w = base()
+        .class("public", Single, Vxlan, PUBLIC)
+        .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])
+        .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0);
+    let first = w.run();
+    let rows = first.classes["public"].links.clone();
+    assert_eq!(rows.len(), 1);
+    let mut w = w;
+    w.c.classes[0].status = Some(first.classes["public"].clone());
+    w.c.port_maps.clear();
+    let unused = w.run();
+    let since = unused.classes["public"].links[0].unused_since.clone();
+    assert_eq!(since.as_ref().map(|t| t.0), Some(now()));
+    assert_eq!(links_on(&unused, "edge-a"), 0, "an unused link is not kept on the node");
+    w.c.classes[0].status = Some(unused.classes["public"].clone());
+    w.c.now = Timestamp::from_second(now().as_second() + links::RELEASE_AFTER_SECONDS - 1).unwrap_or(now());
+    assert_eq!(w.run().classes["public"].links.len(), 1);
+    w.c.now = Timestamp::from_second(now().as_second() + links::RELEASE_AFTER_SECONDS).unwrap_or(now());
+    assert!(w.run().classes["public"].links.is_empty());
+}
+
+#[test]
+fn unchanged_inputs_keep_condition_times() {
+    let mut w = base()
+        .class("public", Single, Vxlan, PUBLIC)
+        .service("ns", "svc", "TCP", 3000, &[("pod", "edge-a", "10.244.0.7", true)])
+        .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0);
+    let first = w.run();
+    w.c.port_maps[0].status = first.port_maps.values().next().cloned();
+    w.c.now = Timestamp::from_second(now().as_second() + 60).unwrap_or(now());
+    assert_eq!(w.run().port_maps, first.port_maps);
+}
+
+#[test]
+fn class_conditions() {
+    let ready = |w: World| {
+        let out = w.run();
+        let c = out.classes["c"].conditions[0].clone();
+        (c.status, c.reason)
+    };
+    let w = || base().class("c", Single, Vxlan, PUBLIC);
+    assert_eq!(ready(w()), ("True".into(), reason::READY.into()));
+    assert_eq!(ready(w().edit_class("c", |s| s.return_path.vxlan.port = 8472)).1, reason::VXLAN_PORT_CONFLICT);
+    assert_eq!(
+        ready(w().edit_class("c", |s| s.return_path.vxlan.subnet = "fd00::/64".into())).1,
+        reason::INVALID_SUBNET
+    );
+    assert_eq!(
+        ready(w().edit_class("c", |s| s.return_path.vxlan.subnet = "169.254.0.0/31".into())).1,
+        reason::INVALID_SUBNET
+    );
+    let exhausted = w()
+        .edit_class("c", |s| s.return_path.vxlan.subnet = "169.254.77.0/30".into())
+        .class("d", Single, Vxlan, &[("worker-c", &["wt0"])])
+        .edit_class("d", |s| s.return_path.vxlan.subnet = "169.254.77.0/30".into())
+        .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])
+        .service("ns", "svc2", "TCP", 4000, &[("pod2", "edge-a", "10.244.0.8", true)])
+        .port_map("ns", "m", "c", Tcp, 3000, None, "svc", 0)
+        .port_map("ns", "m2", "d", Tcp, 4000, None, "svc2", 0);
+    // c (edge-a<->worker-b) takes slot 1 of its /30; d (worker-c<->edge-a) cannot reuse slot 1
+    // on edge-a and its /30 has no slot 2.
+    let out = exhausted.run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).0, "True");
+    assert_eq!(cond(&out, "m2", status::PROGRAMMED).1, reason::RETURN_PATH_UNAVAILABLE);
+    assert_eq!(out.classes["d"].conditions[0].reason, reason::SUBNET_EXHAUSTED);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties
+// ---------------------------------------------------------------------------------------------
+
+const NODES: [&str; 5] = ["edge-a", "worker-b", "worker-c", "worker-d", "worker-e"];
+
+#[derive(Clone, Debug)]
+struct Gen {
+    classes: Vec<(bool, Vec<usize>, u32)>,
+    maps: Vec<(usize, bool, u16, u16, usize)>,
+}
+
+fn gen_world() -> impl Strategy<Value = Gen> {
+    let class = (any::<bool>(), proptest::collection::vec(0usize..5, 1..4), 0u32..3);
+    let map = (0usize..3, any::<bool>(), 1000u16..1040, 0u16..4, 0usize..5);
+    (proptest::collection::vec(class, 1..4), proptest::collection::vec(map, 0..14))
+        .prop_map(|(classes, maps)| Gen { classes, maps })
+}
+
+fn build(g: &Gen) -> World {
+    let mut w = World::new();
+    for (i, n) in NODES.iter().enumerate() {
+        w = w.node(n, &format!("100.64.0.{}", i + 1), true);
+    }
+    for (ci, (multi, nodes, subnet)) in g.classes.iter().enumerate() {
+        let nodes: BTreeSet<usize> = nodes.iter().copied().collect();
+        let ns: Vec<(&str, &[&str])> = nodes.iter().map(|i| (NODES[*i], &["wt0"][..])).collect();
+        w = w.class(&format!("c{ci}"), if *multi { Multi } else { Single }, Vxlan, &ns);
+        // Classes sharing one subnet and VNI base must still never collide on a node.
+        let s = *subnet;
+        w = w.edit_class(&format!("c{ci}"), |spec| {
+            spec.return_path.vxlan.subnet = format!("169.254.{}.0/24", 77 + s);
+            spec.return_path.vxlan.vni = 4200 + 5 * s;
+        });
+    }
+    for (mi, (class, udp, port, width, pod_node)) in g.maps.iter().enumerate() {
+        let class = class % g.classes.len();
+        let svc = format!("s{mi}");
+        let proto = if *udp { "UDP" } else { "TCP" };
+        w = w.service(
+            "ns",
+            &svc,
+            proto,
+            i32::from(*port),
+            &[("pod", NODES[*pod_node], &format!("10.244.{pod_node}.{}", mi + 1), true)],
+        );
+        let end = (*width > 0).then_some(port + width);
+        w = w.port_map(
+            "ns",
+            &format!("m{mi}"),
+            &format!("c{class}"),
+            if *udp { Udp } else { Tcp },
+            *port,
+            end,
+            &svc,
+            mi as i64,
+        );
+    }
+    w
+}
+
+fn check_unique_links(state: &NodeState) -> Result<(), TestCaseError> {
+    for ns in &state.netns {
+        let mut names = BTreeSet::new();
+        let mut vnis = BTreeSet::new();
+        let mut addrs = BTreeSet::new();
+        for l in &ns.links {
+            prop_assert!(names.insert(l.name.clone()), "device {} twice on {}", l.name, state.node);
+            if let Some(link::Kind::Vxlan(v)) = &l.kind {
+                prop_assert!(vnis.insert(v.vni), "VNI {} twice on {}", v.vni, state.node);
+            }
+        }
+        for a in &ns.addresses {
+            let net: ipnet::Ipv4Net = a.cidr.parse().map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            prop_assert!(addrs.insert(net.trunc()), "/31 {} twice on {}", net, state.node);
+        }
+        let mut tables = BTreeSet::new();
+        for r in &ns.routes {
+            prop_assert!(tables.insert(r.table), "table {} twice on {}", r.table, state.node);
+            prop_assert!(!numbers::RESERVED_TABLES.contains(&r.table));
+        }
+        let mut marks = BTreeSet::new();
+        for r in ns.ip_rules.iter().filter(|r| r.pref == Rule::Divert.preference()) {
+            prop_assert!(marks.insert(r.fwmark), "mark {:#x} twice on {}", r.fwmark, state.node);
+            prop_assert!(
+                r.fwmark & numbers::MARK_PREFIX_MASK == numbers::MARK_PREFIX && r.fwmark != numbers::MARK_PREFIX
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn input_order_does_not_matter(g in gen_world()) {
+        let w = build(&g);
+        let mut r = w.clone();
+        r.c.nodes.reverse();
+        r.c.classes.reverse();
+        r.c.port_maps.reverse();
+        r.c.services.reverse();
+        r.c.endpoint_slices.reverse();
+        prop_assert_eq!(w.run(), r.run());
+    }
+
+    #[test]
+    fn links_never_collide_on_a_node(g in gen_world()) {
+        let out = build(&g).run();
+        for state in out.node_states.values() {
+            check_unique_links(state)?;
+        }
+    }
+
+    #[test]
+    fn existing_slots_survive_added_mappings(g in gen_world(), extra in (0usize..3, 1100u16..1200, 0usize..5)) {
+        let mut w = build(&g);
+        let first = w.run();
+        for c in &mut w.c.classes {
+            let name = c.metadata.name.clone().unwrap_or_default();
+            c.status = first.classes.get(&name).cloned();
+        }
+        let (class, port, node) = extra;
+        let class = class % g.classes.len();
+        let w = w
+            .service("ns", "extra", "TCP", i32::from(port), &[("pod", NODES[node], "10.244.99.1", true)])
+            .port_map("ns", "extra", &format!("c{class}"), Tcp, port, None, "extra", 1000);
+        let second = w.run();
+        for (class, st) in &first.classes {
+            for row in &st.links {
+                let kept = second.classes[class].links.iter().find(|r| r.pair == row.pair);
+                prop_assert_eq!(kept.map(|r| (r.slot, r.subnet.clone())), Some((row.slot, row.subnet.clone())));
+            }
+        }
+        for state in second.node_states.values() {
+            check_unique_links(state)?;
+        }
+    }
+}

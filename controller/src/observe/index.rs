@@ -1,0 +1,216 @@
+//! Indexes over an observed [`Cluster`]: what the computation reads, in the shapes it reads them
+//! (nodes with their facts, Services and their slices, classes by name), built once per compute.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use super::{Cluster, NodeFacts};
+use crate::api::{PortMapClass, PortMapClassStatus};
+
+/// The label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// A link's MTU when neither end has reported its underlay yet: Ethernet's 1500.
+pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
+
+/// What the computation knows of one node.
+#[derive(Clone, Debug, Default)]
+pub struct KnownNode {
+    pub exists: bool,
+    pub ready: bool,
+    /// The executor's underlay address, else the Node's InternalIP, else a class status row's.
+    pub underlay: Option<Ipv4Addr>,
+    /// The executor's underlay MTU, else a class status row's.
+    pub underlay_mtu: Option<u32>,
+    /// Interface names and addresses, when the executor has reported them.
+    pub interfaces: Option<BTreeMap<String, Vec<String>>>,
+    /// Addresses of class interfaces as class status rows remember them: what
+    /// [`KnownNode::addresses_of`] answers until the executor reports, so a new leader
+    /// publishes the same addresses as the old one.
+    pub remembered: BTreeMap<String, Vec<String>>,
+    /// Class interfaces the rows say the node has (true) or lacks (false), for the same reason.
+    pub remembered_interfaces: BTreeMap<String, bool>,
+}
+
+impl KnownNode {
+    /// Whether `iface` may exist: unknown until the executor reports.
+    pub fn may_have(&self, iface: &str) -> bool {
+        match &self.interfaces {
+            Some(m) => m.contains_key(iface),
+            None => self.remembered_interfaces.get(iface).copied().unwrap_or(true),
+        }
+    }
+
+    /// Of `class_interfaces`, those the node is known to have: None while unknown.
+    pub fn known_interfaces(&self, class_interfaces: &[String]) -> Option<Vec<String>> {
+        let known = match &self.interfaces {
+            Some(m) => class_interfaces.iter().filter(|i| m.contains_key(*i)).cloned().collect(),
+            None if class_interfaces.iter().all(|i| self.remembered_interfaces.contains_key(i)) => {
+                class_interfaces.iter().filter(|i| self.remembered_interfaces[*i]).cloned().collect()
+            }
+            None => return None,
+        };
+        Some(known)
+    }
+
+    pub fn addresses_of(&self, iface: &str) -> &[String] {
+        match &self.interfaces {
+            Some(m) => m.get(iface).map(Vec::as_slice).unwrap_or(&[]),
+            None => self.remembered.get(iface).map(Vec::as_slice).unwrap_or(&[]),
+        }
+    }
+
+    /// The underlay MTU this node's links start from.
+    pub fn mtu(&self) -> u32 {
+        self.underlay_mtu.unwrap_or(DEFAULT_UNDERLAY_MTU)
+    }
+}
+
+static UNKNOWN_NODE: KnownNode = KnownNode {
+    exists: false,
+    ready: false,
+    underlay: None,
+    underlay_mtu: None,
+    interfaces: None,
+    remembered: BTreeMap::new(),
+    remembered_interfaces: BTreeMap::new(),
+};
+
+pub struct View<'a> {
+    pub nodes: BTreeMap<String, KnownNode>,
+    pub namespaces: BTreeMap<String, &'a Namespace>,
+    pub services: BTreeMap<(String, String), &'a Service>,
+    /// Slices by (namespace, service name), in name order.
+    pub slices: BTreeMap<(String, String), Vec<&'a EndpointSlice>>,
+    pub classes: BTreeMap<String, &'a PortMapClass>,
+    /// UDP ports that carry VXLAN: every class's and the CNI's.
+    pub vxlan_ports: BTreeSet<u16>,
+}
+
+impl<'a> View<'a> {
+    pub fn new(cluster: &'a Cluster, cni_vxlan_port: u16) -> Self {
+        let mut nodes: BTreeMap<String, KnownNode> = BTreeMap::new();
+        for node in &cluster.nodes {
+            let Some(name) = node.metadata.name.clone() else { continue };
+            nodes.insert(
+                name,
+                KnownNode { exists: true, ready: node_ready(node), underlay: internal_ip(node), ..Default::default() },
+            );
+        }
+        // Rows a previous leader wrote: the fallback for facts no executor has sent yet.
+        let mut classes: Vec<&PortMapClass> = cluster.classes.iter().collect();
+        classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        for class in &classes {
+            for row in class.status.iter().flat_map(|s: &PortMapClassStatus| &s.nodes) {
+                let view = nodes.entry(row.name.clone()).or_default();
+                if view.underlay.is_none() {
+                    view.underlay = row.underlay_address.as_deref().and_then(|a| a.parse().ok());
+                }
+                if view.underlay_mtu.is_none() {
+                    view.underlay_mtu = row.underlay_mtu;
+                }
+                if let (Some(have), Some(spec)) = (&row.interfaces, class.spec.nodes.get(&row.name)) {
+                    for i in &spec.interfaces {
+                        view.remembered_interfaces.insert(i.clone(), have.contains(i));
+                    }
+                }
+                for a in &row.addresses {
+                    let list = view.remembered.entry(a.interface.clone()).or_default();
+                    if !list.contains(&a.address) {
+                        list.push(a.address.clone());
+                    }
+                }
+            }
+        }
+        let mut facts: Vec<&NodeFacts> = cluster.facts.iter().collect();
+        facts.sort_by(|a, b| a.node.cmp(&b.node));
+        for f in facts {
+            let view = nodes.entry(f.node.clone()).or_default();
+            if let Some(a) = f.underlay_address {
+                view.underlay = Some(a);
+            }
+            if let Some(m) = f.underlay_mtu {
+                view.underlay_mtu = Some(m);
+            }
+            if let Some(ifaces) = &f.interfaces {
+                view.interfaces = Some(ifaces.iter().map(|i| (i.name.clone(), i.addresses.clone())).collect());
+            }
+        }
+        let namespaces = cluster.namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n))).collect();
+        let services = cluster
+            .services
+            .iter()
+            .filter_map(|s| Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), s)))
+            .collect();
+        let mut slices: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
+        for slice in &cluster.endpoint_slices {
+            let (Some(ns), Some(svc)) = (
+                slice.metadata.namespace.clone(),
+                slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)).cloned(),
+            ) else {
+                continue;
+            };
+            slices.entry((ns, svc)).or_default().push(slice);
+        }
+        for list in slices.values_mut() {
+            list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        }
+        let classes = cluster.classes.iter().filter_map(|c| Some((c.metadata.name.clone()?, c))).collect();
+        let vxlan_ports =
+            cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).chain([cni_vxlan_port]).collect();
+        View { nodes, namespaces, services, slices, classes, vxlan_ports }
+    }
+
+    /// What is known of `name`; an unknown node is neither present nor ready.
+    pub fn node(&self, name: &str) -> &KnownNode {
+        self.nodes.get(name).unwrap_or(&UNKNOWN_NODE)
+    }
+
+    pub fn namespace_labels(&self, ns: &str) -> BTreeMap<String, String> {
+        self.namespaces.get(ns).and_then(|n| n.metadata.labels.clone()).unwrap_or_default()
+    }
+}
+
+/// What the computation reads of a Node besides its name: readiness and the InternalIP. A
+/// watch that sees neither change (a kubelet heartbeat) need not recompute.
+pub fn node_inputs(node: &Node) -> (bool, Option<Ipv4Addr>) {
+    (node_ready(node), internal_ip(node))
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn internal_ip(node: &Node) -> Option<Ipv4Addr> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse().ok())
+}
+
+/// Whether `labels` satisfy `selector`, with Kubernetes' semantics. An unknown operator selects
+/// nothing, so a typo narrows access instead of widening it.
+pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_match = selector.match_labels.iter().flatten().all(|(k, v)| labels.get(k) == Some(v));
+    let exprs_match = selector.match_expressions.iter().flatten().all(|e| {
+        let values: BTreeSet<&String> = e.values.iter().flatten().collect();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    labels_match && exprs_match
+}

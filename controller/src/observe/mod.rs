@@ -1,0 +1,71 @@
+//! Observe: what the controller knows of the cluster, gathered for the computation.
+//!
+//! A source delivers whole [`Cluster`] snapshots to the hub: [`kubernetes`] from reflector
+//! stores over the API, [`folder`] from a folder of manifests. Executors' facts arrive over
+//! NodeSync and join the snapshot as [`NodeFacts`]. [`index`] holds the indexes the computation
+//! reads the snapshot through.
+
+pub mod folder;
+pub mod index;
+pub mod kubernetes;
+
+use std::net::Ipv4Addr;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{PortMap, PortMapClass};
+
+/// Everything the computation reads.
+#[derive(Clone, Debug, Default)]
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+    pub namespaces: Vec<Namespace>,
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+    pub classes: Vec<PortMapClass>,
+    pub port_maps: Vec<PortMap>,
+    pub facts: Vec<NodeFacts>,
+    pub now: Timestamp,
+}
+
+/// What an executor reports about its node.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeFacts {
+    pub node: String,
+    #[serde(default)]
+    pub underlay_address: Option<Ipv4Addr>,
+    #[serde(default)]
+    pub underlay_mtu: Option<u32>,
+    /// The node's interfaces; None until reported, which leaves every interface possible.
+    #[serde(default)]
+    pub interfaces: Option<Vec<InterfaceFacts>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceFacts {
+    pub name: String,
+    #[serde(default)]
+    pub addresses: Vec<String>,
+}
+
+impl NodeFacts {
+    /// The facts `node`'s executor reported over NodeSync, as the computation reads them.
+    pub fn reported(node: &str, f: &kuport_proto::v1::NodeFacts) -> Self {
+        NodeFacts {
+            node: node.to_string(),
+            underlay_address: f.underlay_address.parse::<Ipv4Addr>().ok(),
+            underlay_mtu: (f.underlay_mtu > 0).then_some(f.underlay_mtu),
+            interfaces: Some(
+                f.interfaces
+                    .iter()
+                    .map(|i| InterfaceFacts { name: i.name.clone(), addresses: i.addresses.clone() })
+                    .collect(),
+            ),
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The Debug service: read-only answers for kuportctl and grpcurl, served by every replica.
+
+use std::sync::Arc;
+
+use kuport_proto::v1::debug_server::Debug;
+use kuport_proto::v1::{
+    ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, ListNodesResponse, NodeDebug, NodeProgramming,
+    PortMapExplanation,
+};
+use tonic::{Request, Response, Status};
+
+use crate::compute::ObjectKey;
+use crate::compute::portmap::admission::key_of;
+use crate::compute::portmap::links::device_name;
+use crate::stream::Hub;
+use crate::stream::hub::NodeSnapshot;
+
+pub struct DebugService {
+    hub: Arc<Hub>,
+}
+
+impl DebugService {
+    pub fn new(hub: Arc<Hub>) -> Self {
+        DebugService { hub }
+    }
+}
+
+fn node_debug(v: NodeSnapshot, with_state: bool) -> NodeDebug {
+    NodeDebug {
+        node: v.node,
+        desired_version: v.desired.as_ref().map(|d| d.version.clone()).unwrap_or_default(),
+        desired: if with_state { v.desired.map(|d| (*d).clone()) } else { None },
+        connected: v.connected,
+        executor_version: v.executor_version,
+        acked_version: v.acked.map(|a| a.version).unwrap_or_default(),
+        errors: v.errors,
+        drift_repairs: v.drift_repairs,
+        last_drift: v.last_drift,
+        facts: v.facts,
+        since_seconds: v.since.as_secs(),
+    }
+}
+
+#[tonic::async_trait]
+impl Debug for DebugService {
+    async fn get_node(&self, request: Request<GetNodeRequest>) -> Result<Response<NodeDebug>, Status> {
+        let name = request.into_inner().node;
+        match self.hub.node(&name) {
+            Some(v) => Ok(Response::new(node_debug(v, true))),
+            None => Err(Status::not_found(format!("node {name:?}: no desired state and no executor"))),
+        }
+    }
+
+    async fn list_nodes(&self, _: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
+        let leader = self.hub.leadership().borrow().leads();
+        let nodes = self.hub.nodes().into_iter().map(|v| node_debug(v, false)).collect();
+        let input_error = self.hub.source_error().unwrap_or_default();
+        Ok(Response::new(ListNodesResponse { leader, nodes, input_error }))
+    }
+
+    async fn explain_port_map(
+        &self,
+        request: Request<ExplainPortMapRequest>,
+    ) -> Result<Response<PortMapExplanation>, Status> {
+        let r = request.into_inner();
+        let key = (r.namespace.clone(), r.name.clone());
+        let (out, inputs) = self.hub.outputs();
+        let (Some(status), Some(pm)) = (
+            out.port_maps.get(&key),
+            inputs.as_ref().and_then(|c| c.port_maps.iter().find(|p| key_of(p) == key).cloned()),
+        ) else {
+            return Err(Status::not_found(format!(
+                "PortMap {}/{}: not in the controller's inputs",
+                r.namespace, r.name
+            )));
+        };
+        let status_yaml = serde_yaml::to_string(status).map_err(|e| Status::internal(e.to_string()))?;
+        let class = &pm.spec.class_name;
+        let pod_node = status.endpoint.as_ref().map(|e| e.node.clone());
+        let object = ObjectKey::port_map(&r.namespace, &r.name);
+        let mut nodes = Vec::new();
+        for node in out.must_ack(&object).iter().cloned() {
+            let accepting = out.programming.get(&key).is_some_and(|n| n.contains(&node));
+            let is_pod = pod_node.as_deref() == Some(node.as_str());
+            let role = match (accepting, is_pod) {
+                (true, true) => "accepting, pod",
+                (true, false) => "accepting",
+                _ => "pod",
+            };
+            let links = if is_pod {
+                out.programming
+                    .get(&key)
+                    .into_iter()
+                    .flatten()
+                    .filter(|n| **n != node)
+                    .map(|peer| format!("{} to {peer}", device_name(class, peer)))
+                    .collect()
+            } else {
+                pod_node.iter().map(|p| format!("{} to {p}", device_name(class, p))).collect()
+            };
+            let acked = self.hub.unacked(&object, vec![node.clone()]).is_empty();
+            nodes.push(NodeProgramming { node, role: role.to_string(), links, acked });
+        }
+        Ok(Response::new(PortMapExplanation { namespace: r.namespace, name: r.name, status_yaml, nodes }))
+    }
+}

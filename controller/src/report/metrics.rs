@@ -1,0 +1,168 @@
+//! Prometheus metrics: counters the hub bumps as it works, gauges read from the hub at scrape
+//! time, served as text on --metrics-listen at /metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::stream::Hub;
+use crate::stream::hub::NodeSnapshot;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    pub node: String,
+}
+
+/// What a write to the API server was.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum WriteKind {
+    ClassStatus,
+    PortMapStatus,
+    Event,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabel {
+    pub kind: WriteKind,
+}
+
+/// Everything kuport's controller exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Computes run (each a full recompute of every node's state and status).
+    pub reconciles: Counter,
+    pub reconcile_seconds: Histogram,
+    /// Refusals (NACKs) executors answered with.
+    pub nacks: Counter,
+    /// Writes sent to the API server, failed ones included: a replica that does not lead
+    /// sends none.
+    api_writes: Family<WriteLabel, Counter>,
+    executors_connected: Gauge,
+    /// Nodes whose executor has not acknowledged their current desired version.
+    nodes_out_of_sync: Gauge,
+    /// Per node: 1 when the acknowledged version is the desired one.
+    node_in_sync: Family<NodeLabel, Gauge>,
+    /// Drift repairs executors reported (the sum of their counters).
+    drift_repairs: Gauge,
+    leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("kuport");
+        let reconciles = Counter::default();
+        let reconcile_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        let nacks = Counter::default();
+        let api_writes = Family::<WriteLabel, Counter>::default();
+        let executors_connected = Gauge::default();
+        let nodes_out_of_sync = Gauge::default();
+        let node_in_sync = Family::<NodeLabel, Gauge>::default();
+        let drift_repairs = Gauge::default();
+        let leader = Gauge::default();
+        registry.register("reconciles", "Full recomputes of every node state and status", reconciles.clone());
+        registry.register("reconcile_seconds", "Time of one recompute", reconcile_seconds.clone());
+        registry.register("nacks", "States an executor refused", nacks.clone());
+        registry.register(
+            "api_writes",
+            "Writes sent to the API server (failed ones too): class and PortMap statuses, events",
+            api_writes.clone(),
+        );
+        registry.register("executors_connected", "Executors with an open NodeSync stream", executors_connected.clone());
+        registry.register(
+            "nodes_out_of_sync",
+            "Nodes whose executor has not acknowledged the desired version",
+            nodes_out_of_sync.clone(),
+        );
+        registry.register("node_in_sync", "1 when the node acknowledged its desired version", node_in_sync.clone());
+        registry.register("drift_repairs_reported", "Drift repairs executors reported", drift_repairs.clone());
+        registry.register("leader", "1 while this replica leads", leader.clone());
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_seconds,
+            nacks,
+            api_writes,
+            executors_connected,
+            nodes_out_of_sync,
+            node_in_sync,
+            drift_repairs,
+            leader,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn observe_reconcile(&self, took: Duration) {
+        self.reconciles.inc();
+        self.reconcile_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Counts one write about to be sent to the API server.
+    pub fn api_write(&self, kind: WriteKind) {
+        self.api_writes.get_or_create(&WriteLabel { kind }).inc();
+    }
+
+    /// The metrics as Prometheus text, gauges read from `hub` now.
+    pub fn render(&self, hub: &Hub) -> String {
+        let nodes = hub.nodes();
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.executors_connected.set(gauge(nodes.iter().filter(|n| n.connected).count()));
+        let in_sync = |n: &NodeSnapshot| match (&n.acked, &n.desired) {
+            (Some(a), Some(d)) => a.version == d.version,
+            _ => false,
+        };
+        self.nodes_out_of_sync.set(gauge(nodes.iter().filter(|n| n.desired.is_some() && !in_sync(n)).count()));
+        self.node_in_sync.clear();
+        for n in &nodes {
+            self.node_in_sync.get_or_create(&NodeLabel { node: n.node.clone() }).set(i64::from(in_sync(n)));
+        }
+        self.drift_repairs.set(nodes.iter().map(|n| i64::try_from(n.drift_repairs).unwrap_or(i64::MAX)).sum());
+        self.leader.set(i64::from(hub.leadership().borrow().leads()));
+        let mut text = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::warn!(error = %e, "encoding metrics");
+        }
+        text
+    }
+}
+
+/// Serves GET /metrics on `listener` until the process ends: a plain HTTP/1.1 responder,
+/// enough for Prometheus and curl.
+pub async fn serve(listener: TcpListener, hub: Arc<Hub>) {
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else { continue };
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            let mut len = 0;
+            // Read the request head (the body, if any, is ignored).
+            while len < buf.len() && !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf[len..])).await {
+                    Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return,
+                    Ok(Ok(n)) => len += n,
+                }
+            }
+            let head = String::from_utf8_lossy(&buf[..len]);
+            let path = head.split_whitespace().nth(1).unwrap_or("");
+            let (status, body) = if path == "/metrics" || path.starts_with("/metrics?") {
+                ("200 OK", hub.metrics().render(&hub))
+            } else {
+                ("404 Not Found", "not found: try /metrics\n".to_string())
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(response.as_bytes()).await;
+        });
+    }
+}

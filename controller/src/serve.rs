@@ -1,0 +1,145 @@
+//! The controller at run time, its stages wired together: a source observes (the folder or
+//! the API) and feeds the [`Hub`], whose debounced recompute streams states to the executors;
+//! the status writer, the Debug service and the metrics report.
+//!
+//! One gRPC port serves NodeSync (leader only), Debug (every replica), the standard health
+//! service and reflection, so grpcurl works without .proto files.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kuport_proto::v1::debug_server::DebugServer;
+use kuport_proto::v1::node_sync_server::NodeSyncServer;
+use tokio::net::TcpListener;
+
+use crate::compute::Settings;
+use crate::observe;
+use crate::report::{debug, metrics, status};
+use crate::stream::hub::{self, Hub};
+use crate::stream::{leader, sync};
+
+/// The largest message either side accepts: a 50,000-mapping node state is about 20 MB.
+pub const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+
+/// A controller that reads a manifest folder instead of the Kubernetes API.
+pub struct Standalone {
+    pub manifests: PathBuf,
+    pub settings: Settings,
+    /// The address executors are sent to (host:port); the listener's by default.
+    pub advertise: Option<String>,
+}
+
+/// Serves the hub's services on `listener` until `stop` completes.
+pub async fn serve_grpc<F>(hub: Arc<Hub>, listener: TcpListener, stop: F) -> Result<(), tonic::transport::Error>
+where
+    F: std::future::Future<Output = ()> + Send,
+{
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<NodeSyncServer<sync::SyncService>>().await;
+    health.set_serving::<DebugServer<debug::DebugService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kuport_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| {
+            tracing::error!(error = %e, "reflection");
+            e
+        });
+    let closer = hub.clone();
+    let stop = async move {
+        stop.await;
+        // Streams never end by themselves; a graceful shutdown waits for them.
+        closer.close();
+    };
+    let mut router = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .add_service(health_service)
+        .add_service(
+            NodeSyncServer::new(sync::SyncService::new(hub.clone()))
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+        .add_service(
+            DebugServer::new(debug::DebugService::new(hub))
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        );
+    if let Ok(r) = reflection {
+        router = router.add_service(r);
+    }
+    // TCP_NODELAY as tonic's own bind sets it: with Nagle, the tail of a state waits for the
+    // executor's delayed ACK (40 ms on Linux).
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    router.serve_with_incoming_shutdown(incoming, stop).await
+}
+
+/// Runs a standalone controller on `listener`: the folder source, the recompute loop and the
+/// gRPC services, until `stop` completes.
+pub async fn run_standalone<F>(cfg: Standalone, listener: TcpListener, stop: F) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = ()> + Send,
+{
+    let address: SocketAddr = listener.local_addr()?;
+    let (_lead_tx, lead_rx) = leader::standalone(cfg.advertise.unwrap_or_else(|| address.to_string()));
+    let hub = Hub::new(cfg.settings, lead_rx, true);
+    let source = tokio::spawn(observe::folder::watch(cfg.manifests, hub.clone()));
+    let recompute = tokio::spawn(hub.clone().recompute_loop(None));
+    tracing::info!(%address, "serving NodeSync, Debug, health and reflection");
+    let served = serve_grpc(hub, listener, stop).await;
+    source.abort();
+    recompute.abort();
+    served.map_err(Into::into)
+}
+
+/// A controller that reads the Kubernetes API and elects a leader on a Lease.
+pub struct Kubernetes {
+    pub settings: Settings,
+    pub lease_namespace: String,
+    pub lease_name: String,
+    /// This replica's name (the pod's), unique among replicas.
+    pub identity: String,
+    /// host:port executors reach this replica's NodeSync at.
+    pub advertise: String,
+    /// Where /metrics is served; None: nowhere.
+    pub metrics: Option<TcpListener>,
+}
+
+/// Runs a controller replica against the Kubernetes API until `stop` completes; on stop it
+/// releases the lease first, so a follower takes over at once.
+pub async fn run_kubernetes<F>(
+    cfg: Kubernetes,
+    client: ::kube::Client,
+    listener: TcpListener,
+    stop: F,
+) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = ()> + Send,
+{
+    let (lead_rx, release) =
+        leader::kubernetes(client.clone(), &cfg.lease_namespace, &cfg.lease_name, &cfg.identity, &cfg.advertise)
+            .await
+            .map_err(|e| anyhow::anyhow!("lease {}/{}: {e}", cfg.lease_namespace, cfg.lease_name))?;
+    let hub = Hub::new(cfg.settings, lead_rx, false);
+    let stores = observe::kubernetes::watch(&client, hub.clone());
+    let writer = status::Writer::new(client, stores, hub.clone(), Some(cfg.identity.clone()));
+    let gate: Arc<dyn hub::Gate> = writer.clone();
+    let recompute = tokio::spawn(hub.clone().recompute_loop(Some(gate)));
+    let statuses = tokio::spawn(writer.run());
+    let metrics = cfg.metrics.map(|l| tokio::spawn(metrics::serve(l, hub.clone())));
+    tracing::info!(address = %cfg.advertise, identity = %cfg.identity, "serving; electing a leader");
+    let stop = async move {
+        stop.await;
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        if release.send(done_tx).is_ok() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), done).await;
+        }
+    };
+    let served = serve_grpc(hub, listener, stop).await;
+    recompute.abort();
+    statuses.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
+    served.map_err(Into::into)
+}

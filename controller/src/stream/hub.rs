@@ -1,0 +1,481 @@
+//! The hub: what the controller knows at run time, between its inputs and its executors.
+//!
+//! Inputs (from a manifest folder or the Kubernetes API) and the facts executors report go in; a recompute (debounced: [`QUIET`] of quiet, [`AT_MOST`] at most) runs the pure
+//! [`compute`] and publishes each node's state, stamped with the leader's term and a sequence
+//! number, on that node's channel. Only nodes whose version changed get a new message.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kuport_proto::v1::{
+    Applied, DesiredState, ExecutorMessage, Hello, NodeFacts as WireFacts, NodeState, ObjectError, executor_message,
+};
+use tokio::sync::{Notify, watch};
+
+use super::leader::Leadership;
+use crate::api::{PortMapClassStatus, PortMapStatus};
+use crate::compute::portmap::{MapKey, admission};
+use crate::compute::{ObjectKey, Outputs, Settings, compute, relevant_facts};
+use crate::observe::{Cluster, NodeFacts};
+use crate::report::metrics::Metrics;
+
+/// A recompute waits for this much quiet after the last change...
+pub const QUIET: Duration = Duration::from_millis(100);
+/// ...but never longer than this after the first one.
+pub const AT_MOST: Duration = Duration::from_secs(1);
+
+/// A node's stream of desired states (None until the first compute that knows the node).
+pub type DesiredRx = watch::Receiver<Option<Arc<DesiredState>>>;
+
+/// What the controller knows of one node and its executor.
+#[derive(Debug)]
+struct NodeEntry {
+    tx: watch::Sender<Option<Arc<DesiredState>>>,
+    /// The connected executor's session id.
+    session: Option<u64>,
+    executor_version: String,
+    /// When the executor connected or disconnected.
+    since: Instant,
+    /// The last state the executor applied (ok Ack, or what it held when it said Hello).
+    acked: Option<Applied>,
+    /// The refusal of the latest answer, empty after an ok.
+    errors: Vec<ObjectError>,
+    drift_repairs: u64,
+    last_drift: Vec<String>,
+    facts: Option<WireFacts>,
+}
+
+impl NodeEntry {
+    fn new() -> Self {
+        NodeEntry {
+            tx: watch::channel(None).0,
+            session: None,
+            executor_version: String::new(),
+            since: Instant::now(),
+            acked: None,
+            errors: Vec::new(),
+            drift_repairs: 0,
+            last_drift: Vec::new(),
+            facts: None,
+        }
+    }
+
+    fn desired(&self) -> Option<Arc<DesiredState>> {
+        self.tx.borrow().clone()
+    }
+}
+
+/// One node as the Debug service and the metrics show it.
+#[derive(Debug, Clone)]
+pub struct NodeSnapshot {
+    pub node: String,
+    pub desired: Option<Arc<DesiredState>>,
+    pub connected: bool,
+    pub executor_version: String,
+    pub since: Duration,
+    pub acked: Option<Applied>,
+    pub errors: Vec<ObjectError>,
+    pub drift_repairs: u64,
+    pub last_drift: Vec<String>,
+    pub facts: Option<WireFacts>,
+}
+
+/// Per node, the (term, sequence) of its first state holding an object as now computed.
+type HeldSince = BTreeMap<String, (u64, u64)>;
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The latest inputs; None until the source delivered them once.
+    inputs: Option<Arc<Cluster>>,
+    /// The statuses the last compute decided, fed back as the objects' stored status (slots
+    /// and condition times survive recomputes, as they would through the API server).
+    class_status: BTreeMap<String, PortMapClassStatus>,
+    port_map_status: BTreeMap<MapKey, PortMapStatus>,
+    outputs: Arc<Outputs>,
+    term: u64,
+    sequence: u64,
+    next_session: u64,
+    nodes: BTreeMap<String, NodeEntry>,
+    /// The source's last error (a bad manifest); the previous inputs stay in use.
+    source_error: Option<String>,
+    /// Per tracked object: its fingerprint, and for each node that must acknowledge it the
+    /// (term, sequence) of the first state holding it as it is now. A node that acked that
+    /// state or a later one of the term has it, whatever else changed on the node since.
+    holds_since: BTreeMap<ObjectKey, (u64, HeldSince)>,
+    computes: u64,
+}
+
+/// Shared by the source, the recompute loop and every gRPC session.
+#[derive(Debug)]
+pub struct Hub {
+    inner: Mutex<Inner>,
+    changed: Notify,
+    settings: Settings,
+    leadership: watch::Receiver<Leadership>,
+    /// Set when the controller stops: every session ends, so the server can finish.
+    closing: watch::Sender<bool>,
+    /// Standalone: no API server stores statuses, so the last computed ones are fed back.
+    feed_back_status: bool,
+    status_dirty: Notify,
+    metrics: Metrics,
+}
+
+impl Hub {
+    /// A hub whose inputs carry no stored status when `feed_back_status` (a manifest
+    /// folder): the statuses it computes are then fed back into the next compute, as the API
+    /// server would store them.
+    pub fn new(settings: Settings, leadership: watch::Receiver<Leadership>, feed_back_status: bool) -> Arc<Self> {
+        Arc::new(Hub {
+            inner: Mutex::default(),
+            changed: Notify::new(),
+            settings,
+            leadership,
+            closing: watch::channel(false).0,
+            feed_back_status,
+            status_dirty: Notify::new(),
+            metrics: Metrics::default(),
+        })
+    }
+
+    /// Ends every executor session (the controller is stopping).
+    pub fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The data stays consistent per field even if a holder panicked.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.clone()
+    }
+
+    /// New inputs from the source (facts in them are defaults; reported facts win).
+    pub fn set_inputs(&self, cluster: Cluster) {
+        let mut inner = self.lock();
+        inner.inputs = Some(Arc::new(cluster));
+        inner.source_error = None;
+        drop(inner);
+        self.changed.notify_one();
+    }
+
+    /// The source could not read its inputs; the previous ones stay in use.
+    pub fn set_source_error(&self, error: String) {
+        self.lock().source_error = Some(error);
+    }
+
+    pub fn source_error(&self) -> Option<String> {
+        self.lock().source_error.clone()
+    }
+
+    /// An executor said Hello: registers its session and returns the node's state channel.
+    pub fn connect(&self, hello: &Hello) -> (u64, DesiredRx) {
+        let mut inner = self.lock();
+        inner.next_session += 1;
+        let session = inner.next_session;
+        let entry = inner.nodes.entry(hello.node.clone()).or_insert_with(NodeEntry::new);
+        entry.session = Some(session);
+        entry.executor_version = hello.executor_version.clone();
+        entry.since = Instant::now();
+        entry.errors.clear();
+        if let Some(a) = &hello.applied {
+            entry.acked = Some(a.clone());
+        }
+        let rx = entry.tx.subscribe();
+        let new_node = inner.inputs.is_some() && !inner.outputs.node_states.contains_key(&hello.node);
+        drop(inner);
+        if new_node {
+            // Publish at least an empty state for a node the inputs do not name.
+            self.changed.notify_one();
+        }
+        (session, rx)
+    }
+
+    /// The session ended (a newer session of the same node is left alone).
+    pub fn disconnect(&self, node: &str, session: u64) {
+        let mut inner = self.lock();
+        if let Some(e) = inner.nodes.get_mut(node)
+            && e.session == Some(session)
+        {
+            e.session = None;
+            e.since = Instant::now();
+        }
+        drop(inner);
+        self.status_dirty.notify_one();
+    }
+
+    /// A message from a connected executor.
+    pub fn receive(&self, node: &str, message: ExecutorMessage) {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let Some(entry) = inner.nodes.get_mut(node) else { return };
+        let mut recompute = false;
+        match message.message {
+            Some(executor_message::Message::Facts(f)) => {
+                // Only facts the computation reads recompute: a recompute for a pod's veth
+                // coming or going would only restart the debounce of a real change.
+                let inputs = inner.inputs.as_deref();
+                let read = |f: &WireFacts| relevant_facts(inputs, &NodeFacts::reported(node, f));
+                recompute = entry.facts.as_ref().is_none_or(|old| read(old) != read(&f));
+                entry.facts = Some(f);
+            }
+            Some(executor_message::Message::Ack(a)) => {
+                if a.ok {
+                    entry.acked = Some(Applied { term: a.term, sequence: a.sequence, version: a.version });
+                    entry.errors.clear();
+                } else {
+                    entry.errors = a.errors;
+                    self.metrics.nacks.inc();
+                }
+            }
+            Some(executor_message::Message::Drift(d)) => {
+                entry.drift_repairs = d.repairs;
+                entry.last_drift = d.differences;
+            }
+            Some(executor_message::Message::Hello(_)) | None => {}
+        }
+        drop(guard);
+        if recompute {
+            self.changed.notify_one();
+        }
+        self.status_dirty.notify_one();
+    }
+
+    /// Every node known, by name.
+    pub fn nodes(&self) -> Vec<NodeSnapshot> {
+        let inner = self.lock();
+        inner.nodes.iter().map(|(n, e)| snapshot(n, e)).collect()
+    }
+
+    /// Which of `nodes` have not yet acknowledged a state holding `key` as last computed: a node
+    /// counts as done once it acked that state or any later one of the same term, or when it is
+    /// synced. Another object's change on the node (a new state version) does not make this
+    /// one pending again.
+    pub fn unacked(&self, key: &ObjectKey, nodes: Vec<String>) -> Vec<String> {
+        let inner = self.lock();
+        let since = inner.holds_since.get(key).map(|(_, s)| s);
+        nodes
+            .into_iter()
+            .filter(|n| {
+                let Some(e) = inner.nodes.get(n) else { return true };
+                let Some(acked) = &e.acked else { return true };
+                let synced = e.desired().is_some_and(|d| d.version == acked.version);
+                let holds = since
+                    .and_then(|s| s.get(n))
+                    .is_some_and(|(term, seq)| acked.term == *term && acked.sequence >= *seq);
+                !(synced || holds)
+            })
+            .collect()
+    }
+
+    pub fn node(&self, name: &str) -> Option<NodeSnapshot> {
+        let inner = self.lock();
+        inner.nodes.get(name).map(|e| snapshot(name, e))
+    }
+
+    /// The last compute's outputs and the latest inputs (shared, not copied).
+    pub fn outputs(&self) -> (Arc<Outputs>, Option<Arc<Cluster>>) {
+        let inner = self.lock();
+        (inner.outputs.clone(), inner.inputs.clone())
+    }
+
+    pub fn computes(&self) -> u64 {
+        self.lock().computes
+    }
+
+    /// Recomputes whenever something changed, debounced, until the process ends. With a
+    /// `gate`, each result is published only once the gate passed it (the Kubernetes source
+    /// writes slot claims first); a closed gate retries after [`GATE_RETRY`].
+    pub async fn recompute_loop(self: Arc<Self>, gate: Option<Arc<dyn Gate>>) {
+        let mut leadership = self.leadership.clone();
+        loop {
+            tokio::select! {
+                _ = self.changed.notified() => {}
+                r = leadership.changed() => if r.is_err() { return },
+            }
+            let first = tokio::time::Instant::now();
+            loop {
+                let quiet = tokio::time::sleep(QUIET);
+                let deadline = tokio::time::sleep_until(first + AT_MOST);
+                tokio::select! {
+                    _ = self.changed.notified() => continue,
+                    _ = quiet => break,
+                    _ = deadline => break,
+                }
+            }
+            let hub = self.clone();
+            let computed = match tokio::task::spawn_blocking(move || hub.compute_now()).await {
+                Ok(Some(c)) => c,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::error!(error = %e, "compute panicked");
+                    continue;
+                }
+            };
+            if let Some(gate) = &gate
+                && !gate.clone().before_publish(computed.outputs.clone()).await
+            {
+                let hub = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(GATE_RETRY).await;
+                    hub.changed.notify_one();
+                });
+                continue;
+            }
+            self.publish(computed);
+        }
+    }
+
+    /// One compute and publish, now (no gate). Does nothing before the first inputs.
+    pub fn recompute(&self) {
+        if let Some(c) = self.compute_now() {
+            self.publish(c);
+        }
+    }
+
+    /// Computes from the current inputs, the reported facts and (standalone) the fed-back
+    /// statuses. None before the first inputs.
+    pub fn compute_now(&self) -> Option<Computed> {
+        let started = Instant::now();
+        let (mut cluster, term) = {
+            let inner = self.lock();
+            let inputs = inner.inputs.as_ref()?;
+            let mut cluster = Cluster::clone(inputs);
+            if self.feed_back_status {
+                for c in &mut cluster.classes {
+                    if let Some(s) = c.metadata.name.as_ref().and_then(|n| inner.class_status.get(n)) {
+                        c.status = Some(s.clone());
+                    }
+                }
+                for pm in &mut cluster.port_maps {
+                    let key: MapKey = admission::key_of(pm);
+                    if let Some(s) = inner.port_map_status.get(&key) {
+                        pm.status = Some(s.clone());
+                    }
+                }
+            }
+            for (node, e) in &inner.nodes {
+                if let Some(f) = &e.facts {
+                    cluster.facts.retain(|x| &x.node != node);
+                    cluster.facts.push(NodeFacts::reported(node, f));
+                }
+            }
+            (cluster, self.leadership.borrow().term)
+        };
+        cluster.now = Timestamp::now();
+        let outputs = Arc::new(compute(&cluster, &self.settings));
+        self.metrics.observe_reconcile(started.elapsed());
+        tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "computed");
+        Some(Computed { outputs, term })
+    }
+
+    /// Makes `c` the current outputs and sends every node whose state changed its new state.
+    pub fn publish(&self, c: Computed) {
+        let Computed { outputs: out, term } = c;
+        let mut inner = self.lock();
+        inner.computes += 1;
+        inner.class_status = out.classes.clone();
+        inner.port_map_status = out.port_maps.clone();
+        let restamp = inner.term != term;
+        inner.term = term;
+        let mut names: Vec<String> = out.node_states.keys().cloned().collect();
+        names.extend(inner.nodes.keys().filter(|n| !out.node_states.contains_key(*n)).cloned());
+        let mut published = 0;
+        for name in names {
+            let state = out
+                .node_states
+                .get(&name)
+                .cloned()
+                .unwrap_or_else(|| NodeState { node: name.clone(), ..Default::default() });
+            // Computed states are canonical already (compute's assembly canonicalizes them).
+            let version = kuport_proto::canonical_version(&state);
+            let same =
+                inner.nodes.get(&name).and_then(NodeEntry::desired).is_some_and(|d| d.version == version && !restamp);
+            if same {
+                continue;
+            }
+            inner.sequence += 1;
+            let sequence = inner.sequence;
+            let entry = inner.nodes.entry(name).or_insert_with(NodeEntry::new);
+            entry.tx.send_replace(Some(Arc::new(DesiredState { term, sequence, version, state: Some(state) })));
+            published += 1;
+        }
+        let mut since = std::mem::take(&mut inner.holds_since);
+        since.retain(|k, _| out.tracked.contains_key(k));
+        for (key, tracked) in &out.tracked {
+            if !restamp && since.get(key).is_some_and(|(f, _)| *f == tracked.fingerprint) {
+                continue;
+            }
+            let nodes = tracked
+                .nodes
+                .iter()
+                .filter_map(|n| {
+                    let d = inner.nodes.get(n).and_then(NodeEntry::desired)?;
+                    Some((n.clone(), (d.term, d.sequence)))
+                })
+                .collect();
+            since.insert(key.clone(), (tracked.fingerprint, nodes));
+        }
+        inner.holds_since = since;
+        inner.outputs = out;
+        drop(inner);
+        self.status_dirty.notify_one();
+        tracing::info!(published, "node states published");
+    }
+
+    /// Resolves when statuses may need writing (a publish, an ack, a connect or disconnect).
+    pub async fn status_dirty(&self) {
+        self.status_dirty.notified().await;
+    }
+
+    /// Asks for a recompute (the inputs changed in place, or a retry).
+    pub fn request_recompute(&self) {
+        self.changed.notify_one();
+    }
+}
+
+/// A compute's result, not yet published.
+#[derive(Debug, Clone)]
+pub struct Computed {
+    pub outputs: Arc<Outputs>,
+    pub term: u64,
+}
+
+/// What must happen before node states are published (the Kubernetes source writes the
+/// classes' slot claims, so that no executor holds a slot the API does not).
+pub trait Gate: Send + Sync {
+    /// true: publish; false: keep the previous states and retry later.
+    fn before_publish(
+        self: Arc<Self>,
+        outputs: Arc<Outputs>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>>;
+}
+
+/// How long a closed gate waits before the compute is tried again.
+pub const GATE_RETRY: Duration = Duration::from_secs(1);
+
+fn snapshot(node: &str, e: &NodeEntry) -> NodeSnapshot {
+    NodeSnapshot {
+        node: node.to_string(),
+        desired: e.desired(),
+        connected: e.session.is_some(),
+        executor_version: e.executor_version.clone(),
+        since: e.since.elapsed(),
+        acked: e.acked.clone(),
+        errors: e.errors.clone(),
+        drift_repairs: e.drift_repairs,
+        last_drift: e.last_drift.clone(),
+        facts: e.facts.clone(),
+    }
+}

@@ -1,0 +1,123 @@
+//! The CNI the lab emulates on each node: Cilium as it sets a node up, as far as kuport's rules
+//! care.
+//!
+//! - `cilium_host`/`cilium_net`, a veth pair, with the router address (the pod CIDR's first) on
+//!   `cilium_host`;
+//! - per pod, a veth `lxc<hash>` whose peer is the pod's `eth0`. Traffic to a pod leaves
+//!   through `cilium_host` (route `POD/32 dev cilium_host`, a permanent neighbour entry for the
+//!   pod's MAC), and a tc clsact egress u32 filter on `cilium_host` redirects it to the pod's
+//!   `lxc` device. The pod's replies arrive on `lxc*`; its default route is the router address;
+//! - the CNI's masquerade in nftables table `ip nat` (see [`nat_ruleset`]).
+//!
+//! These are the `ip` and `tc` batch lines and the ruleset; [`crate::lab`] runs them.
+
+use std::net::Ipv4Addr;
+
+use sha2::{Digest as _, Sha256};
+
+use crate::topology::{NodeSpec, PodSpec, router};
+
+/// The host-side device of a pod's veth, as Cilium names them: `lxc` and 12 hex digits.
+pub fn lxc_name(pod: &PodSpec) -> String {
+    let hash = Sha256::digest(format!("{}/{}", pod.namespace, pod.name));
+    format!("lxc{}", &hex::encode(hash)[..12])
+}
+
+fn mac(first: u8, a: Ipv4Addr) -> String {
+    let o = a.octets();
+    format!("{first:02x}:4c:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3])
+}
+
+/// The pod's `eth0` MAC and its host-side `lxc` MAC (locally administered, from the address).
+fn pod_macs(pod: &PodSpec) -> (String, String) {
+    (mac(0x02, pod.address), mac(0x06, pod.address))
+}
+
+/// The CNI's NAT rules on a node, in their own table (never kuport's): what kuport's claims
+/// must beat.
+///
+/// - Cilium's host-to-cluster SNAT, `oifname "cilium_host" ip saddr != <pod cidr> ip daddr !=
+///   <pod cidr>`, as Cilium writes it (to the router address); it never matches traffic *to* a
+///   pod.
+/// - The masquerade measured on the project's lab (docs/portmap/datapath.md, "The request
+///   claim"), `oifname "cilium_host" ip saddr != <pod cidr> masquerade`, rewrites every
+///   forwarded packet entering the pod network: without kuport's request claim a pod sees the
+///   node's router address as the client.
+/// - Pod traffic leaving the node by a non-CNI device (for anywhere outside the cluster's pod
+///   CIDRs) is masqueraded to the node's address.
+pub fn nat_ruleset(node: &NodeSpec, all_pod_cidrs: &[String]) -> String {
+    let cidr = node.pod_cidr.0.trunc();
+    let router = router(node);
+    let cluster = all_pod_cidrs.join(", ");
+    format!(
+        "table ip nat {{
+	chain POSTROUTING {{
+		type nat hook postrouting priority srcnat; policy accept;
+		counter jump CILIUM_POST_nat
+	}}
+	chain CILIUM_POST_nat {{
+		oifname \"cilium_host\" ip saddr != {cidr} ip daddr != {cidr} counter snat ip to {router} comment \"cilium host->cluster masquerade\"
+		oifname \"cilium_host\" ip saddr != {cidr} counter masquerade comment \"lab: forwarded traffic entering the pod network\"
+		ip saddr {cidr} ip daddr != {{ {cluster} }} oifname != \"cilium_*\" counter masquerade comment \"cilium masquerade non-cluster\"
+	}}
+}}
+"
+    )
+}
+
+/// The node's `cilium_host`/`cilium_net` pair, the router address on `cilium_host`.
+pub fn host_lines(node: &NodeSpec) -> Vec<String> {
+    vec![
+        "link add cilium_host type veth peer name cilium_net".into(),
+        format!("addr add {}/32 dev cilium_host", router(node)),
+        "link set cilium_net up".into(),
+        "link set cilium_host up".into(),
+    ]
+}
+
+/// The node-side lines of one pod whose namespace is `pod_netns`: its veth and the route and
+/// neighbour through `cilium_host`.
+pub fn pod_lines_on_node(pod: &PodSpec, pod_netns: &str) -> Vec<String> {
+    let (eth0, lxc_mac) = pod_macs(pod);
+    let lxc = lxc_name(pod);
+    vec![
+        format!("link add {lxc} address {lxc_mac} type veth peer name eth0 address {eth0} netns {pod_netns}"),
+        format!("link set {lxc} up"),
+        format!("route add {}/32 dev cilium_host", pod.address),
+        format!("neigh add {} lladdr {eth0} dev cilium_host nud permanent", pod.address),
+    ]
+}
+
+/// The lines inside the pod's own namespace: its address, the router on `node` as default
+/// route.
+pub fn pod_lines(pod: &PodSpec, node: &NodeSpec) -> Vec<String> {
+    let (_, lxc_mac) = pod_macs(pod);
+    let r = router(node);
+    vec![
+        "link set lo up".into(),
+        format!("addr add {}/32 dev eth0", pod.address),
+        "link set eth0 up".into(),
+        format!("route add {r}/32 dev eth0 scope link"),
+        format!("route add default via {r} dev eth0"),
+        format!("neigh add {r} lladdr {lxc_mac} dev eth0 nud permanent"),
+    ]
+}
+
+/// The `tc` lines that rewrite `cilium_host`'s egress filters: one redirect per pod of `pods`
+/// (the node's). `has_qdisc`: the clsact qdisc is there already, its filters are replaced.
+pub fn tc_lines<'a>(has_qdisc: bool, pods: impl Iterator<Item = &'a PodSpec>) -> Vec<String> {
+    let mut lines = Vec::new();
+    if has_qdisc {
+        lines.push("filter del dev cilium_host egress".to_string());
+    } else {
+        lines.push("qdisc add dev cilium_host clsact".to_string());
+    }
+    for pod in pods {
+        lines.push(format!(
+            "filter add dev cilium_host egress protocol ip prio 1 u32 match ip dst {}/32 action mirred egress redirect dev {}",
+            pod.address,
+            lxc_name(pod)
+        ));
+    }
+    lines
+}

@@ -1,0 +1,132 @@
+//! The leader's Debug service: the nodes it knows, their desired states, why a PortMap is or is
+//! not programmed, and waiting until what it reports converges.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use kuport_controller::api::PortMapStatus;
+use kuport_controller::ctl;
+use kuport_proto::v1::debug_client::DebugClient;
+use kuport_proto::v1::{ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, NodeDebug, PortMapExplanation};
+use tonic::transport::Channel;
+
+use super::Plane;
+
+/// How often the Debug service is asked while waiting.
+pub const POLL: Duration = Duration::from_millis(20);
+/// How long a wait for convergence lasts by default.
+pub const CONVERGE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Whether every named node's executor is connected and has applied its desired state.
+pub fn converged(rows: &[NodeDebug], nodes: &[String]) -> bool {
+    nodes.iter().all(|n| rows.iter().any(|r| r.node == *n && synced(r)))
+}
+
+/// Connected, a desired state computed, that version applied, no refusal.
+pub fn synced(r: &NodeDebug) -> bool {
+    r.connected && !r.desired_version.is_empty() && r.desired_version == r.acked_version && r.errors.is_empty()
+}
+
+impl Plane {
+    /// Calls the leader's Debug service.
+    fn debug<T>(
+        &self,
+        call: impl AsyncFnOnce(&mut DebugClient<Channel>) -> Result<T, tonic::Status>,
+    ) -> anyhow::Result<T> {
+        let address = self.address().ok_or_else(|| anyhow!("no controller replica leads"))?;
+        self.rt.block_on(async {
+            let cached = self.client.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let mut client = match cached {
+                Some((a, c)) if a == address => c,
+                _ => ctl::connect(&address.to_string()).await?,
+            };
+            let result = call(&mut client).await;
+            // A client that failed is dropped: the next call connects anew.
+            if result.is_ok() {
+                *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some((address, client));
+            }
+            result.map_err(|e| anyhow!("controller {address}: {:?}: {}", e.code(), e.message()))
+        })
+    }
+
+    /// Every node the controller knows (ListNodes).
+    pub fn nodes(&self) -> anyhow::Result<Vec<NodeDebug>> {
+        self.debug(async |c| c.list_nodes(ListNodesRequest {}).await.map(|r| r.into_inner().nodes))
+    }
+
+    /// One node with its desired state (GetNode).
+    pub fn node(&self, name: &str) -> anyhow::Result<NodeDebug> {
+        let node = name.to_string();
+        self.debug(async |c| c.get_node(GetNodeRequest { node }).await.map(|r| r.into_inner()))
+    }
+
+    /// Why a PortMap is or is not programmed (ExplainPortMap).
+    pub fn explain(&self, namespace: &str, name: &str) -> anyhow::Result<PortMapExplanation> {
+        let req = ExplainPortMapRequest { namespace: namespace.to_string(), name: name.to_string() };
+        self.debug(async |c| c.explain_port_map(req).await.map(|r| r.into_inner()))
+    }
+
+    /// A PortMap's status as the controller computed it.
+    pub fn port_map_status(&self, namespace: &str, name: &str) -> anyhow::Result<PortMapStatus> {
+        let e = self.explain(namespace, name)?;
+        serde_yaml::from_str(&e.status_yaml).with_context(|| format!("PortMap {namespace}/{name}: status"))
+    }
+
+    /// kuportctl's `nodes` table.
+    pub fn nodes_table(&self) -> anyhow::Result<String> {
+        let address = self.address().ok_or_else(|| anyhow!("no controller replica leads"))?.to_string();
+        self.rt.block_on(async {
+            let mut c = ctl::connect(&address).await?;
+            Ok(ctl::nodes(&mut c, ctl::Output::Text).await?)
+        })
+    }
+
+    /// Polls the Debug service every [`POLL`] until `check` holds for its rows; the rows and
+    /// how long it took. The error shows the last rows (or why the controller did not answer).
+    pub fn wait(
+        &self,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&[NodeDebug]) -> bool,
+    ) -> anyhow::Result<(Vec<NodeDebug>, Duration)> {
+        let started = Instant::now();
+        loop {
+            let rows = self.nodes();
+            if let Ok(rows) = &rows
+                && check(rows)
+            {
+                return Ok((rows.clone(), started.elapsed()));
+            }
+            if started.elapsed() > timeout {
+                let last = match rows {
+                    Ok(_) => self.nodes_table().unwrap_or_else(|e| e.to_string()),
+                    Err(e) => e.to_string(),
+                };
+                bail!("{what}: not within {:.1} s; last answer:\n{last}", timeout.as_secs_f64());
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Waits until every lab node's executor is connected and has applied its desired state.
+    pub fn wait_converged(&self, timeout: Duration) -> anyhow::Result<Duration> {
+        let nodes = self.node_names();
+        self.wait("convergence", timeout, |rows| converged(rows, &nodes)).map(|(_, took)| took)
+    }
+
+    /// Waits until the controller has taken in a change: every node in `changed` has a
+    /// desired version other than in `before`, and every lab node is converged.
+    pub fn wait_changed(
+        &self,
+        before: &[NodeDebug],
+        changed: &[&str],
+        timeout: Duration,
+    ) -> anyhow::Result<(Vec<NodeDebug>, Duration)> {
+        let nodes = self.node_names();
+        let old = |n: &str| before.iter().find(|r| r.node == n).map(|r| r.desired_version.clone()).unwrap_or_default();
+        self.wait("the change to converge", timeout, |rows| {
+            converged(rows, &nodes)
+                && changed.iter().all(|n| rows.iter().any(|r| r.node == *n && r.desired_version != old(n)))
+        })
+    }
+}

@@ -1,0 +1,166 @@
+//! The plane's processes: controller replicas (on a free port of 127.0.0.1 the first time, on
+//! the same address after a restart) and one executor per node, started, killed and stopped.
+
+use std::fs::File;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use rustix::process::Signal;
+
+use super::{Plane, Replica};
+use crate::process::{Lifetime, kill, owned, signal, spawn, tail};
+
+/// Replica `i`'s log.
+pub fn controller_log(i: usize) -> String {
+    if i == 0 { "controller.log".into() } else { format!("controller-{i}.log") }
+}
+
+/// Node `node`'s executor log.
+pub fn executor_log(node: &str) -> String {
+    format!("node-exec-{node}.log")
+}
+
+impl Plane {
+    /// Detached processes outlive this handle (`kuport-lab up`; `down` ends them).
+    fn lifetime(&self) -> Lifetime {
+        if self.options.detached { Lifetime::Detached } else { Lifetime::Child }
+    }
+
+    /// Starts every controller replica that does not run: on a free port the first time, on
+    /// the same address again after [`Plane::kill_controller`].
+    pub fn start_controller(&mut self) -> anyhow::Result<()> {
+        let idle = self.replicas_running(false);
+        if idle.is_empty() {
+            bail!("every controller replica runs already");
+        }
+        idle.into_iter().try_for_each(|i| self.start_replica(i))
+    }
+
+    /// The replicas that run (or not).
+    fn replicas_running(&self, running: bool) -> Vec<usize> {
+        (0..self.replicas.len()).filter(|i| self.replicas[*i].proc.is_some() == running).collect()
+    }
+
+    fn start_replica(&mut self, i: usize) -> anyhow::Result<()> {
+        let listen = self.replicas[i].address.to_string();
+        let mut cmd = Command::new(&self.options.bin);
+        cmd.arg("controller").arg("--listen").arg(&listen);
+        match &self.options.kubernetes {
+            None => cmd.arg("--manifests").arg(self.manifests_dir()),
+            Some(k) => cmd.arg("--kubeconfig").arg(&k.controller).arg("--identity").arg(self.identity(i)),
+        };
+        let log = self.dir().join(controller_log(i));
+        let (proc, line) = spawn(cmd, append(&log)?, self.lifetime(), true)?;
+        let line = line.unwrap_or_default();
+        let Some(address) = line.trim().strip_prefix("listening ").and_then(|a| a.parse().ok()) else {
+            kill(proc, Duration::from_secs(1));
+            bail!("the controller did not start: {:?}; {}", line.trim(), tail(&log));
+        };
+        self.replicas[i] = Replica { address, proc: Some(proc) };
+        Ok(())
+    }
+
+    /// Replica `i`'s name in the Lease: the lab's id keeps labs apart, and marks the process
+    /// as the lab's.
+    fn identity(&self, i: usize) -> String {
+        format!("{}-controller-{i}", self.lab_id)
+    }
+
+    /// Kills controller replica `i` with SIGKILL and waits until it is gone.
+    pub fn kill_replica(&mut self, i: usize) -> anyhow::Result<()> {
+        let p =
+            self.replicas.get_mut(i).and_then(|r| r.proc.take()).ok_or_else(|| anyhow!("replica {i} does not run"))?;
+        kill(p, Duration::ZERO);
+        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        Ok(())
+    }
+
+    /// Kills every controller replica with SIGKILL.
+    pub fn kill_controller(&mut self) -> anyhow::Result<()> {
+        let running = self.replicas_running(true);
+        if running.is_empty() {
+            bail!("no controller runs");
+        }
+        running.into_iter().try_for_each(|i| self.kill_replica(i))
+    }
+
+    /// Starts the executor of `node`.
+    pub fn start_executor(&mut self, node: &str) -> anyhow::Result<()> {
+        if self.executors.contains_key(node) {
+            bail!("the executor of {node} runs already");
+        }
+        let run = self.nodes.get(node).cloned().ok_or_else(|| anyhow!("no node {node:?} in this lab"))?;
+        let store = self.store(node);
+        std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
+        let (first, max) = self.options.backoff;
+        let mut cmd = Command::new(&self.options.bin);
+        let controllers: Vec<String> = self.replicas.iter().map(|r| format!("http://{}", r.address)).collect();
+        cmd.arg("node-exec")
+            .arg("--controller")
+            .arg(controllers.join(","))
+            .arg("--node")
+            .arg(node)
+            .arg("--netns")
+            .arg(&run.netns)
+            .arg("--store")
+            .arg(&store)
+            .arg("--underlay-interface")
+            .arg(&run.underlay)
+            .arg("--backoff-initial-ms")
+            .arg(first.as_millis().to_string())
+            .arg("--backoff-max-ms")
+            .arg(max.as_millis().to_string());
+        let (proc, _) = spawn(cmd, append(&self.dir().join(executor_log(node)))?, self.lifetime(), false)?;
+        self.executors.insert(node.to_string(), proc);
+        Ok(())
+    }
+
+    /// Kills the executor of `node` with SIGKILL and waits until it is gone.
+    pub fn kill_executor(&mut self, node: &str) -> anyhow::Result<()> {
+        let p = self.executors.remove(node).ok_or_else(|| anyhow!("no executor runs for {node:?}"))?;
+        kill(p, Duration::ZERO);
+        Ok(())
+    }
+
+    /// Stops every process. Children of this process get SIGKILL (a test's lab goes fast);
+    /// processes known by pid only (`kuport-lab down`) get SIGTERM, then SIGKILL after 2 s,
+    /// and only while their command line is still the lab's. Executors leave the datapath in
+    /// place either way.
+    pub fn stop(&mut self) {
+        let id = self.lab_id.clone();
+        let manifests = self.manifests_dir().display().to_string();
+        let kube = self.options.kubernetes.is_some();
+        let mut procs = Vec::new();
+        for p in std::mem::take(&mut self.executors).into_values() {
+            if p.child.is_some() || owned(p.pid, &["node-exec", &format!("{id}-")]) {
+                procs.push(p);
+            }
+        }
+        for i in 0..self.replicas.len() {
+            let mark = if kube { self.identity(i) } else { manifests.clone() };
+            if let Some(p) = self.replicas[i].proc.take()
+                && (p.child.is_some() || owned(p.pid, &["controller", &mark]))
+            {
+                procs.push(p);
+            }
+        }
+        for p in &procs {
+            signal(p.pid, if p.child.is_some() { Signal::KILL } else { Signal::TERM });
+        }
+        for p in procs {
+            let grace = if p.child.is_some() { Duration::ZERO } else { Duration::from_secs(2) };
+            kill(p, grace);
+        }
+    }
+}
+
+/// A log opened for appending (a restarted process logs after its predecessor).
+fn append(log: &Path) -> anyhow::Result<File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))
+}

@@ -1,0 +1,91 @@
+//! The hidden subcommands `kuport-lab controller` and `kuport-lab node-exec`: what runs inside
+//! the plane's processes.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+
+use crate::apiserver;
+
+/// Logs to stderr (the process log) at `KUPORT_LOG_LEVEL`, info by default.
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KUPORT_LOG_LEVEL")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_writer(std::io::stderr).try_init();
+}
+
+/// The runtime of a plane process, with two worker threads.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("building the runtime")
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn terminated() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Where a lab controller reads its inputs.
+pub enum ControllerSource {
+    /// A manifest folder, watched.
+    Folder(PathBuf),
+    /// The API server in this kubeconfig; `identity` names the replica in the Lease.
+    Kubernetes { kubeconfig: PathBuf, identity: String },
+}
+
+/// `kuport-lab controller`: kuport's controller (standalone on a folder, or a replica on the
+/// API server) serving on `listen`; prints `listening ADDR` once bound. Until SIGTERM.
+pub fn run_controller(source: ControllerSource, listen: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    init_logs();
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let listener =
+            tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}: cannot bind"))?;
+        let address = listener.local_addr()?;
+        let mut out = std::io::stdout();
+        writeln!(out, "listening {address}")?;
+        out.flush()?;
+        match source {
+            ControllerSource::Folder(manifests) => {
+                let cfg =
+                    kuport_controller::serve::Standalone { manifests, settings: Default::default(), advertise: None };
+                kuport_controller::serve::run_standalone(cfg, listener, terminated()).await
+            }
+            ControllerSource::Kubernetes { kubeconfig, identity } => {
+                let client = apiserver::client(&kubeconfig).await?;
+                let cfg = kuport_controller::serve::Kubernetes {
+                    metrics: None,
+                    settings: Default::default(),
+                    lease_namespace: apiserver::LEASE_NAMESPACE.into(),
+                    lease_name: apiserver::LEASE_NAME.into(),
+                    identity,
+                    advertise: address.to_string(),
+                };
+                kuport_controller::serve::run_kubernetes(cfg, client, listener, terminated()).await
+            }
+        }
+    })
+}
+
+/// `kuport-lab node-exec`: kuport's executor (NodeSync client and keepers) for one node.
+/// Until SIGTERM; the applied state stays in place.
+pub fn run_executor(cfg: kuport_node_exec::sync::Config) -> anyhow::Result<()> {
+    init_logs();
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let keepers = kuport_node_exec::sync::NodeKeepers::new(cfg.netns.clone());
+        kuport_node_exec::sync::run(cfg, keepers, terminated()).await;
+        tracing::info!("stopping; the applied state stays in place");
+    });
+    Ok(())
+}

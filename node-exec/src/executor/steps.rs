@@ -1,0 +1,523 @@
+//! One apply as ordered steps, one per kind of object. Each step says once what makes two of
+//! its objects the same one, how it reads the kernel's (observe), compares them with the desired
+//! ones (plan), adds or changes what differs (make) and removes what kuport owns and no longer
+//! wants (break).
+//!
+//! [`ORDER`] is make before break: every step makes, in order, while what the new state drops is
+//! still there; then every step breaks, in reverse, so that nothing goes while something still
+//! uses it (a table's elements name links, a rule names a route table, a route a link). A step
+//! that meets a refusal stops the apply there: what already works is never torn down for
+//! something new that failed.
+//!
+//! The steps before the nftables one run on a thread inside the namespace, in one rtnetlink
+//! [`rtnl::Session`] (links, addresses, routes and rules share its dump); the executor skips
+//! them all while their part of the state is unchanged and known to hold.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Instant;
+
+use kuport_proto::owned;
+use kuport_proto::v1::{NetnsState, NftFamily, NftTable};
+
+use super::{ObjectError, Report};
+use crate::rtnl::{self, KindPlan, address, link, route, rule};
+use crate::{nft, sysctl};
+
+/// The kinds of object, with what identifies one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `kup-*` links, by name.
+    Links,
+    /// Sysctls, by key; never reverted, so never broken (other software may depend on them).
+    /// After the links: a per-link key exists only once its link does.
+    Sysctls,
+    /// Addresses on `kup-*` links, by link and prefix.
+    Addresses,
+    /// Routes, by table and destination (the kernel's key; kuport sets no metric).
+    Routes,
+    /// Rules at kuport's preferences with its marks, by preference, mark, mask, destination and
+    /// table.
+    Rules,
+    /// nftables tables whose name starts with [`owned::NFT_TABLE_PREFIX`], by family and name.
+    NftTables,
+}
+
+/// The order of one apply's make; break runs it backwards.
+pub const ORDER: [Kind; 6] = [Kind::Links, Kind::Sysctls, Kind::Addresses, Kind::Routes, Kind::Rules, Kind::NftTables];
+
+/// A table's identity: its family and name.
+pub(crate) type TableId = (i32, String);
+
+/// What the kernel or validation refused, in the words of the module that met it.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    Rtnl(rtnl::Error),
+    Nft { table: String, error: nft::NftError },
+}
+
+impl Refusal {
+    pub(crate) fn object_error(self) -> ObjectError {
+        match self {
+            Refusal::Rtnl(e) => rtnl_error(e),
+            Refusal::Nft { table, error } => nft_error(&table, error),
+        }
+    }
+}
+
+/// A step stopped the apply; its refusals are in [`Cx::refusals`].
+#[derive(Debug)]
+pub(crate) struct Stopped;
+
+/// What the steps of one apply share.
+pub(crate) struct Cx<'a> {
+    /// The namespace (None: the caller's).
+    pub netns: Option<&'a Path>,
+    pub state: &'a NetnsState,
+    /// `state`'s links, addresses, routes, rules and sysctls, validated.
+    pub objects: &'a rtnl::Desired,
+    /// The namespace's rtnetlink session, while the steps that need it run.
+    pub rtnl: Option<&'a mut rtnl::Session>,
+    /// What was written, in order.
+    pub report: Report,
+    /// What was refused.
+    pub refusals: Vec<Refusal>,
+}
+
+impl<'a> Cx<'a> {
+    pub(crate) fn new(netns: Option<&'a Path>, state: &'a NetnsState, objects: &'a rtnl::Desired) -> Self {
+        Cx { netns, state, objects, rtnl: None, report: Report::default(), refusals: Vec::new() }
+    }
+
+    /// The session and the desired objects; refused when no session is open.
+    fn rtnl(&mut self) -> Result<(&'a rtnl::Desired, &mut rtnl::Session), Stopped> {
+        match self.rtnl.as_deref_mut() {
+            Some(s) => Ok((self.objects, s)),
+            None => {
+                self.refusals.push(Refusal::Rtnl(rtnl::Error::Io {
+                    what: "rtnetlink session",
+                    source: std::io::Error::other("not open"),
+                }));
+                Err(Stopped)
+            }
+        }
+    }
+
+    /// Moves the session's writes and refusals into the apply's; Err if it refused anything.
+    fn settle(&mut self) -> Result<(), Stopped> {
+        let Some(s) = self.rtnl.as_deref_mut() else { return Ok(()) };
+        let clean = s.clean();
+        let (written, errors) = s.take();
+        self.report.writes += written.writes;
+        self.report.actions.extend(written.actions);
+        self.refusals.extend(errors.into_iter().map(Refusal::Rtnl));
+        if clean { Ok(()) } else { Err(Stopped) }
+    }
+
+    fn refuse(&mut self, r: Refusal) -> Stopped {
+        self.refusals.push(r);
+        Stopped
+    }
+}
+
+/// One kind of object (see the module).
+pub(crate) trait Step: Send {
+    fn kind(&self) -> Kind;
+    /// Reads what the kernel holds of this kind.
+    fn observe(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped>;
+    /// Compares it with the desired objects; the plan is kept for make and break.
+    fn plan(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped>;
+    /// The plan named as drift reports it: what is missing or changed, what is extra.
+    fn differences(&self, missing: &mut Vec<String>, extra: &mut Vec<String>);
+    /// Adds or changes what the plan says; what the new state drops stays.
+    fn make(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped>;
+    /// Removes what the plan says kuport owns and no longer wants.
+    fn brk(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped>;
+}
+
+/// Every step observes, plans and makes, in order; then every step breaks, in reverse. Stops at
+/// the first step that meets a refusal.
+pub(crate) fn make_then_break(steps: &mut [&mut dyn Step], cx: &mut Cx<'_>) -> Result<(), Stopped> {
+    for step in steps.iter_mut() {
+        let started = Instant::now();
+        step.observe(cx)?;
+        step.plan(cx)?;
+        step.make(cx)?;
+        // Where the time goes (the apply benchmark's KUPORT_BENCH_TRACE=1 prints it).
+        tracing::debug!(step = ?step.kind(), took = ?started.elapsed(), "made");
+    }
+    for step in steps.iter_mut().rev() {
+        let started = Instant::now();
+        step.brk(cx)?;
+        tracing::debug!(step = ?step.kind(), took = ?started.elapsed(), "broken");
+    }
+    Ok(())
+}
+
+/// The named differences between the desired state and the kernel, in the order an apply
+/// would address them: what is missing or changed, in make order, then what is extra, in break
+/// order.
+pub(crate) fn differences(steps: &mut [&mut dyn Step], cx: &mut Cx<'_>) -> Result<Vec<String>, Stopped> {
+    let mut missing = Vec::new();
+    let mut extras = Vec::new();
+    for step in steps.iter_mut() {
+        step.observe(cx)?;
+        step.plan(cx)?;
+        let mut extra = Vec::new();
+        step.differences(&mut missing, &mut extra);
+        extras.push(extra);
+    }
+    missing.extend(extras.into_iter().rev().flatten());
+    Ok(missing)
+}
+
+/// The steps that run in the namespace's rtnetlink session, in [`ORDER`].
+pub(crate) struct Objects {
+    links: Rtnl<link::Plan>,
+    sysctls: Sysctls,
+    addresses: Rtnl<address::Plan>,
+    routes: Rtnl<route::Plan>,
+    rules: Rtnl<rule::Plan>,
+}
+
+impl Default for Objects {
+    fn default() -> Self {
+        Objects {
+            links: Rtnl::new(Kind::Links),
+            sysctls: Sysctls::default(),
+            addresses: Rtnl::new(Kind::Addresses),
+            routes: Rtnl::new(Kind::Routes),
+            rules: Rtnl::new(Kind::Rules),
+        }
+    }
+}
+
+impl Objects {
+    /// These steps, then `tables` when given.
+    pub(crate) fn with<'s>(&'s mut self, tables: Option<&'s mut Tables<'_>>) -> Vec<&'s mut dyn Step> {
+        let mut steps: Vec<&mut dyn Step> =
+            vec![&mut self.links, &mut self.sysctls, &mut self.addresses, &mut self.routes, &mut self.rules];
+        if let Some(t) = tables {
+            steps.push(t);
+        }
+        steps
+    }
+}
+
+/// The links, addresses, routes, rules and sysctls of `desired` alone (every step but the
+/// nftables one), for [`rtnl::apply`].
+pub(crate) fn apply_objects(
+    netns: Option<&Path>,
+    desired: &rtnl::Desired,
+) -> Result<rtnl::ApplyReport, rtnl::ApplyError> {
+    let state = NetnsState::default();
+    let outcome = rtnl::session(netns, |s| {
+        let mut cx = Cx::new(netns, &state, desired);
+        cx.rtnl = Some(s);
+        let _ = make_then_break(&mut Objects::default().with(None), &mut cx);
+        (cx.report, cx.refusals)
+    });
+    let (report, refusals) = outcome.map_err(|e| rtnl::ApplyError { report: Default::default(), errors: vec![e] })?;
+    let report = rtnl::ApplyReport { writes: report.writes, actions: report.actions };
+    let errors: Vec<rtnl::Error> = refusals
+        .into_iter()
+        .filter_map(|r| match r {
+            Refusal::Rtnl(e) => Some(e),
+            Refusal::Nft { .. } => None,
+        })
+        .collect();
+    if errors.is_empty() { Ok(report) } else { Err(rtnl::ApplyError { report, errors }) }
+}
+
+/// A link, address, route or rule step: the kind's plan against the session's dump.
+struct Rtnl<P> {
+    kind: Kind,
+    plan: P,
+}
+
+impl<P: KindPlan> Rtnl<P> {
+    fn new(kind: Kind) -> Self {
+        Rtnl { kind, plan: P::default() }
+    }
+}
+
+impl<P: KindPlan> Step for Rtnl<P> {
+    fn kind(&self) -> Kind {
+        self.kind
+    }
+    fn observe(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        // Shared: one dump serves every kind until a write makes it stale.
+        let (_, s) = cx.rtnl()?;
+        if let Err(e) = s.observed() {
+            return Err(cx.refuse(Refusal::Rtnl(e)));
+        }
+        Ok(())
+    }
+    fn plan(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        let (objects, s) = cx.rtnl()?;
+        match s.last() {
+            Ok(observed) => {
+                self.plan = P::new(objects, observed);
+                Ok(())
+            }
+            Err(e) => Err(cx.refuse(Refusal::Rtnl(e))),
+        }
+    }
+    fn differences(&self, missing: &mut Vec<String>, extra: &mut Vec<String>) {
+        let (mut m, mut e) = (Vec::new(), Vec::new());
+        self.plan.missing(&mut m);
+        self.plan.extra(&mut e);
+        named(m, missing);
+        named(e, extra);
+    }
+    fn make(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        let (_, s) = cx.rtnl()?;
+        self.plan.make(s);
+        cx.settle()
+    }
+    fn brk(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        let (_, s) = cx.rtnl()?;
+        self.plan.brk(s);
+        cx.settle()
+    }
+}
+
+fn named(diffs: Vec<rtnl::Difference>, out: &mut Vec<String>) {
+    out.extend(diffs.iter().map(ToString::to_string));
+}
+
+#[derive(Default)]
+struct Sysctls {
+    /// The current values of the desired keys.
+    values: BTreeMap<String, String>,
+    plan: sysctl::Plan,
+}
+
+impl Step for Sysctls {
+    fn kind(&self) -> Kind {
+        Kind::Sysctls
+    }
+    fn observe(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        // On the session's thread: /proc/sys/net is the namespace's only from a thread inside it.
+        let (objects, _) = cx.rtnl()?;
+        match sysctl::read_all(&objects.sysctls) {
+            Ok(values) => {
+                self.values = values;
+                Ok(())
+            }
+            Err(e) => Err(cx.refuse(Refusal::Rtnl(e))),
+        }
+    }
+    fn plan(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        self.plan = sysctl::plan(&cx.objects.sysctls, &self.values);
+        Ok(())
+    }
+    fn differences(&self, missing: &mut Vec<String>, _: &mut Vec<String>) {
+        let mut m = Vec::new();
+        self.plan.missing(&mut m);
+        named(m, missing);
+    }
+    fn make(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        let (_, s) = cx.rtnl()?;
+        for (spec, _) in &self.plan.sets {
+            s.record(sysctl::set(spec));
+        }
+        cx.settle()
+    }
+    fn brk(&mut self, _: &mut Cx<'_>) -> Result<(), Stopped> {
+        Ok(())
+    }
+}
+
+/// The nftables tables: each desired one applied whole in its own transactions (an applier
+/// remembers what it applied, so a change sends only its delta without reading the table
+/// back); every other table kuport owns removed.
+pub(crate) struct Tables<'a> {
+    /// One applier per table (an apply); None in a drift check, which reads every table back.
+    appliers: Option<&'a mut BTreeMap<TableId, nft::Applier>>,
+    /// kuport's tables the kernel is known to hold; None: unknown, listed by the next observe.
+    present: &'a mut Option<BTreeSet<TableId>>,
+    /// In a drift check: what each desired table differs in, named.
+    changed: Vec<String>,
+    /// kuport's tables the state does not have.
+    removes: Vec<TableId>,
+}
+
+impl<'a> Tables<'a> {
+    /// The step of an apply.
+    pub(crate) fn apply(
+        appliers: &'a mut BTreeMap<TableId, nft::Applier>,
+        present: &'a mut Option<BTreeSet<TableId>>,
+    ) -> Self {
+        Tables { appliers: Some(appliers), present, changed: Vec::new(), removes: Vec::new() }
+    }
+
+    /// The step of a drift check.
+    pub(crate) fn check(present: &'a mut Option<BTreeSet<TableId>>) -> Self {
+        *present = None;
+        Tables { appliers: None, present, changed: Vec::new(), removes: Vec::new() }
+    }
+
+    fn read_back(&mut self, cx: &mut Cx<'_>) -> Result<(), Refusal> {
+        for t in &cx.state.nft_tables {
+            let nft = |error| Refusal::Nft { table: t.name.clone(), error };
+            let want = nft::normalize(t).map_err(nft)?;
+            let have = nft::read_table(cx.netns, family(t.family), &t.name).map_err(nft)?;
+            self.changed.extend(nft::diff(&want, have.as_ref()).iter().map(|d| format!("nft table {}: {d}", t.name)));
+        }
+        Ok(())
+    }
+}
+
+impl Step for Tables<'_> {
+    fn kind(&self) -> Kind {
+        Kind::NftTables
+    }
+
+    fn observe(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        if self.present.is_none() {
+            match nft::list_tables(cx.netns) {
+                Ok(all) => {
+                    let owned = all.into_iter().filter(|(_, name)| name.starts_with(owned::NFT_TABLE_PREFIX));
+                    *self.present = Some(owned.map(|(f, name)| (f as i32, name)).collect());
+                }
+                Err(error) => return Err(cx.refuse(Refusal::Nft { table: "tables".into(), error })),
+            }
+        }
+        if self.appliers.is_none() {
+            self.changed.clear();
+            if let Err(r) = self.read_back(cx) {
+                return Err(cx.refuse(r));
+            }
+        }
+        Ok(())
+    }
+
+    fn plan(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        let wanted: BTreeSet<TableId> = cx.state.nft_tables.iter().map(id).collect();
+        self.removes = self.present.iter().flatten().filter(|t| !wanted.contains(*t)).cloned().collect();
+        Ok(())
+    }
+
+    fn differences(&self, missing: &mut Vec<String>, extra: &mut Vec<String>) {
+        missing.extend(self.changed.iter().cloned());
+        extra.extend(self.removes.iter().map(|(f, name)| format!("extra nft table {} {name}", family_name(*f))));
+    }
+
+    fn make(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        if let Some(appliers) = self.appliers.as_deref_mut() {
+            appliers.retain(|t, _| cx.state.nft_tables.iter().any(|d| id(d) == *t));
+        }
+        for t in &cx.state.nft_tables {
+            let result = match self.appliers.as_deref_mut() {
+                Some(appliers) => appliers.entry(id(t)).or_insert_with(|| nft::Applier::new(cx.netns)).apply(t),
+                None => nft::apply_table(cx.netns, t),
+            };
+            match result {
+                Ok(r) => {
+                    cx.report.writes += r.writes;
+                    if r.writes > 0 {
+                        cx.report.actions.push(format!(
+                            "nft table {}: {:?}, {} message(s) in {} transaction(s) for {} difference(s)",
+                            t.name,
+                            r.mode,
+                            r.writes,
+                            r.batches,
+                            r.diffs.len()
+                        ));
+                    }
+                    if let Some(present) = self.present.as_mut() {
+                        present.insert(id(t));
+                    }
+                }
+                Err(error) => {
+                    // Whether a refused table exists is no longer known.
+                    *self.present = None;
+                    return Err(cx.refuse(Refusal::Nft { table: t.name.clone(), error }));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn brk(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        for t in std::mem::take(&mut self.removes) {
+            if let Some(appliers) = self.appliers.as_deref_mut() {
+                appliers.remove(&t);
+            }
+            match nft::remove_table(cx.netns, family(t.0), &t.1) {
+                Ok(removed) => {
+                    if removed {
+                        // One transaction of two messages: add (so the delete is valid) and delete.
+                        cx.report.writes += 2;
+                        cx.report.actions.push(format!("delete nft table {} {}", family_name(t.0), t.1));
+                    }
+                    if let Some(present) = self.present.as_mut() {
+                        present.remove(&t);
+                    }
+                }
+                Err(error) => {
+                    *self.present = None;
+                    return Err(cx.refuse(Refusal::Nft { table: t.1.clone(), error }));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn id(t: &NftTable) -> TableId {
+    (t.family, t.name.clone())
+}
+
+fn family(f: i32) -> NftFamily {
+    NftFamily::try_from(f).unwrap_or(NftFamily::Unspecified)
+}
+
+/// The family as `nft` names it.
+fn family_name(f: i32) -> &'static str {
+    match family(f) {
+        NftFamily::Ip => "ip",
+        NftFamily::Ip6 => "ip6",
+        NftFamily::Inet => "inet",
+        NftFamily::Unspecified => "unspecified",
+    }
+}
+
+fn rtnl_error(e: rtnl::Error) -> ObjectError {
+    let (object, reason) = match e {
+        rtnl::Error::Kernel { op, object, reason, .. } => (format!("{op} {object}"), reason),
+        rtnl::Error::Invalid { object, reason } => (object, format!("invalid: {reason}")),
+        rtnl::Error::NoDevice { object, dev } => (object, format!("device {dev} does not exist")),
+        rtnl::Error::Sysctl { key, source } => (format!("sysctl {key}"), source.to_string()),
+        rtnl::Error::Netns { path, source } => (format!("network namespace {}", path.display()), source.to_string()),
+        rtnl::Error::Io { what, source } => (what.to_string(), source.to_string()),
+    };
+    ObjectError { object, reason }
+}
+
+fn nft_error(table: &str, e: nft::NftError) -> ObjectError {
+    match e {
+        nft::NftError::Kernel { object, reason, .. } => {
+            ObjectError { object: format!("nft table {table}: {object}"), reason }
+        }
+        nft::NftError::Invalid { object, reason } => {
+            ObjectError { object: format!("nft table {table}: {object}"), reason: format!("invalid: {reason}") }
+        }
+        other => ObjectError { object: format!("nft table {table}"), reason: other.to_string() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_steps_of_an_apply_run_in_order() {
+        let mut present = None;
+        let mut tables = Tables::check(&mut present);
+        let mut objects = Objects::default();
+        let kinds: Vec<Kind> = objects.with(Some(&mut tables)).iter().map(|s| s.kind()).collect();
+        assert_eq!(kinds, ORDER);
+    }
+}

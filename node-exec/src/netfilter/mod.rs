@@ -1,0 +1,6 @@
+//! Netfilter, natively over nfnetlink: kuport's nf_tables tables ([`nft`]) and the conntrack
+//! entries a changed DNAT map leaves on the wrong path ([`conntrack`]).
+
+pub mod conntrack;
+pub mod nfnetlink;
+pub mod nft;

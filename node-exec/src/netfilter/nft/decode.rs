@@ -1,0 +1,167 @@
+//! The kernel's dumps decoded back into the model.
+
+use kuport_proto::v1::{BaseChain, ChainPolicy, ChainType, Hook, NftChain, NftElement, NftSet, NftType};
+
+use super::NftError;
+use super::attr::{Attr, ReadNft, decode_err, find, need, parse};
+use super::consts::*;
+use super::expr::decode_list;
+use super::rule::decompile;
+use super::value::{decode_component, padded, split_concat_id, type_from_id, type_info};
+
+fn types_of(id: u32, what: &str) -> Result<Vec<NftType>, NftError> {
+    type_from_id(id)
+        .map(|t| vec![t])
+        .or_else(|| split_concat_id(id))
+        .ok_or_else(|| decode_err(format!("{what}: datatype {id:#x} is outside kuport's vocabulary")))
+}
+
+/// A chain of a GETCHAIN answer: (table, chain).
+pub(crate) fn chain(payload: &[u8]) -> Result<(String, NftChain), NftError> {
+    let a = parse(payload)?;
+    let table = need(&a, NFTA_CHAIN_TABLE, "chain")?.str()?;
+    let name = need(&a, NFTA_CHAIN_NAME, "chain")?.str()?;
+    let object = format!("chain {name}");
+    let base = match find(&a, NFTA_CHAIN_HOOK) {
+        None => None,
+        Some(h) => {
+            let h = h.nested()?;
+            let num = need(&h, NFTA_HOOK_HOOKNUM, &object)?.u32()?;
+            let prio = need(&h, NFTA_HOOK_PRIORITY, &object)?.u32()? as i32;
+            let hook = match num {
+                NF_INET_PRE_ROUTING => Hook::Prerouting,
+                NF_INET_LOCAL_IN => Hook::Input,
+                NF_INET_FORWARD => Hook::Forward,
+                NF_INET_LOCAL_OUT => Hook::Output,
+                NF_INET_POST_ROUTING => Hook::Postrouting,
+                n => return Err(decode_err(format!("{object}: hook {n}"))),
+            };
+            let ty = match need(&a, NFTA_CHAIN_TYPE, &object)?.str()?.as_str() {
+                "filter" => ChainType::Filter,
+                "nat" => ChainType::Nat,
+                "route" => ChainType::Route,
+                t => return Err(decode_err(format!("{object}: chain type {t}"))),
+            };
+            let policy = match find(&a, NFTA_CHAIN_POLICY).map(|p| p.u32()).transpose()?.map(|p| p as i32) {
+                Some(NF_DROP) => ChainPolicy::Drop,
+                _ => ChainPolicy::Accept,
+            };
+            Some(BaseChain { r#type: ty as i32, hook: hook as i32, priority: prio, policy: policy as i32 })
+        }
+    };
+    Ok((table, NftChain { name, base, rules: Vec::new() }))
+}
+
+/// A set of a GETSET answer, without elements: (table, set).
+pub(crate) fn set(payload: &[u8]) -> Result<(String, NftSet), NftError> {
+    let a = parse(payload)?;
+    let table = need(&a, NFTA_SET_TABLE, "set")?.str()?;
+    let name = need(&a, NFTA_SET_NAME, "set")?.str()?;
+    let object = format!("set {name}");
+    let flags = find(&a, NFTA_SET_FLAGS).map(|f| f.u32()).transpose()?.unwrap_or(0);
+    let key = types_of(need(&a, NFTA_SET_KEY_TYPE, &object)?.u32()?, &object)?;
+    let data = if flags & NFT_SET_MAP != 0 {
+        types_of(need(&a, NFTA_SET_DATA_TYPE, &object)?.u32()?, &object)?
+    } else {
+        Vec::new()
+    };
+    let counter = has_counter(&a)?;
+    Ok((
+        table,
+        NftSet {
+            name,
+            key: key.iter().map(|t| *t as i32).collect(),
+            data: data.iter().map(|t| *t as i32).collect(),
+            interval: flags & NFT_SET_INTERVAL != 0,
+            counter,
+            elements: Vec::new(),
+            digest: Vec::new(),
+            runs: Vec::new(),
+            // What conntrack flushes is the state's word; the kernel does not hold it.
+            flush_udp_flows: false,
+        },
+    ))
+}
+
+fn has_counter(a: &[Attr<'_>]) -> Result<bool, NftError> {
+    let is_counter = |e: &Attr<'_>| -> Result<bool, NftError> {
+        Ok(find(&e.nested()?, NFTA_EXPR_NAME).map(|n| n.str()).transpose()?.as_deref() == Some("counter"))
+    };
+    if let Some(e) = find(a, NFTA_SET_EXPR) {
+        return is_counter(e);
+    }
+    if let Some(list) = find(a, NFTA_SET_EXPRESSIONS) {
+        for e in list.nested()? {
+            if is_counter(&e)? {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Splits a key into its components' bytes.
+fn components<'a>(bytes: &'a [u8], types: &[NftType]) -> Result<Vec<&'a [u8]>, NftError> {
+    if types.len() == 1 {
+        return Ok(vec![bytes]);
+    }
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for t in types {
+        let len = type_info(*t).map(|i| padded(i.len) as usize).unwrap_or(0);
+        out.push(
+            bytes
+                .get(at..at + len)
+                .ok_or_else(|| decode_err(format!("element of {} bytes is too short", bytes.len())))?,
+        );
+        at += len;
+    }
+    Ok(out)
+}
+
+/// The elements of a GETSETELEM answer, appended to `set`.
+pub(crate) fn elements(payload: &[u8], set: &mut NftSet) -> Result<(), NftError> {
+    let a = parse(payload)?;
+    let Some(list) = find(&a, NFTA_SET_ELEM_LIST_ELEMENTS) else { return Ok(()) };
+    let key: Vec<NftType> = set.key.iter().map(|t| NftType::try_from(*t).unwrap_or(NftType::Unspecified)).collect();
+    let data: Vec<NftType> = set.data.iter().map(|t| NftType::try_from(*t).unwrap_or(NftType::Unspecified)).collect();
+    let hton = set.interval && key.len() > 1;
+    for el in list.nested()? {
+        let e = el.nested()?;
+        let start = need(&e, NFTA_SET_ELEM_KEY, "element")?.data_value()?;
+        let end = match find(&e, NFTA_SET_ELEM_KEY_END) {
+            Some(k) => k.data_value()?,
+            None => start.clone(),
+        };
+        let (s, t) = (components(&start, &key)?, components(&end, &key)?);
+        let mut out = NftElement::default();
+        for ((ty, s), t) in key.iter().zip(s).zip(t) {
+            out.key.push(decode_component(*ty, s, t, hton)?);
+        }
+        if !data.is_empty() {
+            let d = need(&e, NFTA_SET_ELEM_DATA, "map element")?.data_value()?;
+            for (ty, b) in data.iter().zip(components(&d, &data)?) {
+                out.data.push(decode_component(*ty, b, b, false)?);
+            }
+        }
+        set.elements.push(out);
+    }
+    Ok(())
+}
+
+/// A rule of a GETRULE answer: (table, chain, rule).
+pub(crate) fn rule(
+    payload: &[u8],
+    index_in_chain: impl Fn(&str) -> usize,
+) -> Result<(String, String, kuport_proto::v1::NftRule), NftError> {
+    let a = parse(payload)?;
+    let table = need(&a, NFTA_RULE_TABLE, "rule")?.str()?;
+    let chain = need(&a, NFTA_RULE_CHAIN, "rule")?.str()?;
+    let object = super::encode::rule_name(&chain, index_in_chain(&chain));
+    let exprs = match find(&a, NFTA_RULE_EXPRESSIONS) {
+        Some(l) => decode_list(l)?,
+        None => Vec::new(),
+    };
+    let r = decompile(&exprs, &object)?;
+    Ok((table, chain, r))
+}

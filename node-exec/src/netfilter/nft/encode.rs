@@ -1,0 +1,371 @@
+//! The model turned into nf_tables messages, attribute for attribute as nft 1.0.6 sends them.
+
+use kuport_proto::v1::{ChainPolicy, ChainType, Hook, NftChain, NftElement, NftFamily, NftSet, NftTable, NftType};
+
+use super::NftError;
+use super::attr::{AttrWriter, WriteNft};
+use super::consts::*;
+use super::expr::Expr;
+use super::rule::{RuleCtx, SetRef};
+use super::value::{TypeInfo, concat_id, encode_component, padded, type_info};
+use crate::sys::netlink::consts::{NLM_F_APPEND, NLM_F_CREATE};
+
+/// Bytes of encoded elements per message: attribute lengths are u16, so a message's element
+/// list must stay below 64 KiB.
+pub(crate) const MAX_ELEMS_BYTES: usize = 48 * 1024;
+
+/// One nf_tables message of a batch, with the name of the object it writes (for errors).
+#[derive(Debug, Clone)]
+pub(crate) struct Msg {
+    pub(crate) ty: u16,
+    pub(crate) flags: u16,
+    pub(crate) family: u8,
+    pub(crate) attrs: Vec<u8>,
+    pub(crate) object: String,
+    /// Operations it counts for in a batch's budget (elements count one each).
+    pub(crate) ops: usize,
+}
+
+pub(crate) fn family_code(f: i32) -> Result<u8, NftError> {
+    match NftFamily::try_from(f) {
+        Ok(NftFamily::Ip) => Ok(NFPROTO_IPV4),
+        Ok(NftFamily::Ip6) => Ok(NFPROTO_IPV6),
+        Ok(NftFamily::Inet) => Ok(NFPROTO_INET),
+        _ => Err(NftError::Invalid { object: "table".into(), reason: format!("unknown family {f}") }),
+    }
+}
+
+fn invalid(object: &str, reason: impl Into<String>) -> NftError {
+    NftError::Invalid { object: object.to_string(), reason: reason.into() }
+}
+
+fn msg(ty: u16, flags: u16, family: u8, w: AttrWriter, object: String) -> Msg {
+    Msg { ty, flags, family, attrs: w.buf, object, ops: 1 }
+}
+
+pub(crate) fn new_table(family: u8, name: &str) -> Msg {
+    let mut w = AttrWriter::new();
+    w.put_str(NFTA_TABLE_NAME, name);
+    w.put_u32(NFTA_TABLE_FLAGS, 0);
+    msg(NFT_MSG_NEWTABLE, NLM_F_CREATE, family, w, format!("table {name}"))
+}
+
+pub(crate) fn del_table(family: u8, name: &str) -> Msg {
+    let mut w = AttrWriter::new();
+    w.put_str(NFTA_TABLE_NAME, name);
+    msg(NFT_MSG_DELTABLE, 0, family, w, format!("table {name}"))
+}
+
+pub(crate) fn hook_num(h: i32) -> Option<u32> {
+    Some(match Hook::try_from(h).ok()? {
+        Hook::Unspecified => return None,
+        Hook::Prerouting => NF_INET_PRE_ROUTING,
+        Hook::Input => NF_INET_LOCAL_IN,
+        Hook::Forward => NF_INET_FORWARD,
+        Hook::Output => NF_INET_LOCAL_OUT,
+        Hook::Postrouting => NF_INET_POST_ROUTING,
+    })
+}
+
+pub(crate) fn new_chain(family: u8, table: &str, chain: &NftChain) -> Result<Msg, NftError> {
+    let object = format!("chain {}", chain.name);
+    if chain.name.is_empty() {
+        return Err(invalid(&object, "empty chain name"));
+    }
+    let mut w = AttrWriter::new();
+    w.put_str(NFTA_CHAIN_TABLE, table);
+    w.put_str(NFTA_CHAIN_NAME, &chain.name);
+    if let Some(b) = &chain.base {
+        let ty = match ChainType::try_from(b.r#type) {
+            Ok(ChainType::Filter) => "filter",
+            Ok(ChainType::Nat) => "nat",
+            Ok(ChainType::Route) => "route",
+            _ => return Err(invalid(&object, "base chain without a type")),
+        };
+        let hook = hook_num(b.hook).ok_or_else(|| invalid(&object, "base chain without a hook"))?;
+        let policy = match ChainPolicy::try_from(b.policy) {
+            Ok(ChainPolicy::Accept) => NF_ACCEPT,
+            Ok(ChainPolicy::Drop) => NF_DROP,
+            Err(_) => return Err(invalid(&object, "unknown policy")),
+        };
+        w.put_str(NFTA_CHAIN_TYPE, ty);
+        w.put_u32(NFTA_CHAIN_POLICY, policy as u32);
+        let h = w.begin(NFTA_CHAIN_HOOK);
+        w.put_u32(NFTA_HOOK_HOOKNUM, hook);
+        w.put(NFTA_HOOK_PRIORITY, &b.priority.to_be_bytes());
+        w.end(h);
+    }
+    Ok(msg(NFT_MSG_NEWCHAIN, NLM_F_CREATE, family, w, object))
+}
+
+/// The datatypes of a set's key or data, checked.
+fn types(object: &str, what: &str, ts: &[i32]) -> Result<Vec<(NftType, TypeInfo)>, NftError> {
+    ts.iter()
+        .map(|t| {
+            let ty = NftType::try_from(*t).map_err(|_| invalid(object, format!("unknown {what} type {t}")))?;
+            let info = type_info(ty).ok_or_else(|| invalid(object, format!("unspecified {what} type")))?;
+            Ok((ty, info))
+        })
+        .collect()
+}
+
+/// (type id, length): a concatenation pads each component to whole register words.
+fn type_and_len(ts: &[(NftType, TypeInfo)]) -> (u32, u32) {
+    let infos: Vec<TypeInfo> = ts.iter().map(|t| t.1).collect();
+    match infos.as_slice() {
+        [one] => (one.id, one.len),
+        many => (concat_id(many), many.iter().map(|t| padded(t.len)).sum()),
+    }
+}
+
+fn udata_rec(out: &mut Vec<u8>, ty: u8, v: &[u8]) {
+    out.push(ty);
+    out.push(v.len() as u8);
+    out.extend_from_slice(v);
+}
+
+/// nft's record for a concatenated key/data: "an EXPR_CONCAT, no sub-expressions".
+fn typeof_concat() -> Vec<u8> {
+    let mut v = Vec::new();
+    udata_rec(&mut v, UDATA_TYPEOF_EXPR, &NFT_EXPR_CONCAT.to_ne_bytes());
+    udata_rec(&mut v, UDATA_TYPEOF_DATA, &[]);
+    v
+}
+
+/// The userdata nft stores with a set: byteorders (so that `nft list` prints values right)
+/// and, for concatenations, the typeof records.
+fn set_udata(key: &[(NftType, TypeInfo)], data: &[(NftType, TypeInfo)]) -> Vec<u8> {
+    let order = |ts: &[(NftType, TypeInfo)]| if ts.len() == 1 { ts[0].1.byteorder } else { BYTEORDER_INVALID };
+    let mut u = Vec::new();
+    udata_rec(&mut u, UDATA_SET_KEYBYTEORDER, &order(key).to_ne_bytes());
+    if !data.is_empty() {
+        udata_rec(&mut u, UDATA_SET_DATABYTEORDER, &order(data).to_ne_bytes());
+    }
+    if key.len() > 1 {
+        udata_rec(&mut u, UDATA_SET_KEY_TYPEOF, &typeof_concat());
+    }
+    if data.len() > 1 {
+        udata_rec(&mut u, UDATA_SET_DATA_TYPEOF, &typeof_concat());
+    }
+    if !data.is_empty() {
+        udata_rec(&mut u, UDATA_SET_DATA_INTERVAL, &0u32.to_ne_bytes());
+    }
+    u
+}
+
+pub(crate) fn check_set(set: &NftSet) -> Result<(), NftError> {
+    let object = format!("set {}", set.name);
+    if set.name.is_empty() {
+        return Err(invalid(&object, "empty set name"));
+    }
+    if set.key.is_empty() {
+        return Err(invalid(&object, "a set needs a key type"));
+    }
+    types(&object, "key", &set.key)?;
+    types(&object, "data", &set.data)?;
+    if set.interval && set.key.len() == 1 {
+        // nft encodes those as rbtree start/end-flag elements; kuport's interval sets are
+        // concatenations (pipapo), which carry explicit key ends.
+        return Err(NftError::Unsupported { object, what: "interval sets with a single key component".into() });
+    }
+    Ok(())
+}
+
+pub(crate) fn new_set(family: u8, table: &str, set: &NftSet, id: u32) -> Result<Msg, NftError> {
+    check_set(set)?;
+    let object = format!("set {}", set.name);
+    let key = types(&object, "key", &set.key)?;
+    let data = types(&object, "data", &set.data)?;
+    let concat_interval = set.interval && key.len() > 1;
+    let mut flags = 0;
+    if !data.is_empty() {
+        flags |= NFT_SET_MAP;
+    }
+    if set.interval {
+        flags |= NFT_SET_INTERVAL;
+    }
+    if concat_interval {
+        flags |= NFT_SET_CONCAT;
+    }
+    let (kt, kl) = type_and_len(&key);
+    let mut w = AttrWriter::new();
+    w.put_str(NFTA_SET_TABLE, table);
+    w.put_str(NFTA_SET_NAME, &set.name);
+    w.put_u32(NFTA_SET_FLAGS, flags);
+    w.put_u32(NFTA_SET_KEY_TYPE, kt);
+    w.put_u32(NFTA_SET_KEY_LEN, kl);
+    if !data.is_empty() {
+        let (dt, dl) = type_and_len(&data);
+        w.put_u32(NFTA_SET_DATA_TYPE, dt);
+        w.put_u32(NFTA_SET_DATA_LEN, dl);
+    }
+    w.put_u32(NFTA_SET_ID, id);
+    if concat_interval {
+        let d = w.begin(NFTA_SET_DESC);
+        let c = w.begin(NFTA_SET_DESC_CONCAT);
+        for (_, info) in &key {
+            let e = w.begin(NFTA_LIST_ELEM);
+            w.put_u32(NFTA_SET_FIELD_LEN, info.len);
+            w.end(e);
+        }
+        w.end(c);
+        w.end(d);
+    }
+    w.put(NFTA_SET_USERDATA, &set_udata(&key, &data));
+    if set.counter {
+        let e = w.begin(NFTA_SET_EXPR);
+        w.put_str(NFTA_EXPR_NAME, "counter");
+        let d = w.begin(NFTA_EXPR_DATA);
+        w.end(d);
+        w.end(e);
+    }
+    Ok(msg(NFT_MSG_NEWSET, NLM_F_CREATE, family, w, object))
+}
+
+/// A human name for an element (its key), used in errors and diffs.
+pub(crate) fn element_name(e: &NftElement) -> String {
+    use kuport_proto::v1::nft_value::Value;
+    let parts: Vec<String> = e
+        .key
+        .iter()
+        .map(|v| match &v.value {
+            Some(Value::Ifname(s)) => format!("{s:?}"),
+            Some(Value::Addr(s)) => s.clone(),
+            Some(Value::Proto(p)) => kuport_proto::v1::L4Proto::try_from(*p)
+                .map(|p| p.as_str_name().to_lowercase())
+                .unwrap_or_else(|_| p.to_string()),
+            Some(Value::Port(r)) if r.last > r.first => format!("{}-{}", r.first, r.last),
+            Some(Value::Port(r)) => r.first.to_string(),
+            Some(Value::Mark(m)) => format!("{m:#x}"),
+            Some(Value::Id(i)) => i.to_string(),
+            None => "?".into(),
+        })
+        .collect();
+    parts.join(" . ")
+}
+
+/// Encodes one element into `w` as a list element.
+fn put_element(
+    w: &mut AttrWriter,
+    set: &NftSet,
+    key: &[(NftType, TypeInfo)],
+    data: &[(NftType, TypeInfo)],
+    e: &NftElement,
+) -> Result<(), NftError> {
+    let object = format!("element {} of set {}", element_name(e), set.name);
+    if e.key.len() != key.len() {
+        return Err(invalid(&object, format!("key has {} components, the set {}", e.key.len(), key.len())));
+    }
+    if e.data.len() != data.len() {
+        return Err(invalid(&object, format!("data has {} components, the set {}", e.data.len(), data.len())));
+    }
+    let concat = key.len() > 1;
+    let hton = set.interval && concat;
+    let (mut start, mut end) = (Vec::new(), Vec::new());
+    for ((ty, info), v) in key.iter().zip(&e.key) {
+        let (mut s, mut t) = encode_component(&object, *ty, v, set.interval, hton)?;
+        if concat {
+            s.resize(padded(info.len) as usize, 0);
+            t.resize(padded(info.len) as usize, 0);
+        }
+        start.extend(s);
+        end.extend(t);
+    }
+    let mut d = Vec::new();
+    for ((ty, info), v) in data.iter().zip(&e.data) {
+        let (mut s, _) = encode_component(&object, *ty, v, false, false)?;
+        if data.len() > 1 {
+            s.resize(padded(info.len) as usize, 0);
+        }
+        d.extend(s);
+    }
+    let el = w.begin(NFTA_LIST_ELEM);
+    w.put_data(NFTA_SET_ELEM_KEY, &start);
+    if set.interval {
+        w.put_data(NFTA_SET_ELEM_KEY_END, &end);
+    }
+    if !data.is_empty() {
+        w.put_data(NFTA_SET_ELEM_DATA, &d);
+    }
+    w.end(el);
+    Ok(())
+}
+
+/// NEWSETELEM (or DELSETELEM) messages for `elements`, split so each stays below
+/// [`MAX_ELEMS_BYTES`]. `set_id` refers to a set created in the same batch.
+pub(crate) fn set_elements(
+    ty: u16,
+    family: u8,
+    table: &str,
+    set: &NftSet,
+    set_id: Option<u32>,
+    elements: &[&NftElement],
+) -> Result<Vec<Msg>, NftError> {
+    let object = format!("set {}", set.name);
+    let key = types(&object, "key", &set.key)?;
+    let data = types(&object, "data", &set.data)?;
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < elements.len() {
+        let mut w = AttrWriter::new();
+        w.put_str(NFTA_SET_ELEM_LIST_TABLE, table);
+        w.put_str(NFTA_SET_ELEM_LIST_SET, &set.name);
+        if let Some(id) = set_id {
+            w.put_u32(NFTA_SET_ELEM_LIST_SET_ID, id);
+        }
+        let list = w.begin(NFTA_SET_ELEM_LIST_ELEMENTS);
+        let first = i;
+        while i < elements.len() && w.buf.len() < MAX_ELEMS_BYTES {
+            put_element(&mut w, set, &key, &data, elements[i])?;
+            i += 1;
+        }
+        w.end(list);
+        let what = if elements.len() == 1 {
+            format!("element {} of set {}", element_name(elements[0]), set.name)
+        } else {
+            format!("elements of set {}", set.name)
+        };
+        let mut m = msg(ty, if ty == NFT_MSG_NEWSETELEM { NLM_F_CREATE } else { 0 }, family, w, what);
+        m.ops = i - first;
+        out.push(m);
+    }
+    Ok(out)
+}
+
+pub(crate) fn new_rule(family: u8, table: &str, chain: &str, exprs: &[Expr], object: String) -> Msg {
+    let mut w = AttrWriter::new();
+    w.put_str(NFTA_RULE_TABLE, table);
+    w.put_str(NFTA_RULE_CHAIN, chain);
+    let l = w.begin(NFTA_RULE_EXPRESSIONS);
+    for e in exprs {
+        e.encode(&mut w);
+    }
+    w.end(l);
+    msg(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, w, object)
+}
+
+/// The sets rules can read; `with_ids` when the sets are created in the same batch (their
+/// ids are their 1-based positions, as nft numbers them).
+pub(crate) fn rule_ctx(table: &NftTable, with_ids: bool) -> RuleCtx {
+    let sets = table
+        .sets
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let conv = |ts: &[i32]| ts.iter().map(|t| NftType::try_from(*t).unwrap_or(NftType::Unspecified)).collect();
+            let r = SetRef {
+                key: conv(&s.key),
+                data: conv(&s.data),
+                interval: s.interval,
+                id: with_ids.then_some(i as u32 + 1),
+            };
+            (s.name.clone(), r)
+        })
+        .collect();
+    RuleCtx { family: NftFamily::try_from(table.family).unwrap_or(NftFamily::Unspecified), sets }
+}
+
+/// The name of rule `index` (0-based) of `chain`, for errors and diffs.
+pub(crate) fn rule_name(chain: &str, index: usize) -> String {
+    format!("rule {} of chain {chain}", index + 1)
+}

@@ -1,0 +1,422 @@
+//! Compiling a model rule (typed matches and statements) into expressions, the way nft 1.0.6
+//! compiles the equivalent text.
+
+use std::collections::HashMap;
+
+use kuport_proto::v1::{
+    CmpOp, Compare, MapLookup, NatKind, NftFamily, NftRule, NftStatement, NftType, Selector, VerdictKind, nat,
+    nft_match, nft_statement, nft_value::Value, redirect, set_mark,
+};
+
+use crate::netfilter::nft::NftError;
+use crate::netfilter::nft::consts::*;
+use crate::netfilter::nft::expr::{Expr, Imm, reg_of_slot};
+use crate::netfilter::nft::value::*;
+
+/// What a rule needs to know about a set it reads.
+#[derive(Debug, Clone)]
+pub(crate) struct SetRef {
+    pub(crate) key: Vec<NftType>,
+    pub(crate) data: Vec<NftType>,
+    pub(crate) interval: bool,
+    /// The batch-local id when the set is created in the same batch as the rule.
+    pub(crate) id: Option<u32>,
+}
+
+/// The table a rule lives in.
+#[derive(Debug, Clone)]
+pub(crate) struct RuleCtx {
+    pub(crate) family: NftFamily,
+    pub(crate) sets: HashMap<String, SetRef>,
+}
+
+fn invalid(object: &str, reason: impl Into<String>) -> NftError {
+    NftError::Invalid { object: object.to_string(), reason: reason.into() }
+}
+
+fn load(src: Source, len: u32, dreg: u32) -> Expr {
+    match src {
+        Source::Meta(key) => Expr::Meta { key, dreg },
+        Source::Ct(key) => Expr::Ct { key, dreg },
+        Source::Payload(base, offset) => Expr::Payload { base, offset, len, dreg },
+    }
+}
+
+fn sel(object: &str, s: i32) -> Result<(Selector, SelInfo), NftError> {
+    let s = Selector::try_from(s).map_err(|_| invalid(object, format!("unknown selector {s}")))?;
+    let i = sel_info(s).ok_or_else(|| invalid(object, "unspecified selector"))?;
+    Ok((s, i))
+}
+
+/// Compiles a rule.
+pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec<Expr>, NftError> {
+    let mut out = Vec::new();
+    // The transport protocol an earlier `meta l4proto == P` already guarantees.
+    let mut l4: Option<u8> = None;
+    for m in &rule.matches {
+        match m.kind.as_ref().ok_or_else(|| invalid(object, "empty match"))? {
+            nft_match::Kind::Compare(c) => {
+                let (s, info) = sel(object, c.selector)?;
+                check_family(object, ctx, s)?;
+                dep(&mut out, &mut l4, info.l4dep);
+                compile_compare(&mut out, object, c, s, info)?;
+                if s == Selector::L4proto
+                    && c.op == CmpOp::Eq as i32
+                    && let Some(Value::Proto(p)) = c.value.as_ref().and_then(value_of)
+                {
+                    l4 = Some(proto_byte(object, *p)?);
+                }
+            }
+            nft_match::Kind::Lookup(l) => {
+                let set = set_ref(ctx, object, &l.set)?;
+                if !set.data.is_empty() {
+                    return Err(invalid(object, format!("@{} is a map, not a set", l.set)));
+                }
+                key_loads(&mut out, &mut l4, ctx, object, &l.key, set)?;
+                out.push(Expr::Lookup {
+                    sreg: NFT_REG_1,
+                    dreg: None,
+                    set: l.set.clone(),
+                    set_id: set.id,
+                    flags: if l.negate { NFT_LOOKUP_F_INV } else { 0 },
+                });
+            }
+        }
+    }
+    for s in &rule.statements {
+        compile_statement(&mut out, &mut l4, ctx, object, s)?;
+    }
+    Ok(out)
+}
+
+fn check_family(object: &str, ctx: &RuleCtx, s: Selector) -> Result<(), NftError> {
+    let v4 = matches!(s, Selector::IpSaddr | Selector::IpDaddr);
+    let v6 = matches!(s, Selector::Ip6Saddr | Selector::Ip6Daddr);
+    match ctx.family {
+        NftFamily::Ip if v6 => Err(invalid(object, "ip6 selector in an ip table")),
+        NftFamily::Ip6 if v4 => Err(invalid(object, "ip selector in an ip6 table")),
+        // nft adds a `meta nfproto` dependency there, which this codec does not model yet.
+        NftFamily::Inet if v4 || v6 => {
+            Err(NftError::Unsupported { object: object.to_string(), what: "address selectors in inet tables".into() })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// nft's protocol dependency: `meta l4proto P` before a tcp/udp header field.
+fn dep(out: &mut Vec<Expr>, l4: &mut Option<u8>, need: Option<u8>) {
+    if let Some(p) = need
+        && *l4 != Some(p)
+    {
+        out.push(Expr::Meta { key: NFT_META_L4PROTO, dreg: NFT_REG_1 });
+        out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![p] });
+        *l4 = Some(p);
+    }
+}
+
+fn set_ref<'a>(ctx: &'a RuleCtx, object: &str, name: &str) -> Result<&'a SetRef, NftError> {
+    ctx.sets.get(name).ok_or_else(|| invalid(object, format!("set @{name} does not exist")))
+}
+
+/// Loads a concatenation into consecutive register words, as a set key.
+fn key_loads(
+    out: &mut Vec<Expr>,
+    l4: &mut Option<u8>,
+    ctx: &RuleCtx,
+    object: &str,
+    keys: &[i32],
+    set: &SetRef,
+) -> Result<(), NftError> {
+    if keys.len() != set.key.len() {
+        return Err(invalid(object, format!("key has {} components, the set {}", keys.len(), set.key.len())));
+    }
+    let infos = keys.iter().map(|k| sel(object, *k)).collect::<Result<Vec<_>, _>>()?;
+    for ((s, info), ty) in infos.iter().zip(&set.key) {
+        check_family(object, ctx, *s)?;
+        if info.ty != Some(*ty) {
+            return Err(invalid(object, format!("{} does not give a {}", s.as_str_name(), ty.as_str_name())));
+        }
+        dep(out, l4, info.l4dep);
+    }
+    let concat_interval = set.interval && keys.len() > 1;
+    let mut slot = 0;
+    for (_, info) in &infos {
+        let reg = reg_of_slot(slot);
+        out.push(load(info.source, info.len, reg));
+        if let (true, Some((len, size))) = (concat_interval, info.hton) {
+            out.push(Expr::Byteorder { sreg: reg, dreg: reg, op: NFT_BYTEORDER_HTON, len, size });
+        }
+        slot += padded(info.len) / 4;
+    }
+    Ok(())
+}
+
+fn map_lookup<'a>(
+    out: &mut Vec<Expr>,
+    l4: &mut Option<u8>,
+    ctx: &'a RuleCtx,
+    object: &str,
+    m: &MapLookup,
+) -> Result<&'a SetRef, NftError> {
+    let set = set_ref(ctx, object, &m.map)?;
+    if set.data.is_empty() {
+        return Err(invalid(object, format!("@{} is a set, not a map", m.map)));
+    }
+    key_loads(out, l4, ctx, object, &m.key, set)?;
+    out.push(Expr::Lookup { sreg: NFT_REG_1, dreg: Some(NFT_REG_1), set: m.map.clone(), set_id: set.id, flags: 0 });
+    Ok(set)
+}
+
+fn compile_compare(out: &mut Vec<Expr>, object: &str, c: &Compare, s: Selector, info: SelInfo) -> Result<(), NftError> {
+    let op = match CmpOp::try_from(c.op) {
+        Ok(CmpOp::Eq) => NFT_CMP_EQ,
+        Ok(CmpOp::Neq) => NFT_CMP_NEQ,
+        Err(_) => return Err(invalid(object, format!("unknown compare op {}", c.op))),
+    };
+    let v = c.value.as_ref().and_then(value_of).ok_or_else(|| invalid(object, "compare without a value"))?;
+    let is_mark = matches!(s, Selector::MetaMark | Selector::CtMark);
+    if c.mask != 0 && !is_mark {
+        return Err(invalid(object, "a mask is only valid on marks"));
+    }
+    let r1 = NFT_REG_1;
+    let mismatch = || invalid(object, format!("{} cannot be compared with {v:?}", s.as_str_name()));
+    match (info.ty, v) {
+        (Some(NftType::Ifname), Value::Ifname(name)) => {
+            let data = match name.strip_suffix('*') {
+                Some(prefix) if !prefix.is_empty() && prefix.len() < IFNAMSIZ && !prefix.contains('*') => {
+                    prefix.as_bytes().to_vec()
+                }
+                Some(_) => return Err(invalid(object, format!("bad interface wildcard {name:?}"))),
+                None => ifname_bytes(object, name)?,
+            };
+            out.push(load(info.source, info.len, r1));
+            out.push(Expr::Cmp { sreg: r1, op, data });
+        }
+        (Some(NftType::InetProto), Value::Proto(p)) => {
+            out.push(load(info.source, info.len, r1));
+            out.push(Expr::Cmp { sreg: r1, op, data: vec![proto_byte(object, *p)?] });
+        }
+        (Some(NftType::Ipv4Addr | NftType::Ipv6Addr), Value::Addr(text)) => {
+            let (a, len) = parse_prefix(object, text)?;
+            let b = addr_bytes(a);
+            if b.len() as u32 != info.len {
+                return Err(mismatch());
+            }
+            let full = (b.len() * 8) as u8;
+            let mask = mask_bytes(b.len(), len);
+            if b.iter().zip(&mask).any(|(x, m)| x & !m != 0) {
+                return Err(invalid(object, format!("prefix {text} has host bits set")));
+            }
+            if len == 0 {
+                return Err(NftError::Unsupported {
+                    object: object.to_string(),
+                    what: "a /0 prefix (it matches everything)".into(),
+                });
+            } else if len == full {
+                out.push(load(info.source, info.len, r1));
+                out.push(Expr::Cmp { sreg: r1, op, data: b });
+            } else if len % 8 == 0 {
+                // nft loads only the prefix's whole bytes.
+                let n = usize::from(len / 8);
+                out.push(load(info.source, n as u32, r1));
+                out.push(Expr::Cmp { sreg: r1, op, data: b[..n].to_vec() });
+            } else {
+                out.push(load(info.source, info.len, r1));
+                out.push(Expr::Bitwise { sreg: r1, dreg: r1, len: info.len, mask, xor: vec![0; b.len()] });
+                out.push(Expr::Cmp { sreg: r1, op, data: b });
+            }
+        }
+        (Some(NftType::InetService), Value::Port(r)) => {
+            let (f, l) = port_range(object, r)?;
+            out.push(load(info.source, info.len, r1));
+            if f == l {
+                out.push(Expr::Cmp { sreg: r1, op, data: f.to_be_bytes().to_vec() });
+            } else if op == NFT_CMP_EQ {
+                out.push(Expr::Cmp { sreg: r1, op: NFT_CMP_GTE, data: f.to_be_bytes().to_vec() });
+                out.push(Expr::Cmp { sreg: r1, op: NFT_CMP_LTE, data: l.to_be_bytes().to_vec() });
+            } else {
+                out.push(Expr::Range {
+                    sreg: r1,
+                    op: NFT_RANGE_NEQ,
+                    from: f.to_be_bytes().to_vec(),
+                    to: l.to_be_bytes().to_vec(),
+                });
+            }
+        }
+        (Some(NftType::Mark), Value::Mark(m)) => {
+            out.push(load(info.source, info.len, r1));
+            if c.mask != 0 {
+                out.push(Expr::Bitwise {
+                    sreg: r1,
+                    dreg: r1,
+                    len: 4,
+                    mask: c.mask.to_ne_bytes().to_vec(),
+                    xor: vec![0; 4],
+                });
+            }
+            out.push(Expr::Cmp { sreg: r1, op, data: m.to_ne_bytes().to_vec() });
+        }
+        (None, Value::Id(id)) if matches!(s, Selector::MetaSkuid | Selector::MetaSkgid) => {
+            out.push(load(info.source, info.len, r1));
+            out.push(Expr::Cmp { sreg: r1, op, data: id.to_ne_bytes().to_vec() });
+        }
+        _ => return Err(mismatch()),
+    }
+    Ok(())
+}
+
+fn nat_family(object: &str, ctx: &RuleCtx, f: i32) -> Result<u32, NftError> {
+    match (NftFamily::try_from(f).unwrap_or(NftFamily::Unspecified), ctx.family) {
+        (NftFamily::Ip, _) | (NftFamily::Unspecified, NftFamily::Ip) => Ok(u32::from(NFPROTO_IPV4)),
+        (NftFamily::Ip6, _) | (NftFamily::Unspecified, NftFamily::Ip6) => Ok(u32::from(NFPROTO_IPV6)),
+        _ => Err(invalid(object, "nat needs an ip or ip6 family")),
+    }
+}
+
+fn compile_statement(
+    out: &mut Vec<Expr>,
+    l4: &mut Option<u8>,
+    ctx: &RuleCtx,
+    object: &str,
+    s: &NftStatement,
+) -> Result<(), NftError> {
+    let r1 = NFT_REG_1;
+    match s.kind.as_ref().ok_or_else(|| invalid(object, "empty statement"))? {
+        nft_statement::Kind::Counter(_) => out.push(Expr::Counter),
+        nft_statement::Kind::Nat(n) => {
+            let kind = match NatKind::try_from(n.kind) {
+                Ok(NatKind::Snat) => NFT_NAT_SNAT,
+                Ok(NatKind::Dnat) => NFT_NAT_DNAT,
+                _ => return Err(invalid(object, "nat without snat/dnat")),
+            };
+            let family = nat_family(object, ctx, n.family)?;
+            let addr_len = if family == u32::from(NFPROTO_IPV4) { 4 } else { 16 };
+            let mut e = Expr::Nat { kind, family, addr_min: Some(r1), proto_min: None, proto_max: None, flags: None };
+            match n.to.as_ref().ok_or_else(|| invalid(object, "nat without a target"))? {
+                nat::To::Target(t) => {
+                    if t.addr.is_empty() {
+                        return Err(NftError::Unsupported {
+                            object: object.to_string(),
+                            what: "nat to a port without an address".into(),
+                        });
+                    }
+                    let (a, len) = parse_prefix(object, &t.addr)?;
+                    let b = addr_bytes(a);
+                    if b.len() != addr_len || usize::from(len) != addr_len * 8 {
+                        return Err(invalid(object, format!("nat address {} does not fit the nat family", t.addr)));
+                    }
+                    out.push(Expr::Immediate { dreg: r1, data: Imm::Value(b) });
+                    if let (Some(p), Expr::Nat { proto_min, proto_max, flags, .. }) = (&t.port, &mut e) {
+                        let (f, l) = port_range(object, p)?;
+                        out.push(Expr::Immediate { dreg: 2, data: Imm::Value(f.to_be_bytes().to_vec()) });
+                        *proto_min = Some(2);
+                        if l != f {
+                            out.push(Expr::Immediate { dreg: 3, data: Imm::Value(l.to_be_bytes().to_vec()) });
+                            *proto_max = Some(3);
+                        }
+                        *flags = Some(NF_NAT_RANGE_PROTO_SPECIFIED);
+                    }
+                }
+                nat::To::Selector(sl) => {
+                    let (s, info) = sel(object, *sl)?;
+                    if info.len as usize != addr_len || !matches!(info.ty, Some(NftType::Ipv4Addr | NftType::Ipv6Addr))
+                    {
+                        return Err(invalid(
+                            object,
+                            format!("nat to {} needs an address of the nat family", s.as_str_name()),
+                        ));
+                    }
+                    out.push(load(info.source, info.len, r1));
+                }
+                nat::To::Map(m) => {
+                    let set = map_lookup(out, l4, ctx, object, m)?;
+                    let want_addr = if addr_len == 4 { NftType::Ipv4Addr } else { NftType::Ipv6Addr };
+                    match set.data.as_slice() {
+                        [a] if *a == want_addr => {}
+                        [a, NftType::InetService] if *a == want_addr => {
+                            if let Expr::Nat { proto_min, .. } = &mut e {
+                                *proto_min = Some(reg_of_slot(padded(addr_len as u32) / 4));
+                            }
+                        }
+                        _ => return Err(invalid(object, format!("@{} does not map to an address (and port)", m.map))),
+                    }
+                }
+            }
+            out.push(e);
+        }
+        nft_statement::Kind::Redirect(r) => {
+            match r.to.as_ref().ok_or_else(|| invalid(object, "redirect without a target"))? {
+                redirect::To::Port(p) => {
+                    let (f, l) = port_range(object, p)?;
+                    out.push(Expr::Immediate { dreg: r1, data: Imm::Value(f.to_be_bytes().to_vec()) });
+                    let mut max = None;
+                    if l != f {
+                        out.push(Expr::Immediate { dreg: 2, data: Imm::Value(l.to_be_bytes().to_vec()) });
+                        max = Some(2);
+                    }
+                    out.push(Expr::Redir {
+                        proto_min: Some(r1),
+                        proto_max: max,
+                        flags: Some(NF_NAT_RANGE_PROTO_SPECIFIED),
+                    });
+                }
+                redirect::To::Map(m) => {
+                    let set = map_lookup(out, l4, ctx, object, m)?;
+                    if set.data != [NftType::InetService] {
+                        return Err(invalid(object, format!("@{} does not map to a port", m.map)));
+                    }
+                    out.push(Expr::Redir {
+                        proto_min: Some(r1),
+                        proto_max: None,
+                        flags: Some(NF_NAT_RANGE_PROTO_SPECIFIED),
+                    });
+                }
+            }
+        }
+        nft_statement::Kind::MetaMarkSet(m) | nft_statement::Kind::CtMarkSet(m) => {
+            let ct = matches!(s.kind, Some(nft_statement::Kind::CtMarkSet(_)));
+            match m.from.as_ref().ok_or_else(|| invalid(object, "mark set without a value"))? {
+                set_mark::From::Value(v) => {
+                    out.push(Expr::Immediate { dreg: r1, data: Imm::Value(v.to_ne_bytes().to_vec()) })
+                }
+                set_mark::From::Map(map) => {
+                    let set = map_lookup(out, l4, ctx, object, map)?;
+                    if set.data != [NftType::Mark] {
+                        return Err(invalid(object, format!("@{} does not map to a mark", map.map)));
+                    }
+                }
+                set_mark::From::Selector(sl) => {
+                    let (s, info) = sel(object, *sl)?;
+                    if !matches!(s, Selector::MetaMark | Selector::CtMark) {
+                        return Err(invalid(object, "a mark can only be set from meta mark or ct mark"));
+                    }
+                    out.push(load(info.source, info.len, r1));
+                }
+            }
+            out.push(if ct {
+                Expr::CtSet { key: NFT_CT_MARK, sreg: r1 }
+            } else {
+                Expr::MetaSet { key: NFT_META_MARK, sreg: r1 }
+            });
+        }
+        nft_statement::Kind::Verdict(v) => {
+            let chain = || {
+                (!v.chain.is_empty()).then(|| v.chain.clone()).ok_or_else(|| invalid(object, "jump/goto needs a chain"))
+            };
+            let (code, chain) = match VerdictKind::try_from(v.kind) {
+                Ok(VerdictKind::Accept) => (NF_ACCEPT, None),
+                Ok(VerdictKind::Drop) => (NF_DROP, None),
+                Ok(VerdictKind::Return) => (NFT_RETURN, None),
+                Ok(VerdictKind::Jump) => (NFT_JUMP, Some(chain()?)),
+                Ok(VerdictKind::Goto) => (NFT_GOTO, Some(chain()?)),
+                _ => return Err(invalid(object, "unknown verdict")),
+            };
+            out.push(Expr::Immediate { dreg: NFT_REG_VERDICT, data: Imm::Verdict { code, chain } });
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------------------------------
+// Decompiling
+// ------------------------------------------------------------------------------------------

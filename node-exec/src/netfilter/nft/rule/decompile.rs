@@ -1,0 +1,371 @@
+//! Decompiling expressions (a rule read back from the kernel) into the model rule nft would print.
+
+use kuport_proto::v1::{
+    CmpOp, Compare, Counter, MapLookup, Nat, NatKind, NatTarget, NftFamily, NftMatch, NftRule, NftStatement, NftType,
+    NftValue, PortRange, Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement,
+    nft_value::Value, redirect, set_mark,
+};
+
+use crate::netfilter::nft::NftError;
+use crate::netfilter::nft::consts::*;
+use crate::netfilter::nft::expr::{Expr, Imm, slot_of_reg};
+use crate::netfilter::nft::value::*;
+
+fn shape(object: &str, why: &str) -> NftError {
+    NftError::Decode { what: format!("{object}: {why}") }
+}
+
+/// A value waiting in a register for the expression that consumes it.
+#[derive(Debug)]
+enum Pending {
+    Load { slot: u32, src: Source, len: u32 },
+    Imm { reg: u32, data: Vec<u8> },
+}
+
+/// Decompiles a rule's expressions.
+pub(crate) fn decompile(exprs: &[Expr], object: &str) -> Result<NftRule, NftError> {
+    let mut rule = NftRule::default();
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut i = 0;
+    while i < exprs.len() {
+        let e = &exprs[i];
+        i += 1;
+        match e {
+            Expr::Meta { key, dreg } => pending.push(load_pending(object, Source::Meta(*key), 0, *dreg, e)?),
+            Expr::Ct { key, dreg } => pending.push(load_pending(object, Source::Ct(*key), 0, *dreg, e)?),
+            Expr::Payload { base, offset, len, dreg } => {
+                pending.push(load_pending(object, Source::Payload(*base, *offset), *len, *dreg, e)?)
+            }
+            // Implied by the set's interval flag; recomputed by compile.
+            Expr::Byteorder { .. } => {}
+            Expr::Immediate { dreg, data: Imm::Value(v) } => pending.push(Pending::Imm { reg: *dreg, data: v.clone() }),
+            Expr::Cmp { .. } | Expr::Range { .. } | Expr::Bitwise { .. } => {
+                if !rule.statements.is_empty() {
+                    return Err(shape(object, "a match after a statement"));
+                }
+                let (c, used) = decompile_compare(object, &pending, &exprs[i - 1..])?;
+                i += used - 1;
+                pending.clear();
+                rule.matches.push(NftMatch { kind: Some(nft_match::Kind::Compare(c)) });
+            }
+            Expr::Lookup { dreg: None, set, flags, .. } => {
+                if !rule.statements.is_empty() {
+                    return Err(shape(object, "a match after a statement"));
+                }
+                let key = take_keys(object, &mut pending)?;
+                rule.matches.push(NftMatch {
+                    kind: Some(nft_match::Kind::Lookup(SetLookup {
+                        key,
+                        set: set.clone(),
+                        negate: flags & NFT_LOOKUP_F_INV != 0,
+                    })),
+                });
+            }
+            Expr::Lookup { dreg: Some(_), set, .. } => {
+                let key = take_keys(object, &mut pending)?;
+                let map = MapLookup { key, map: set.clone() };
+                let next = exprs.get(i).ok_or_else(|| shape(object, "a map lookup without a consumer"))?;
+                i += 1;
+                let kind = match next {
+                    Expr::Nat { kind, family, .. } => nft_statement::Kind::Nat(Nat {
+                        kind: nat_kind(object, *kind)?,
+                        family: nat_fam(object, *family)?,
+                        to: Some(nat::To::Map(map)),
+                    }),
+                    Expr::Redir { .. } => nft_statement::Kind::Redirect(Redirect { to: Some(redirect::To::Map(map)) }),
+                    Expr::MetaSet { key: NFT_META_MARK, .. } => {
+                        nft_statement::Kind::MetaMarkSet(SetMark { from: Some(set_mark::From::Map(map)) })
+                    }
+                    Expr::CtSet { key: NFT_CT_MARK, .. } => {
+                        nft_statement::Kind::CtMarkSet(SetMark { from: Some(set_mark::From::Map(map)) })
+                    }
+                    _ => return Err(shape(object, "a map lookup feeding an unknown statement")),
+                };
+                rule.statements.push(NftStatement { kind: Some(kind) });
+            }
+            Expr::Counter => {
+                rule.statements.push(NftStatement { kind: Some(nft_statement::Kind::Counter(Counter {})) })
+            }
+            Expr::Immediate { data: Imm::Verdict { code, chain }, .. } => {
+                let kind = match *code {
+                    NF_ACCEPT => VerdictKind::Accept,
+                    NF_DROP => VerdictKind::Drop,
+                    NFT_RETURN => VerdictKind::Return,
+                    NFT_JUMP => VerdictKind::Jump,
+                    NFT_GOTO => VerdictKind::Goto,
+                    c => return Err(shape(object, &format!("verdict {c}"))),
+                };
+                let v = Verdict { kind: kind as i32, chain: chain.clone().unwrap_or_default() };
+                rule.statements.push(NftStatement { kind: Some(nft_statement::Kind::Verdict(v)) });
+            }
+            Expr::Nat { kind, family, addr_min, proto_min, proto_max, .. } => {
+                let to = match pending.as_slice() {
+                    [Pending::Load { src, len, .. }] => {
+                        let s = sel_of_source(*src, *len).ok_or_else(|| shape(object, "nat from an unknown field"))?;
+                        nat::To::Selector(s as i32)
+                    }
+                    imms => {
+                        let get = |r: Option<u32>| -> Option<Vec<u8>> {
+                            let r = r?;
+                            imms.iter().find_map(|p| match p {
+                                Pending::Imm { reg, data } if *reg == r => Some(data.clone()),
+                                _ => None,
+                            })
+                        };
+                        let addr = get(*addr_min)
+                            .and_then(|b| addr_from_bytes(&b))
+                            .ok_or_else(|| shape(object, "nat without an address"))?;
+                        let port = match get(*proto_min) {
+                            Some(f) => {
+                                let f = u32::from(be16(object, &f)?);
+                                let l = match get(*proto_max) {
+                                    Some(l) => u32::from(be16(object, &l)?),
+                                    None => f,
+                                };
+                                Some(PortRange { first: f, last: l })
+                            }
+                            None => None,
+                        };
+                        nat::To::Target(NatTarget { addr: addr.to_string(), port })
+                    }
+                };
+                pending.clear();
+                rule.statements.push(NftStatement {
+                    kind: Some(nft_statement::Kind::Nat(Nat {
+                        kind: nat_kind(object, *kind)?,
+                        family: nat_fam(object, *family)?,
+                        to: Some(to),
+                    })),
+                });
+            }
+            Expr::Redir { proto_min, proto_max, .. } => {
+                let get = |r: Option<u32>| -> Option<u16> {
+                    let r = r?;
+                    pending.iter().find_map(|p| match p {
+                        Pending::Imm { reg, data } if *reg == r => be16(object, data).ok(),
+                        _ => None,
+                    })
+                };
+                let f = get(*proto_min).ok_or_else(|| shape(object, "redirect without a port"))?;
+                let l = get(*proto_max).unwrap_or(f);
+                pending.clear();
+                let port = PortRange { first: u32::from(f), last: u32::from(l) };
+                rule.statements.push(NftStatement {
+                    kind: Some(nft_statement::Kind::Redirect(Redirect { to: Some(redirect::To::Port(port)) })),
+                });
+            }
+            Expr::MetaSet { key: NFT_META_MARK, .. } | Expr::CtSet { key: NFT_CT_MARK, .. } => {
+                let from = match pending.as_slice() {
+                    [Pending::Imm { data, .. }] => {
+                        let b: [u8; 4] =
+                            data.as_slice().try_into().map_err(|_| shape(object, "mark of a bad length"))?;
+                        set_mark::From::Value(u32::from_ne_bytes(b))
+                    }
+                    [Pending::Load { src, len, .. }] => set_mark::From::Selector(
+                        sel_of_source(*src, *len).ok_or_else(|| shape(object, "mark from an unknown field"))? as i32,
+                    ),
+                    _ => return Err(shape(object, "mark set without a source")),
+                };
+                pending.clear();
+                let m = SetMark { from: Some(from) };
+                let kind = if matches!(e, Expr::CtSet { .. }) {
+                    nft_statement::Kind::CtMarkSet(m)
+                } else {
+                    nft_statement::Kind::MetaMarkSet(m)
+                };
+                rule.statements.push(NftStatement { kind: Some(kind) });
+            }
+            other => return Err(shape(object, &format!("unexpected expression {other:?}"))),
+        }
+    }
+    if !pending.is_empty() {
+        return Err(shape(object, "a load nobody reads"));
+    }
+    fold_l4_dependencies(&mut rule.matches);
+    Ok(rule)
+}
+
+fn be16(object: &str, b: &[u8]) -> Result<u16, NftError> {
+    let a: [u8; 2] = b.get(..2).and_then(|s| s.try_into().ok()).ok_or_else(|| shape(object, "port of a bad length"))?;
+    Ok(u16::from_be_bytes(a))
+}
+
+fn nat_kind(object: &str, k: u32) -> Result<i32, NftError> {
+    match k {
+        NFT_NAT_SNAT => Ok(NatKind::Snat as i32),
+        NFT_NAT_DNAT => Ok(NatKind::Dnat as i32),
+        _ => Err(shape(object, "unknown nat type")),
+    }
+}
+
+fn nat_fam(object: &str, f: u32) -> Result<i32, NftError> {
+    match u8::try_from(f) {
+        Ok(NFPROTO_IPV4) => Ok(NftFamily::Ip as i32),
+        Ok(NFPROTO_IPV6) => Ok(NftFamily::Ip6 as i32),
+        _ => Err(shape(object, "unknown nat family")),
+    }
+}
+
+fn load_pending(object: &str, src: Source, len: u32, dreg: u32, e: &Expr) -> Result<Pending, NftError> {
+    let slot = slot_of_reg(dreg).ok_or_else(|| shape(object, &format!("load into register {dreg}: {e:?}")))?;
+    let len = match src {
+        Source::Payload(..) => len,
+        _ => [
+            Selector::Iifname,
+            Selector::Oifname,
+            Selector::L4proto,
+            Selector::MetaMark,
+            Selector::MetaSkuid,
+            Selector::MetaSkgid,
+            Selector::CtMark,
+        ]
+        .into_iter()
+        .filter_map(sel_info)
+        .find(|i| i.source == src)
+        .map(|i| i.len)
+        .ok_or_else(|| shape(object, &format!("unknown load {e:?}")))?,
+    };
+    Ok(Pending::Load { slot, src, len })
+}
+
+fn take_keys(object: &str, pending: &mut Vec<Pending>) -> Result<Vec<i32>, NftError> {
+    let mut keys = Vec::new();
+    let mut slot = 0;
+    for p in pending.drain(..) {
+        match p {
+            Pending::Load { slot: s, src, len } if s == slot => {
+                keys.push(sel_of_source(src, len).ok_or_else(|| shape(object, "a key from an unknown field"))? as i32);
+                slot += padded(len) / 4;
+            }
+            _ => return Err(shape(object, "a lookup key out of register order")),
+        }
+    }
+    if keys.is_empty() {
+        return Err(shape(object, "a lookup without a key"));
+    }
+    Ok(keys)
+}
+
+/// Decompiles `load [bitwise] cmp`, `load cmp(gte) cmp(lte)` or `load range`; returns how
+/// many expressions from `rest` it consumed.
+fn decompile_compare(object: &str, pending: &[Pending], rest: &[Expr]) -> Result<(Compare, usize), NftError> {
+    let [Pending::Load { slot: 0, src, len }] = pending else {
+        return Err(shape(object, "a compare without exactly one load"));
+    };
+    // A shorter address load is a byte-aligned prefix.
+    let (selector, prefix) = match sel_of_source(*src, *len) {
+        Some(s) => (s, None),
+        None => {
+            let s = [Selector::IpSaddr, Selector::IpDaddr, Selector::Ip6Saddr, Selector::Ip6Daddr]
+                .into_iter()
+                .find(|s| sel_info(*s).is_some_and(|i| i.source == *src && *len < i.len))
+                .ok_or_else(|| shape(object, "a compare on an unknown field"))?;
+            (s, Some((*len * 8) as u8))
+        }
+    };
+    let info = sel_info(selector).ok_or_else(|| shape(object, "unknown selector"))?;
+    let mut used = 0;
+    let mut mask: Option<Vec<u8>> = None;
+    if let Some(Expr::Bitwise { mask: m, xor, .. }) = rest.first() {
+        if xor.iter().any(|b| *b != 0) {
+            return Err(shape(object, "bitwise with xor"));
+        }
+        mask = Some(m.clone());
+        used += 1;
+    }
+    let mut c = Compare { selector: selector as i32, ..Default::default() };
+    let (op, from, to) = match (rest.get(used), rest.get(used + 1)) {
+        (Some(Expr::Cmp { op: NFT_CMP_GTE, data: f, .. }), Some(Expr::Cmp { op: NFT_CMP_LTE, data: t, .. })) => {
+            used += 2;
+            (NFT_CMP_EQ, f.clone(), t.clone())
+        }
+        (Some(Expr::Cmp { op, data, .. }), _) if *op == NFT_CMP_EQ || *op == NFT_CMP_NEQ => {
+            used += 1;
+            (*op, data.clone(), data.clone())
+        }
+        (Some(Expr::Range { op: NFT_RANGE_NEQ, from, to, .. }), _) => {
+            used += 1;
+            (NFT_CMP_NEQ, from.clone(), to.clone())
+        }
+        _ => return Err(shape(object, "an unknown compare shape")),
+    };
+    c.op = if op == NFT_CMP_EQ { CmpOp::Eq as i32 } else { CmpOp::Neq as i32 };
+    let value = match info.ty {
+        Some(NftType::Ifname) => {
+            let s = from.split(|b| *b == 0).next().unwrap_or_default();
+            let mut name = String::from_utf8(s.to_vec()).map_err(|_| shape(object, "interface name not UTF-8"))?;
+            if from.len() < IFNAMSIZ {
+                name.push('*');
+            }
+            Value::Ifname(name)
+        }
+        Some(NftType::Ipv4Addr | NftType::Ipv6Addr) => {
+            let mut full = from.clone();
+            full.resize(info.len as usize, 0);
+            let a = addr_from_bytes(&full).ok_or_else(|| shape(object, "bad address"))?;
+            let len = match (&mask, prefix) {
+                (Some(m), _) => mask_len(m).ok_or_else(|| shape(object, "a non-prefix address mask"))?,
+                (None, Some(p)) => p,
+                (None, None) => (info.len * 8) as u8,
+            };
+            Value::Addr(prefix_text(a, len))
+        }
+        Some(NftType::InetProto) => Value::Proto(
+            proto_from_byte(*from.first().unwrap_or(&0)).ok_or_else(|| shape(object, "unknown l4 protocol"))? as i32,
+        ),
+        Some(NftType::InetService) => {
+            Value::Port(PortRange { first: u32::from(be16(object, &from)?), last: u32::from(be16(object, &to)?) })
+        }
+        Some(NftType::Mark) | None => {
+            let b: [u8; 4] = from.as_slice().try_into().map_err(|_| shape(object, "a 32-bit value of a bad length"))?;
+            if let Some(m) = &mask {
+                let mb: [u8; 4] = m.as_slice().try_into().map_err(|_| shape(object, "a mask of a bad length"))?;
+                c.mask = u32::from_ne_bytes(mb);
+            }
+            if info.ty.is_some() { Value::Mark(u32::from_ne_bytes(b)) } else { Value::Id(u32::from_ne_bytes(b)) }
+        }
+        Some(NftType::Unspecified) => return Err(shape(object, "unspecified type")),
+    };
+    if mask.is_some() && !matches!(info.ty, Some(NftType::Mark | NftType::Ipv4Addr | NftType::Ipv6Addr)) {
+        return Err(shape(object, "a mask on a field kuport never masks"));
+    }
+    c.value = Some(NftValue { value: Some(value) });
+    Ok((c, used))
+}
+
+/// `meta l4proto tcp` directly followed by a `th` port compare is nft's dependency of
+/// `tcp dport`: fold it back.
+fn fold_l4_dependencies(matches: &mut Vec<NftMatch>) {
+    let mut i = 0;
+    while i + 1 < matches.len() {
+        let proto = match &matches[i].kind {
+            Some(nft_match::Kind::Compare(c)) if c.selector == Selector::L4proto as i32 && c.op == CmpOp::Eq as i32 => {
+                match c.value.as_ref().and_then(value_of) {
+                    Some(Value::Proto(p)) => proto_byte("", *p).ok(),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let folded = match (&matches[i + 1].kind, proto) {
+            (Some(nft_match::Kind::Compare(c)), Some(p)) => {
+                let s = Selector::try_from(c.selector).ok();
+                match (s, p) {
+                    (Some(Selector::ThSport), IPPROTO_TCP) => Some(Selector::TcpSport),
+                    (Some(Selector::ThDport), IPPROTO_TCP) => Some(Selector::TcpDport),
+                    (Some(Selector::ThSport), IPPROTO_UDP) => Some(Selector::UdpSport),
+                    (Some(Selector::ThDport), IPPROTO_UDP) => Some(Selector::UdpDport),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some(s) = folded {
+            if let Some(nft_match::Kind::Compare(c)) = &mut matches[i + 1].kind {
+                c.selector = s as i32;
+            }
+            matches.remove(i);
+        }
+        i += 1;
+    }
+}

@@ -1,0 +1,405 @@
+//! One table, one shot: reading it from the kernel, making it equal to a desired one, removing
+//! it, and its normal form. [`super::Applier`] builds on this and remembers what it applied.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kuport_proto::v1::{NetnsState, NftElement, NftFamily, NftSet, NftTable, NodeState};
+
+use super::attr::{self, AttrWriter, ReadNft, decode_err};
+use super::consts::*;
+use super::diff::{NftDiff, by_key, diff};
+use super::encode::{self, Msg, family_code, rule_name};
+use super::rule::{compile, decompile};
+use super::socket::{KernelError, Socket};
+use super::value::{decode_component, encode_component};
+use super::{NftError, decode};
+use crate::sys::netlink::reason;
+
+/// Knobs of [`apply_table_with`].
+#[derive(Debug, Clone)]
+pub struct ApplyOptions {
+    /// Most operations (objects, elements) per transaction, as kube-proxy bounds its own so
+    /// that one commit never holds the nf_tables commit mutex for long.
+    pub max_ops_per_batch: usize,
+}
+
+impl Default for ApplyOptions {
+    fn default() -> Self {
+        Self { max_ops_per_batch: 1000 }
+    }
+}
+
+/// What an apply did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApplyMode {
+    /// The kernel already matched: nothing written.
+    Unchanged,
+    /// Only elements differed: they were added/removed in place.
+    Elements,
+    /// The table was (re)built whole.
+    Replaced,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApplyReport {
+    pub mode: ApplyMode,
+    /// nf_tables messages written (batch begin/end not counted); 0 when unchanged.
+    pub writes: usize,
+    /// Transactions committed.
+    pub batches: usize,
+    /// What differed before the apply.
+    pub diffs: Vec<NftDiff>,
+    /// Desired elements an [`super::Applier`] compared with remembered ones (0 on other paths):
+    /// what digests and runs did not let it skip.
+    pub compared: usize,
+}
+
+/// Sorts a table the canonical way (kuport_proto::canonicalize), without set digests and
+/// without what the executor alone reads (`flush_udp_flows`): a table read back has neither, so
+/// comparing it with a normal form never reports them.
+fn canonical(table: NftTable) -> NftTable {
+    let mut st =
+        NodeState { node: String::new(), netns: vec![NetnsState { nft_tables: vec![table], ..Default::default() }] };
+    kuport_proto::canonical::order(&mut st);
+    let mut table = st.netns.pop().and_then(|mut n| n.nft_tables.pop()).unwrap_or_default();
+    for s in &mut table.sets {
+        s.flush_udp_flows = false;
+    }
+    table
+}
+
+/// The normal form of a table: canonical order, every element and rule in the form the kernel
+/// gives back (`10.0.0.1/32` is `10.0.0.1`, `meta l4proto tcp th dport 80` is `tcp dport 80`).
+/// Validates the table on the way.
+pub fn normalize(table: &NftTable) -> Result<NftTable, NftError> {
+    family_code(table.family)?;
+    if table.name.is_empty() {
+        return Err(NftError::Invalid { object: "table".into(), reason: "empty table name".into() });
+    }
+    let mut t = canonical(table.clone());
+    for s in &mut t.sets {
+        encode::check_set(s)?;
+        let elems = std::mem::take(&mut s.elements);
+        for e in elems {
+            s.elements.push(normalize_element(s, &e)?);
+        }
+    }
+    let ctx = encode::rule_ctx(&t, false);
+    for c in &mut t.chains {
+        for (i, r) in c.rules.iter_mut().enumerate() {
+            let object = rule_name(&c.name, i);
+            *r = decompile(&compile(r, &ctx, &object)?, &object)?;
+        }
+    }
+    let mut t = canonical(t);
+    for s in &mut t.sets {
+        let before = s.elements.len();
+        if by_key(s).len() != before {
+            return Err(NftError::Invalid {
+                object: format!("set {}", s.name),
+                reason: "two elements with the same key".into(),
+            });
+        }
+    }
+    Ok(t)
+}
+
+pub(crate) fn normalize_element(set: &NftSet, e: &NftElement) -> Result<NftElement, NftError> {
+    let object = format!("element {} of set {}", encode::element_name(e), set.name);
+    let bad = |reason: &str| NftError::Invalid { object: object.clone(), reason: reason.into() };
+    if e.key.len() != set.key.len() || e.data.len() != set.data.len() {
+        return Err(bad("wrong number of components"));
+    }
+    let hton = set.interval && set.key.len() > 1;
+    let mut out = NftElement::default();
+    for (t, v) in set.key.iter().zip(&e.key) {
+        let ty = kuport_proto::v1::NftType::try_from(*t).map_err(|_| bad("unknown type"))?;
+        let (s, end) = encode_component(&object, ty, v, set.interval, hton)?;
+        out.key.push(decode_component(ty, &s, &end, hton)?);
+    }
+    for (t, v) in set.data.iter().zip(&e.data) {
+        let ty = kuport_proto::v1::NftType::try_from(*t).map_err(|_| bad("unknown type"))?;
+        let (s, _) = encode_component(&object, ty, v, false, false)?;
+        out.data.push(decode_component(ty, &s, &s, false)?);
+    }
+    Ok(out)
+}
+
+fn name_attr(ty: u16, name: &str) -> Vec<u8> {
+    let mut w = AttrWriter::new();
+    w.put_str(ty, name);
+    w.buf
+}
+
+/// Reads table `name` of `family` from the kernel, or None when it does not exist.
+pub fn read_table(netns: Option<&Path>, family: NftFamily, name: &str) -> Result<Option<NftTable>, NftError> {
+    let mut sock = Socket::open_in(netns)?;
+    read_with(&mut sock, family, name)
+}
+
+/// How often a read is repeated because a transaction committed while it ran.
+const READ_ATTEMPTS: usize = 10;
+
+/// Reads the table consistently: its chains, sets and rules come in separate dumps, so a
+/// transaction committed between them (a repair replacing the table) could pair one version's
+/// rules with another's chains. The read is repeated until the ruleset generation is the same
+/// before and after it.
+fn read_with(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<NftTable>, NftError> {
+    let mut last = None;
+    for _ in 0..READ_ATTEMPTS {
+        let before = generation(sock)?;
+        let read = read_once(sock, family, name);
+        if generation(sock)? == before {
+            return read;
+        }
+        last = Some(read);
+    }
+    last.unwrap_or(Ok(None))
+}
+
+/// The ruleset's generation id.
+fn generation(sock: &mut Socket) -> Result<u32, NftError> {
+    let answers = sock.request(NFT_MSG_GETGEN, NFPROTO_UNSPEC, &[], false)?;
+    let payload = answers.first().ok_or_else(|| decode_err("no answer to NFT_MSG_GETGEN".into()))?;
+    let attrs = attr::parse(payload)?;
+    attr::find(&attrs, NFTA_GEN_ID).ok_or_else(|| decode_err("NFT_MSG_NEWGEN without an id".into()))?.u32()
+}
+
+fn read_once(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<NftTable>, NftError> {
+    let fam = family_code(family as i32)?;
+    if sock.request(NFT_MSG_GETTABLE, fam, &name_attr(NFTA_TABLE_NAME, name), false)?.is_empty() {
+        return Ok(None);
+    }
+    let mut table = NftTable { family: family as i32, name: name.to_string(), ..Default::default() };
+    for p in sock.request(NFT_MSG_GETCHAIN, fam, &name_attr(NFTA_CHAIN_TABLE, name), true)? {
+        let (t, c) = decode::chain(&p)?;
+        if t == name {
+            table.chains.push(c);
+        }
+    }
+    for p in sock.request(NFT_MSG_GETSET, fam, &name_attr(NFTA_SET_TABLE, name), true)? {
+        let (t, mut s) = decode::set(&p)?;
+        if t != name {
+            continue;
+        }
+        let mut w = AttrWriter::new();
+        w.put_str(NFTA_SET_ELEM_LIST_TABLE, name);
+        w.put_str(NFTA_SET_ELEM_LIST_SET, &s.name);
+        for e in sock.request(NFT_MSG_GETSETELEM, fam, &w.buf, true)? {
+            decode::elements(&e, &mut s)?;
+        }
+        table.sets.push(s);
+    }
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for p in sock.request(NFT_MSG_GETRULE, fam, &name_attr(NFTA_RULE_TABLE, name), true)? {
+        let (t, chain, r) = decode::rule(&p, |c| counts.get(c).copied().unwrap_or(0))?;
+        if t != name {
+            continue;
+        }
+        *counts.entry(chain.clone()).or_default() += 1;
+        match table.chains.iter_mut().find(|c| c.name == chain) {
+            Some(c) => c.rules.push(r),
+            None => return Err(NftError::Decode { what: format!("rule of unknown chain {chain}") }),
+        }
+    }
+    Ok(Some(canonical(table)))
+}
+
+/// Makes table `desired` exist exactly as given in `netns`, with default options.
+pub fn apply_table(netns: Option<&Path>, desired: &NftTable) -> Result<ApplyReport, NftError> {
+    apply_table_with(netns, desired, &ApplyOptions::default())
+}
+
+/// Makes table `desired` exist exactly as given. Only that table is read or written.
+///
+/// The kernel's table is read back and compared first: when it already matches, nothing is
+/// written. When only set/map elements differ, they are removed/added in place, in
+/// transactions of at most `max_ops_per_batch` elements (an element whose data changes is
+/// deleted and re-added in the same transaction, so it never disappears). Otherwise the
+/// table is rebuilt: one transaction adds, deletes and re-adds the table with its chains,
+/// sets and rules, so the kernel swaps old for new atomically and a refusal leaves the old
+/// table untouched.
+///
+/// Atomicity trade-off: that first transaction also carries as many elements as the budget
+/// allows; the rest follow in further transactions. A table rebuilt with more elements than
+/// the budget is briefly visible with part of its elements (new connections to the missing
+/// ones are not translated until the last chunk commits, a few milliseconds later), which is
+/// what bounding the commit-lock hold time costs. If a later chunk is refused, the error says
+/// so and the next apply (which diffs again) completes it element by element.
+pub fn apply_table_with(
+    netns: Option<&Path>,
+    desired: &NftTable,
+    opts: &ApplyOptions,
+) -> Result<ApplyReport, NftError> {
+    let want = normalize(desired)?;
+    let mut sock = Socket::open_in(netns)?;
+    apply_normal(&mut sock, &want, opts)
+}
+
+/// The read-back apply of a table already in normal form, on an open socket.
+pub(crate) fn apply_normal(sock: &mut Socket, want: &NftTable, opts: &ApplyOptions) -> Result<ApplyReport, NftError> {
+    let fam = family_code(want.family)?;
+    let family = NftFamily::try_from(want.family).unwrap_or(NftFamily::Unspecified);
+    let have = read_with(sock, family, &want.name)?;
+    let diffs = diff(want, have.as_ref());
+    let budget = opts.max_ops_per_batch.max(1);
+    let mut report =
+        ApplyReport { mode: ApplyMode::Unchanged, writes: 0, batches: 0, diffs: diffs.clone(), compared: 0 };
+    if diffs.is_empty() {
+        return Ok(report);
+    }
+    let batches = match &have {
+        Some(have) if diffs.iter().all(NftDiff::is_element) => {
+            report.mode = ApplyMode::Elements;
+            element_batches(fam, want, have, budget)?
+        }
+        _ => {
+            report.mode = ApplyMode::Replaced;
+            replace_batches(fam, want, budget)?
+        }
+    };
+    send(sock, &batches, &mut report)?;
+    Ok(report)
+}
+
+/// Commits `batches` in order, counting them and their messages in `report`.
+pub(crate) fn send(sock: &mut Socket, batches: &[Vec<Msg>], report: &mut ApplyReport) -> Result<(), NftError> {
+    for (i, b) in batches.iter().enumerate() {
+        sock.batch(b).map_err(|errs| refused(errs, i, batches.len()))?;
+        report.batches += 1;
+        report.writes += b.len();
+    }
+    Ok(())
+}
+
+fn refused(errs: Vec<KernelError>, index: usize, total: usize) -> NftError {
+    let mut it = errs.into_iter();
+    let Some(first) = it.next() else {
+        return NftError::Kernel { object: "batch".into(), errno: 0, reason: "refused without a reason".into() };
+    };
+    let mut why = reason(first.errno, first.message.as_deref());
+    let rest: Vec<String> = it.map(|e| format!("{}: {}", e.object, reason(e.errno, e.message.as_deref()))).collect();
+    if !rest.is_empty() {
+        why = format!("{why}; also {}", rest.join("; "));
+    }
+    if total > 1 {
+        why = format!("{why} (transaction {} of {total}; the earlier ones are committed)", index + 1);
+    }
+    NftError::Kernel { object: first.object, errno: first.errno, reason: why }
+}
+
+/// Packs messages into batches of at most `budget` operations; `head` stays whole.
+pub(crate) fn pack(head: Vec<Msg>, rest: Vec<Vec<Msg>>, budget: usize) -> Vec<Vec<Msg>> {
+    let mut out = Vec::new();
+    let mut cur = head;
+    let mut ops: usize =
+        cur.iter().filter(|m| m.ty == NFT_MSG_NEWSETELEM || m.ty == NFT_MSG_DELSETELEM).map(|m| m.ops).sum();
+    for group in rest {
+        let n: usize = group.iter().map(|m| m.ops).sum();
+        if ops + n > budget && !cur.is_empty() {
+            out.push(std::mem::take(&mut cur));
+            ops = 0;
+        }
+        ops += n;
+        cur.extend(group);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Elements in groups of at most `budget`.
+fn chunks<'a>(elems: &'a [&'a NftElement], budget: usize) -> impl Iterator<Item = &'a [&'a NftElement]> {
+    elems.chunks(budget)
+}
+
+pub(crate) fn replace_batches(fam: u8, t: &NftTable, budget: usize) -> Result<Vec<Vec<Msg>>, NftError> {
+    // Adding before deleting makes the delete valid whether or not the table exists.
+    let mut head =
+        vec![encode::new_table(fam, &t.name), encode::del_table(fam, &t.name), encode::new_table(fam, &t.name)];
+    for c in &t.chains {
+        head.push(encode::new_chain(fam, &t.name, c)?);
+    }
+    let mut left = budget;
+    let mut later: Vec<Vec<Msg>> = Vec::new();
+    for (i, s) in t.sets.iter().enumerate() {
+        let id = i as u32 + 1;
+        head.push(encode::new_set(fam, &t.name, s, id)?);
+        let elems: Vec<&NftElement> = s.elements.iter().collect();
+        let now = elems.len().min(left);
+        if now > 0 {
+            head.extend(encode::set_elements(NFT_MSG_NEWSETELEM, fam, &t.name, s, Some(id), &elems[..now])?);
+            left -= now;
+        }
+        for c in chunks(&elems[now..], budget) {
+            later.push(encode::set_elements(NFT_MSG_NEWSETELEM, fam, &t.name, s, None, c)?);
+        }
+    }
+    let ctx = encode::rule_ctx(t, true);
+    for c in &t.chains {
+        for (i, r) in c.rules.iter().enumerate() {
+            let object = rule_name(&c.name, i);
+            let exprs = compile(r, &ctx, &object)?;
+            head.push(encode::new_rule(fam, &t.name, &c.name, &exprs, object));
+        }
+    }
+    Ok(pack(head, later, budget))
+}
+
+fn element_batches(fam: u8, want: &NftTable, have: &NftTable, budget: usize) -> Result<Vec<Vec<Msg>>, NftError> {
+    let mut dels: Vec<Vec<Msg>> = Vec::new();
+    let mut adds: Vec<Vec<Msg>> = Vec::new();
+    for s in &want.sets {
+        let Some(h) = have.sets.iter().find(|x| x.name == s.name) else { continue };
+        let (w, hv) = (by_key(s), by_key(h));
+        let extra: Vec<&NftElement> = hv.iter().filter(|(k, _)| !w.contains_key(*k)).map(|(_, e)| *e).collect();
+        let missing: Vec<&NftElement> = w.iter().filter(|(k, _)| !hv.contains_key(*k)).map(|(_, e)| *e).collect();
+        for c in chunks(&extra, budget) {
+            dels.push(encode::set_elements(NFT_MSG_DELSETELEM, fam, &want.name, s, None, c)?);
+        }
+        for c in chunks(&missing, budget) {
+            adds.push(encode::set_elements(NFT_MSG_NEWSETELEM, fam, &want.name, s, None, c)?);
+        }
+        // A changed element: delete the old and add the new in one transaction.
+        for (k, e) in &w {
+            if let Some(old) = hv.get(k).filter(|old| old.data != e.data) {
+                let mut pair = encode::set_elements(NFT_MSG_DELSETELEM, fam, &want.name, s, None, &[*old])?;
+                pair.extend(encode::set_elements(NFT_MSG_NEWSETELEM, fam, &want.name, s, None, &[*e])?);
+                adds.push(pair);
+            }
+        }
+    }
+    // Removals first: an interval element may only be re-added once its overlap is gone.
+    dels.extend(adds);
+    Ok(pack(Vec::new(), dels, budget))
+}
+
+/// Deletes table `name` of `family` (one kuport owns); Ok(false) when it did not exist.
+pub fn remove_table(netns: Option<&Path>, family: NftFamily, name: &str) -> Result<bool, NftError> {
+    let fam = family_code(family as i32)?;
+    let mut sock = Socket::open_in(netns)?;
+    if sock.request(NFT_MSG_GETTABLE, fam, &name_attr(NFTA_TABLE_NAME, name), false)?.is_empty() {
+        return Ok(false);
+    }
+    // Add-then-delete is valid even if the table vanished since the read.
+    let msgs = vec![encode::new_table(fam, name), encode::del_table(fam, name)];
+    sock.batch(&msgs).map_err(|e| refused(e, 0, 1))?;
+    Ok(true)
+}
+
+/// Every table of the families kuport writes (ip, ip6, inet) in `netns`, by family and name: what
+/// finds the tables kuport owns by their name's prefix.
+pub fn list_tables(netns: Option<&Path>) -> Result<Vec<(NftFamily, String)>, NftError> {
+    let mut sock = Socket::open_in(netns)?;
+    let mut out = Vec::new();
+    // One dump per family: the answer's family sits in the header the socket strips.
+    for family in [NftFamily::Ip, NftFamily::Ip6, NftFamily::Inet] {
+        for p in sock.request(NFT_MSG_GETTABLE, family_code(family as i32)?, &[], true)? {
+            let attrs = attr::parse(&p)?;
+            out.push((family, attr::need(&attrs, NFTA_TABLE_NAME, "table name")?.str()?));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,257 @@
+//! Namespaces kept by reference: a pod's network namespace found on this node without trusting
+//! any name, and a namespace held open for as long as it is kept.
+//!
+//! A pod is found among the namespaces pinned under /var/run/netns and those of running
+//! processes (/proc/*/ns/net), each counted once by its inode: its namespace is the one that
+//! holds one of the pod's addresses on a link other than loopback. The host's namespace (this
+//! process's, and the one configured for the node's own entry) is never a pod's.
+//!
+//! [`Held`] keeps the namespace file open, and every operation goes through the open file
+//! (`/proc/self/fd/N`), so the path or inode it was found by cannot come to mean another
+//! namespace. The open file (and the keeper's own sockets) keep the namespace alive, so a pod
+//! that is gone shows only as its namespace no longer being reachable: see [`Held::reachable`].
+
+use std::fmt;
+use std::fs::File;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use kuport_proto::v1::PodRef;
+
+use crate::rtnl;
+
+/// Where namespaces are pinned (`ip netns add`, CNI plugins, container runtimes).
+const PINNED: &str = "/var/run/netns";
+/// Where each process shows its namespace.
+const PROC: &str = "/proc";
+
+/// A namespace's identity: the device and inode of its nsfs file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NsId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl NsId {
+    /// The namespace `path` refers to.
+    pub fn of(path: &Path) -> std::io::Result<NsId> {
+        let m = std::fs::metadata(path)?;
+        Ok(NsId { dev: m.dev(), ino: m.ino() })
+    }
+
+    fn of_file(file: &File) -> std::io::Result<NsId> {
+        let m = file.metadata()?;
+        Ok(NsId { dev: m.dev(), ino: m.ino() })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodnsError {
+    #[error("network namespace not found on this node")]
+    NotFound,
+    #[error("network namespace not found on this node: {count} namespaces hold its addresses")]
+    Ambiguous { count: usize },
+    #[error("no valid address to find its network namespace by (status.podIPs)")]
+    NoAddress,
+    #[error("{path}: {source}", path = path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// A namespace held open.
+#[derive(Debug)]
+pub struct Held {
+    file: File,
+    id: NsId,
+    how: Reach,
+}
+
+/// How a held namespace is reached, which is what [`Held::reachable`] checks.
+#[derive(Debug)]
+enum Reach {
+    /// A namespace file named by the state (the lab's): reachable while that file is it.
+    File(PathBuf),
+    /// A pod's: reachable while a pin or a process still has it (`last` is where it was seen).
+    Pod { pod: String, last: PathBuf },
+}
+
+impl Held {
+    /// Holds the namespace `path` names (a file such as /var/run/netns/NAME).
+    pub fn open(path: &Path) -> Result<Held, PodnsError> {
+        let io = |source| PodnsError::Io { path: path.to_path_buf(), source };
+        let file = File::open(path).map_err(io)?;
+        let id = NsId::of_file(&file).map_err(io)?;
+        Ok(Held { file, id, how: Reach::File(path.to_path_buf()) })
+    }
+
+    /// The path every operation on the namespace opens: the held file itself.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    pub fn id(&self) -> NsId {
+        self.id
+    }
+
+    /// Whether the namespace can still be reached other than through our own file: its file
+    /// still is it; a pod's is still pinned or some process is still in it.
+    pub fn reachable(&mut self) -> bool {
+        match &mut self.how {
+            Reach::File(path) => NsId::of(path).is_ok_and(|id| id == self.id),
+            Reach::Pod { last, .. } => {
+                if NsId::of(last).is_ok_and(|id| id == self.id) {
+                    return true;
+                }
+                match namespaces().into_iter().find(|(_, id)| *id == self.id) {
+                    Some((path, _)) => {
+                        *last = path;
+                        true
+                    }
+                    None => false,
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.how {
+            Reach::File(path) => write!(f, "{}", path.display()),
+            Reach::Pod { pod, .. } => write!(f, "of pod {pod}"),
+        }
+    }
+}
+
+/// The identities of the host's namespace: this process's, and `configured` (the namespace the
+/// node's own entry is applied in) when given.
+pub fn host_ids(configured: Option<&Path>) -> Vec<NsId> {
+    let own = Path::new("/proc/self/ns/net");
+    [Some(own), configured].into_iter().flatten().filter_map(|p| NsId::of(p).ok()).collect()
+}
+
+/// Finds `pod`'s namespace on this node and holds it. `host` are the host's namespaces, which
+/// are never a pod's.
+pub fn resolve(pod: &PodRef, host: &[NsId]) -> Result<Held, PodnsError> {
+    let wanted = addresses(pod);
+    if wanted.is_empty() {
+        return Err(PodnsError::NoAddress);
+    }
+    let mut candidates = Vec::new();
+    for (path, _) in distinct(namespaces(), host) {
+        // Opened first: what is read and then held is this file, whatever the path means later.
+        let Ok(file) = File::open(&path) else { continue };
+        let Ok(id) = NsId::of_file(&file) else { continue };
+        if host.contains(&id) {
+            continue;
+        }
+        let inside = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        // A namespace that cannot be read (its process just ended) is not the pod's.
+        let held = rtnl::addresses(Some(&inside)).unwrap_or_default();
+        candidates.push(Candidate { path, file, addresses: held.into_iter().map(|(_, a)| a).collect() });
+    }
+    let index = pick(&wanted, &candidates)?;
+    let c = candidates.swap_remove(index);
+    let id = NsId::of_file(&c.file).map_err(|source| PodnsError::Io { path: c.path.clone(), source })?;
+    Ok(Held { file: c.file, id, how: Reach::Pod { pod: format!("{}/{}", pod.namespace, pod.name), last: c.path } })
+}
+
+struct Candidate {
+    path: PathBuf,
+    file: File,
+    /// The addresses on its links other than loopback.
+    addresses: Vec<IpAddr>,
+}
+
+/// The pod's addresses that parse.
+fn addresses(pod: &PodRef) -> Vec<IpAddr> {
+    pod.addresses.iter().filter_map(|a| a.parse().ok()).collect()
+}
+
+/// The one candidate holding any of `wanted`.
+fn pick(wanted: &[IpAddr], candidates: &[Candidate]) -> Result<usize, PodnsError> {
+    let holding: Vec<usize> = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.addresses.iter().any(|a| wanted.contains(a)))
+        .map(|(i, _)| i)
+        .collect();
+    match holding[..] {
+        [one] => Ok(one),
+        [] => Err(PodnsError::NotFound),
+        _ => Err(PodnsError::Ambiguous { count: holding.len() }),
+    }
+}
+
+/// Every namespace file on the node, pins first, with its identity.
+fn namespaces() -> Vec<(PathBuf, NsId)> {
+    let mut paths = Vec::new();
+    if let Ok(dir) = std::fs::read_dir(PINNED) {
+        paths.extend(dir.flatten().map(|e| e.path()));
+    }
+    if let Ok(dir) = std::fs::read_dir(PROC) {
+        let pids =
+            dir.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())));
+        paths.extend(pids.map(|e| e.path().join("ns/net")));
+    }
+    paths.into_iter().filter_map(|p| NsId::of(&p).ok().map(|id| (p, id))).collect()
+}
+
+/// `found` with each namespace once (its first path) and the host's left out.
+fn distinct(found: Vec<(PathBuf, NsId)>, host: &[NsId]) -> Vec<(PathBuf, NsId)> {
+    let mut seen = std::collections::BTreeSet::new();
+    found.into_iter().filter(|(_, id)| !host.contains(id) && seen.insert(*id)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(ino: u64) -> NsId {
+        NsId { dev: 4, ino }
+    }
+
+    fn candidate(addresses: &[&str]) -> Candidate {
+        Candidate {
+            path: PathBuf::from("/dev/null"),
+            file: File::open("/dev/null").expect("/dev/null"),
+            addresses: addresses.iter().map(|a| a.parse().expect("address")).collect(),
+        }
+    }
+
+    fn ip(a: &str) -> IpAddr {
+        a.parse().expect("address")
+    }
+
+    #[test]
+    fn each_namespace_counts_once_and_the_host_never() {
+        let found = vec![
+            (PathBuf::from("/var/run/netns/a"), id(10)),
+            (PathBuf::from("/proc/1/ns/net"), id(1)),
+            (PathBuf::from("/proc/7/ns/net"), id(10)),
+            (PathBuf::from("/proc/8/ns/net"), id(11)),
+            (PathBuf::from("/proc/9/ns/net"), id(1)),
+        ];
+        let kept = distinct(found, &[id(1)]);
+        let paths: Vec<&str> = kept.iter().filter_map(|(p, _)| p.to_str()).collect();
+        assert_eq!(paths, ["/var/run/netns/a", "/proc/8/ns/net"]);
+    }
+
+    #[test]
+    fn the_namespace_holding_an_address_is_the_pods() {
+        let candidates = vec![candidate(&["10.0.0.1"]), candidate(&["10.244.1.7", "fd00::7"]), candidate(&[])];
+        assert_eq!(pick(&[ip("10.244.1.7")], &candidates).expect("found"), 1);
+        assert_eq!(pick(&[ip("10.9.9.9"), ip("fd00::7")], &candidates).expect("by its IPv6 address"), 1);
+        assert!(matches!(pick(&[ip("10.9.9.9")], &candidates), Err(PodnsError::NotFound)));
+        let twice = vec![candidate(&["10.244.1.7"]), candidate(&["10.244.1.7"])];
+        assert!(matches!(pick(&[ip("10.244.1.7")], &twice), Err(PodnsError::Ambiguous { count: 2 })));
+    }
+
+    #[test]
+    fn only_valid_addresses_identify_a_pod() {
+        let pod = PodRef { addresses: vec!["10.244.1.7".into(), "nonsense".into()], ..Default::default() };
+        assert_eq!(addresses(&pod), [ip("10.244.1.7")]);
+        assert!(matches!(resolve(&PodRef::default(), &[]), Err(PodnsError::NoAddress)));
+    }
+}

@@ -1,0 +1,376 @@
+//! The desired state, parsed and validated from the wire types, and how each object is named.
+
+use std::{
+    collections::BTreeSet,
+    fmt,
+    net::{IpAddr, Ipv4Addr},
+};
+
+use ipnet::Ipv4Net;
+use kuport_proto::v1::{self, link};
+
+use super::{
+    consts::{LINK_PREFIX, RESERVED_TABLES, TABLE_MAIN, owns_link, owns_rule},
+    error::Error,
+};
+
+/// A VXLAN link kuport wants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkSpec {
+    pub name: String,
+    /// None leaves the kernel's choice alone.
+    pub mtu: Option<u32>,
+    pub vxlan: VxlanSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanSpec {
+    pub vni: u32,
+    pub local: Option<Ipv4Addr>,
+    pub remote: Option<Ipv4Addr>,
+    /// None leaves the kernel's default port.
+    pub dstport: Option<u16>,
+    /// None (0) inherits the inner packet's TTL, as the kernel does for 0.
+    pub ttl: Option<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AddressSpec {
+    pub dev: String,
+    /// The address with its prefix length ("169.254.77.2/31").
+    pub net: Ipv4Net,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RouteSpec {
+    pub table: u32,
+    pub dst: Ipv4Net,
+    pub via: Option<Ipv4Addr>,
+    pub dev: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RuleSpec {
+    pub pref: u32,
+    pub fwmark: u32,
+    pub fwmask: u32,
+    pub to: Option<Ipv4Net>,
+    pub table: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SysctlSpec {
+    pub key: String,
+    pub value: String,
+}
+
+/// The link/address/route/rule/sysctl part of one `NetnsState`, validated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub links: Vec<LinkSpec>,
+    pub addresses: Vec<AddressSpec>,
+    pub routes: Vec<RouteSpec>,
+    pub rules: Vec<RuleSpec>,
+    pub sysctls: Vec<SysctlSpec>,
+}
+
+impl Desired {
+    /// Validates `state`: every object must be well-formed and inside what kuport owns (links
+    /// named `kup-*`, addresses on them, rules at its preferences with its marks).
+    pub fn from_proto(state: &v1::NetnsState) -> Result<Self, Error> {
+        let mut d = Desired::default();
+        for l in &state.links {
+            d.links.push(parse_link(l)?);
+        }
+        for a in &state.addresses {
+            d.addresses.push(parse_address(a)?);
+        }
+        for r in &state.routes {
+            d.routes.push(parse_route(r)?);
+        }
+        for r in &state.ip_rules {
+            d.rules.push(parse_rule(r)?);
+        }
+        for s in &state.sysctls {
+            d.sysctls.push(parse_sysctl(s)?);
+        }
+        d.check_unique()?;
+        Ok(d)
+    }
+
+    /// Tables whose every (non-kernel) route kuport owns: those its routes and rules name, minus
+    /// the reserved ones.
+    pub(crate) fn tables(&self) -> BTreeSet<u32> {
+        self.routes
+            .iter()
+            .map(|r| r.table)
+            .chain(self.rules.iter().map(|r| r.table))
+            .filter(|t| !RESERVED_TABLES.contains(t))
+            .collect()
+    }
+
+    fn check_unique(&self) -> Result<(), Error> {
+        let mut names = BTreeSet::new();
+        for l in &self.links {
+            if !names.insert(l.name.as_str()) {
+                return Err(invalid(format!("link {}", l.name), "listed twice"));
+            }
+        }
+        let mut routes = BTreeSet::new();
+        for r in &self.routes {
+            // The kernel keys a route by table and prefix (kuport never sets a metric).
+            if !routes.insert((r.table, r.dst)) {
+                return Err(invalid(r, "another route has the same table and destination"));
+            }
+        }
+        let mut rules = BTreeSet::new();
+        for r in &self.rules {
+            if !rules.insert(r) {
+                return Err(invalid(r, "listed twice"));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn invalid(object: impl ToString, reason: impl ToString) -> Error {
+    Error::Invalid { object: object.to_string(), reason: reason.to_string() }
+}
+
+fn parse_v4(object: &str, what: &str, text: &str) -> Result<Ipv4Addr, Error> {
+    match text.parse::<IpAddr>() {
+        Ok(IpAddr::V4(a)) => Ok(a),
+        Ok(IpAddr::V6(_)) => Err(invalid(object, format!("{what} {text}: only IPv4 is supported"))),
+        Err(_) => Err(invalid(object, format!("{what} {text:?} is not an address"))),
+    }
+}
+
+fn opt_v4(object: &str, what: &str, text: &str) -> Result<Option<Ipv4Addr>, Error> {
+    if text.is_empty() { Ok(None) } else { parse_v4(object, what, text).map(Some) }
+}
+
+fn parse_net(object: &str, what: &str, text: &str) -> Result<Ipv4Net, Error> {
+    text.parse::<Ipv4Net>().map_err(|_| invalid(object, format!("{what} {text:?} is not an IPv4 prefix")))
+}
+
+fn check_ifname(object: &str, name: &str) -> Result<(), Error> {
+    if name.is_empty() || name.contains(['/', ' ', '\0']) {
+        return Err(invalid(object, format!("{name:?} is not an interface name")));
+    }
+    Ok(())
+}
+
+fn parse_link(l: &v1::Link) -> Result<LinkSpec, Error> {
+    let object = format!("link {}", l.name);
+    check_ifname(&object, &l.name)?;
+    if !owns_link(&l.name) {
+        return Err(invalid(&object, format!("kuport only manages links named {LINK_PREFIX}*")));
+    }
+    // Over-long names are left to the kernel to refuse, so the refusal carries its reason.
+    let Some(link::Kind::Vxlan(vx)) = &l.kind else {
+        return Err(invalid(&object, "no link kind (only vxlan is supported)"));
+    };
+    let dstport = match vx.dstport {
+        0 => None,
+        p => Some(u16::try_from(p).map_err(|_| invalid(&object, format!("dstport {p} out of range")))?),
+    };
+    let ttl = match vx.ttl {
+        0 => None,
+        t => Some(u8::try_from(t).map_err(|_| invalid(&object, format!("ttl {t} out of range")))?),
+    };
+    Ok(LinkSpec {
+        name: l.name.clone(),
+        mtu: (l.mtu != 0).then_some(l.mtu),
+        vxlan: VxlanSpec {
+            vni: vx.vni,
+            local: opt_v4(&object, "local", &vx.local)?,
+            remote: opt_v4(&object, "remote", &vx.remote)?,
+            dstport,
+            ttl,
+        },
+    })
+}
+
+fn parse_address(a: &v1::Address) -> Result<AddressSpec, Error> {
+    let object = format!("address {} dev {}", a.cidr, a.dev);
+    check_ifname(&object, &a.dev)?;
+    if !owns_link(&a.dev) {
+        return Err(invalid(&object, format!("kuport only manages addresses on {LINK_PREFIX}* links")));
+    }
+    Ok(AddressSpec { dev: a.dev.clone(), net: parse_net(&object, "address", &a.cidr)? })
+}
+
+fn parse_route(r: &v1::Route) -> Result<RouteSpec, Error> {
+    let object = format!("route {} via {} dev {} table {}", r.dst, r.via, r.dev, r.table);
+    let dst = if r.dst == "default" {
+        Ipv4Net::default()
+    } else {
+        let net = parse_net(&object, "destination", &r.dst)?;
+        if net.addr() != net.network() {
+            return Err(invalid(&object, format!("destination {} has host bits set", r.dst)));
+        }
+        net
+    };
+    let via = opt_v4(&object, "gateway", &r.via)?;
+    let dev = if r.dev.is_empty() {
+        None
+    } else {
+        check_ifname(&object, &r.dev)?;
+        Some(r.dev.clone())
+    };
+    if via.is_none() && dev.is_none() {
+        return Err(invalid(&object, "a route needs a gateway or a device"));
+    }
+    if r.table == 0 || r.table == super::consts::TABLE_LOCAL {
+        return Err(invalid(&object, format!("table {} is not usable", r.table)));
+    }
+    Ok(RouteSpec { table: r.table, dst, via, dev })
+}
+
+fn parse_rule(r: &v1::IpRule) -> Result<RuleSpec, Error> {
+    let object = format!("rule pref {} fwmark {:#x}/{:#x}", r.pref, r.fwmark, r.fwmask);
+    if !owns_rule(r.pref, r.fwmark) {
+        return Err(invalid(&object, "kuport only manages rules at its preferences with a mark under its prefix"));
+    }
+    if r.fwmask == 0 || r.fwmark & !r.fwmask != 0 {
+        return Err(invalid(&object, "the mark has bits outside its mask"));
+    }
+    let to = if r.to.is_empty() {
+        None
+    } else {
+        let net = parse_net(&object, "to", &r.to)?;
+        if net.addr() != net.network() {
+            return Err(invalid(&object, format!("to {} has host bits set", r.to)));
+        }
+        Some(net)
+    };
+    if r.table == 0 {
+        return Err(invalid(&object, "table 0 is not a table"));
+    }
+    Ok(RuleSpec { pref: r.pref, fwmark: r.fwmark, fwmask: r.fwmask, to, table: r.table })
+}
+
+fn parse_sysctl(s: &v1::Sysctl) -> Result<SysctlSpec, Error> {
+    let object = format!("sysctl {}", s.key);
+    if crate::sysctl::key_path(&s.key).is_none() {
+        return Err(invalid(&object, "not a sysctl key"));
+    }
+    if s.value.contains('\n') {
+        return Err(invalid(&object, "the value spans lines"));
+    }
+    Ok(SysctlSpec { key: s.key.clone(), value: s.value.clone() })
+}
+
+/// `main` for 254, the number otherwise: how `ip` names a table.
+pub(crate) struct TableName(pub u32);
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == TABLE_MAIN { f.write_str("main") } else { write!(f, "{}", self.0) }
+    }
+}
+
+/// `default` for 0.0.0.0/0, the prefix otherwise.
+pub(crate) struct Dst(pub Ipv4Net);
+
+impl fmt::Display for Dst {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.prefix_len() == 0 { f.write_str("default") } else { write!(f, "{}", self.0) }
+    }
+}
+
+impl fmt::Display for LinkSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "link {}", self.name)
+    }
+}
+
+impl fmt::Display for AddressSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "address {} dev {}", self.net, self.dev)
+    }
+}
+
+impl fmt::Display for RouteSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "route {}", Dst(self.dst))?;
+        if let Some(via) = self.via {
+            write!(f, " via {via}")?;
+        }
+        if let Some(dev) = &self.dev {
+            write!(f, " dev {dev}")?;
+        }
+        write!(f, " table {}", TableName(self.table))
+    }
+}
+
+impl fmt::Display for RuleSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rule pref {} fwmark {:#x}/{:#x}", self.pref, self.fwmark, self.fwmask)?;
+        if let Some(to) = self.to {
+            write!(f, " to {to}")?;
+        }
+        write!(f, " lookup {}", TableName(self.table))
+    }
+}
+
+impl fmt::Display for SysctlSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sysctl {}", self.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(pref: u32, fwmark: u32) -> v1::IpRule {
+        v1::IpRule { pref, fwmark, fwmask: u32::MAX, to: String::new(), table: 201 }
+    }
+
+    fn reason(state: &v1::NetnsState) -> String {
+        Desired::from_proto(state).expect_err("invalid").to_string()
+    }
+
+    #[test]
+    fn refuses_what_kuport_does_not_own() {
+        let link = v1::NetnsState {
+            links: vec![v1::Link { name: "eth0".into(), mtu: 0, kind: Some(link::Kind::Vxlan(v1::Vxlan::default())) }],
+            ..Default::default()
+        };
+        assert!(reason(&link).starts_with("invalid link eth0: "));
+        let foreign_mark = v1::NetnsState { ip_rules: vec![rule(101, 0x1234)], ..Default::default() };
+        assert!(reason(&foreign_mark).starts_with("invalid rule pref 101 fwmark 0x1234/"));
+        let foreign_pref = v1::NetnsState { ip_rules: vec![rule(100, 0x6b70_0001)], ..Default::default() };
+        assert!(reason(&foreign_pref).starts_with("invalid rule pref 100 "));
+        let addr = v1::NetnsState {
+            addresses: vec![v1::Address { dev: "eth0".into(), cidr: "10.0.0.1/24".into() }],
+            ..Default::default()
+        };
+        assert!(reason(&addr).starts_with("invalid address 10.0.0.1/24 dev eth0: "));
+    }
+
+    #[test]
+    fn parses_routes_strictly() {
+        let route = |dst: &str, via: &str| v1::NetnsState {
+            routes: vec![v1::Route { table: 201, dst: dst.into(), via: via.into(), dev: "kup-1".into() }],
+            ..Default::default()
+        };
+        let d = Desired::from_proto(&route("default", "169.254.77.3")).expect("valid");
+        assert_eq!(d.routes[0].to_string(), "route default via 169.254.77.3 dev kup-1 table 201");
+        assert!(reason(&route("10.0.0.1/8", "")).contains("host bits"));
+        assert!(reason(&route("default", "fe80::1")).contains("only IPv4"));
+        assert!(reason(&route("default", "nonsense")).contains("not an address"));
+    }
+
+    #[test]
+    fn names_rules_like_ip() {
+        let mut r = rule(101, 0x6b70_0001);
+        r.to = "100.64.0.2/32".into();
+        r.table = TABLE_MAIN;
+        let d = Desired::from_proto(&v1::NetnsState { ip_rules: vec![r], ..Default::default() }).expect("valid");
+        assert_eq!(d.rules[0].to_string(), "rule pref 101 fwmark 0x6b700001/0xffffffff to 100.64.0.2/32 lookup main");
+        // Rules naming main own no table; rules naming 201 own it.
+        assert!(d.tables().is_empty());
+    }
+}

@@ -1,0 +1,188 @@
+//! The real applier: one [`Keeper`] (an executor on its own thread, repairing drift) per network
+//! namespace of the node state, by its target: the host's, a namespace file (the lab's), or a
+//! pod's, found on the node by [`podns`].
+//!
+//! Each namespace carries its own version: a keeper that holds it applies nothing, and a
+//! namespace sent held (no content) is kept as it is when the keeper holds that version, and
+//! refused otherwise, so that the controller sends it whole. A keeper whose namespace can no
+//! longer be reached ends on its own; it is forgotten, and a later state that names the
+//! namespace again starts a new one.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kuport_proto::v1::{NetnsRef, NetnsState, NodeState, ObjectError, netns_ref};
+
+use super::client::NodeApplier;
+use crate::executor::{ExecError, Keeper, Stats, drop_elsewhere, spawn_keeper, spawn_keeper_held};
+use crate::podns::{self, Held, NsId};
+
+pub struct NodeKeepers {
+    /// Where the host entry is applied; None: this process's namespace.
+    host_netns: Option<PathBuf>,
+    /// The host's namespaces, never a pod's.
+    host_ids: Vec<NsId>,
+    /// By [`NetnsState::describe`].
+    kept: BTreeMap<String, Kept>,
+    /// The drift repairs of keepers forgotten since, so that the total only grows.
+    forgotten_repairs: u64,
+}
+
+struct Kept {
+    target: Option<NetnsRef>,
+    keeper: Keeper,
+    /// The last state applied without refusal, and so the version the namespace holds.
+    state: Option<Arc<NetnsState>>,
+}
+
+impl Kept {
+    fn holds(&self, version: &str) -> bool {
+        !version.is_empty() && self.state.as_ref().is_some_and(|s| s.version == version)
+    }
+}
+
+impl NodeKeepers {
+    pub fn new(host_netns: Option<PathBuf>) -> Self {
+        let host_ids = podns::host_ids(host_netns.as_deref());
+        NodeKeepers { host_netns, host_ids, kept: BTreeMap::new(), forgotten_repairs: 0 }
+    }
+
+    /// The namespaces kept now, by [`NetnsState::describe`] (those whose keeper ended are not).
+    pub fn namespaces(&self) -> Vec<String> {
+        self.kept.iter().filter(|(_, k)| !k.keeper.ended()).map(|(key, _)| key.clone()).collect()
+    }
+
+    /// The stats of the keeper of namespace `key` ([`NetnsState::describe`]), if it is kept.
+    pub fn stats(&self, key: &str) -> Option<Stats> {
+        self.kept.get(key).map(|k| k.keeper.stats().get())
+    }
+
+    /// Forgets the keepers that ended (their namespace is gone, or their watches failed).
+    fn forget_ended(&mut self) {
+        let ended: Vec<String> =
+            self.kept.iter().filter(|(_, k)| k.keeper.ended()).map(|(key, _)| key.clone()).collect();
+        for key in ended {
+            let why = self.forget(&key).and_then(|s| s.last_error).unwrap_or_default();
+            tracing::info!(netns = %key, reason = %why, "keeper ended; forgotten");
+        }
+    }
+
+    /// Drops the keeper of `key`; its last stats.
+    fn forget(&mut self, key: &str) -> Option<Stats> {
+        let stats = self.kept.remove(key)?.keeper.stats().get();
+        self.forgotten_repairs += stats.drift_repairs;
+        Some(stats)
+    }
+
+    /// The keeper of `ns`, started (its namespace found and held) if there is none.
+    fn keeper(&mut self, key: &str, ns: &NetnsState) -> Result<Keeper, ObjectError> {
+        if let Some(k) = self.kept.get(key) {
+            return Ok(k.keeper.clone());
+        }
+        let refused = |e: &dyn std::fmt::Display| ObjectError { object: namespace(key), reason: e.to_string() };
+        let keeper = match ns.target.as_ref().and_then(|t| t.kind.as_ref()) {
+            None => spawn_keeper(self.host_netns.clone()),
+            Some(netns_ref::Kind::Path(p)) if p.is_empty() => spawn_keeper(self.host_netns.clone()),
+            Some(netns_ref::Kind::Path(p)) => {
+                let held = Held::open(std::path::Path::new(p)).map_err(|e| refused(&e))?;
+                spawn_keeper_held(held)
+            }
+            Some(netns_ref::Kind::Pod(pod)) => {
+                let held = podns::resolve(pod, &self.host_ids).map_err(|e| ObjectError {
+                    object: format!("pod {}/{}", pod.namespace, pod.name),
+                    reason: e.to_string(),
+                })?;
+                tracing::info!(netns = %key, id = ?held.id(), "pod network namespace found");
+                spawn_keeper_held(held)
+            }
+        }
+        .map_err(|e| refused(&e))?;
+        self.kept.insert(key.to_string(), Kept { target: ns.target.clone(), keeper: keeper.clone(), state: None });
+        Ok(keeper)
+    }
+}
+
+fn namespace(key: &str) -> String {
+    format!("network namespace {key:?}")
+}
+
+impl NodeApplier for NodeKeepers {
+    async fn apply(&mut self, state: NodeState) -> Result<(), Vec<ObjectError>> {
+        self.forget_ended();
+        let mut entries: BTreeMap<String, NetnsState> = state.netns.into_iter().map(|ns| (ns.describe(), ns)).collect();
+        // A namespace kept before but absent now: its kuport objects go (the host entry is
+        // then an empty state; a pod's or a file's keeper is forgotten once it emptied it).
+        let mut absent = Vec::new();
+        for (key, k) in &self.kept {
+            if !entries.contains_key(key) {
+                absent.push(key.clone());
+                entries.insert(key.clone(), NetnsState { target: k.target.clone(), ..Default::default() });
+            }
+        }
+        let mut errors = Vec::new();
+        for (key, ns) in entries {
+            if ns.held {
+                let holding = self.kept.get(&key).and_then(|k| k.state.as_ref()).map(|s| s.version.clone());
+                if holding.as_deref() != Some(ns.version.as_str()) {
+                    let holds = holding.map_or_else(|| "nothing".to_string(), |v| format!("version {v}"));
+                    errors.push(ObjectError {
+                        object: namespace(&key),
+                        reason: format!("version {} is not held here (it holds {holds}): send it whole", ns.version),
+                    });
+                }
+                continue;
+            }
+            if self.kept.get(&key).is_some_and(|k| k.holds(&ns.version)) {
+                drop_elsewhere(Arc::new(ns));
+                continue;
+            }
+            let keeper = match self.keeper(&key, &ns) {
+                Ok(k) => k,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            // Until this apply succeeds the namespace holds no known version; and the keeper's
+            // copy of the old state is then its last, which it frees off this path.
+            if let Some(k) = self.kept.get_mut(&key) {
+                k.state = None;
+            }
+            let ns = Arc::new(ns);
+            match keeper.apply(Arc::clone(&ns)).await {
+                Ok(_) if absent.contains(&key) && !ns.is_host() => {
+                    self.forget(&key);
+                }
+                Ok(_) => {
+                    if let Some(k) = self.kept.get_mut(&key) {
+                        k.state = Some(ns);
+                    }
+                }
+                Err(ExecError::Refused { report }) => {
+                    errors.extend(report.errors.into_iter().map(|e| ObjectError { object: e.object, reason: e.reason }))
+                }
+                Err(e) => errors.push(ObjectError { object: namespace(&key), reason: e.to_string() }),
+            }
+        }
+        if errors.is_empty() { Ok(()) } else { Err(errors) }
+    }
+
+    fn drift(&self) -> (u64, Vec<String>) {
+        let mut total = self.forgotten_repairs;
+        let mut last = Vec::new();
+        for k in self.kept.values() {
+            let s = k.keeper.stats().get();
+            total += s.drift_repairs;
+            if s.drift_repairs > 0 {
+                last.extend(s.last_differences);
+            }
+        }
+        (total, last)
+    }
+
+    fn held(&self, ns: &NetnsState) -> Option<Arc<NetnsState>> {
+        let k = self.kept.get(&ns.describe())?;
+        k.state.as_ref().filter(|s| s.version == ns.version).cloned()
+    }
+}

@@ -1,0 +1,219 @@
+//! Typed constructors for the nftables part of a node state: values, elements, sets, matches,
+//! statements, rules, chains and tables. The generated types hold enums as `i32` and every
+//! oneof behind an `Option`; these take the enums and the plain values, so that whoever builds a
+//! table (the controller's datapath, the lab, benchmarks, tests) writes `eq(Selector::IpDaddr,
+//! addr(a))` instead of the nesting, and gets the same message as everyone else.
+
+use std::fmt::Display;
+
+use crate::v1::{
+    BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Counter, Hook, L4Proto, MapLookup, Nat, NatKind, NatTarget,
+    NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue, PortRange,
+    Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value, redirect,
+    set_mark,
+};
+
+// ---- values ----------------------------------------------------------------------------------
+
+fn value(v: nft_value::Value) -> NftValue {
+    NftValue { value: Some(v) }
+}
+
+/// An interface name (`cilium_*` style wildcards included).
+pub fn ifname(name: &str) -> NftValue {
+    value(nft_value::Value::Ifname(name.to_string()))
+}
+
+/// An address or prefix: `10.0.0.1`, `10.0.0.0/8`, an `Ipv4Addr`, an `Ipv4Net`.
+pub fn addr(a: impl Display) -> NftValue {
+    value(nft_value::Value::Addr(a.to_string()))
+}
+
+pub fn proto(p: L4Proto) -> NftValue {
+    value(nft_value::Value::Proto(p as i32))
+}
+
+/// One port.
+pub fn port(p: u32) -> NftValue {
+    ports(p, p)
+}
+
+/// An inclusive port range.
+pub fn ports(first: u32, last: u32) -> NftValue {
+    value(nft_value::Value::Port(port_range(first, last)))
+}
+
+pub fn port_range(first: u32, last: u32) -> PortRange {
+    PortRange { first, last }
+}
+
+pub fn mark(m: u32) -> NftValue {
+    value(nft_value::Value::Mark(m))
+}
+
+/// A user or group id (`meta skuid`, `meta skgid`).
+pub fn id(i: u32) -> NftValue {
+    value(nft_value::Value::Id(i))
+}
+
+// ---- sets ------------------------------------------------------------------------------------
+
+/// A map element: its key and its data.
+pub fn element(key: Vec<NftValue>, data: Vec<NftValue>) -> NftElement {
+    NftElement { key, data }
+}
+
+/// A set element: a key without data.
+pub fn member(key: Vec<NftValue>) -> NftElement {
+    NftElement { key, data: Vec::new() }
+}
+
+pub fn types(types: &[NftType]) -> Vec<i32> {
+    types.iter().map(|t| *t as i32).collect()
+}
+
+pub fn selectors(selectors: &[Selector]) -> Vec<i32> {
+    selectors.iter().map(|s| *s as i32).collect()
+}
+
+/// A hash set (no `data`) or map, without flags or counter; set those with struct update,
+/// `NftSet { interval: true, ..set(...) }`.
+pub fn set(name: &str, key: &[NftType], data: &[NftType], elements: Vec<NftElement>) -> NftSet {
+    NftSet { name: name.to_string(), key: types(key), data: types(data), elements, ..NftSet::default() }
+}
+
+// ---- matches ---------------------------------------------------------------------------------
+
+/// `sel [!=] value`, under `mask` (0: none; marks only).
+pub fn compare(sel: Selector, op: CmpOp, value: NftValue, mask: u32) -> NftMatch {
+    let c = Compare { selector: sel as i32, op: op as i32, value: Some(value), mask };
+    NftMatch { kind: Some(nft_match::Kind::Compare(c)) }
+}
+
+/// `sel value`.
+pub fn eq(sel: Selector, value: NftValue) -> NftMatch {
+    compare(sel, CmpOp::Eq, value, 0)
+}
+
+/// `sel != value`.
+pub fn ne(sel: Selector, value: NftValue) -> NftMatch {
+    compare(sel, CmpOp::Neq, value, 0)
+}
+
+/// `key @set`.
+pub fn lookup(key: &[Selector], set: &str) -> NftMatch {
+    set_lookup(key, set, false)
+}
+
+/// `key != @set`.
+pub fn not_lookup(key: &[Selector], set: &str) -> NftMatch {
+    set_lookup(key, set, true)
+}
+
+fn set_lookup(key: &[Selector], set: &str, negate: bool) -> NftMatch {
+    let l = SetLookup { key: selectors(key), set: set.to_string(), negate };
+    NftMatch { kind: Some(nft_match::Kind::Lookup(l)) }
+}
+
+// ---- statements ------------------------------------------------------------------------------
+
+fn statement(kind: nft_statement::Kind) -> NftStatement {
+    NftStatement { kind: Some(kind) }
+}
+
+pub fn counter() -> NftStatement {
+    statement(nft_statement::Kind::Counter(Counter {}))
+}
+
+/// A verdict; `chain` only for jump and goto.
+pub fn verdict(kind: VerdictKind, chain: &str) -> NftStatement {
+    statement(nft_statement::Kind::Verdict(Verdict { kind: kind as i32, chain: chain.to_string() }))
+}
+
+pub fn accept() -> NftStatement {
+    verdict(VerdictKind::Accept, "")
+}
+
+pub fn drop() -> NftStatement {
+    verdict(VerdictKind::Drop, "")
+}
+
+pub fn jump(chain: &str) -> NftStatement {
+    verdict(VerdictKind::Jump, chain)
+}
+
+pub fn goto(chain: &str) -> NftStatement {
+    verdict(VerdictKind::Goto, chain)
+}
+
+/// `key map @map`, the source of a nat, redirect or mark statement.
+pub fn map_lookup(key: &[Selector], map: &str) -> MapLookup {
+    MapLookup { key: selectors(key), map: map.to_string() }
+}
+
+pub fn nat(kind: NatKind, family: NftFamily, to: nat::To) -> NftStatement {
+    statement(nft_statement::Kind::Nat(Nat { kind: kind as i32, family: family as i32, to: Some(to) }))
+}
+
+/// `snat|dnat [family] to ADDR[:PORT]`; an empty `addr` with a port is `to :PORT`.
+pub fn nat_to_addr(kind: NatKind, family: NftFamily, addr: &str, port: Option<PortRange>) -> NftStatement {
+    nat(kind, family, nat::To::Target(NatTarget { addr: addr.to_string(), port }))
+}
+
+/// `snat|dnat [family] to SELECTOR` (`snat ip to ip saddr`).
+pub fn nat_to_selector(kind: NatKind, family: NftFamily, sel: Selector) -> NftStatement {
+    nat(kind, family, nat::To::Selector(sel as i32))
+}
+
+/// `snat|dnat [family] to KEY map @map`.
+pub fn nat_to_map(kind: NatKind, family: NftFamily, key: &[Selector], map: &str) -> NftStatement {
+    nat(kind, family, nat::To::Map(map_lookup(key, map)))
+}
+
+/// `redirect to :FIRST[-LAST]`.
+pub fn redirect_to_port(first: u32, last: u32) -> NftStatement {
+    statement(nft_statement::Kind::Redirect(Redirect { to: Some(redirect::To::Port(port_range(first, last))) }))
+}
+
+/// `redirect to :KEY map @map`.
+pub fn redirect_to_map(key: &[Selector], map: &str) -> NftStatement {
+    statement(nft_statement::Kind::Redirect(Redirect { to: Some(redirect::To::Map(map_lookup(key, map))) }))
+}
+
+/// `meta mark set FROM`.
+pub fn meta_mark_set(from: set_mark::From) -> NftStatement {
+    statement(nft_statement::Kind::MetaMarkSet(SetMark { from: Some(from) }))
+}
+
+/// `ct mark set FROM`.
+pub fn ct_mark_set(from: set_mark::From) -> NftStatement {
+    statement(nft_statement::Kind::CtMarkSet(SetMark { from: Some(from) }))
+}
+
+// ---- rules, chains, tables -------------------------------------------------------------------
+
+pub fn rule(matches: Vec<NftMatch>, statements: Vec<NftStatement>) -> NftRule {
+    NftRule { matches, statements }
+}
+
+/// A regular chain (no hook).
+pub fn chain(name: &str, rules: Vec<NftRule>) -> NftChain {
+    NftChain { name: name.to_string(), base: None, rules }
+}
+
+/// A base chain on `hook` at `priority`.
+pub fn base_chain(
+    name: &str,
+    ty: ChainType,
+    hook: Hook,
+    priority: i32,
+    policy: ChainPolicy,
+    rules: Vec<NftRule>,
+) -> NftChain {
+    let base = BaseChain { r#type: ty as i32, hook: hook as i32, priority, policy: policy as i32 };
+    NftChain { name: name.to_string(), base: Some(base), rules }
+}
+
+pub fn table(family: NftFamily, name: &str, sets: Vec<NftSet>, chains: Vec<NftChain>) -> NftTable {
+    NftTable { family: family as i32, name: name.to_string(), sets, chains }
+}
