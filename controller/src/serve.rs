@@ -21,6 +21,10 @@ use crate::stream::{leader, sync};
 
 /// The largest message either side accepts: a 50,000-mapping node state is about 20 MB.
 pub const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+/// The largest message an executor may send (facts, acks, drift): 4 MiB holds the largest
+/// report the bounds admit (1,024 interfaces of 64 addresses: 1,138,796 bytes) with room to spare;
+/// only states going down need [`MAX_MESSAGE`] (docs/security.md).
+pub const MAX_EXECUTOR_MESSAGE: usize = 4 * 1024 * 1024;
 
 /// A controller that reads a manifest folder instead of the Kubernetes API.
 pub struct Standalone {
@@ -57,7 +61,7 @@ where
         .add_service(health_service)
         .add_service(
             NodeSyncServer::new(sync::SyncService::new(hub.clone()))
-                .max_decoding_message_size(MAX_MESSAGE)
+                .max_decoding_message_size(MAX_EXECUTOR_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE),
         )
         .add_service(

@@ -681,8 +681,80 @@ async fn scenario() {
         if reconciles() > before { Ok(()) } else { Err(format!("still {before}")) }
     })
     .await;
+
+    // A forged report (issue 15): a stream that says Hello as edge-a and reports worker-2's
+    // underlay address, then one that is no node's. Each is refused, with its reason in the
+    // class status and an event, and no node's desired state changes (docs/security.md).
+    cp.ok(&status_apply, Some(&node_status("True", "2026-11-29T12:00:30Z")));
+    quiet(&cp).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let desired_before = desired_versions(&a2).await;
+    assert!(desired_before.len() >= 4, "{desired_before:?}");
+    let acks_before = worker.borrow().len();
+    for forged in ["100.64.0.12", "100.64.0.66"] {
+        let forger = forge(&a2, "edge-a", forged).await;
+        within(Duration::from_secs(10), &format!("underlay {forged} refused"), || {
+            let rows = cp.json(&["get", "pmc", "public"])["status"]["nodes"].clone();
+            let row =
+                rows.as_array().and_then(|r| r.iter().find(|n| n["name"] == "edge-a")).cloned().unwrap_or_default();
+            let message = row["message"].as_str().unwrap_or_default().to_string();
+            let events = cp.ok(
+                &[
+                    "get",
+                    "events",
+                    "-A",
+                    "--field-selector",
+                    "involvedObject.name=public",
+                    "-o",
+                    "jsonpath={.items[*].reason}",
+                ],
+                None,
+            );
+            if message.contains("UnderlayNotNodeAddress: underlayAddress: ")
+                && message.contains(forged)
+                && row["underlayAddress"] == "100.64.93.143"
+                && events.contains("UnderlayNotNodeAddress")
+            {
+                Ok(())
+            } else {
+                Err(format!("row {row}, events {events:?}"))
+            }
+        })
+        .await;
+        // Past the debounce: a recompute the forged report caused has published by now.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(desired_versions(&a2).await, desired_before, "{forged}: a node's desired state changed");
+        forger.abort();
+    }
+    assert_eq!(worker.borrow().len(), acks_before, "worker-2 was sent no new state");
     drop(c1);
     drop(c2);
+}
+
+/// Every node's desired version, as the Debug service of the controller at `address` shows it.
+async fn desired_versions(address: &str) -> Vec<(String, String)> {
+    use kuport_proto::v1::ListNodesRequest;
+    use kuport_proto::v1::debug_client::DebugClient;
+    let mut client = DebugClient::connect(format!("http://{address}")).await.expect("Debug connects");
+    let nodes = client.list_nodes(ListNodesRequest {}).await.expect("ListNodes").into_inner().nodes;
+    nodes.into_iter().map(|n| (n.node, n.desired_version)).collect()
+}
+
+/// A stream that says Hello as `node` and reports `underlay` as its underlay address, drained
+/// until the returned task is aborted.
+async fn forge(address: &str, node: &'static str, underlay: &str) -> tokio::task::JoinHandle<()> {
+    let mut client = NodeSyncClient::connect(format!("http://{address}")).await.expect("NodeSync connects");
+    let mut f = facts(node);
+    f.underlay_address = underlay.into();
+    let (tx, rx) = mpsc::channel(8);
+    let hello = Hello { node: node.into(), executor_version: "forged".into(), applied: None };
+    tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await.expect("hello");
+    tx.send(ExecutorMessage { message: Some(executor_message::Message::Facts(f)) }).await.expect("facts");
+    let mut inbound = client.sync(ReceiverStream::new(rx)).await.expect("sync").into_inner();
+    tokio::spawn(async move {
+        let _tx = tx;
+        while let Ok(Some(_)) = inbound.message().await {}
+    })
 }
 
 /// Waits until no PortMap or PortMapClass changed for a second; their resourceVersions then.

@@ -250,7 +250,21 @@ fn assert_state(ns: &Netns, s: &NetnsState, order: Order) {
         assert!(shown.contains(&attrs), "{attrs} not in {shown}");
         assert!(shown.contains(&format!("dstport {} ", v.dstport)), "{shown}");
         assert!(shown.contains(&format!("ttl {} ", v.ttl)), "{shown}");
+        if !l.mac.is_empty() {
+            assert!(shown.contains(&format!("link/ether {} ", l.mac)), "{shown}");
+        }
     }
+
+    // Permanent neighbour entries on kup- links: exactly the desired ones.
+    let neighbours: BTreeSet<String> = ns
+        .ip(&["-4", "neigh", "show", "nud", "permanent"])
+        .lines()
+        .filter(|l| l.contains(" dev kup-"))
+        .map(|l| l.trim().to_string())
+        .collect();
+    let want: BTreeSet<String> =
+        s.neighbours.iter().map(|n| format!("{} dev {} lladdr {} PERMANENT", n.address, n.dev, n.mac)).collect();
+    assert_eq!(neighbours, want, "permanent neighbours on kup- links");
 
     // Addresses on kup- links.
     let addrs: BTreeSet<(String, String)> = ns
@@ -557,6 +571,12 @@ fn outside_changes_are_repaired_and_counted_once_each() {
                 format!("{{ {key} }}"),
             ],
         ),
+        // The far end's permanent entry, and a link's computed MAC (docs/portmap/links.md).
+        ("ip", {
+            let n = &s.neighbours[0];
+            ["neigh", "del", &n.address, "dev", &n.dev].map(String::from).to_vec()
+        }),
+        ("ip", ["link", "set", "dev", &s.links[1].name, "address", "02:aa:bb:cc:dd:ee"].map(String::from).to_vec()),
     ];
     for (n, (tool, args)) in changes.iter().enumerate() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -13,7 +13,7 @@ use std::{
 };
 
 use kuport_node_exec::rtnl::{self, Change, Desired, Subject};
-use kuport_proto::v1::{Address, IpRule, Link, NetnsState, Route, Sysctl, Vxlan, link};
+use kuport_proto::v1::{Address, IpRule, Link, Neighbour, NetnsState, Route, Sysctl, Vxlan, link};
 
 const DEV: &str = "kup-1234abcd";
 const UNDERLAY: &str = "10.99.0.1";
@@ -109,6 +109,7 @@ fn state(w: &Want) -> NetnsState {
                 dstport: 4790,
                 ttl: 64,
             })),
+            mac: String::new(),
         }],
         addresses: vec![Address { dev: DEV.into(), cidr: "169.254.77.2/31".into() }],
         routes: vec![Route { table: 201, dst: "default".into(), via: w.via.into(), dev: DEV.into() }],
@@ -313,6 +314,84 @@ fn outside_changes_are_noticed_and_repaired() {
     assert_eq!(apply(&ns, &s).writes, 4);
     assert_applied(&ns, &want);
     assert_eq!(diff(&ns, &s), []);
+}
+
+const MAC: &str = "02:6b:75:00:00:01";
+const PEER_MAC: &str = "02:6b:75:00:00:02";
+
+/// The link at a computed MAC with a permanent entry for the far end (docs/portmap/links.md).
+fn state_with_neighbour() -> NetnsState {
+    let mut s = state(&Want::default());
+    s.links[0].mac = MAC.into();
+    s.neighbours = vec![Neighbour { dev: DEV.into(), address: "169.254.77.3".into(), mac: PEER_MAC.into() }];
+    s
+}
+
+fn assert_mac_and_neighbour(ns: &Netns) {
+    let link = ns.ip(&["-d", "link", "show", DEV]);
+    assert!(link.contains(&format!("link/ether {MAC} ")), "{link}");
+    let neigh = ns.ip(&["-4", "neigh", "show", "nud", "permanent"]);
+    assert_eq!(neigh.trim(), format!("169.254.77.3 dev {DEV} lladdr {PEER_MAC} PERMANENT"), "{neigh}");
+}
+
+#[test]
+fn link_mac_and_permanent_neighbour_are_applied_and_repaired() {
+    if !root() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let ns = Netns::new();
+    let s = state_with_neighbour();
+    let report = apply(&ns, &s);
+    // link, 2 sysctls, address, neighbour, route, 2 rules.
+    assert_eq!(report.writes, 8, "{report}");
+    assert_mac_and_neighbour(&ns);
+    assert_applied(&ns, &Want::default());
+    assert_eq!(diff(&ns, &s), []);
+    assert_eq!(apply(&ns, &s).writes, 0);
+
+    let path = ns.path();
+    let mut sub = rtnl::subscribe(Some(&path)).expect("subscribe");
+    // A learned entry for another address on kuport's link is the kernel's: never extra.
+    ns.ip(&["neigh", "add", "169.254.77.9", "lladdr", "02:00:00:00:00:09", "dev", DEV, "nud", "stale"]);
+    ns.ip(&["neigh", "del", "169.254.77.3", "dev", DEV]);
+    assert!(notified(&rt, &mut sub, Subject::Neighbour), "neighbour deletion unnoticed");
+    let d: Vec<String> = diff(&ns, &s).iter().map(ToString::to_string).collect();
+    assert_eq!(d, [format!("missing neighbour 169.254.77.3 lladdr {PEER_MAC} dev {DEV}")]);
+    assert_eq!(apply(&ns, &s).writes, 1);
+    assert_mac_and_neighbour(&ns);
+
+    // Another MAC, and the entry made a learned one: both repaired in place.
+    let index = ns.ifindex(DEV);
+    ns.ip(&["link", "set", "dev", DEV, "address", "02:aa:bb:cc:dd:ee"]);
+    ns.ip(&["neigh", "replace", "169.254.77.3", "lladdr", "02:00:00:00:00:07", "dev", DEV, "nud", "reachable"]);
+    let d: Vec<String> = diff(&ns, &s).iter().map(ToString::to_string).collect();
+    assert_eq!(
+        d,
+        [
+            format!("changed link {DEV}: address 02:aa:bb:cc:dd:ee -> {MAC}"),
+            format!(
+                "changed neighbour 169.254.77.3 lladdr {PEER_MAC} dev {DEV}: \
+                 lladdr 02:00:00:00:00:07 -> {PEER_MAC}, nud reachable -> permanent"
+            ),
+        ]
+    );
+    assert_eq!(apply(&ns, &s).writes, 2);
+    assert_eq!(ns.ifindex(DEV), index, "the link was recreated, not changed in place");
+    assert_mac_and_neighbour(&ns);
+    assert_eq!(diff(&ns, &s), []);
+
+    // A deleted link comes back with its MAC and its neighbour.
+    ns.ip(&["link", "del", DEV]);
+    apply(&ns, &s);
+    assert_mac_and_neighbour(&ns);
+
+    // A neighbour no longer desired goes; the link keeps its MAC.
+    let mut without = s.clone();
+    without.neighbours.clear();
+    let report = apply(&ns, &without);
+    assert_eq!(report.writes, 1, "{report}");
+    assert!(ns.ip(&["-4", "neigh", "show", "nud", "permanent"]).trim().is_empty());
 }
 
 #[test]

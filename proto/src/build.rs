@@ -7,10 +7,10 @@
 use std::fmt::Display;
 
 use crate::v1::{
-    BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Counter, Hook, L4Proto, MapLookup, Nat, NatKind, NatTarget,
-    NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue, PortRange,
-    Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value, redirect,
-    set_mark,
+    BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Counter, Hook, L4Proto, LiteralSet, MapLookup, Nat, NatKind,
+    NatTarget, NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue,
+    PortRange, Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value,
+    redirect, set_mark,
 };
 
 // ---- values ----------------------------------------------------------------------------------
@@ -108,6 +108,13 @@ pub fn lookup(key: &[Selector], set: &str) -> NftMatch {
 /// `key != @set`.
 pub fn not_lookup(key: &[Selector], set: &str) -> NftMatch {
     set_lookup(key, set, true)
+}
+
+/// `sel { v, v }`: a literal (anonymous, constant) set; the values are sorted as nft lists them.
+pub fn in_literal(sel: Selector, mut values: Vec<NftValue>) -> NftMatch {
+    crate::canonical::sort_values(&mut values);
+    let l = LiteralSet { selector: sel as i32, values, negate: false };
+    NftMatch { kind: Some(nft_match::Kind::Literal(l)) }
 }
 
 fn set_lookup(key: &[Selector], set: &str, negate: bool) -> NftMatch {

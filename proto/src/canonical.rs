@@ -185,11 +185,18 @@ fn canonicalize_netns(ns: &mut NetnsState) {
         (a.pref, a.fwmark, a.fwmask, &a.to, a.table).cmp(&(b.pref, b.fwmark, b.fwmask, &b.to, b.table))
     });
     ns.ip_rules.dedup();
+    ns.neighbours.sort_by(|a, b| (&a.dev, &a.address).cmp(&(&b.dev, &b.address)));
+    ns.neighbours.dedup();
 }
 
 /// Orders elements the way a reader expects: addresses and ports numerically, not as text.
 fn element_order(e: &NftElement) -> Vec<(u8, u128, u32, String)> {
     e.key.iter().chain(&e.data).map(value_order).collect()
+}
+
+/// Sorts the values of a literal set (`meta l4proto { tcp, udp }`) as nft lists them.
+pub fn sort_values(values: &mut [NftValue]) {
+    values.sort_by_cached_key(value_order);
 }
 
 fn value_order(v: &NftValue) -> (u8, u128, u32, String) {

@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use kuport_proto::text::{ip_commands, nft_table, node_state};
 use kuport_proto::v1::{
-    Address, ChainPolicy, ChainType, CmpOp, Hook, IpRule, Link, NetnsState, NftChain, NftFamily, NftMatch, NftRule,
-    NftStatement, NftValue, NodeState, Route, Selector, Sysctl, Vxlan, link,
+    Address, ChainPolicy, ChainType, CmpOp, Hook, IpRule, Link, Neighbour, NetnsState, NftChain, NftFamily, NftMatch,
+    NftRule, NftStatement, NftValue, NodeState, Route, Selector, Sysctl, Vxlan, link,
 };
 
 #[test]
@@ -60,8 +60,14 @@ fn host_netns() -> NetnsState {
                 dstport: 4789,
                 ttl: 64,
             })),
+            mac: "02:6b:75:00:00:01".into(),
         }],
         addresses: vec![Address { dev: "kup-wt0".into(), cidr: "169.254.77.2/31".into() }],
+        neighbours: vec![Neighbour {
+            dev: "kup-wt0".into(),
+            address: "169.254.77.3".into(),
+            mac: "02:6b:75:00:00:02".into(),
+        }],
         routes: vec![
             Route { table: 100, dst: "default".into(), via: "169.254.77.3".into(), dev: "kup-wt0".into() },
             Route { table: 254, dst: "100.64.0.0/10".into(), via: String::new(), dev: "kup-wt0".into() },
@@ -149,6 +155,9 @@ fn invalid_model() {
         vec![bad_chain, NftChain::default()],
     );
     t.family = 42;
-    let ns = NetnsState { links: vec![Link { name: "x".into(), mtu: 0, kind: None }], ..NetnsState::default() };
+    let ns = NetnsState {
+        links: vec![Link { name: "x".into(), mtu: 0, kind: None, mac: String::new() }],
+        ..NetnsState::default()
+    };
     insta::assert_snapshot!(format!("{}{}", nft_table(&t), ip_commands(&ns)));
 }

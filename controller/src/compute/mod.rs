@@ -8,6 +8,7 @@
 //! where each rule is decided.
 
 pub mod conditions;
+pub mod intercept;
 pub mod numbers;
 pub mod portmap;
 #[cfg(any(test, feature = "testkit"))]

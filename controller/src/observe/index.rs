@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+use super::facts::{self, Refused};
 use super::{Cluster, NodeFacts};
 use crate::api::{PortMapClass, PortMapClassStatus};
 
@@ -21,10 +22,13 @@ pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
 pub struct KnownNode {
     pub exists: bool,
     pub ready: bool,
-    /// The executor's underlay address, else the Node's InternalIP, else a class status row's.
+    /// The executor's underlay address, else the Node's InternalIP, else a class status row's;
+    /// None when it clashes with another node's ([`facts::underlays`]).
     pub underlay: Option<Ipv4Addr>,
-    /// The executor's underlay MTU, else a class status row's.
+    /// The executor's underlay MTU (unless its address was refused), else a class status row's.
     pub underlay_mtu: Option<u32>,
+    /// What of the executor's reports was refused, and why: the class status says it.
+    pub refused: Vec<Refused>,
     /// Interface names and addresses, when the executor has reported them.
     pub interfaces: Option<BTreeMap<String, Vec<String>>>,
     /// Addresses of class interfaces as class status rows remember them: what
@@ -77,6 +81,7 @@ static UNKNOWN_NODE: KnownNode = KnownNode {
     interfaces: None,
     remembered: BTreeMap::new(),
     remembered_interfaces: BTreeMap::new(),
+    refused: Vec::new(),
 };
 
 pub struct View<'a> {
@@ -125,19 +130,30 @@ impl<'a> View<'a> {
                 }
             }
         }
+        // A reported underlay is used only when the Node objects vouch for it; its MTU with it.
+        let fallback = nodes.iter().filter_map(|(n, k)| Some((n.clone(), k.underlay?))).collect();
+        let underlays = facts::underlays(&cluster.nodes, &cluster.facts, &fallback);
         let mut facts: Vec<&NodeFacts> = cluster.facts.iter().collect();
         facts.sort_by(|a, b| a.node.cmp(&b.node));
         for f in facts {
             let view = nodes.entry(f.node.clone()).or_default();
-            if let Some(a) = f.underlay_address {
-                view.underlay = Some(a);
-            }
-            if let Some(m) = f.underlay_mtu {
+            let vouched = f.underlay_address.is_none() || underlays.get(&f.node).is_some_and(|u| u.reported);
+            if let Some(m) = f.underlay_mtu
+                && vouched
+            {
                 view.underlay_mtu = Some(m);
             }
             if let Some(ifaces) = &f.interfaces {
                 view.interfaces = Some(ifaces.iter().map(|i| (i.name.clone(), i.addresses.clone())).collect());
             }
+        }
+        for (name, u) in underlays {
+            let view = nodes.entry(name).or_default();
+            view.underlay = u.address;
+            view.refused.extend(u.refused);
+        }
+        for (name, r) in &cluster.refused_facts {
+            nodes.entry(name.clone()).or_default().refused.push(r.clone());
         }
         let namespaces = cluster.namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n))).collect();
         let services = cluster
@@ -174,10 +190,11 @@ impl<'a> View<'a> {
     }
 }
 
-/// What the computation reads of a Node besides its name: readiness and the InternalIP. A
-/// watch that sees neither change (a kubelet heartbeat) need not recompute.
-pub fn node_inputs(node: &Node) -> (bool, Option<Ipv4Addr>) {
-    (node_ready(node), internal_ip(node))
+/// What the computation reads of a Node besides its name: readiness, the InternalIP and every
+/// address (an executor's underlay must be one). A watch that sees none change (a kubelet
+/// heartbeat) need not recompute.
+pub fn node_inputs(node: &Node) -> (bool, Option<Ipv4Addr>, Vec<Ipv4Addr>) {
+    (node_ready(node), internal_ip(node), facts::node_addresses(node))
 }
 
 fn node_ready(node: &Node) -> bool {

@@ -49,6 +49,7 @@ impl Stores {
             classes: all(&self.classes),
             port_maps: all(&self.port_maps),
             facts: Vec::new(),
+            refused_facts: Default::default(),
             now: Timestamp::now(),
         }
     }

@@ -2,13 +2,15 @@
 //!
 //! A source delivers whole [`Cluster`] snapshots to the hub: [`kubernetes`] from reflector
 //! stores over the API, [`folder`] from a folder of manifests. Executors' facts arrive over
-//! NodeSync and join the snapshot as [`NodeFacts`]. [`index`] holds the indexes the computation
-//! reads the snapshot through.
+//! NodeSync and join the snapshot as [`NodeFacts`], once [`facts`] checked them. [`index`] holds
+//! the indexes the computation reads the snapshot through.
 
+pub mod facts;
 pub mod folder;
 pub mod index;
 pub mod kubernetes;
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
@@ -28,6 +30,9 @@ pub struct Cluster {
     pub classes: Vec<PortMapClass>,
     pub port_maps: Vec<PortMap>,
     pub facts: Vec<NodeFacts>,
+    /// Per node, why its executor's latest report was refused ([`facts::check`]); its
+    /// previous facts, if any, are in `facts`.
+    pub refused_facts: BTreeMap<String, facts::Refused>,
     pub now: Timestamp,
 }
 
@@ -51,21 +56,4 @@ pub struct InterfaceFacts {
     pub name: String,
     #[serde(default)]
     pub addresses: Vec<String>,
-}
-
-impl NodeFacts {
-    /// The facts `node`'s executor reported over NodeSync, as the computation reads them.
-    pub fn reported(node: &str, f: &kuport_proto::v1::NodeFacts) -> Self {
-        NodeFacts {
-            node: node.to_string(),
-            underlay_address: f.underlay_address.parse::<Ipv4Addr>().ok(),
-            underlay_mtu: (f.underlay_mtu > 0).then_some(f.underlay_mtu),
-            interfaces: Some(
-                f.interfaces
-                    .iter()
-                    .map(|i| InterfaceFacts { name: i.name.clone(), addresses: i.addresses.clone() })
-                    .collect(),
-            ),
-        }
-    }
 }

@@ -43,6 +43,8 @@ pub struct Metrics {
     pub reconcile_seconds: Histogram,
     /// Refusals (NACKs) executors answered with.
     pub nacks: Counter,
+    /// Executor reports refused whole for breaking a bound (docs/security.md).
+    pub facts_refused: Counter,
     /// Writes sent to the API server, failed ones included: a replica that does not lead
     /// sends none.
     api_writes: Family<WriteLabel, Counter>,
@@ -62,6 +64,7 @@ impl Default for Metrics {
         let reconciles = Counter::default();
         let reconcile_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let nacks = Counter::default();
+        let facts_refused = Counter::default();
         let api_writes = Family::<WriteLabel, Counter>::default();
         let executors_connected = Gauge::default();
         let nodes_out_of_sync = Gauge::default();
@@ -71,6 +74,7 @@ impl Default for Metrics {
         registry.register("reconciles", "Full recomputes of every node state and status", reconciles.clone());
         registry.register("reconcile_seconds", "Time of one recompute", reconcile_seconds.clone());
         registry.register("nacks", "States an executor refused", nacks.clone());
+        registry.register("facts_refused", "Executor fact reports refused for breaking a bound", facts_refused.clone());
         registry.register(
             "api_writes",
             "Writes sent to the API server (failed ones too): class and PortMap statuses, events",
@@ -90,6 +94,7 @@ impl Default for Metrics {
             reconciles,
             reconcile_seconds,
             nacks,
+            facts_refused,
             api_writes,
             executors_connected,
             nodes_out_of_sync,

@@ -68,7 +68,16 @@ impl Writer {
             let patch = Patch::Merge(serde_json::json!({ "status": st }));
             self.hub.metrics().api_write(WriteKind::ClassStatus);
             match api.patch_status(name, &PatchParams::apply(FIELD_MANAGER), &patch).await {
-                Ok(_) => tracing::info!(class = %name, "class status written"),
+                Ok(_) => {
+                    tracing::info!(class = %name, "class status written");
+                    let reference = stored.object_ref(&());
+                    for e in events::of_class_change(stored.status.as_ref(), st) {
+                        self.hub.metrics().api_write(WriteKind::Event);
+                        if let Err(err) = self.recorder.publish(&e, &reference).await {
+                            tracing::warn!(class = %name, error = %err, "publishing an event");
+                        }
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(class = %name, error = %e, "writing class status");
                     ok = false;

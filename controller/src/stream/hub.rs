@@ -18,6 +18,7 @@ use super::leader::Leadership;
 use crate::api::{PortMapClassStatus, PortMapStatus};
 use crate::compute::portmap::{MapKey, admission};
 use crate::compute::{ObjectKey, Outputs, Settings, compute, relevant_facts};
+use crate::observe::facts::{self, Refused};
 use crate::observe::{Cluster, NodeFacts};
 use crate::report::metrics::Metrics;
 
@@ -44,7 +45,10 @@ struct NodeEntry {
     errors: Vec<ObjectError>,
     drift_repairs: u64,
     last_drift: Vec<String>,
-    facts: Option<WireFacts>,
+    /// The last report that passed [`facts::check`], as sent and as checked.
+    facts: Option<(WireFacts, NodeFacts)>,
+    /// Why the latest report was refused; None once one passes.
+    refused_facts: Option<Refused>,
 }
 
 impl NodeEntry {
@@ -59,6 +63,7 @@ impl NodeEntry {
             drift_repairs: 0,
             last_drift: Vec::new(),
             facts: None,
+            refused_facts: None,
         }
     }
 
@@ -222,14 +227,26 @@ impl Hub {
         let Some(entry) = inner.nodes.get_mut(node) else { return };
         let mut recompute = false;
         match message.message {
-            Some(executor_message::Message::Facts(f)) => {
-                // Only facts the computation reads recompute: a recompute for a pod's veth
-                // coming or going would only restart the debounce of a real change.
-                let inputs = inner.inputs.as_deref();
-                let read = |f: &WireFacts| relevant_facts(inputs, &NodeFacts::reported(node, f));
-                recompute = entry.facts.as_ref().is_none_or(|old| read(old) != read(&f));
-                entry.facts = Some(f);
-            }
+            // Facts are taken from this stream for its Hello's node only: `node` is that name,
+            // and the report carries none of its own (docs/security.md).
+            Some(executor_message::Message::Facts(f)) => match facts::check(node, &f) {
+                Ok(checked) => {
+                    // Only facts the computation reads recompute: a recompute for a pod's veth
+                    // coming or going would only restart the debounce of a real change.
+                    let inputs = inner.inputs.as_deref();
+                    let read = |f: &NodeFacts| relevant_facts(inputs, f);
+                    recompute = entry.refused_facts.take().is_some()
+                        || entry.facts.as_ref().is_none_or(|(_, old)| read(old) != read(&checked));
+                    entry.facts = Some((f, checked));
+                }
+                Err(refused) => {
+                    // Refused whole; the previous facts stay in use.
+                    tracing::warn!(%node, field = %refused.field, error = %refused, "executor facts refused");
+                    self.metrics.facts_refused.inc();
+                    recompute = entry.refused_facts.as_ref() != Some(&refused);
+                    entry.refused_facts = Some(refused);
+                }
+            },
             Some(executor_message::Message::Ack(a)) => {
                 if a.ok {
                     entry.acked = Some(Applied { term: a.term, sequence: a.sequence, version: a.version });
@@ -366,9 +383,12 @@ impl Hub {
                 }
             }
             for (node, e) in &inner.nodes {
-                if let Some(f) = &e.facts {
+                if let Some((_, f)) = &e.facts {
                     cluster.facts.retain(|x| &x.node != node);
-                    cluster.facts.push(NodeFacts::reported(node, f));
+                    cluster.facts.push(f.clone());
+                }
+                if let Some(r) = &e.refused_facts {
+                    cluster.refused_facts.insert(node.clone(), r.clone());
                 }
             }
             (cluster, self.leadership.borrow().term)
@@ -476,6 +496,6 @@ fn snapshot(node: &str, e: &NodeEntry) -> NodeSnapshot {
         errors: e.errors.clone(),
         drift_repairs: e.drift_repairs,
         last_drift: e.last_drift.clone(),
-        facts: e.facts.clone(),
+        facts: e.facts.as_ref().map(|(f, _)| f.clone()),
     }
 }

@@ -21,6 +21,8 @@ use super::leader::Leadership;
 
 /// How long a new stream may take to say Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A Node name is a DNS subdomain: at most 253 bytes.
+const MAX_NODE_NAME: usize = 253;
 
 pub struct SyncService {
     hub: Arc<Hub>,
@@ -85,10 +87,14 @@ impl NodeSync for SyncService {
             Err(_) => return Err(Status::deadline_exceeded("no Hello within 10 s")),
             Ok(_) => return Err(Status::invalid_argument("the first message must be Hello")),
         };
-        if hello.node.is_empty() {
-            return Err(Status::invalid_argument("Hello.node: must name the executor's node"));
+        if hello.node.is_empty() || hello.node.len() > MAX_NODE_NAME {
+            return Err(Status::invalid_argument(format!(
+                "Hello.node: must name the executor's node (1 to {MAX_NODE_NAME} bytes)"
+            )));
         }
         let hub = self.hub.clone();
+        // The only node this stream speaks for: every message after Hello is taken as this
+        // node's (a second Hello is ignored), see [`Hub::receive`].
         let node = hello.node.clone();
         let (session, mut desired) = hub.connect(&hello);
         let mut closing = hub.closing();

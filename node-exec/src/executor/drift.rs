@@ -58,9 +58,9 @@ impl Executor {
     }
 
     /// Applies `desired`, then keeps it until `stop` completes: waits for link, address,
-    /// route, rule and nftables change notifications (or the [`BACKSTOP`] timer), collects a
-    /// burst for [`DEBOUNCE`], then [`Executor::check`]s. A failed apply is recorded in the
-    /// stats and retried at the next check. Never tears anything down on exit.
+    /// neighbour, route, rule and nftables change notifications (or the [`BACKSTOP`] timer),
+    /// collects a burst for [`DEBOUNCE`], then [`Executor::check`]s. A failed apply is recorded
+    /// in the stats and retried at the next check. Never tears anything down on exit.
     pub async fn keep<F: Future<Output = ()>>(&mut self, desired: &NetnsState, stop: F) -> Result<(), ExecError> {
         let (_commands, rx) = mpsc::channel(1);
         self.keep_loop(Some(desired), rx, stop).await

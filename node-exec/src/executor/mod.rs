@@ -2,7 +2,7 @@
 //! notices outside changes.
 //!
 //! - [`steps`]: one apply as ordered steps, one per kind of object (links, sysctls, addresses,
-//!   routes, rules, nftables tables), make before break: everything the new state adds or
+//!   neighbours, routes, rules, nftables tables), make before break: everything the new state adds or
 //!   changes goes in while what it drops is kept; then what is no longer desired goes, in
 //!   reverse order. The link, address, route, rule and sysctl steps are skipped when the new
 //!   state's objects of those kinds equal those last applied and no drift was found since (a
@@ -323,12 +323,13 @@ fn without_tables(state: &NetnsState) -> NetnsState {
         addresses: state.addresses.clone(),
         routes: state.routes.clone(),
         ip_rules: state.ip_rules.clone(),
+        neighbours: state.neighbours.clone(),
     }
 }
 
 /// Whether two states hold the same links, addresses, routes, rules and sysctls (their nft
 /// tables are not compared).
 fn same_objects(a: &NetnsState, b: &NetnsState) -> bool {
-    (&a.target, &a.sysctls, &a.links, &a.addresses, &a.routes, &a.ip_rules)
-        == (&b.target, &b.sysctls, &b.links, &b.addresses, &b.routes, &b.ip_rules)
+    (&a.target, &a.sysctls, &a.links, &a.addresses, &a.neighbours, &a.routes, &a.ip_rules)
+        == (&b.target, &b.sysctls, &b.links, &b.addresses, &b.neighbours, &b.routes, &b.ip_rules)
 }

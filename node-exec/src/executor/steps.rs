@@ -10,7 +10,7 @@
 //! something new that failed.
 //!
 //! The steps before the nftables one run on a thread inside the namespace, in one rtnetlink
-//! [`rtnl::Session`] (links, addresses, routes and rules share its dump); the executor skips
+//! [`rtnl::Session`] (links, addresses, neighbours, routes and rules share its dump); the executor skips
 //! them all while their part of the state is unchanged and known to hold.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,7 +21,7 @@ use kuport_proto::owned;
 use kuport_proto::v1::{NetnsState, NftFamily, NftTable};
 
 use super::{ObjectError, Report};
-use crate::rtnl::{self, KindPlan, address, link, route, rule};
+use crate::rtnl::{self, KindPlan, address, link, neighbour, route, rule};
 use crate::{nft, sysctl};
 
 /// The kinds of object, with what identifies one.
@@ -34,6 +34,9 @@ pub enum Kind {
     Sysctls,
     /// Addresses on `kup-*` links, by link and prefix.
     Addresses,
+    /// Permanent neighbour entries on `kup-*` links, by link and address: the far end of each
+    /// link at its computed MAC (docs/portmap/links.md). After the links they sit on.
+    Neighbours,
     /// Routes, by table and destination (the kernel's key; kuport sets no metric).
     Routes,
     /// Rules at kuport's preferences with its marks, by preference, mark, mask, destination and
@@ -44,7 +47,8 @@ pub enum Kind {
 }
 
 /// The order of one apply's make; break runs it backwards.
-pub const ORDER: [Kind; 6] = [Kind::Links, Kind::Sysctls, Kind::Addresses, Kind::Routes, Kind::Rules, Kind::NftTables];
+pub const ORDER: [Kind; 7] =
+    [Kind::Links, Kind::Sysctls, Kind::Addresses, Kind::Neighbours, Kind::Routes, Kind::Rules, Kind::NftTables];
 
 /// A table's identity: its family and name.
 pub(crate) type TableId = (i32, String);
@@ -176,6 +180,7 @@ pub(crate) struct Objects {
     links: Rtnl<link::Plan>,
     sysctls: Sysctls,
     addresses: Rtnl<address::Plan>,
+    neighbours: Rtnl<neighbour::Plan>,
     routes: Rtnl<route::Plan>,
     rules: Rtnl<rule::Plan>,
 }
@@ -186,6 +191,7 @@ impl Default for Objects {
             links: Rtnl::new(Kind::Links),
             sysctls: Sysctls::default(),
             addresses: Rtnl::new(Kind::Addresses),
+            neighbours: Rtnl::new(Kind::Neighbours),
             routes: Rtnl::new(Kind::Routes),
             rules: Rtnl::new(Kind::Rules),
         }
@@ -195,8 +201,14 @@ impl Default for Objects {
 impl Objects {
     /// These steps, then `tables` when given.
     pub(crate) fn with<'s>(&'s mut self, tables: Option<&'s mut Tables<'_>>) -> Vec<&'s mut dyn Step> {
-        let mut steps: Vec<&mut dyn Step> =
-            vec![&mut self.links, &mut self.sysctls, &mut self.addresses, &mut self.routes, &mut self.rules];
+        let mut steps: Vec<&mut dyn Step> = vec![
+            &mut self.links,
+            &mut self.sysctls,
+            &mut self.addresses,
+            &mut self.neighbours,
+            &mut self.routes,
+            &mut self.rules,
+        ];
         if let Some(t) = tables {
             steps.push(t);
         }

@@ -1,11 +1,11 @@
 //! Desired versus observed: what is missing, extra or changed among the objects kuport owns.
 //!
-//! Each kind's plan (`link`, `address`, `route`, `rule`, [`crate::sysctl`]) serves both drift
+//! Each kind's plan (`link`, `address`, `neighbour`, `route`, `rule`, [`crate::sysctl`]) serves both drift
 //! reporting and the executor's steps; [`diff`] names them all.
 
 use std::fmt;
 
-use super::{KindPlan, address, link, model::Desired, observe::Observed, route, rule};
+use super::{KindPlan, address, link, model::Desired, neighbour, observe::Observed, route, rule};
 
 /// One object that is not as desired.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,13 +41,16 @@ pub fn diff(desired: &Desired, observed: &Observed) -> Vec<Difference> {
     let mut out = Vec::new();
     let (links, addresses) = (link::Plan::new(desired, observed), address::Plan::new(desired, observed));
     let (routes, rules) = (route::Plan::new(desired, observed), rule::Plan::new(desired, observed));
+    let neighbours = neighbour::Plan::new(desired, observed);
     links.missing(&mut out);
     crate::sysctl::plan(&desired.sysctls, &observed.sysctls).missing(&mut out);
     addresses.missing(&mut out);
+    neighbours.missing(&mut out);
     routes.missing(&mut out);
     rules.missing(&mut out);
     rules.extra(&mut out);
     routes.extra(&mut out);
+    neighbours.extra(&mut out);
     addresses.extra(&mut out);
     links.extra(&mut out);
     out
@@ -72,6 +75,7 @@ mod tests {
         LinkSpec {
             name: "kup-1".into(),
             mtu: Some(1370),
+            mac: None,
             vxlan: VxlanSpec {
                 vni: 4201,
                 local: Some("10.99.0.1".parse().expect("addr")),
@@ -91,6 +95,7 @@ mod tests {
             oper_state: "UNKNOWN".into(),
             kind: vxlan.as_ref().map(|_| "vxlan".into()),
             vxlan,
+            mac: None,
         }
     }
 

@@ -1,5 +1,5 @@
 //! Links: kuport's `kup-*` VXLAN links, one per name. Changed in place where the kernel allows
-//! it (MTU, local, remote, TTL, up), deleted and created again where it does not (VNI, port, or
+//! it (MTU, MAC, local, remote, TTL, up), deleted and created again where it does not (VNI, port, or
 //! a link of another kind under the name).
 
 use std::{collections::BTreeSet, net::Ipv4Addr};
@@ -12,7 +12,7 @@ use super::{
     consts::owns_link,
     diff::{Change, Difference},
     error::Op,
-    model::{Desired, LinkSpec},
+    model::{Desired, LinkSpec, Mac},
     observe::{Observed, ObservedLink},
     session::Session,
 };
@@ -23,6 +23,8 @@ pub(crate) struct LinkChange {
     pub spec: LinkSpec,
     pub index: u32,
     pub mtu: Option<u32>,
+    /// A MAC that differs: set in place (a VXLAN device takes a live address change).
+    pub mac: Option<Mac>,
     pub local: Option<Option<Ipv4Addr>>,
     pub remote: Option<Option<Ipv4Addr>>,
     pub ttl: Option<u8>,
@@ -83,6 +85,7 @@ impl KindPlan for Plan {
                 spec: spec.clone(),
                 index: have.index,
                 mtu: None,
+                mac: None,
                 local: None,
                 remote: None,
                 ttl: None,
@@ -92,6 +95,10 @@ impl KindPlan for Plan {
             if let Some(mtu) = spec.mtu.filter(|m| *m != have.mtu) {
                 ch.how.push(format!("mtu {} -> {mtu}", have.mtu));
                 ch.mtu = Some(mtu);
+            }
+            if let Some(mac) = spec.mac.filter(|m| have.mac.as_deref() != Some(&m.0[..])) {
+                ch.how.push(format!("address {} -> {mac}", mac_text(have.mac.as_deref())));
+                ch.mac = Some(mac);
             }
             if vx.local != want.local {
                 ch.how.push(format!("local {} -> {}", opt(vx.local), opt(want.local)));
@@ -197,6 +204,9 @@ fn create(s: &mut Session, spec: &LinkSpec) {
     if let Some(mtu) = spec.mtu {
         b = b.mtu(mtu);
     }
+    if let Some(mac) = spec.mac {
+        b = b.address(mac.0.to_vec());
+    }
     let req = s.handle().link().add(b.up().build()).execute();
     s.write(Op::Add, spec.to_string(), req);
 }
@@ -213,6 +223,9 @@ fn change(s: &mut Session, ch: &LinkChange) {
     }
     if let Some(mtu) = ch.mtu {
         msg.attributes.push(LinkAttribute::Mtu(mtu));
+    }
+    if let Some(mac) = ch.mac {
+        msg.attributes.push(LinkAttribute::Address(mac.0.to_vec()));
     }
     let mut data = Vec::new();
     if let Some(local) = ch.local {
@@ -235,6 +248,13 @@ fn change(s: &mut Session, ch: &LinkChange) {
     s.write(Op::Change, object, req);
 }
 
+fn mac_text(mac: Option<&[u8]>) -> String {
+    match mac {
+        None => "none".into(),
+        Some(m) => m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":"),
+    }
+}
+
 fn opt(a: Option<Ipv4Addr>) -> String {
     a.map_or_else(|| "none".into(), |a| a.to_string())
 }
@@ -248,6 +268,7 @@ mod tests {
         LinkSpec {
             name: "kup-1".into(),
             mtu: Some(1370),
+            mac: Some(Mac([2, 0, 0, 0, 0, 1])),
             vxlan: VxlanSpec {
                 vni: 4201,
                 local: Some("10.99.0.1".parse().expect("addr")),
@@ -277,6 +298,7 @@ mod tests {
             oper_state: "UNKNOWN".into(),
             kind: vxlan.as_ref().map(|_| "vxlan".into()),
             vxlan,
+            mac: Some(vec![2, 0, 0, 0, 0, 1]),
         }
     }
 
@@ -288,13 +310,20 @@ mod tests {
         let mut l = link(2, "kup-1", Some(have));
         l.mtu = 1500;
         l.admin_up = false;
+        l.mac = Some(vec![0x6e, 1, 2, 3, 4, 5]);
         let observed = Observed { links: vec![l], ..Default::default() };
         let desired = Desired { links: vec![spec()], ..Default::default() };
         let p = Plan::new(&desired, &observed);
         assert!(p.recreates.is_empty() && p.creates.is_empty());
         assert_eq!(
             p.changes[0].how,
-            ["mtu 1500 -> 1370", "remote 10.99.0.9 -> 10.99.0.2", "ttl 0 -> 64", "down -> up"]
+            [
+                "mtu 1500 -> 1370",
+                "address 6e:01:02:03:04:05 -> 02:00:00:00:00:01",
+                "remote 10.99.0.9 -> 10.99.0.2",
+                "ttl 0 -> 64",
+                "down -> up"
+            ]
         );
 
         let mut other_port = vx();

@@ -1,12 +1,14 @@
-//! Links, addresses, routes and policy rules of one network namespace, through rtnetlink: the
-//! desired ones validated ([`Desired`], which also carries the state's sysctls), the kernel's read
-//! back ([`read`]), compared per kind (`link`, `address`, `route`, `rule`) and written one object
-//! at a time in a [`Session`]. The executor's steps order the kinds.
+//! Links, addresses, neighbours, routes and policy rules of one network namespace, through
+//! rtnetlink: the desired ones validated ([`Desired`], which also carries the state's sysctls),
+//! the kernel's read back ([`read`]), compared per kind (`link`, `address`, `neighbour`, `route`,
+//! `rule`) and written one object at a time in a [`Session`]. The executor's steps order the
+//! kinds.
 //!
-//! kuport owns only: links named `kup-*`; addresses on those links; routes in the tables its
-//! routes and rules name (other than main/default/local) and routes on `kup-*` links (never the
-//! kernel's own `proto kernel` routes); and rules at preferences 101 and 102 whose mark is under
-//! its prefix 0x6b700000/16. Nothing else is read as extra or ever written.
+//! kuport owns only: links named `kup-*`; addresses and permanent neighbour entries on those
+//! links; routes in the tables its routes and rules name (other than main/default/local) and
+//! routes on `kup-*` links (never the kernel's own `proto kernel` routes); and rules at
+//! preferences 101 and 102 whose mark is under its prefix 0x6b700000/16. Nothing else is read
+//! as extra or ever written.
 //!
 //! - [`apply`] makes a namespace match a [`kuport_proto::v1::NetnsState`] (without its nft
 //!   tables), counting its writes.
@@ -21,6 +23,7 @@ mod diff;
 mod error;
 pub(crate) mod link;
 mod model;
+pub(crate) mod neighbour;
 mod netns;
 mod observe;
 pub(crate) mod route;
@@ -31,15 +34,16 @@ mod watch;
 pub use apply::{ApplyReport, apply};
 pub use diff::{Change, Difference, diff};
 pub use error::{ApplyError, Error, Op};
-pub use model::{AddressSpec, Desired, LinkSpec, RouteSpec, RuleSpec, SysctlSpec, VxlanSpec};
+pub use model::{AddressSpec, Desired, LinkSpec, Mac, NeighbourSpec, RouteSpec, RuleSpec, SysctlSpec, VxlanSpec};
 pub use observe::{
-    Observed, ObservedAddress, ObservedLink, ObservedRoute, ObservedRule, ObservedVxlan, addresses, read,
+    Observed, ObservedAddress, ObservedLink, ObservedNeighbour, ObservedRoute, ObservedRule, ObservedVxlan, addresses,
+    read,
 };
 pub use session::{Session, session};
 pub use watch::{Notification, Subject, Subscription, subscribe};
 
 /// One kind's plan against an observation, and the writes that carry it out (`link`,
-/// `address`, `route`, `rule`): what the executor's steps drive, and [`diff`] names.
+/// `address`, `neighbour`, `route`, `rule`): what the executor's steps drive, and [`diff`] names.
 pub(crate) trait KindPlan: Default + Send {
     fn new(desired: &Desired, observed: &Observed) -> Self;
     /// Desired objects that are absent or differ.

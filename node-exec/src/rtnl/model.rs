@@ -20,7 +20,28 @@ pub struct LinkSpec {
     pub name: String,
     /// None leaves the kernel's choice alone.
     pub mtu: Option<u32>,
+    /// None leaves the kernel's random MAC alone.
+    pub mac: Option<Mac>,
     pub vxlan: VxlanSpec,
+}
+
+/// A link-layer address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Mac(pub [u8; 6]);
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+/// A permanent neighbour entry on one of kuport's links.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NeighbourSpec {
+    pub dev: String,
+    pub address: Ipv4Addr,
+    pub mac: Mac,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +90,7 @@ pub struct SysctlSpec {
 pub struct Desired {
     pub links: Vec<LinkSpec>,
     pub addresses: Vec<AddressSpec>,
+    pub neighbours: Vec<NeighbourSpec>,
     pub routes: Vec<RouteSpec>,
     pub rules: Vec<RuleSpec>,
     pub sysctls: Vec<SysctlSpec>,
@@ -84,6 +106,9 @@ impl Desired {
         }
         for a in &state.addresses {
             d.addresses.push(parse_address(a)?);
+        }
+        for n in &state.neighbours {
+            d.neighbours.push(parse_neighbour(n)?);
         }
         for r in &state.routes {
             d.routes.push(parse_route(r)?);
@@ -114,6 +139,12 @@ impl Desired {
         for l in &self.links {
             if !names.insert(l.name.as_str()) {
                 return Err(invalid(format!("link {}", l.name), "listed twice"));
+            }
+        }
+        let mut neighbours = BTreeSet::new();
+        for n in &self.neighbours {
+            if !neighbours.insert((n.dev.as_str(), n.address)) {
+                return Err(invalid(n, "another entry has the same link and address"));
             }
         }
         let mut routes = BTreeSet::new();
@@ -178,9 +209,11 @@ fn parse_link(l: &v1::Link) -> Result<LinkSpec, Error> {
         0 => None,
         t => Some(u8::try_from(t).map_err(|_| invalid(&object, format!("ttl {t} out of range")))?),
     };
+    let mac = if l.mac.is_empty() { None } else { Some(parse_mac(&object, &l.mac)?) };
     Ok(LinkSpec {
         name: l.name.clone(),
         mtu: (l.mtu != 0).then_some(l.mtu),
+        mac,
         vxlan: VxlanSpec {
             vni: vx.vni,
             local: opt_v4(&object, "local", &vx.local)?,
@@ -198,6 +231,37 @@ fn parse_address(a: &v1::Address) -> Result<AddressSpec, Error> {
         return Err(invalid(&object, format!("kuport only manages addresses on {LINK_PREFIX}* links")));
     }
     Ok(AddressSpec { dev: a.dev.clone(), net: parse_net(&object, "address", &a.cidr)? })
+}
+
+/// A unicast MAC, `xx:xx:xx:xx:xx:xx`.
+fn parse_mac(object: &str, text: &str) -> Result<Mac, Error> {
+    let bad = || invalid(object, format!("mac {text:?} is not six hex octets separated by colons"));
+    let mut mac = [0u8; 6];
+    let mut parts = text.split(':');
+    for b in &mut mac {
+        let part = parts.next().filter(|p| p.len() == 2).ok_or_else(bad)?;
+        *b = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+    }
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    if mac[0] & 1 != 0 || mac == [0; 6] {
+        return Err(invalid(object, format!("mac {text}: not a unicast address")));
+    }
+    Ok(Mac(mac))
+}
+
+fn parse_neighbour(n: &v1::Neighbour) -> Result<NeighbourSpec, Error> {
+    let object = format!("neighbour {} dev {}", n.address, n.dev);
+    check_ifname(&object, &n.dev)?;
+    if !owns_link(&n.dev) {
+        return Err(invalid(&object, format!("kuport only manages neighbours on {LINK_PREFIX}* links")));
+    }
+    Ok(NeighbourSpec {
+        dev: n.dev.clone(),
+        address: parse_v4(&object, "address", &n.address)?,
+        mac: parse_mac(&object, &n.mac)?,
+    })
 }
 
 fn parse_route(r: &v1::Route) -> Result<RouteSpec, Error> {
@@ -291,6 +355,12 @@ impl fmt::Display for AddressSpec {
     }
 }
 
+impl fmt::Display for NeighbourSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "neighbour {} lladdr {} dev {}", self.address, self.mac, self.dev)
+    }
+}
+
 impl fmt::Display for RouteSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "route {}", Dst(self.dst))?;
@@ -335,7 +405,12 @@ mod tests {
     #[test]
     fn refuses_what_kuport_does_not_own() {
         let link = v1::NetnsState {
-            links: vec![v1::Link { name: "eth0".into(), mtu: 0, kind: Some(link::Kind::Vxlan(v1::Vxlan::default())) }],
+            links: vec![v1::Link {
+                name: "eth0".into(),
+                mtu: 0,
+                kind: Some(link::Kind::Vxlan(v1::Vxlan::default())),
+                mac: String::new(),
+            }],
             ..Default::default()
         };
         assert!(reason(&link).starts_with("invalid link eth0: "));
@@ -348,6 +423,15 @@ mod tests {
             ..Default::default()
         };
         assert!(reason(&addr).starts_with("invalid address 10.0.0.1/24 dev eth0: "));
+        let neigh = |dev: &str, mac: &str| v1::NetnsState {
+            neighbours: vec![v1::Neighbour { dev: dev.into(), address: "169.254.77.3".into(), mac: mac.into() }],
+            ..Default::default()
+        };
+        assert!(reason(&neigh("eth0", "02:00:00:00:00:01")).starts_with("invalid neighbour 169.254.77.3 dev eth0: "));
+        assert!(reason(&neigh("kup-1", "02:00:00:00:01")).contains("six hex octets"));
+        assert!(reason(&neigh("kup-1", "03:00:00:00:00:01")).contains("not a unicast"));
+        let d = Desired::from_proto(&neigh("kup-1", "02:6B:00:00:00:01")).expect("valid");
+        assert_eq!(d.neighbours[0].to_string(), "neighbour 169.254.77.3 lladdr 02:6b:00:00:00:01 dev kup-1");
     }
 
     #[test]

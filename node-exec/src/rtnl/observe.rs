@@ -12,6 +12,7 @@ use netlink_packet_route::{
     AddressFamily,
     address::{AddressAttribute, AddressMessage},
     link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType},
     rule::{RuleAction, RuleAttribute, RuleMessage},
 };
@@ -36,6 +37,8 @@ pub struct ObservedLink {
     /// The link kind (`vxlan`, `veth`, ...), None for kindless links such as `lo`.
     pub kind: Option<String>,
     pub vxlan: Option<ObservedVxlan>,
+    /// The device's link-layer address (IFLA_ADDRESS).
+    pub mac: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,6 +57,18 @@ pub struct ObservedAddress {
     pub dev: String,
     pub net: Ipv4Net,
     pub(crate) msg: AddressMessage,
+}
+
+/// An IPv4 neighbour entry.
+#[derive(Debug, Clone)]
+pub struct ObservedNeighbour {
+    pub index: u32,
+    pub dev: String,
+    pub address: Ipv4Addr,
+    pub mac: Option<Vec<u8>>,
+    /// NUD_PERMANENT: set by someone, never aged or resolved by the kernel.
+    pub permanent: bool,
+    pub(crate) msg: NeighbourMessage,
 }
 
 /// An IPv4 route outside the kernel-managed `local` table.
@@ -91,6 +106,8 @@ pub struct ObservedRule {
 pub struct Observed {
     pub links: Vec<ObservedLink>,
     pub addresses: Vec<ObservedAddress>,
+    /// Neighbour entries on `kup-*` links only (a host's other entries churn and are never ours).
+    pub neighbours: Vec<ObservedNeighbour>,
     pub routes: Vec<ObservedRoute>,
     pub rules: Vec<ObservedRule>,
     /// Current values of the desired sysctls, by key.
@@ -103,7 +120,8 @@ impl Observed {
     }
 }
 
-/// Reads the namespace `netns` (None: the caller's): links, IPv4 addresses, routes and rules, and
+/// Reads the namespace `netns` (None: the caller's): links, IPv4 addresses, neighbours on
+/// kuport's links, routes and rules, and
 /// the sysctls `desired` names.
 pub fn read(netns: Option<&Path>, desired: &Desired) -> Result<Observed, Error> {
     session(netns, |s| {
@@ -167,6 +185,16 @@ pub(crate) async fn dump(handle: &Handle) -> Result<Observed, Error> {
         handle.address().get().execute().try_collect().await.map_err(dump_err("addresses"))?;
     let addresses = addresses.into_iter().filter_map(|m| parse_address(m, &name_of)).collect();
 
+    let neighbours: Vec<NeighbourMessage> = handle
+        .neighbours()
+        .get()
+        .set_address_family(AddressFamily::Inet)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(dump_err("neighbours"))?;
+    let neighbours = neighbours.into_iter().filter_map(|m| parse_neighbour(m, &name_of)).collect();
+
     // A non-strict dump returns every table; the header's table is not a filter.
     let routes: Vec<RouteMessage> = handle
         .route()
@@ -181,7 +209,7 @@ pub(crate) async fn dump(handle: &Handle) -> Result<Observed, Error> {
         handle.rule().get(IpVersion::V4).execute().try_collect().await.map_err(dump_err("rules"))?;
     let rules = rules.into_iter().filter_map(parse_rule).collect();
 
-    Ok(Observed { links, addresses, routes, rules, sysctls: BTreeMap::new() })
+    Ok(Observed { links, addresses, neighbours, routes, rules, sysctls: BTreeMap::new() })
 }
 
 fn parse_link(m: &LinkMessage) -> Option<ObservedLink> {
@@ -193,10 +221,12 @@ fn parse_link(m: &LinkMessage) -> Option<ObservedLink> {
         oper_state: String::new(),
         kind: None,
         vxlan: None,
+        mac: None,
     };
     for attr in &m.attributes {
         match attr {
             LinkAttribute::IfName(n) => link.name = n.clone(),
+            LinkAttribute::Address(a) => link.mac = Some(a.clone()),
             LinkAttribute::Mtu(mtu) => link.mtu = *mtu,
             LinkAttribute::OperState(s) => link.oper_state = format!("{s:?}").to_uppercase(),
             LinkAttribute::LinkInfo(infos) => {
@@ -255,6 +285,30 @@ fn parse_address(m: AddressMessage, name_of: &impl Fn(u32) -> Option<String>) ->
     })?;
     let net = Ipv4Net::new(addr, m.header.prefix_len).ok()?;
     Some(ObservedAddress { index: m.header.index, dev: name_of(m.header.index).unwrap_or_default(), net, msg: m })
+}
+
+fn parse_neighbour(m: NeighbourMessage, name_of: &impl Fn(u32) -> Option<String>) -> Option<ObservedNeighbour> {
+    if m.header.family != AddressFamily::Inet {
+        return None;
+    }
+    let dev = name_of(m.header.ifindex).filter(|d| super::consts::owns_link(d))?;
+    let mut address = None;
+    let mut mac = None;
+    for a in &m.attributes {
+        match a {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(d)) => address = Some(*d),
+            NeighbourAttribute::LinkLayerAddress(l) => mac = Some(l.clone()),
+            _ => {}
+        }
+    }
+    Some(ObservedNeighbour {
+        index: m.header.ifindex,
+        dev,
+        address: address?,
+        mac,
+        permanent: m.header.state == NeighbourState::Permanent,
+        msg: m,
+    })
 }
 
 /// Attributes of a route that kuport's own routes carry, or that the kernel adds to any route.

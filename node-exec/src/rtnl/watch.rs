@@ -1,24 +1,39 @@
-//! Noticing outside changes: a subscription to rtnetlink's link, IPv4 address, route and rule
-//! multicast groups inside a namespace. Each notification only says something changed; the
-//! caller re-reads and re-diffs.
+//! Noticing outside changes: a subscription to rtnetlink's link, IPv4 address, neighbour, route
+//! and rule multicast groups inside a namespace. Each notification only says something changed;
+//! the caller re-reads and re-diffs. Neighbour events are passed on only for `kup-*` links: a
+//! host's other entries change state all the time (REACHABLE, STALE, ...) and are never ours.
 
-use std::path::Path;
+use std::{collections::BTreeSet, path::Path};
 
-use futures::StreamExt;
-use rtnetlink::{MulticastGroup, packet_core::NetlinkPayload, packet_route::RouteNetlinkMessage};
+use futures::{StreamExt, TryStreamExt};
+use rtnetlink::{
+    MulticastGroup,
+    packet_core::NetlinkPayload,
+    packet_route::{
+        RouteNetlinkMessage,
+        link::{LinkAttribute, LinkMessage},
+    },
+};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{error::Error, netns};
 
 /// The groups kuport's objects live in.
-const GROUPS: [MulticastGroup; 4] =
-    [MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr, MulticastGroup::Ipv4Route, MulticastGroup::Ipv4Rule];
+const GROUPS: [MulticastGroup; 5] = [
+    MulticastGroup::Link,
+    MulticastGroup::Ipv4Ifaddr,
+    MulticastGroup::Neigh,
+    MulticastGroup::Ipv4Route,
+    MulticastGroup::Ipv4Rule,
+];
 
 /// What kind of object an event was about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Subject {
     Link,
     Address,
+    /// A neighbour entry on one of kuport's links.
+    Neighbour,
     Route,
     Rule,
     /// Something else arrived (or the socket reported an error, e.g. lost events): re-read.
@@ -62,7 +77,7 @@ impl Subscription {
     }
 }
 
-/// Subscribes to link, IPv4 address, route and rule changes in `netns` (None: the caller's).
+/// Subscribes to link, IPv4 address, neighbour, route and rule changes in `netns` (None: the caller's).
 ///
 /// The socket is bound inside the namespace by a dedicated thread, which then forwards events
 /// until the [`Subscription`] is dropped. Returns once the socket listens, so any change made after
@@ -106,7 +121,7 @@ async fn forward(
     mut stopped: oneshot::Receiver<()>,
     ready: std::sync::mpsc::Sender<Result<(), Error>>,
 ) {
-    let (conn, _handle, mut messages) = match rtnetlink::new_multicast_connection(&GROUPS) {
+    let (conn, handle, mut messages) = match rtnetlink::new_multicast_connection(&GROUPS) {
         Ok(c) => c,
         Err(source) => {
             let _ = ready.send(Err(Error::Io { what: "subscribing to rtnetlink groups", source }));
@@ -114,13 +129,31 @@ async fn forward(
         }
     };
     let conn = tokio::spawn(conn);
+    // kuport's links by index, so that only their neighbour events count; kept from link events.
+    let mut ours = BTreeSet::new();
+    match handle.link().get().execute().try_collect::<Vec<LinkMessage>>().await {
+        Ok(links) => {
+            for l in &links {
+                track(&mut ours, l, false);
+            }
+        }
+        Err(e) => {
+            let _ = ready.send(Err(Error::Io {
+                what: "listing links for the watch",
+                source: std::io::Error::other(e.to_string()),
+            }));
+            conn.abort();
+            return;
+        }
+    }
     let _ = ready.send(Ok(()));
     loop {
         tokio::select! {
             _ = &mut stopped => break,
             msg = messages.next() => {
                 let Some((msg, _)) = msg else { break };
-                if tx.send(classify(&msg.payload)).is_err() {
+                let Some(n) = classify(&msg.payload, &mut ours) else { continue };
+                if tx.send(n).is_err() {
                     break;
                 }
             }
@@ -129,14 +162,37 @@ async fn forward(
     conn.abort();
 }
 
-fn classify(payload: &NetlinkPayload<RouteNetlinkMessage>) -> Notification {
+/// Adds a `kup-*` link's index to `ours`, or removes it.
+fn track(ours: &mut BTreeSet<u32>, l: &LinkMessage, removed: bool) {
+    let name = l.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfName(n) => Some(n.as_str()),
+        _ => None,
+    });
+    if removed {
+        ours.remove(&l.header.index);
+    } else if name.is_some_and(super::consts::owns_link) {
+        ours.insert(l.header.index);
+    }
+}
+
+/// What a message announces; None for a neighbour event on a link that is not kuport's.
+fn classify(payload: &NetlinkPayload<RouteNetlinkMessage>, ours: &mut BTreeSet<u32>) -> Option<Notification> {
     use RouteNetlinkMessage as M;
     let (subject, removed) = match payload {
         NetlinkPayload::InnerMessage(m) => match m {
-            M::NewLink(_) => (Subject::Link, false),
-            M::DelLink(_) => (Subject::Link, true),
+            M::NewLink(l) => {
+                track(ours, l, false);
+                (Subject::Link, false)
+            }
+            M::DelLink(l) => {
+                track(ours, l, true);
+                (Subject::Link, true)
+            }
             M::NewAddress(_) => (Subject::Address, false),
             M::DelAddress(_) => (Subject::Address, true),
+            M::NewNeighbour(n) | M::DelNeighbour(n) if !ours.contains(&n.header.ifindex) => return None,
+            M::NewNeighbour(_) => (Subject::Neighbour, false),
+            M::DelNeighbour(_) => (Subject::Neighbour, true),
             M::NewRoute(_) => (Subject::Route, false),
             M::DelRoute(_) => (Subject::Route, true),
             M::NewRule(_) => (Subject::Rule, false),
@@ -145,5 +201,5 @@ fn classify(payload: &NetlinkPayload<RouteNetlinkMessage>) -> Notification {
         },
         _ => (Subject::Other, false),
     };
-    Notification { subject, removed }
+    Some(Notification { subject, removed })
 }

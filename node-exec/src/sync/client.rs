@@ -19,6 +19,9 @@ use super::{facts, store};
 
 /// The largest message either side accepts: a 50,000-mapping node state is about 20 MB.
 pub const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+/// At most this many refused objects or drift differences go up in one message: the
+/// controller accepts 4 MiB from an executor (docs/security.md), and the first ones say enough.
+pub const MAX_REPORTED: usize = 1000;
 /// How often drift counters are looked at for a report.
 const DRIFT_POLL: Duration = Duration::from_millis(200);
 /// How long link and address changes are collected before the facts are read again.
@@ -313,7 +316,8 @@ async fn session<A: NodeApplier>(
                 }
             }
             _ = drift_tick.tick() => {
-                let (repairs, differences) = applier.drift();
+                let (repairs, mut differences) = applier.drift();
+                differences.truncate(MAX_REPORTED);
                 if repairs != reported {
                     reported = repairs;
                     let _ = tx.send(send(executor_message::Message::Drift(DriftReport { repairs, differences }))).await;
@@ -369,7 +373,7 @@ async fn receive<A: NodeApplier>(
         sequence: ds.sequence,
         version: ds.version,
         ok,
-        errors: result.err().unwrap_or_default(),
+        errors: result.err().unwrap_or_default().into_iter().take(MAX_REPORTED).collect(),
     })
 }
 

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use crate::v1::{IpRule, Link, NetnsState, Route, link};
 
 /// The `sysctl`/`ip` commands that create a netns's non-nftables state, one per line: sysctls,
-/// links (add, then mtu and up), addresses, routes, ip rules.
+/// links (add, then mtu and up), addresses, permanent neighbours, routes, ip rules.
 pub fn ip_commands(ns: &NetnsState) -> String {
     let mut out = String::new();
     for s in &ns.sysctls {
@@ -17,6 +17,9 @@ pub fn ip_commands(ns: &NetnsState) -> String {
     for a in &ns.addresses {
         let _ = writeln!(out, "ip addr add {} dev {}", a.cidr, a.dev);
     }
+    for n in &ns.neighbours {
+        let _ = writeln!(out, "ip neigh replace {} lladdr {} dev {} nud permanent", n.address, n.mac, n.dev);
+    }
     for r in &ns.routes {
         let _ = writeln!(out, "{}", route_command(r));
     }
@@ -26,16 +29,17 @@ pub fn ip_commands(ns: &NetnsState) -> String {
     out
 }
 fn link_commands(out: &mut String, l: &Link) {
+    let address = if l.mac.is_empty() { String::new() } else { format!(" address {}", l.mac) };
     match &l.kind {
         Some(link::Kind::Vxlan(v)) => {
             let _ = writeln!(
                 out,
-                "ip link add {} type vxlan id {} local {} remote {} dstport {} ttl {}",
+                "ip link add {}{address} type vxlan id {} local {} remote {} dstport {} ttl {}",
                 l.name, v.vni, v.local, v.remote, v.dstport, v.ttl
             );
         }
         None => {
-            let _ = writeln!(out, "ip link add {} type <invalid link kind>", l.name);
+            let _ = writeln!(out, "ip link add {}{address} type <invalid link kind>", l.name);
         }
     }
     let _ = writeln!(out, "ip link set {} mtu {} up", l.name, l.mtu);

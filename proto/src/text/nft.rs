@@ -9,9 +9,9 @@ use super::normalize::{
     ordered_elements, parse_addr, standard_priority,
 };
 use crate::v1::{
-    BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Hook, L4Proto, MapLookup, Nat, NatKind, NftChain, NftElement,
-    NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue, PortRange, Selector, SetLookup,
-    SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value, redirect, set_mark,
+    BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Hook, L4Proto, LiteralSet, MapLookup, Nat, NatKind, NftChain,
+    NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue, PortRange, Selector,
+    SetLookup, SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value, redirect, set_mark,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -259,6 +259,7 @@ fn match_text(table: &NftTable, ctx: Option<Proto>, m: &NftMatch) -> String {
     match &m.kind {
         Some(nft_match::Kind::Compare(c)) => compare_text(ctx, c),
         Some(nft_match::Kind::Lookup(l)) => lookup_text(table, ctx, l),
+        Some(nft_match::Kind::Literal(l)) => literal_text(ctx, l),
         None => "<invalid match>".into(),
     }
 }
@@ -266,6 +267,25 @@ fn match_text(table: &NftTable, ctx: Option<Proto>, m: &NftMatch) -> String {
 fn lookup_text(table: &NftTable, ctx: Option<Proto>, l: &SetLookup) -> String {
     let op = if l.negate { "!= " } else { "" };
     format!("{} {op}{}", selectors_text(&l.key, ctx), set_ref(table, &l.set))
+}
+
+/// `sel { a, b }`: each value as a compare on `sel` would print it.
+fn literal_text(ctx: Option<Proto>, l: &LiteralSet) -> String {
+    let values: Vec<String> = l
+        .values
+        .iter()
+        .map(|v| {
+            let c = Compare { selector: l.selector, op: CmpOp::Eq as i32, value: Some(v.clone()), mask: 0 };
+            let sel = selector_text(l.selector, ctx);
+            let text = compare_text(ctx, &c);
+            text.strip_prefix(&sel).map(|t| t.trim_start().to_string()).unwrap_or(text)
+        })
+        .collect();
+    let op = if l.negate { "!= " } else { "" };
+    if values.is_empty() {
+        return format!("{} {op}<invalid empty literal set>", selector_text(l.selector, ctx));
+    }
+    format!("{} {op}{{ {} }}", selector_text(l.selector, ctx), values.join(", "))
 }
 
 fn compare_text(ctx: Option<Proto>, c: &Compare) -> String {
@@ -504,6 +524,18 @@ mod tests {
         assert_eq!(addr_text("10.0.0.1/33", None), "<invalid address \"10.0.0.1/33\">");
         assert_eq!(addr_text("nonsense", None), "<invalid address \"nonsense\">");
         assert_eq!(addr_text("fd00::1", Some(AddrFamily::V4)), "<wrong address family \"fd00::1\">");
+    }
+
+    #[test]
+    fn literal_sets() {
+        use crate::build::{in_literal, proto};
+        let m = in_literal(Selector::L4proto, vec![proto(L4Proto::Udp), proto(L4Proto::Tcp)]);
+        let Some(nft_match::Kind::Literal(mut l)) = m.kind else { panic!("a literal") };
+        assert_eq!(literal_text(None, &l), "meta l4proto { tcp, udp }");
+        l.negate = true;
+        assert_eq!(literal_text(None, &l), "meta l4proto != { tcp, udp }");
+        l.values.clear();
+        assert_eq!(literal_text(None, &l), "meta l4proto != <invalid empty literal set>");
     }
 
     #[test]

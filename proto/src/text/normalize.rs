@@ -217,6 +217,7 @@ fn match_selectors(m: &NftMatch) -> &[i32] {
     match &m.kind {
         Some(nft_match::Kind::Compare(c)) => std::slice::from_ref(&c.selector),
         Some(nft_match::Kind::Lookup(l)) => &l.key,
+        Some(nft_match::Kind::Literal(l)) => std::slice::from_ref(&l.selector),
         None => &[],
     }
 }

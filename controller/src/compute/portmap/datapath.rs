@@ -28,12 +28,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use kuport_proto::v1::{
-    Address, BaseChain, ChainType, CmpOp, Compare, Hook, IpRule, L4Proto, Link, MapLookup, Nat, NatKind, NetnsState,
-    NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue, PortRange,
-    Route, Selector, SetLookup, SetMark, Sysctl, Vxlan, link, nft_match, nft_statement, nft_value, set_mark,
+    Address, BaseChain, ChainType, CmpOp, Compare, Hook, IpRule, L4Proto, Link, MapLookup, Nat, NatKind, Neighbour,
+    NetnsState, NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue,
+    PortRange, Route, Selector, SetLookup, SetMark, Sysctl, Vxlan, link, nft_match, nft_statement, nft_value, set_mark,
 };
 
-use super::links::{LinkKey, LinkNumbers, VXLAN_OVERHEAD, VXLAN_TTL, device_name};
+use super::links::{LinkKey, LinkNumbers, VXLAN_OVERHEAD, VXLAN_TTL, device_name, link_mac, mac_text};
 use super::placement::{Placement, l4};
 use crate::api::ServingMode;
 use crate::compute::Settings;
@@ -82,6 +82,9 @@ pub struct LinkEnd {
     pub address: Ipv4Addr,
     pub peer_address: Ipv4Addr,
     pub mtu: u32,
+    /// This end's device MAC and the far end's, both computed from names ([`link_mac`]).
+    pub mac: String,
+    pub peer_mac: String,
 }
 
 impl LinkEnd {
@@ -101,6 +104,8 @@ impl LinkEnd {
             address: numbers.address_of(key, node),
             peer_address: numbers.address_of(key, peer),
             mtu,
+            mac: mac_text(link_mac(&key.class, node, peer)),
+            peer_mac: mac_text(link_mac(&key.class, peer, node)),
         })
     }
 }
@@ -228,8 +233,15 @@ fn render(settings: &Settings, parts: NodeParts) -> NetnsState {
                 dstport: u32::from(end.numbers.port),
                 ttl: VXLAN_TTL,
             })),
+            mac: end.mac.clone(),
         });
         ns.addresses.push(Address { dev: end.device.clone(), cidr: format!("{}/31", end.address) });
+        // The far end resolved for good: no ARP between a rebuilt link and traffic.
+        ns.neighbours.push(Neighbour {
+            dev: end.device.clone(),
+            address: end.peer_address.to_string(),
+            mac: end.peer_mac.clone(),
+        });
         if parts.diverted.contains(&end.device) {
             let mark = end.numbers.mark();
             ns.routes.push(Route {

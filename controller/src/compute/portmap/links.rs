@@ -118,6 +118,24 @@ pub fn device_name(class: &str, peer: &str) -> String {
     format!("kup-{}", &hex::encode(digest)[..8])
 }
 
+/// The MAC of `node`'s end of its link of `class` to `peer`: six bytes of sha256 over the
+/// class and the ordered pair, first octet made locally administered unicast. Both ends compute
+/// both MACs from names alone, so a rebuilt device gets its old MAC back and the peer's
+/// permanent neighbour entry stays right (docs/portmap/links.md).
+pub fn link_mac(class: &str, node: &str, peer: &str) -> [u8; 6] {
+    let digest = Sha256::digest(format!("mac/{class}/{node}/{peer}").as_bytes());
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(&digest[..6]);
+    // Locally administered (0x02 set), unicast (0x01 clear).
+    mac[0] = (mac[0] & !0x01) | 0x02;
+    mac
+}
+
+/// A MAC as `ip` prints it: `02:6b:...`.
+pub fn mac_text(mac: [u8; 6]) -> String {
+    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
 /// The slot claims after this pass.
 #[derive(Debug, Default)]
 pub struct Allocation {
@@ -295,5 +313,33 @@ fn claim(
             return Some(LinkNumbers { slot, vni, port: v.port, net });
         }
         slot += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn both_ends_compute_the_same_locally_administered_macs_distinct_per_pair() {
+        let nodes = ["edge-a", "worker-1", "worker-2", "worker-3"];
+        let mut seen = BTreeSet::new();
+        for class in ["public", "intranet"] {
+            for a in nodes {
+                for b in nodes.iter().filter(|b| **b != a) {
+                    let mac = link_mac(class, a, b);
+                    // Locally administered, unicast.
+                    assert_eq!(mac[0] & 0x03, 0x02, "{class} {a} {b}: {}", mac_text(mac));
+                    // Deterministic: what a's end holds is what b's neighbour entry names.
+                    assert_eq!(mac, link_mac(class, a, b));
+                    assert_ne!(mac, link_mac(class, b, a), "{class} {a} {b}: both ends share a MAC");
+                    assert!(seen.insert(mac), "{class} {a} {b}: {} used twice", mac_text(mac));
+                }
+            }
+        }
+        assert_eq!(seen.len(), 2 * 4 * 3);
+        assert_eq!(mac_text([2, 0x6b, 0, 0xa, 0xff, 1]), "02:6b:00:0a:ff:01");
     }
 }

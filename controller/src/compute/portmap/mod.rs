@@ -171,10 +171,19 @@ fn link_ends(
                 .into_iter()
                 .filter(|n| view.node(n).underlay.is_none())
                 .collect();
-            return Err(Refusal::programmed(
-                reason::RETURN_PATH_UNAVAILABLE,
-                format!("no underlay address is known for node {} yet", missing.join(", ")),
-            ));
+            // A refused underlay says why (docs/security.md); else it is not reported yet.
+            let refused: Vec<String> = missing
+                .iter()
+                .flat_map(|n| &view.node(n).refused)
+                .filter(|r| r.field == "underlayAddress")
+                .map(|r| format!("node {}'s underlayAddress {}", r.node, r.message))
+                .collect();
+            let message = if refused.is_empty() {
+                format!("no underlay address is known for node {} yet", missing.join(", "))
+            } else {
+                format!("no underlay address is usable: {}", refused.join("; "))
+            };
+            return Err(Refusal::programmed(reason::RETURN_PATH_UNAVAILABLE, message));
         };
         ends.insert(node.clone(), (near, far));
     }
@@ -266,11 +275,14 @@ fn class_status(
                 })
                 .unwrap_or_default();
             addresses.sort();
-            let message = match (v.exists, v.ready) {
-                (false, _) => "no Node object".to_string(),
-                (true, false) => "Node is not Ready".to_string(),
-                _ => String::new(),
+            let mut message: Vec<String> = match (v.exists, v.ready) {
+                (false, _) => vec!["no Node object".to_string()],
+                (true, false) => vec!["Node is not Ready".to_string()],
+                _ => Vec::new(),
             };
+            // What of the executor's reports is refused: reason, field and why.
+            message.extend(v.refused.iter().map(|r| format!("{}: {}: {}", r.reason, r.field, r.message)));
+            let message = message.join("; ");
             let interfaces = class.spec.nodes.get(&n).and_then(|cn| v.known_interfaces(&cn.interfaces));
             ClassNodeStatus {
                 name: n,

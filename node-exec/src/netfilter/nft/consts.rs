@@ -76,6 +76,10 @@ pub const NFTA_SET_DESC_CONCAT: u16 = 2;
 /// Inside a concat field: its length in bytes.
 pub const NFTA_SET_FIELD_LEN: u16 = 1;
 /// Set flags.
+/// The name nft gives an anonymous set; the kernel fills in the number.
+pub const ANON_SET: &str = "__set%d";
+pub const NFT_SET_ANONYMOUS: u32 = 0x1;
+pub const NFT_SET_CONSTANT: u32 = 0x2;
 pub const NFT_SET_INTERVAL: u32 = 0x4;
 pub const NFT_SET_MAP: u32 = 0x8;
 pub const NFT_SET_CONCAT: u32 = 0x80;
@@ -88,6 +92,9 @@ pub const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
 pub const NFTA_SET_ELEM_KEY: u16 = 1;
 pub const NFTA_SET_ELEM_DATA: u16 = 2;
 pub const NFTA_SET_ELEM_KEY_END: u16 = 10;
+pub const NFTA_SET_ELEM_FLAGS: u16 = 3;
+/// A single-field interval set's element that ends an interval (exclusively).
+pub const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 /// Inside NFTA_*_DATA: a plain value, or a verdict.
 pub const NFTA_DATA_VALUE: u16 = 1;
 pub const NFTA_DATA_VERDICT: u16 = 2;

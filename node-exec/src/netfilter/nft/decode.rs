@@ -53,7 +53,8 @@ pub(crate) fn chain(payload: &[u8]) -> Result<(String, NftChain), NftError> {
 }
 
 /// A set of a GETSET answer, without elements: (table, set).
-pub(crate) fn set(payload: &[u8]) -> Result<(String, NftSet), NftError> {
+/// A set of a GETSET answer: (table, set, its flags).
+pub(crate) fn set(payload: &[u8]) -> Result<(String, NftSet, u32), NftError> {
     let a = parse(payload)?;
     let table = need(&a, NFTA_SET_TABLE, "set")?.str()?;
     let name = need(&a, NFTA_SET_NAME, "set")?.str()?;
@@ -80,6 +81,7 @@ pub(crate) fn set(payload: &[u8]) -> Result<(String, NftSet), NftError> {
             // What conntrack flushes is the state's word; the kernel does not hold it.
             flush_udp_flows: false,
         },
+        flags,
     ))
 }
 
@@ -117,6 +119,63 @@ fn components<'a>(bytes: &'a [u8], types: &[NftType]) -> Result<Vec<&'a [u8]>, N
         at += len;
     }
     Ok(out)
+}
+
+/// The bounds of a single-field interval set's GETSETELEM answer: (key, ends an interval).
+pub(crate) fn interval_bounds(payload: &[u8], out: &mut Vec<(Vec<u8>, bool)>) -> Result<(), NftError> {
+    let a = parse(payload)?;
+    let Some(list) = find(&a, NFTA_SET_ELEM_LIST_ELEMENTS) else { return Ok(()) };
+    for el in list.nested()? {
+        let e = el.nested()?;
+        let key = need(&e, NFTA_SET_ELEM_KEY, "element")?.data_value()?;
+        let flags = find(&e, NFTA_SET_ELEM_FLAGS).map(|f| f.u32()).transpose()?.unwrap_or(0);
+        out.push((key, flags & NFT_SET_ELEM_INTERVAL_END != 0));
+    }
+    Ok(())
+}
+
+/// A single-field interval set's elements from its bounds: each start with the end after it
+/// (the last address when none follows); an end with no start before it is nft's leading zero.
+pub(crate) fn interval_elements(mut bounds: Vec<(Vec<u8>, bool)>, set: &mut NftSet) -> Result<(), NftError> {
+    let ty = set.key.first().and_then(|t| NftType::try_from(*t).ok()).unwrap_or(NftType::Unspecified);
+    // At one key an end sorts before a start: adjacent intervals.
+    bounds.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let mut open: Option<Vec<u8>> = None;
+    let push = |start: &[u8], last: &[u8], set: &mut NftSet| -> Result<(), NftError> {
+        set.elements.push(NftElement { key: vec![decode_component(ty, start, last, false)?], data: Vec::new() });
+        Ok(())
+    };
+    for (key, end) in bounds {
+        match (end, open.take()) {
+            (false, Some(s)) => {
+                return Err(decode_err(format!("set {}: interval {s:02x?} has no end before {key:02x?}", set.name)));
+            }
+            (false, None) => open = Some(key),
+            (true, Some(s)) => {
+                let last = predecessor(&key)
+                    .ok_or_else(|| decode_err(format!("set {}: an interval ends at zero", set.name)))?;
+                push(&s, &last, set)?;
+            }
+            (true, None) => {}
+        }
+    }
+    if let Some(s) = open {
+        let top = vec![0xff; s.len()];
+        push(&s, &top, set)?;
+    }
+    Ok(())
+}
+
+fn predecessor(b: &[u8]) -> Option<Vec<u8>> {
+    let mut out = b.to_vec();
+    for x in out.iter_mut().rev() {
+        let (v, borrow) = x.overflowing_sub(1);
+        *x = v;
+        if !borrow {
+            return Some(out);
+        }
+    }
+    None
 }
 
 /// The elements of a GETSETELEM answer, appended to `set`.
@@ -164,4 +223,56 @@ pub(crate) fn rule(
     };
     let r = decompile(&exprs, &object)?;
     Ok((table, chain, r))
+}
+
+#[cfg(test)]
+mod interval_tests {
+    use super::*;
+    use kuport_proto::build::set;
+
+    fn v4(set_: &mut NftSet, bounds: &[([u8; 4], bool)]) -> Vec<String> {
+        interval_elements(bounds.iter().map(|(k, e)| (k.to_vec(), *e)).collect(), set_).unwrap();
+        set_.elements
+            .iter()
+            .map(|e| match &e.key[0].value {
+                Some(kuport_proto::v1::nft_value::Value::Addr(a)) => a.clone(),
+                v => format!("{v:?}"),
+            })
+            .collect()
+    }
+
+    /// nft's bounds: a leading end at zero, then each start and its exclusive end, in the
+    /// kernel's (descending) dump order; an interval that reaches the top has no end.
+    #[test]
+    fn bounds_pair_into_prefixes() {
+        let mut s = NftSet { interval: true, ..set("s", &[NftType::Ipv4Addr], &[], vec![]) };
+        let got = v4(
+            &mut s,
+            &[
+                ([255, 255, 255, 0], false),
+                ([240, 241, 0, 0], true),
+                ([240, 240, 0, 0], false),
+                ([11, 0, 0, 0], true),
+                ([10, 0, 0, 0], false),
+                ([0, 0, 0, 0], true),
+            ],
+        );
+        assert_eq!(got, ["10.0.0.0/8", "240.240.0.0/16", "255.255.255.0/24"]);
+        // Adjacent intervals: an end and a start at one key.
+        let mut s = NftSet { interval: true, ..set("s", &[NftType::Ipv4Addr], &[], vec![]) };
+        let got = v4(
+            &mut s,
+            &[([10, 0, 0, 0], false), ([10, 0, 0, 128], true), ([10, 0, 0, 128], false), ([10, 0, 1, 0], true)],
+        );
+        assert_eq!(got, ["10.0.0.0/25", "10.0.0.128/25"]);
+    }
+
+    #[test]
+    fn bounds_that_are_no_prefix_or_no_end_are_refused() {
+        let mut s = NftSet { interval: true, ..set("s", &[NftType::Ipv4Addr], &[], vec![]) };
+        let b = vec![(vec![10, 0, 0, 1], false), (vec![10, 0, 0, 4], true)];
+        assert!(interval_elements(b, &mut s).is_err());
+        let b = vec![(vec![10, 0, 0, 0], false), (vec![11, 0, 0, 0], false)];
+        assert!(interval_elements(b, &mut s).is_err());
+    }
 }

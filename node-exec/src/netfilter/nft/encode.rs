@@ -163,21 +163,86 @@ pub(crate) fn check_set(set: &NftSet) -> Result<(), NftError> {
     }
     types(&object, "key", &set.key)?;
     types(&object, "data", &set.data)?;
-    if set.interval && set.key.len() == 1 {
-        // nft encodes those as rbtree start/end-flag elements; kuport's interval sets are
-        // concatenations (pipapo), which carry explicit key ends.
-        return Err(NftError::Unsupported { object, what: "interval sets with a single key component".into() });
+    if single_interval(set) && !set.data.is_empty() {
+        return Err(NftError::Unsupported { object, what: "interval maps with a single key component".into() });
     }
     Ok(())
 }
 
+/// An interval set of one key component: the kernel keeps it in an rbtree, where each interval
+/// is two elements, its start and its exclusive end (flagged), as nft encodes them; a
+/// concatenation (pipapo) carries explicit key ends instead.
+pub(crate) fn single_interval(set: &NftSet) -> bool {
+    set.interval && set.key.len() == 1
+}
+
+/// `b + 1` as a big-endian number; None past the last address.
+pub(crate) fn successor(b: &[u8]) -> Option<Vec<u8>> {
+    let mut out = b.to_vec();
+    for x in out.iter_mut().rev() {
+        let (v, carry) = x.overflowing_add(1);
+        *x = v;
+        if !carry {
+            return Some(out);
+        }
+    }
+    None
+}
+
+/// The rbtree elements of `e`: its start, then its exclusive end unless it reaches the top.
+fn put_interval(w: &mut AttrWriter, set: &NftSet, ty: NftType, e: &NftElement) -> Result<(), NftError> {
+    let object = format!("element {} of set {}", element_name(e), set.name);
+    let [v] = &e.key[..] else {
+        return Err(invalid(&object, format!("key has {} components, the set 1", e.key.len())));
+    };
+    let (start, last) = encode_component(&object, ty, v, true, false)?;
+    let el = w.begin(NFTA_LIST_ELEM);
+    w.put_data(NFTA_SET_ELEM_KEY, &start);
+    w.end(el);
+    if let Some(end) = successor(&last) {
+        let el = w.begin(NFTA_LIST_ELEM);
+        w.put_data(NFTA_SET_ELEM_KEY, &end);
+        w.put_u32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
+        w.end(el);
+    }
+    Ok(())
+}
+
+/// The anonymous constant set a [`Expr::Literal`] reads, and its elements, as nft sends them
+/// before the rule (NEWSET `__set%d` with flags anonymous|constant, then NEWSETELEM by id).
+pub(crate) fn anon_set(
+    family: u8,
+    table: &str,
+    key: NftType,
+    values: &[kuport_proto::v1::NftValue],
+    id: u32,
+    rule: &str,
+) -> Result<Vec<Msg>, NftError> {
+    let set = NftSet {
+        name: ANON_SET.to_string(),
+        key: vec![key as i32],
+        elements: values.iter().map(|v| NftElement { key: vec![v.clone()], data: Vec::new() }).collect(),
+        ..Default::default()
+    };
+    let mut head = new_set_flags(family, table, &set, id, NFT_SET_ANONYMOUS | NFT_SET_CONSTANT)?;
+    head.object = format!("the literal set of {rule}");
+    let elems: Vec<&NftElement> = set.elements.iter().collect();
+    let mut out = vec![head];
+    out.extend(set_elements(NFT_MSG_NEWSETELEM, family, table, &set, Some(id), &elems)?);
+    Ok(out)
+}
+
 pub(crate) fn new_set(family: u8, table: &str, set: &NftSet, id: u32) -> Result<Msg, NftError> {
+    new_set_flags(family, table, set, id, 0)
+}
+
+fn new_set_flags(family: u8, table: &str, set: &NftSet, id: u32, extra: u32) -> Result<Msg, NftError> {
     check_set(set)?;
     let object = format!("set {}", set.name);
     let key = types(&object, "key", &set.key)?;
     let data = types(&object, "data", &set.data)?;
     let concat_interval = set.interval && key.len() > 1;
-    let mut flags = 0;
+    let mut flags = extra;
     if !data.is_empty() {
         flags |= NFT_SET_MAP;
     }
@@ -315,8 +380,24 @@ pub(crate) fn set_elements(
         }
         let list = w.begin(NFTA_SET_ELEM_LIST_ELEMENTS);
         let first = i;
+        let single = single_interval(set);
+        // nft starts a new single-field interval set with an end at zero when no interval
+        // starts there.
+        if single && i == 0 && ty == NFT_MSG_NEWSETELEM && set_id.is_some() {
+            let (start, _) = encode_component(&object, key[0].0, &elements[0].key[0], true, false)?;
+            if start.iter().any(|b| *b != 0) {
+                let el = w.begin(NFTA_LIST_ELEM);
+                w.put_data(NFTA_SET_ELEM_KEY, &vec![0; start.len()]);
+                w.put_u32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
+                w.end(el);
+            }
+        }
         while i < elements.len() && w.buf.len() < MAX_ELEMS_BYTES {
-            put_element(&mut w, set, &key, &data, elements[i])?;
+            if single {
+                put_interval(&mut w, set, key[0].0, elements[i])?;
+            } else {
+                put_element(&mut w, set, &key, &data, elements[i])?;
+            }
             i += 1;
         }
         w.end(list);

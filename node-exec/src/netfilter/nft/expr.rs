@@ -69,6 +69,16 @@ pub(crate) enum Expr {
         set_id: Option<u32>,
         flags: u32,
     },
+    /// A lookup in the rule's own anonymous constant set (`meta l4proto { tcp, udp }`): encoded
+    /// as `lookup` in `__set%d`, the set created in the same batch under `set_id`
+    /// (see `encode::anon_set`). The kernel gives it back as a plain [`Expr::Lookup`].
+    Literal {
+        sreg: u32,
+        key: kuport_proto::v1::NftType,
+        values: Vec<kuport_proto::v1::NftValue>,
+        negate: bool,
+        set_id: Option<u32>,
+    },
     Immediate {
         dreg: u32,
         data: Imm,
@@ -99,7 +109,7 @@ impl Expr {
             Expr::Range { .. } => "range",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Byteorder { .. } => "byteorder",
-            Expr::Lookup { .. } => "lookup",
+            Expr::Lookup { .. } | Expr::Literal { .. } => "lookup",
             Expr::Immediate { .. } => "immediate",
             Expr::Nat { .. } => "nat",
             Expr::Redir { .. } => "redir",
@@ -160,6 +170,16 @@ impl Expr {
                 w.put_u32(NFTA_BYTEORDER_OP, *op);
                 w.put_u32(NFTA_BYTEORDER_LEN, *len);
                 w.put_u32(NFTA_BYTEORDER_SIZE, *size);
+            }
+            Expr::Literal { sreg, negate, set_id, .. } => {
+                w.put_u32(NFTA_LOOKUP_SREG, *sreg);
+                w.put_str(NFTA_LOOKUP_SET, ANON_SET);
+                if let Some(id) = set_id {
+                    w.put_u32(NFTA_LOOKUP_SET_ID, *id);
+                }
+                if *negate {
+                    w.put_u32(NFTA_LOOKUP_FLAGS, NFT_LOOKUP_F_INV);
+                }
             }
             Expr::Lookup { sreg, dreg, set, set_id, flags } => {
                 w.put_u32(NFTA_LOOKUP_SREG, *sreg);

@@ -4,12 +4,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use kuport_proto::v1::{NetnsState, NftElement, NftFamily, NftSet, NftTable, NodeState};
+use kuport_proto::v1::{NetnsState, NftElement, NftFamily, NftRule, NftSet, NftTable, NodeState};
 
 use super::attr::{self, AttrWriter, ReadNft, decode_err};
 use super::consts::*;
 use super::diff::{NftDiff, by_key, diff};
 use super::encode::{self, Msg, family_code, rule_name};
+use super::expr::Expr;
 use super::rule::{compile, decompile};
 use super::socket::{KernelError, Socket};
 use super::value::{decode_component, encode_component};
@@ -178,18 +179,32 @@ fn read_once(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<
             table.chains.push(c);
         }
     }
+    // A rule's literal sets (`meta l4proto { tcp, udp }`), by their kernel names.
+    let mut anonymous: BTreeMap<String, NftSet> = BTreeMap::new();
     for p in sock.request(NFT_MSG_GETSET, fam, &name_attr(NFTA_SET_TABLE, name), true)? {
-        let (t, mut s) = decode::set(&p)?;
+        let (t, mut s, flags) = decode::set(&p)?;
         if t != name {
             continue;
         }
         let mut w = AttrWriter::new();
         w.put_str(NFTA_SET_ELEM_LIST_TABLE, name);
         w.put_str(NFTA_SET_ELEM_LIST_SET, &s.name);
-        for e in sock.request(NFT_MSG_GETSETELEM, fam, &w.buf, true)? {
-            decode::elements(&e, &mut s)?;
+        if encode::single_interval(&s) {
+            let mut bounds = Vec::new();
+            for e in sock.request(NFT_MSG_GETSETELEM, fam, &w.buf, true)? {
+                decode::interval_bounds(&e, &mut bounds)?;
+            }
+            decode::interval_elements(bounds, &mut s)?;
+        } else {
+            for e in sock.request(NFT_MSG_GETSETELEM, fam, &w.buf, true)? {
+                decode::elements(&e, &mut s)?;
+            }
         }
-        table.sets.push(s);
+        if flags & NFT_SET_ANONYMOUS != 0 {
+            anonymous.insert(s.name.clone(), s);
+        } else {
+            table.sets.push(s);
+        }
     }
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for p in sock.request(NFT_MSG_GETRULE, fam, &name_attr(NFTA_RULE_TABLE, name), true)? {
@@ -198,12 +213,29 @@ fn read_once(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<
             continue;
         }
         *counts.entry(chain.clone()).or_default() += 1;
+        let r = inline_literals(r, &anonymous)?;
         match table.chains.iter_mut().find(|c| c.name == chain) {
             Some(c) => c.rules.push(r),
             None => return Err(NftError::Decode { what: format!("rule of unknown chain {chain}") }),
         }
     }
     Ok(Some(canonical(table)))
+}
+
+/// Puts back each lookup in an anonymous set as the literal set it was written as.
+fn inline_literals(mut r: NftRule, anonymous: &BTreeMap<String, NftSet>) -> Result<NftRule, NftError> {
+    use kuport_proto::v1::{LiteralSet, nft_match};
+    for m in &mut r.matches {
+        let Some(nft_match::Kind::Lookup(l)) = &m.kind else { continue };
+        let Some(set) = anonymous.get(&l.set) else { continue };
+        let [selector] = l.key[..] else {
+            return Err(decode_err(format!("literal set {} with a concatenated key", l.set)));
+        };
+        let mut values: Vec<_> = set.elements.iter().filter_map(|e| e.key.first().cloned()).collect();
+        kuport_proto::canonical::sort_values(&mut values);
+        m.kind = Some(nft_match::Kind::Literal(LiteralSet { selector, values, negate: l.negate }));
+    }
+    Ok(r)
 }
 
 /// Makes table `desired` exist exactly as given in `netns`, with default options.
@@ -338,10 +370,19 @@ pub(crate) fn replace_batches(fam: u8, t: &NftTable, budget: usize) -> Result<Ve
         }
     }
     let ctx = encode::rule_ctx(t, true);
+    // Anonymous sets take the ids after the named ones.
+    let mut next_id = t.sets.len() as u32 + 1;
     for c in &t.chains {
         for (i, r) in c.rules.iter().enumerate() {
             let object = rule_name(&c.name, i);
-            let exprs = compile(r, &ctx, &object)?;
+            let mut exprs = compile(r, &ctx, &object)?;
+            for e in &mut exprs {
+                if let Expr::Literal { key, values, set_id, .. } = e {
+                    head.extend(encode::anon_set(fam, &t.name, *key, values, next_id, &object)?);
+                    *set_id = Some(next_id);
+                    next_id += 1;
+                }
+            }
             head.push(encode::new_rule(fam, &t.name, &c.name, &exprs, object));
         }
     }

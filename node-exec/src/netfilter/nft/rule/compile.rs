@@ -67,6 +67,19 @@ pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec
                     l4 = Some(proto_byte(object, *p)?);
                 }
             }
+            nft_match::Kind::Literal(l) => {
+                let (s, info) = sel(object, l.selector)?;
+                check_family(object, ctx, s)?;
+                let key = info.ty.ok_or_else(|| invalid(object, format!("{} cannot be a set key", s.as_str_name())))?;
+                if l.values.is_empty() {
+                    return Err(invalid(object, "an empty literal set"));
+                }
+                dep(&mut out, &mut l4, info.l4dep);
+                out.push(load(info.source, info.len, NFT_REG_1));
+                let mut values = l.values.clone();
+                kuport_proto::canonical::sort_values(&mut values);
+                out.push(Expr::Literal { sreg: NFT_REG_1, key, values, negate: l.negate, set_id: None });
+            }
             nft_match::Kind::Lookup(l) => {
                 let set = set_ref(ctx, object, &l.set)?;
                 if !set.data.is_empty() {

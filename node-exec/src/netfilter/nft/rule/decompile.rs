@@ -1,9 +1,9 @@
 //! Decompiling expressions (a rule read back from the kernel) into the model rule nft would print.
 
 use kuport_proto::v1::{
-    CmpOp, Compare, Counter, MapLookup, Nat, NatKind, NatTarget, NftFamily, NftMatch, NftRule, NftStatement, NftType,
-    NftValue, PortRange, Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement,
-    nft_value::Value, redirect, set_mark,
+    CmpOp, Compare, Counter, LiteralSet, MapLookup, Nat, NatKind, NatTarget, NftFamily, NftMatch, NftRule,
+    NftStatement, NftType, NftValue, PortRange, Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, nat,
+    nft_match, nft_statement, nft_value::Value, redirect, set_mark,
 };
 
 use crate::netfilter::nft::NftError;
@@ -47,6 +47,21 @@ pub(crate) fn decompile(exprs: &[Expr], object: &str) -> Result<NftRule, NftErro
                 i += used - 1;
                 pending.clear();
                 rule.matches.push(NftMatch { kind: Some(nft_match::Kind::Compare(c)) });
+            }
+            Expr::Literal { values, negate, .. } => {
+                if !rule.statements.is_empty() {
+                    return Err(shape(object, "a match after a statement"));
+                }
+                let [selector] = take_keys(object, &mut pending)?[..] else {
+                    return Err(shape(object, "a literal set with a concatenated key"));
+                };
+                rule.matches.push(NftMatch {
+                    kind: Some(nft_match::Kind::Literal(LiteralSet {
+                        selector,
+                        values: values.clone(),
+                        negate: *negate,
+                    })),
+                });
             }
             Expr::Lookup { dreg: None, set, flags, .. } => {
                 if !rule.statements.is_empty() {

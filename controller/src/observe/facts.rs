@@ -1,0 +1,436 @@
+//! What an executor may report (docs/security.md, "What an executor may report").
+//!
+//! Two checks, both pure. [`check`] bounds one report on its own: a report out of bounds is
+//! refused whole and the node's previous valid facts stay in use (the hub keeps them).
+//! [`underlays`] judges each node's reported underlay address against the Node objects, which
+//! the node's kubelet writes and its executor cannot: it must be one of the node's own
+//! `status.addresses` and no other node's underlay. A refused address is not used; the node's
+//! links fall back to what they would use had it never reported one (its InternalIP, else the
+//! class status row), so a forged report changes no other node's state.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
+
+use k8s_openapi::api::core::v1::Node;
+use kuport_proto::v1 as wire;
+
+use super::{InterfaceFacts, NodeFacts};
+
+/// The smallest underlay MTU accepted: IPv4's minimum (no interface that carries IPv4 reports
+/// less). A smaller but real MTU is the computation's to judge, and the kernel's: a link is only
+/// as large as its smaller end, so a node that reports a tiny MTU shrinks just the links that end
+/// at itself, which it could break anyway.
+pub const MIN_UNDERLAY_MTU: u32 = 68;
+/// The largest underlay MTU accepted: an IPv4 packet's largest size.
+pub const MAX_UNDERLAY_MTU: u32 = 65_535;
+/// The largest interface MTU accepted: Linux's loopback has 65,536. Interface MTUs have no
+/// floor: the computation does not read them, and a CAN or PPP device may be far below IPv4's 68.
+pub const MAX_INTERFACE_MTU: u32 = 65_536;
+/// Linux's IFNAMSIZ less the terminating NUL.
+pub const MAX_INTERFACE_NAME: usize = 15;
+/// Interfaces per report: ten times the 110 pods a node runs by default, each with a veth.
+pub const MAX_INTERFACES: usize = 1024;
+/// IPv4 addresses per interface.
+pub const MAX_ADDRESSES: usize = 64;
+/// `uname -r` fits 64 bytes (the kernel's __NEW_UTS_LEN).
+pub const MAX_KERNEL: usize = 64;
+
+/// Why a report, or a part of it, was refused.
+pub mod reason {
+    /// The report breaks a bound ([`super::check`]); the previous facts stay in use.
+    pub const INVALID_FACTS: &str = "InvalidFacts";
+    /// The underlay address is not one of the node's Node status.addresses.
+    pub const UNDERLAY_NOT_NODE_ADDRESS: &str = "UnderlayNotNodeAddress";
+    /// Two or more nodes would use the same underlay address: none of them does.
+    pub const UNDERLAY_ADDRESS_CLASH: &str = "UnderlayAddressClash";
+}
+
+/// A refusal: the node, the field of its report, why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: node {node}: {field}: {message}")]
+pub struct Refused {
+    pub node: String,
+    /// The report's field as the class status and the proto name it (`underlayAddress`,
+    /// `interfaces[3].name`).
+    pub field: String,
+    /// One of [`reason`].
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Refused {
+    fn invalid(node: &str, field: impl Into<String>, message: String) -> Self {
+        Refused { node: node.to_string(), field: field.into(), reason: reason::INVALID_FACTS, message }
+    }
+}
+
+/// Whether `name` may name a Linux interface: 1 to 15 bytes, no '/', no whitespace, no NUL,
+/// neither "." nor ".." (the kernel's dev_valid_name).
+pub fn valid_interface_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_INTERFACE_NAME
+        && name != "."
+        && name != ".."
+        && !name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control())
+}
+
+fn name_error(name: &str) -> String {
+    format!(
+        "{name:?} is not a Linux interface name (1 to {MAX_INTERFACE_NAME} bytes, no '/', ':' or whitespace, not \".\" or \"..\")"
+    )
+}
+
+/// An interface address: IPv4 today (sync.proto); an IPv6 one parses too, so an executor that
+/// reports both is not refused whole.
+fn address(node: &str, field: String, a: &str) -> Result<IpAddr, Refused> {
+    let ip: IpAddr =
+        a.parse().map_err(|_| Refused::invalid(node, field.clone(), format!("{a:?} is not an IP address")))?;
+    if ip.is_unspecified() || ip.is_multicast() || ip == IpAddr::V4(Ipv4Addr::BROADCAST) {
+        return Err(Refused::invalid(node, field, format!("{ip} cannot be a host's address")));
+    }
+    Ok(ip)
+}
+
+/// Checks `node`'s report `f` against every bound and reads it as the computation does; the
+/// first broken bound refuses it whole.
+pub fn check(node: &str, f: &wire::NodeFacts) -> Result<NodeFacts, Refused> {
+    let underlay_address = match f.underlay_address.as_str() {
+        "" => None,
+        a => match address(node, "underlayAddress".into(), a)? {
+            IpAddr::V4(ip) if !ip.is_loopback() => Some(ip),
+            ip => {
+                return Err(Refused::invalid(
+                    node,
+                    "underlayAddress",
+                    format!("{ip} is not an IPv4 address other nodes can reach"),
+                ));
+            }
+        },
+    };
+    let underlay_mtu = match f.underlay_mtu {
+        0 => None,
+        m if (MIN_UNDERLAY_MTU..=MAX_UNDERLAY_MTU).contains(&m) => Some(m),
+        m => {
+            return Err(Refused::invalid(
+                node,
+                "underlayMtu",
+                format!("{m} is not between {MIN_UNDERLAY_MTU} and {MAX_UNDERLAY_MTU}"),
+            ));
+        }
+    };
+    if !f.underlay_interface.is_empty() && !valid_interface_name(&f.underlay_interface) {
+        return Err(Refused::invalid(node, "underlayInterface", name_error(&f.underlay_interface)));
+    }
+    if f.kernel.len() > MAX_KERNEL || f.kernel.chars().any(char::is_control) {
+        return Err(Refused::invalid(
+            node,
+            "kernel",
+            format!(
+                "{} bytes or a control character: not a kernel release (at most {MAX_KERNEL} bytes)",
+                f.kernel.len()
+            ),
+        ));
+    }
+    if f.interfaces.len() > MAX_INTERFACES {
+        return Err(Refused::invalid(
+            node,
+            "interfaces",
+            format!("{} interfaces; at most {MAX_INTERFACES} are accepted", f.interfaces.len()),
+        ));
+    }
+    let mut names = BTreeSet::new();
+    let mut interfaces = Vec::with_capacity(f.interfaces.len());
+    for (i, iface) in f.interfaces.iter().enumerate() {
+        if !valid_interface_name(&iface.name) {
+            return Err(Refused::invalid(node, format!("interfaces[{i}].name"), name_error(&iface.name)));
+        }
+        if !names.insert(iface.name.as_str()) {
+            return Err(Refused::invalid(
+                node,
+                format!("interfaces[{i}].name"),
+                format!("{:?} is reported twice", iface.name),
+            ));
+        }
+        if iface.mtu > MAX_INTERFACE_MTU {
+            return Err(Refused::invalid(
+                node,
+                format!("interfaces[{i}].mtu"),
+                format!("{} is above {MAX_INTERFACE_MTU}", iface.mtu),
+            ));
+        }
+        if iface.addresses.len() > MAX_ADDRESSES {
+            return Err(Refused::invalid(
+                node,
+                format!("interfaces[{i}].addresses"),
+                format!("{} addresses; at most {MAX_ADDRESSES} per interface are accepted", iface.addresses.len()),
+            ));
+        }
+        let mut addresses = Vec::with_capacity(iface.addresses.len());
+        for (j, a) in iface.addresses.iter().enumerate() {
+            addresses.push(address(node, format!("interfaces[{i}].addresses[{j}]"), a)?.to_string());
+        }
+        interfaces.push(InterfaceFacts { name: iface.name.clone(), addresses });
+    }
+    Ok(NodeFacts { node: node.to_string(), underlay_address, underlay_mtu, interfaces: Some(interfaces) })
+}
+
+/// Every IPv4 address of a Node's status.addresses, whatever its type.
+pub fn node_addresses(node: &Node) -> Vec<Ipv4Addr> {
+    let mut out: Vec<Ipv4Addr> =
+        node.status.iter().flat_map(|s| s.addresses.iter().flatten()).filter_map(|a| a.address.parse().ok()).collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// A node's underlay as the computation uses it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Underlay {
+    /// The address its links are built on; None when unknown or refused.
+    pub address: Option<Ipv4Addr>,
+    /// Whether its reported underlay (address and MTU) is in use.
+    pub reported: bool,
+    pub refused: Option<Refused>,
+}
+
+/// Judges every node's underlay. `fallback` holds, per node, the address it has without a
+/// report (its InternalIP, else its class status row). A reported address is used when it is
+/// one of the node's Node status.addresses; else the node keeps its fallback. Then any address
+/// two or more nodes with a Node object would use is used by none of them, each told which
+/// nodes clash.
+pub fn underlays(
+    nodes: &[Node],
+    facts: &[NodeFacts],
+    fallback: &BTreeMap<String, Ipv4Addr>,
+) -> BTreeMap<String, Underlay> {
+    let listed: BTreeMap<&str, Vec<Ipv4Addr>> =
+        nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, node_addresses(n)))).collect();
+    let mut out: BTreeMap<String, Underlay> =
+        fallback.iter().map(|(n, a)| (n.clone(), Underlay { address: Some(*a), ..Default::default() })).collect();
+    for f in facts {
+        let Some(a) = f.underlay_address else { continue };
+        let entry = out.entry(f.node.clone()).or_default();
+        match listed.get(f.node.as_str()) {
+            Some(list) if list.contains(&a) => {
+                *entry = Underlay { address: Some(a), reported: true, refused: None };
+            }
+            list => {
+                let message = match list {
+                    None => format!("{a} is not used: there is no Node object {:?} to list it", f.node),
+                    Some(l) => format!(
+                        "{a} is not one of Node {}'s status.addresses ({}); its kubelet writes those, not its executor",
+                        f.node,
+                        if l.is_empty() { "none".to_string() } else { join(l) }
+                    ),
+                };
+                entry.refused = Some(Refused {
+                    node: f.node.clone(),
+                    field: "underlayAddress".into(),
+                    reason: reason::UNDERLAY_NOT_NODE_ADDRESS,
+                    message,
+                });
+            }
+        }
+    }
+    // Only nodes with a Node object count: a deleted node's row (kept while its slot is held)
+    // must not take its address from the node that reuses it.
+    let mut users: BTreeMap<Ipv4Addr, Vec<String>> = BTreeMap::new();
+    for (n, u) in &out {
+        if let Some(a) = u.address
+            && listed.contains_key(n.as_str())
+        {
+            users.entry(a).or_default().push(n.clone());
+        }
+    }
+    for (a, names) in users.into_iter().filter(|(_, n)| n.len() > 1) {
+        for n in &names {
+            let others: Vec<&str> = names.iter().filter(|o| *o != n).map(String::as_str).collect();
+            let Some(u) = out.get_mut(n) else { continue };
+            u.address = None;
+            u.reported = false;
+            u.refused = Some(Refused {
+                node: n.clone(),
+                field: "underlayAddress".into(),
+                reason: reason::UNDERLAY_ADDRESS_CLASH,
+                message: format!(
+                    "{a} is also the underlay of node {}; the links of none of them use it",
+                    others.join(", ")
+                ),
+            });
+        }
+    }
+    out
+}
+
+fn join(list: &[Ipv4Addr]) -> String {
+    list.iter().map(Ipv4Addr::to_string).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn wire(underlay: &str, mtu: u32, ifaces: &[(&str, &[&str])]) -> wire::NodeFacts {
+        wire::NodeFacts {
+            underlay_address: underlay.into(),
+            underlay_mtu: mtu,
+            underlay_interface: "eth0".into(),
+            interfaces: ifaces
+                .iter()
+                .map(|(n, a)| wire::InterfaceFacts {
+                    name: (*n).into(),
+                    mtu: 1500,
+                    addresses: a.iter().map(|s| (*s).into()).collect(),
+                })
+                .collect(),
+            kernel: "6.12.0".into(),
+        }
+    }
+
+    fn node(name: &str, addresses: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            status: Some(NodeStatus {
+                addresses: Some(
+                    addresses.iter().map(|(t, a)| NodeAddress { type_: (*t).into(), address: (*a).into() }).collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn reported(name: &str, a: &str) -> NodeFacts {
+        NodeFacts { node: name.into(), underlay_address: Some(a.parse().unwrap()), ..Default::default() }
+    }
+
+    #[test]
+    fn a_report_within_bounds_reads_as_the_computation_reads_it() {
+        let f = check("edge-a", &wire("10.0.0.1", 1420, &[("eth0", &["10.0.0.1"]), ("lxc12ab", &[])])).unwrap();
+        assert_eq!(f.underlay_address, Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(f.underlay_mtu, Some(1420));
+        assert_eq!(f.interfaces.unwrap().len(), 2);
+        // Nothing reported yet: no underlay, no MTU.
+        let f = check("edge-a", &wire("", 0, &[])).unwrap();
+        assert_eq!((f.underlay_address, f.underlay_mtu), (None, None));
+    }
+
+    #[test]
+    fn every_bound_refuses_the_whole_report_naming_the_field() {
+        let long = "x".repeat(16);
+        let many: Vec<String> = (0..=MAX_ADDRESSES).map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let cases: Vec<(wire::NodeFacts, &str)> = vec![
+            (wire("10.0.0.1", 67, &[]), "underlayMtu"),
+            (wire("10.0.0.1", 65_536, &[]), "underlayMtu"),
+            (wire("10.0.0.300", 1500, &[]), "underlayAddress"),
+            (wire("0.0.0.0", 1500, &[]), "underlayAddress"),
+            (wire("127.0.0.1", 1500, &[]), "underlayAddress"),
+            (wire("10.0.0.1/24", 1500, &[]), "underlayAddress"),
+            (wire("", 0, &[("", &[])]), "interfaces[0].name"),
+            (wire("", 0, &[("eth0", &[]), (&long, &[])]), "interfaces[1].name"),
+            (wire("", 0, &[("a/b", &[])]), "interfaces[0].name"),
+            (wire("", 0, &[("a b", &[])]), "interfaces[0].name"),
+            (wire("", 0, &[(".", &[])]), "interfaces[0].name"),
+            (wire("", 0, &[("..", &[])]), "interfaces[0].name"),
+            (wire("", 0, &[("eth0", &[]), ("eth0", &[])]), "interfaces[1].name"),
+            (wire("", 0, &[("eth0", &["10.0.0.1/24"])]), "interfaces[0].addresses[0]"),
+            (wire("", 0, &[("eth0", &["10.0.0.1", "eth0"])]), "interfaces[0].addresses[1]"),
+            (wire("", 0, &[("eth0", &["224.0.0.1"])]), "interfaces[0].addresses[0]"),
+            (wire("fe80::1", 0, &[]), "underlayAddress"),
+            (wire("", 0, &[("eth0", &many)]), "interfaces[0].addresses"),
+        ];
+        for (f, field) in cases {
+            let e = check("edge-a", &f).expect_err(field);
+            assert_eq!((e.field.as_str(), e.reason), (field, reason::INVALID_FACTS), "{e}");
+            assert!(e.to_string().contains("node edge-a"), "{e}");
+        }
+        let mut f = wire("", 0, &[]);
+        f.interfaces = (0..=MAX_INTERFACES)
+            .map(|i| wire::InterfaceFacts { name: format!("v{i}"), ..Default::default() })
+            .collect();
+        assert_eq!(check("edge-a", &f).unwrap_err().field, "interfaces");
+        f.interfaces.pop();
+        assert!(check("edge-a", &f).is_ok(), "exactly {MAX_INTERFACES} interfaces are accepted");
+        let mut f = wire("", 0, &[]);
+        f.kernel = "6.12\n".into();
+        assert_eq!(check("edge-a", &f).unwrap_err().field, "kernel");
+    }
+
+    #[test]
+    fn interface_names_follow_the_kernel() {
+        for ok in ["eth0", "enp1s0", "lxc_health", "a", "123456789012345", "kup-0a1b2c3d", "wg0.100"] {
+            assert!(valid_interface_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "1234567890123456", "a/b", "a b", "a\tb", "eth0:1", "é\u{0}"] {
+            assert!(!valid_interface_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_underlay_must_be_one_of_the_nodes_own_addresses() {
+        let nodes = [
+            node("edge-a", &[("InternalIP", "100.64.93.143"), ("ExternalIP", "203.0.113.9"), ("Hostname", "edge-a")]),
+            node("worker-2", &[("InternalIP", "100.64.0.12")]),
+        ];
+        let fallback: BTreeMap<String, Ipv4Addr> =
+            [("edge-a".into(), "100.64.93.143".parse().unwrap()), ("worker-2".into(), "100.64.0.12".parse().unwrap())]
+                .into();
+        // Any of the Node's addresses, whatever its type.
+        let u = underlays(&nodes, &[reported("edge-a", "203.0.113.9")], &fallback);
+        assert_eq!(
+            u["edge-a"],
+            Underlay { address: Some("203.0.113.9".parse().unwrap()), reported: true, refused: None }
+        );
+        // Another node's address: refused; edge-a keeps its InternalIP and worker-2 is untouched.
+        for forged in ["100.64.0.12", "100.64.0.66"] {
+            let u = underlays(&nodes, &[reported("worker-2", "100.64.0.12"), reported("edge-a", forged)], &fallback);
+            let r = u["edge-a"].refused.clone().unwrap();
+            assert_eq!((r.field.as_str(), r.reason), ("underlayAddress", reason::UNDERLAY_NOT_NODE_ADDRESS));
+            assert!(r.message.contains(forged) && r.message.contains("100.64.93.143, 203.0.113.9"), "{r}");
+            assert_eq!(u["edge-a"].address, Some("100.64.93.143".parse().unwrap()));
+            assert!(!u["edge-a"].reported);
+            assert_eq!(
+                u["worker-2"],
+                Underlay { address: Some("100.64.0.12".parse().unwrap()), reported: true, refused: None }
+            );
+        }
+        // No Node object: nothing lists the address.
+        let u = underlays(&nodes, &[reported("ghost", "100.64.0.77")], &fallback);
+        assert_eq!(u["ghost"].address, None);
+        assert!(u["ghost"].refused.as_ref().unwrap().message.contains("no Node object"));
+    }
+
+    #[test]
+    fn nodes_sharing_an_underlay_use_it_none_and_are_named() {
+        // Two homes behind NAT, both listing the same private address.
+        let nodes = [
+            node("home-1", &[("InternalIP", "192.168.1.10")]),
+            node("home-2", &[("InternalIP", "192.168.1.10")]),
+            node("edge-a", &[("InternalIP", "100.64.93.143")]),
+        ];
+        let fallback: BTreeMap<String, Ipv4Addr> = [
+            ("home-1".into(), "192.168.1.10".parse().unwrap()),
+            ("home-2".into(), "192.168.1.10".parse().unwrap()),
+            ("edge-a".into(), "100.64.93.143".parse().unwrap()),
+        ]
+        .into();
+        let u = underlays(&nodes, &[reported("home-1", "192.168.1.10")], &fallback);
+        for (n, other) in [("home-1", "home-2"), ("home-2", "home-1")] {
+            let r = u[n].refused.clone().unwrap();
+            assert_eq!(u[n].address, None);
+            assert_eq!(r.reason, reason::UNDERLAY_ADDRESS_CLASH);
+            assert!(r.message.contains(other), "{r}");
+        }
+        assert_eq!(u["edge-a"].address, Some("100.64.93.143".parse().unwrap()));
+        assert!(u["edge-a"].refused.is_none());
+        // A deleted node's remembered address does not clash with the node that reuses it.
+        let mut fallback = fallback;
+        fallback.insert("gone".into(), "100.64.93.143".parse().unwrap());
+        let u = underlays(&nodes, &[], &fallback);
+        assert!(u["edge-a"].refused.is_none() && u["edge-a"].address.is_some());
+    }
+}
