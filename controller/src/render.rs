@@ -6,15 +6,15 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::api::{PortMap, PortMapClass};
+use crate::api::{Intercept, PortMap, PortMapClass};
 use crate::compute::Outputs;
-use crate::observe::{Cluster, InterfaceFacts, NodeFacts};
+use crate::observe::{Cluster, KnownFacts, KnownInterface};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -38,7 +38,7 @@ struct NodeFactsDoc {
     #[serde(default)]
     underlay_mtu: Option<u32>,
     #[serde(default)]
-    interfaces: Option<Vec<InterfaceFacts>>,
+    interfaces: Option<Vec<KnownInterface>>,
 }
 
 /// Reads every *.yaml and *.yml file in `dir` (sorted, not recursive) into a cluster.
@@ -84,14 +84,16 @@ pub fn load_text(path: &Path, text: &str, cluster: &mut Cluster) -> Result<(), L
             ("v1", "Node") => cluster.nodes.push(ctx.parse::<Node>(value)?),
             ("v1", "Namespace") => cluster.namespaces.push(ctx.parse::<Namespace>(value)?),
             ("v1", "Service") => cluster.services.push(ctx.parse::<Service>(value)?),
+            ("v1", "Pod") => cluster.pods.push(ctx.parse::<Pod>(value)?),
             ("discovery.k8s.io/v1", "EndpointSlice") => {
                 cluster.endpoint_slices.push(ctx.parse::<EndpointSlice>(value)?)
             }
             ("kuport.wlz.li/v1alpha1", "PortMapClass") => cluster.classes.push(ctx.parse::<PortMapClass>(value)?),
             ("kuport.wlz.li/v1alpha1", "PortMap") => cluster.port_maps.push(ctx.parse::<PortMap>(value)?),
+            ("kuport.wlz.li/v1alpha1", "Intercept") => cluster.intercepts.push(ctx.parse::<Intercept>(value)?),
             ("kuport.wlz.li/v1alpha1", "NodeFacts") => {
                 let f: NodeFactsDoc = ctx.parse(value)?;
-                cluster.facts.push(NodeFacts {
+                cluster.facts.push(KnownFacts {
                     node: f.metadata.name.unwrap_or_default(),
                     underlay_address: f.underlay_address,
                     underlay_mtu: f.underlay_mtu,
@@ -134,6 +136,11 @@ pub fn render_text(out: &Outputs) -> String {
     }
     for ((ns, name), status) in &out.port_maps {
         let _ = writeln!(text, "=== PortMap {ns}/{name} status");
+        text.push_str(&serde_yaml::to_string(status).unwrap_or_else(|e| format!("<unprintable: {e}>\n")));
+        text.push('\n');
+    }
+    for ((ns, name), status) in &out.intercepts {
+        let _ = writeln!(text, "=== Intercept {ns}/{name} status");
         text.push_str(&serde_yaml::to_string(status).unwrap_or_else(|e| format!("<unprintable: {e}>\n")));
         text.push('\n');
     }

@@ -186,7 +186,7 @@ audit_lines() { wc -l <"$audit_log" 2>/dev/null || echo 0; }
 # ----------------------------------------------------------------------------- the install
 install() {
   helm install "$release" "$chart" -n "$ns" --create-namespace --wait=false >/dev/null
-  kubectl wait --for=condition=Established --timeout=60s crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li
+  kubectl wait --for=condition=Established --timeout=60s crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li crd/intercepts.kuport.wlz.li
   kubectl -n "$ns" get sa "$sa" -o name
   kubectl get clusterrole "$cr" -o name
   kubectl -n "$ns" get role "$role" -o name
@@ -221,7 +221,7 @@ check "a TokenRequest token of the chart's ServiceAccount, in a kubeconfig" toke
 
 examples() {
   kubectl apply -f examples/cluster/classes.yaml -f examples/cluster/nodes.yaml \
-    -f examples/cluster/web.yaml -f examples/cluster/game.yaml
+    -f examples/cluster/web.yaml -f examples/cluster/game.yaml -f examples/intercept/web.yaml
   kubectl apply --server-side --subresource=status -f examples/cluster/nodes.yaml
 }
 check "the example classes, nodes (with status), web and game applied (as admin)" examples
@@ -447,6 +447,7 @@ prepare() { # GROUP RESOURCE VERB
   case "$2 $3" in
     "portmapclasses/status patch") clear_status pmc "" public ;;
     "portmaps/status patch") clear_status pm web web ;;
+    "intercepts/status patch") clear_status intercept web web ;;
     "events create" | "events patch") fresh_conflict ;;
     "leases create") kubectl -n "$ns" delete lease "$lease" --ignore-not-found >/dev/null ;;
   esac
@@ -466,6 +467,8 @@ effect_missing() { # GROUP RESOURCE VERB
       [ -z "$(kubectl get pmc public -o go-template='{{with .status}}{{.}}{{end}}')" ] && echo "pmc public has no status" ;;
     "portmaps/status patch")
       [ -z "$(kubectl -n web get pm web -o go-template='{{with .status}}{{.}}{{end}}')" ] && echo "pm web/web has no status" ;;
+    "intercepts/status patch")
+      [ -z "$(kubectl -n web get intercept web -o go-template='{{with .status}}{{.}}{{end}}')" ] && echo "intercept web/web has no status" ;;
     "events create")
       [ -z "$(events_of game-copy PortConflict)" ] && echo "game-copy is refused ($(cond pm games game-copy Accepted)) but has no event" ;;
     "events patch")

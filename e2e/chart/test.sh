@@ -117,9 +117,9 @@ expect_eq() { # WHAT GOT WANT
 want_cluster_rules() { # CLUSTERROLE
   local cr=$1 r v
   {
-    for r in nodes namespaces services; do for v in list watch; do echo "ClusterRole/$cr core $r $v"; done; done
+    for r in nodes namespaces services pods; do for v in list watch; do echo "ClusterRole/$cr core $r $v"; done; done
     for v in list watch; do echo "ClusterRole/$cr discovery.k8s.io endpointslices $v"; done
-    for r in portmapclasses portmaps; do
+    for r in portmapclasses portmaps intercepts; do
       for v in list watch; do echo "ClusterRole/$cr kuport.wlz.li $r $v"; done
       echo "ClusterRole/$cr kuport.wlz.li $r/status patch"
     done
@@ -252,8 +252,8 @@ all_objects() {
     sa/kuport-controller sa/kuport-node-exec role/kuport-controller-leader-election \
     rolebinding/kuport-controller-leader-election pdb/kuport-controller
   kubectl get clusterrole/kuport-controller clusterrolebinding/kuport-controller \
-    crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li
-  kubectl wait --for=condition=Established --timeout=60s crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li
+    crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li crd/intercepts.kuport.wlz.li
+  kubectl wait --for=condition=Established --timeout=60s crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li crd/intercepts.kuport.wlz.li
   expect_eq "service ports" "$(kubectl -n "$ns" get svc kuport-controller -o jsonpath='{range .spec.ports[*]}{.name}:{.port} {end}')" "grpc:9443 metrics:9090 "
   expect_eq "pdb" "$(kubectl -n "$ns" get pdb kuport-controller -o jsonpath='{.spec.minAvailable}')" 1
 }
@@ -268,14 +268,12 @@ can() { # yes|no SA VERB RESOURCE [kubectl auth can-i flags]
 }
 rbac_live() {
   local c=kuport-controller e=kuport-node-exec r v bad=0
-  for r in nodes namespaces services endpointslices.discovery.k8s.io portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li; do
+  for r in nodes namespaces services pods endpointslices.discovery.k8s.io portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li intercepts.kuport.wlz.li; do
     for v in list watch; do can yes "$c" "$v" "$r" -A || bad=1; done
     # It never gets one by name, and writes none of them.
     for v in get create update patch delete; do can no "$c" "$v" "$r" -A || bad=1; done
   done
-  # Pods: nothing (an EndpointSlice names the endpoint's node).
-  for v in get list watch create update patch delete; do can no "$c" "$v" pods -A || bad=1; done
-  for r in portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li; do
+  for r in portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li intercepts.kuport.wlz.li; do
     can yes "$c" patch "$r" --subresource=status -A || bad=1
     for v in get update; do can no "$c" "$v" "$r" --subresource=status -A || bad=1; done
   done

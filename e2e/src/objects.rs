@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kuport_controller::observe::{Cluster, InterfaceFacts, NodeFacts};
+use kuport_controller::observe::{Cluster, KnownFacts, KnownInterface};
 
 use crate::topology::{PodSpec, Topology};
 
@@ -27,7 +27,7 @@ pub struct Objects {
     pub namespaces: Vec<Namespace>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
-    pub facts: Vec<NodeFacts>,
+    pub facts: Vec<KnownFacts>,
 }
 
 fn meta(name: &str, namespace: Option<&str>, labels: BTreeMap<String, String>) -> ObjectMeta {
@@ -70,16 +70,16 @@ pub fn generate(t: &Topology) -> Objects {
                 ..Default::default()
             }),
         });
-        let mut interfaces = vec![InterfaceFacts {
+        let mut interfaces = vec![KnownInterface {
             name: n.underlay.interface.clone(),
             addresses: vec![n.underlay.address.addr().to_string()],
         }];
         interfaces.extend(
             n.public
                 .iter()
-                .map(|p| InterfaceFacts { name: p.interface.clone(), addresses: vec![p.address.addr().to_string()] }),
+                .map(|p| KnownInterface { name: p.interface.clone(), addresses: vec![p.address.addr().to_string()] }),
         );
-        out.facts.push(NodeFacts {
+        out.facts.push(KnownFacts {
             node: n.name.clone(),
             underlay_address: Some(n.underlay.address.addr()),
             underlay_mtu: Some(n.underlay.mtu),
@@ -253,7 +253,7 @@ mod tests {
         assert_eq!(edge.underlay_address, Some("100.64.93.143".parse().unwrap()));
         assert_eq!(edge.underlay_mtu, Some(1420));
         let ifaces = edge.interfaces.as_ref().unwrap();
-        assert_eq!(ifaces[1], InterfaceFacts { name: "enp1s0".into(), addresses: vec!["203.0.113.9".into()] });
+        assert_eq!(ifaces[1], KnownInterface { name: "enp1s0".into(), addresses: vec!["203.0.113.9".into()] });
         let slice = o.endpoint_slices.iter().find(|s| s.metadata.name.as_deref() == Some("game-lab")).unwrap();
         assert_eq!(slice.metadata.labels.as_ref().unwrap()[SERVICE_NAME_LABEL], "game");
         let ep = &slice.endpoints.as_ref().unwrap()[0];

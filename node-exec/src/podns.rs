@@ -55,6 +55,10 @@ pub enum PodnsError {
     Ambiguous { count: usize },
     #[error("no valid address to find its network namespace by (status.podIPs)")]
     NoAddress,
+    #[error(
+        "network namespace not found on this node: only the host's holds {address}, and the host's is never a pod's"
+    )]
+    HostAddress { address: IpAddr },
     #[error("{path}: {source}", path = path.display())]
     Io { path: PathBuf, source: std::io::Error },
 }
@@ -151,10 +155,28 @@ pub fn resolve(pod: &PodRef, host: &[NsId]) -> Result<Held, PodnsError> {
         let held = rtnl::addresses(Some(&inside)).unwrap_or_default();
         candidates.push(Candidate { path, file, addresses: held.into_iter().map(|(_, a)| a).collect() });
     }
-    let index = pick(&wanted, &candidates)?;
+    let index = match pick(&wanted, &candidates) {
+        Err(PodnsError::NotFound) => return Err(host_holds(&wanted, host).unwrap_or(PodnsError::NotFound)),
+        other => other?,
+    };
     let c = candidates.swap_remove(index);
     let id = NsId::of_file(&c.file).map_err(|source| PodnsError::Io { path: c.path.clone(), source })?;
     Ok(Held { file: c.file, id, how: Reach::Pod { pod: format!("{}/{}", pod.namespace, pod.name), last: c.path } })
+}
+
+/// The refusal naming the host when one of the host's namespaces holds a wanted address.
+fn host_holds(wanted: &[IpAddr], host: &[NsId]) -> Option<PodnsError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (path, id) in namespaces() {
+        if !host.contains(&id) || !seen.insert(id) {
+            continue;
+        }
+        let held = rtnl::addresses(Some(&path)).unwrap_or_default();
+        if let Some(address) = held.into_iter().map(|(_, a)| a).find(|a| wanted.contains(a)) {
+            return Some(PodnsError::HostAddress { address });
+        }
+    }
+    None
 }
 
 struct Candidate {

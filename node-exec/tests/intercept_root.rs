@@ -537,3 +537,70 @@ fn uid_and_mark_identities_bypass_the_mesh() {
     assert_eq!(lab.tcp(&pod, Who::App, PEER4, UPSTREAM), "UPSTREAM", "uid {APP_UID}: direct");
     assert_eq!(lab.tcp(&pod, Who::Agent, PEER4, UPSTREAM), "MESH-OUT", "gid 7439 alone: the mesh");
 }
+
+/// The commits `nft monitor` saw: the event lines of each generation.
+fn generations(monitor: &str) -> Vec<Vec<String>> {
+    let mut out = vec![Vec::new()];
+    for line in monitor.lines() {
+        if line.starts_with("# new generation") {
+            out.push(Vec::new());
+        } else if let Some(cur) = out.last_mut() {
+            cur.push(line.to_string());
+        }
+    }
+    out.retain(|g| !g.is_empty());
+    out
+}
+
+/// docs/intercept/table.md, lifecycle: a pod's `ip` and `ip6` tables are created in one
+/// transaction and removed in one (one NEWGEN each, as `nft monitor` reports commits), and the
+/// namespace's ruleset after the removal equals the one before (issue 18, behaviour 8).
+#[test]
+fn both_families_come_and_go_in_one_generation() {
+    if !root() {
+        return;
+    }
+    let lab = Lab::new("gen");
+    lab.nft(&["add", "table", "inet", "other"]);
+    lab.nft(&["add", "chain", "inet", "other", "out", "{ type filter hook output priority 0; }"]);
+    let before = lab.ruleset();
+    let log = lab.dir.join("monitor.txt");
+    let mut monitor = Command::new("ip")
+        .args(["netns", "exec", &lab.pod, "nft", "monitor"])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    let mut ex = Executor::new(Some(lab.path()));
+    let want = state(tables(&spec(AgentIdentity::default())).unwrap().tables);
+    let made = ex.apply(&want).unwrap();
+    assert_eq!(want.nft_tables.len(), 2, "one table per family");
+    let removed = ex.apply(&NetnsState::default()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+
+    let seen = std::fs::read_to_string(&log).unwrap();
+    // The generations that touched the pod's tables: one made both, one removed both (a
+    // creation's own add-delete-add, which makes it valid whether or not they exist, included).
+    let ours: Vec<Vec<String>> = generations(&seen)
+        .into_iter()
+        .map(|g| {
+            g.into_iter()
+                .filter(|l| l.ends_with(&format!(" table ip {TABLE}")) || l.ends_with(&format!(" table ip6 {TABLE}")))
+                .collect::<Vec<_>>()
+        })
+        .filter(|g| !g.is_empty())
+        .collect();
+    assert_eq!(ours.len(), 2, "one generation to create, one to remove\n{seen}");
+    for f in ["ip", "ip6"] {
+        assert!(ours[0].contains(&format!("add table {f} {TABLE}")), "created together\n{seen}");
+        assert_eq!(ours[1].iter().filter(|l| l.starts_with("add")).count(), 0, "{seen}");
+        assert!(ours[1].contains(&format!("delete table {f} {TABLE}")), "removed together\n{seen}");
+    }
+    let gens = ours.len();
+    println!("created: {made}\nremoved: {removed}\ngenerations: {gens}");
+    assert_eq!(lab.ruleset(), before, "the ruleset after removal equals the one before");
+}

@@ -194,3 +194,85 @@ async fn a_pod_is_found_by_its_address_and_kept_by_version() {
     assert_eq!(text, "pod games/nowhere: network namespace not found on this node");
     assert!(host.tables().contains("table ip6 kuport-host"), "{}", host.tables());
 }
+
+/// A restarted pod: its new sandbox (a new namespace, the same address) is programmed from the
+/// state the keepers hold, within a second, with no new state from the controller
+/// (docs/intercept/table.md, lifecycle). `restarted` is what the client calls every drift poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_pod_is_reprogrammed_within_a_second() {
+    if !root() {
+        return;
+    }
+    let host = Netns::new("host");
+    let first = Netns::new("pod");
+    let address = pod_address(2);
+    first.pod_interface(&address);
+    let pod = PodRef {
+        namespace: "games".into(),
+        name: "game-1".into(),
+        uid: "u-3".into(),
+        addresses: vec![address.clone()],
+    };
+    let entry = NetnsState {
+        target: netns::pod(pod),
+        nft_tables: vec![table(NftFamily::Ip, "kuport-intercept"), table(NftFamily::Ip6, "kuport-intercept")],
+        ..Default::default()
+    };
+    let mut keepers = NodeKeepers::new(Some(host.path()));
+    keepers.apply(node(vec![host_entry(), entry])).await.expect("applied");
+    assert!(first.tables().contains("table ip6 kuport-intercept"), "{}", first.tables());
+
+    // The sandbox goes and a new one comes with the same address; the controller sends nothing.
+    first.delete();
+    let second = Netns::new("pod");
+    second.pod_interface(&address);
+    let started = Instant::now();
+    loop {
+        keepers.restarted().await;
+        let tables = second.tables();
+        if tables.contains("table ip kuport-intercept") && tables.contains("table ip6 kuport-intercept") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(1), "not reprogrammed within a second: {tables}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("the new sandbox held its tables {:?} after it was created", started.elapsed());
+    assert!(!host.tables().contains("kuport-intercept"), "{}", host.tables());
+}
+
+/// The host's namespace is never a pod's: a pod whose address only the host holds is refused,
+/// clearly, and nothing is written to the host (docs/intercept/table.md, lifecycle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_with_the_hosts_address_is_refused() {
+    if !root() {
+        return;
+    }
+    let host = Netns::new("host");
+    let address = pod_address(3);
+    host.pod_interface(&address);
+    let pod = PodRef {
+        namespace: "games".into(),
+        name: "hostly".into(),
+        uid: "u-4".into(),
+        addresses: vec![address.clone()],
+    };
+    let entry = NetnsState {
+        target: netns::pod(pod),
+        nft_tables: vec![table(NftFamily::Ip, "kuport-intercept")],
+        ..Default::default()
+    };
+    let before = run("ip", &["netns", "exec", &host.name, "nft", "list", "ruleset"]);
+    let own = run("nft", &["list", "tables"]);
+    let mut keepers = NodeKeepers::new(Some(host.path()));
+    let state = NodeState { node: "n".into(), netns: vec![entry] };
+    let refused = errors(keepers.apply(node(state.netns)).await);
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    let text = format!("{}: {}", refused[0].object, refused[0].reason);
+    let want = format!(
+        "pod games/hostly: network namespace not found on this node: only the host's holds {address}, and the host's \
+         is never a pod's"
+    );
+    assert_eq!(text, want);
+    assert_eq!(run("ip", &["netns", "exec", &host.name, "nft", "list", "ruleset"]), before, "nothing on the host");
+    assert_eq!(run("nft", &["list", "tables"]), own, "nothing in this process's namespace");
+}

@@ -19,7 +19,7 @@ use kuport_controller::api::{
     ServiceRef, ServingMode, VxlanSpec,
 };
 use kuport_controller::observe::index as observe;
-use kuport_controller::observe::{Cluster, InterfaceFacts, NodeFacts};
+use kuport_controller::observe::{Cluster, KnownFacts, KnownInterface};
 
 pub const PODS_PER_SERVICE: usize = 3;
 pub const EDGES: usize = 10;
@@ -163,13 +163,13 @@ pub fn build(n_nodes: usize, n_maps: usize, rng: &mut Rng) -> Cluster {
             ..Default::default()
         });
         let mut interfaces = vec![
-            InterfaceFacts { name: "wt0".into(), addresses: vec![ip(UNDERLAY, i)] },
-            InterfaceFacts { name: "cilium_host".into(), addresses: vec![ip(PODS, i * 256)] },
+            KnownInterface { name: "wt0".into(), addresses: vec![ip(UNDERLAY, i)] },
+            KnownInterface { name: "cilium_host".into(), addresses: vec![ip(PODS, i * 256)] },
         ];
         if i < EDGES {
-            interfaces.push(InterfaceFacts { name: "enp1s0".into(), addresses: vec![ip(PUBLIC, i)] });
+            interfaces.push(KnownInterface { name: "enp1s0".into(), addresses: vec![ip(PUBLIC, i)] });
         }
-        c.facts.push(NodeFacts {
+        c.facts.push(KnownFacts {
             node: name,
             underlay_address: Some(Ipv4Addr::from(UNDERLAY + i as u32)),
             underlay_mtu: Some(if i % 7 == 0 { 1380 } else { 1420 }),

@@ -2,8 +2,10 @@
 //! capability, and the CustomResourceDefinitions generated from them.
 
 pub mod crds;
+mod intercept;
 mod portmap;
 
+pub use intercept::*;
 pub use portmap::*;
 
 /// The API group.

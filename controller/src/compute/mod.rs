@@ -18,9 +18,10 @@ use std::collections::BTreeMap;
 
 use kuport_proto::v1::{NetnsState, NodeState};
 
-use crate::api::{PortMapClassStatus, PortMapStatus};
+use crate::api::{InterceptStatus, PortMapClassStatus, PortMapStatus};
 use crate::observe::index::View;
-use crate::observe::{Cluster, NodeFacts};
+use crate::observe::{Cluster, KnownFacts};
+use intercept::pods::InterceptKey;
 use portmap::MapKey;
 
 /// Controller settings that describe the CNI kuport runs beside.
@@ -51,6 +52,7 @@ impl Default for Settings {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ObjectKind {
     PortMap,
+    Intercept,
 }
 
 /// An object a status is written on, whatever its kind.
@@ -65,6 +67,10 @@ pub struct ObjectKey {
 impl ObjectKey {
     pub fn port_map(namespace: &str, name: &str) -> Self {
         ObjectKey { kind: ObjectKind::PortMap, namespace: namespace.to_string(), name: name.to_string() }
+    }
+
+    pub fn intercept(namespace: &str, name: &str) -> Self {
+        ObjectKey { kind: ObjectKind::Intercept, namespace: namespace.to_string(), name: name.to_string() }
     }
 }
 
@@ -89,6 +95,10 @@ pub struct Outputs {
     pub programming: BTreeMap<MapKey, Vec<String>>,
     /// Every object placed in node states, with the nodes that must acknowledge it.
     pub tracked: BTreeMap<ObjectKey, Tracked>,
+    /// Intercept statuses as if every placed pod were programmed (`intercept::pods::finish`).
+    pub intercepts: BTreeMap<InterceptKey, InterceptStatus>,
+    /// Per Intercept, the pods placed in node states: (pod, node).
+    pub intercept_pods: BTreeMap<InterceptKey, Vec<(String, String)>>,
 }
 
 impl Outputs {
@@ -103,16 +113,30 @@ pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
     let mut numbers = numbers::Numbers::default();
     let mut out = Outputs::default();
     let hosts = portmap::compute(&view, cluster, settings, &mut numbers, &mut out);
-    out.node_states = assemble(hosts);
+    let intercepts = intercept::pods::compute(&cluster.intercepts, &cluster.pods, cluster.now);
+    out.tracked.extend(intercepts.tracked);
+    out.intercepts = intercepts.statuses;
+    out.intercept_pods = intercepts.placed;
+    out.node_states = assemble(hosts, intercepts.netns);
     out
 }
 
-/// Every node's state from its host namespace, canonical (ordered, digested, versioned).
-fn assemble(hosts: BTreeMap<String, NetnsState>) -> BTreeMap<String, NodeState> {
+/// Every node's state from its host namespace and its pods' namespaces, canonical (ordered,
+/// digested, versioned). A node with pod namespaces but no host state gets an empty host.
+fn assemble(
+    hosts: BTreeMap<String, NetnsState>,
+    mut pods: BTreeMap<String, Vec<NetnsState>>,
+) -> BTreeMap<String, NodeState> {
+    let mut hosts = hosts;
+    for node in pods.keys() {
+        hosts.entry(node.clone()).or_default();
+    }
     hosts
         .into_iter()
         .map(|(node, host)| {
-            let mut state = NodeState { node: node.clone(), netns: vec![host] };
+            let mut netns = vec![host];
+            netns.extend(pods.remove(&node).unwrap_or_default());
+            let mut state = NodeState { node: node.clone(), netns };
             kuport_proto::canonicalize(&mut state);
             (node, state)
         })
@@ -122,11 +146,11 @@ fn assemble(hosts: BTreeMap<String, NetnsState>) -> BTreeMap<String, NodeState> 
 /// Of an executor's reported `facts`, what the computation reads given `inputs`: two reports
 /// with the same relevant facts compute the same states and statuses, so only a change in them
 /// needs a recompute (a pod's veth coming or going changes neither).
-pub fn relevant_facts(inputs: Option<&Cluster>, facts: &NodeFacts) -> NodeFacts {
+pub fn relevant_facts(inputs: Option<&Cluster>, facts: &KnownFacts) -> KnownFacts {
     let read = portmap::interfaces_read(inputs, &facts.node);
     let interfaces = facts
         .interfaces
         .as_ref()
         .map(|list| list.iter().filter(|i| read.contains(&i.name.as_str())).cloned().collect());
-    NodeFacts { interfaces, ..facts.clone() }
+    KnownFacts { interfaces, ..facts.clone() }
 }

@@ -15,7 +15,7 @@ use super::{Outputs, Settings, compute};
 use crate::api::Protocol::{Tcp, Udp};
 use crate::api::*;
 use crate::observe::index::SERVICE_NAME_LABEL;
-use crate::observe::{Cluster, InterfaceFacts, NodeFacts};
+use crate::observe::{Cluster, KnownFacts, KnownInterface};
 
 /// The fixed time every test computes at.
 pub fn now() -> Timestamp {
@@ -51,14 +51,14 @@ impl World {
     }
 
     pub fn facts(mut self, name: &str, mtu: u32, ifaces: &[(&str, &str)]) -> Self {
-        self.c.facts.push(NodeFacts {
+        self.c.facts.push(KnownFacts {
             node: name.into(),
             underlay_address: None,
             underlay_mtu: Some(mtu),
             interfaces: Some(
                 ifaces
                     .iter()
-                    .map(|(i, a)| InterfaceFacts { name: (*i).into(), addresses: vec![(*a).into()] })
+                    .map(|(i, a)| KnownInterface { name: (*i).into(), addresses: vec![(*a).into()] })
                     .collect(),
             ),
         });

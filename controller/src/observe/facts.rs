@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use k8s_openapi::api::core::v1::Node;
 use kuport_proto::v1 as wire;
 
-use super::{InterfaceFacts, NodeFacts};
+use super::{KnownFacts, KnownInterface};
 
 /// The smallest underlay MTU accepted: IPv4's minimum (no interface that carries IPv4 reports
 /// less). A smaller but real MTU is the computation's to judge, and the kernel's: a link is only
@@ -93,7 +93,7 @@ fn address(node: &str, field: String, a: &str) -> Result<IpAddr, Refused> {
 
 /// Checks `node`'s report `f` against every bound and reads it as the computation does; the
 /// first broken bound refuses it whole.
-pub fn check(node: &str, f: &wire::NodeFacts) -> Result<NodeFacts, Refused> {
+pub fn check(node: &str, f: &wire::NodeFacts) -> Result<KnownFacts, Refused> {
     let underlay_address = match f.underlay_address.as_str() {
         "" => None,
         a => match address(node, "underlayAddress".into(), a)? {
@@ -169,9 +169,9 @@ pub fn check(node: &str, f: &wire::NodeFacts) -> Result<NodeFacts, Refused> {
         for (j, a) in iface.addresses.iter().enumerate() {
             addresses.push(address(node, format!("interfaces[{i}].addresses[{j}]"), a)?.to_string());
         }
-        interfaces.push(InterfaceFacts { name: iface.name.clone(), addresses });
+        interfaces.push(KnownInterface { name: iface.name.clone(), addresses });
     }
-    Ok(NodeFacts { node: node.to_string(), underlay_address, underlay_mtu, interfaces: Some(interfaces) })
+    Ok(KnownFacts { node: node.to_string(), underlay_address, underlay_mtu, interfaces: Some(interfaces) })
 }
 
 /// Every IPv4 address of a Node's status.addresses, whatever its type.
@@ -200,7 +200,7 @@ pub struct Underlay {
 /// nodes clash.
 pub fn underlays(
     nodes: &[Node],
-    facts: &[NodeFacts],
+    facts: &[KnownFacts],
     fallback: &BTreeMap<String, Ipv4Addr>,
 ) -> BTreeMap<String, Underlay> {
     let listed: BTreeMap<&str, Vec<Ipv4Addr>> =
@@ -303,8 +303,8 @@ mod tests {
         }
     }
 
-    fn reported(name: &str, a: &str) -> NodeFacts {
-        NodeFacts { node: name.into(), underlay_address: Some(a.parse().unwrap()), ..Default::default() }
+    fn reported(name: &str, a: &str) -> KnownFacts {
+        KnownFacts { node: name.into(), underlay_address: Some(a.parse().unwrap()), ..Default::default() }
     }
 
     #[test]

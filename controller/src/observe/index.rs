@@ -9,7 +9,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::facts::{self, Refused};
-use super::{Cluster, NodeFacts};
+use super::{Cluster, KnownFacts};
 use crate::api::{PortMapClass, PortMapClassStatus};
 
 /// The label that ties an EndpointSlice to its Service.
@@ -133,7 +133,7 @@ impl<'a> View<'a> {
         // A reported underlay is used only when the Node objects vouch for it; its MTU with it.
         let fallback = nodes.iter().filter_map(|(n, k)| Some((n.clone(), k.underlay?))).collect();
         let underlays = facts::underlays(&cluster.nodes, &cluster.facts, &fallback);
-        let mut facts: Vec<&NodeFacts> = cluster.facts.iter().collect();
+        let mut facts: Vec<&KnownFacts> = cluster.facts.iter().collect();
         facts.sort_by(|a, b| a.node.cmp(&b.node));
         for f in facts {
             let view = nodes.entry(f.node.clone()).or_default();

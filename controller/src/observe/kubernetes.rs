@@ -7,7 +7,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -18,7 +18,8 @@ use tokio::sync::Notify;
 
 use super::Cluster;
 use super::index::node_inputs;
-use crate::api::{PortMap, PortMapClass};
+use crate::api::{Intercept, PortMap, PortMapClass};
+use crate::compute::intercept::pods::{InterceptKey, selected_by_any};
 use crate::compute::portmap::MapKey;
 use crate::stream::Hub;
 
@@ -31,6 +32,8 @@ pub struct Stores {
     slices: Store<EndpointSlice>,
     classes: Store<PortMapClass>,
     port_maps: Store<PortMap>,
+    intercepts: Store<Intercept>,
+    pods: Store<Pod>,
 }
 
 impl Stores {
@@ -48,6 +51,8 @@ impl Stores {
             endpoint_slices: all(&self.slices),
             classes: all(&self.classes),
             port_maps: all(&self.port_maps),
+            intercepts: all(&self.intercepts),
+            pods: self.selected_pods(),
             facts: Vec::new(),
             refused_facts: Default::default(),
             now: Timestamp::now(),
@@ -59,17 +64,33 @@ impl Stores {
         self.classes.get(&ObjectRef::new(name))
     }
 
+    /// The pods some Intercept selects: the only ones the computation reads.
+    fn selected_pods(&self) -> Vec<Pod> {
+        let intercepts = self.intercepts.state();
+        let intercepts: Vec<&Intercept> = intercepts.iter().map(|i| &**i).collect();
+        self.pods.state().iter().filter(|p| selected_by_any(&intercepts, p)).map(|p| (**p).clone()).collect()
+    }
+
+    /// The stored Intercept `ns/name`.
+    pub fn intercept(&self, (ns, name): &InterceptKey) -> Option<Arc<Intercept>> {
+        self.intercepts.get(&ObjectRef::new(name).within(ns))
+    }
+
     /// The stored PortMap `ns/name`.
     pub fn port_map(&self, (ns, name): &MapKey) -> Option<Arc<PortMap>> {
         self.port_maps.get(&ObjectRef::new(name).within(ns))
     }
 }
 
+/// What the computation reads of an object, digested; None when it reads nothing of it (a pod
+/// no Intercept selects).
+type Reads<K> = Arc<dyn Fn(&K) -> Option<u64> + Send + Sync>;
+
 /// Watches one kind into a store; every event pokes `changed`, except an update that left
 /// `reads(object)` alone, when given: what the computation reads of the object. Kubelet
 /// heartbeats leave a Node's readiness and address alone; at 5,000 nodes they alone would keep
-/// the controller recomputing.
-fn reflect<K>(api: Api<K>, changed: Arc<Notify>, reads: Option<fn(&K) -> u64>) -> Store<K>
+/// the controller recomputing. Nor does an event of an object read neither before nor after.
+fn reflect<K>(api: Api<K>, changed: Arc<Notify>, reads: Option<Reads<K>>) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
@@ -81,19 +102,27 @@ where
         let mut seen: std::collections::HashMap<ObjectRef<K>, u64> = Default::default();
         while let Some(event) = stream.next().await {
             match event {
-                Ok(watcher::Event::Apply(o)) if let Some(reads) = reads => {
+                Ok(watcher::Event::Apply(o)) if let Some(reads) = &reads => {
                     let read = reads(&o);
-                    if seen.insert(ObjectRef::from_obj(&o), read) != Some(read) {
+                    let before = match read {
+                        Some(r) => seen.insert(ObjectRef::from_obj(&o), r),
+                        None => seen.remove(&ObjectRef::from_obj(&o)),
+                    };
+                    if before != read {
                         changed.notify_one();
                     }
                 }
                 Ok(watcher::Event::Delete(o)) => {
-                    seen.remove(&ObjectRef::from_obj(&o));
-                    changed.notify_one();
+                    let before = seen.remove(&ObjectRef::from_obj(&o));
+                    if reads.is_none() || before.is_some() {
+                        changed.notify_one();
+                    }
                 }
                 Ok(watcher::Event::InitApply(o)) => {
-                    if let Some(reads) = reads {
-                        seen.insert(ObjectRef::from_obj(&o), reads(&o));
+                    if let Some(reads) = &reads
+                        && let Some(r) = reads(&o)
+                    {
+                        seen.insert(ObjectRef::from_obj(&o), r);
                     }
                     changed.notify_one();
                 }
@@ -113,12 +142,34 @@ fn digest(what: &impl Hash) -> u64 {
     h.finish()
 }
 
+/// A digest of what the computation reads of a pod (compute::intercept::pods).
+fn pod_inputs(p: &Pod) -> u64 {
+    let spec = p.spec.as_ref();
+    let status = p.status.as_ref();
+    let ips: Vec<&str> = status.iter().flat_map(|s| s.pod_ips.iter().flatten()).map(|i| i.ip.as_str()).collect();
+    digest(&(
+        (&p.metadata.uid, &p.metadata.labels, p.metadata.deletion_timestamp.is_some()),
+        (spec.and_then(|s| s.node_name.as_deref()), spec.and_then(|s| s.host_network), spec.and_then(|s| s.host_users)),
+        (status.and_then(|s| s.phase.as_deref()), ips, status.and_then(|s| s.pod_ip.as_deref())),
+    ))
+}
+
 /// Starts the watches and feeds the hub: nothing until every store has listed once (a partial
 /// view would tear down what works), then a fresh snapshot after every change.
 pub fn watch(client: &Client, hub: Arc<Hub>) -> Stores {
     let changed = Arc::new(Notify::new());
+    // Intercepts: every update, as PortMaps. Pods: only what the computation reads of a pod some
+    // Intercept selects; a change in the Intercepts themselves recomputes on its own.
+    let intercepts: Store<Intercept> = reflect(Api::all(client.clone()), changed.clone(), None);
+    let selecting = intercepts.clone();
+    let pod_reads: Reads<Pod> = Arc::new(move |p: &Pod| {
+        let state = selecting.state();
+        let all: Vec<&Intercept> = state.iter().map(|i| &**i).collect();
+        selected_by_any(&all, p).then(|| pod_inputs(p))
+    });
+    let node_reads: Reads<Node> = Arc::new(|n: &Node| Some(digest(&node_inputs(n))));
     let stores = Stores {
-        nodes: reflect(Api::all(client.clone()), changed.clone(), Some(|n: &Node| digest(&node_inputs(n)))),
+        nodes: reflect(Api::all(client.clone()), changed.clone(), Some(node_reads)),
         namespaces: reflect(Api::all(client.clone()), changed.clone(), None),
         services: reflect(Api::all(client.clone()), changed.clone(), None),
         slices: reflect(Api::all(client.clone()), changed.clone(), None),
@@ -127,6 +178,8 @@ pub fn watch(client: &Client, hub: Arc<Hub>) -> Stores {
         // rewriting every status after a failover (robust_root's leader test).
         classes: reflect(Api::all(client.clone()), changed.clone(), None),
         port_maps: reflect(Api::all(client.clone()), changed.clone(), None),
+        intercepts,
+        pods: reflect(Api::all(client.clone()), changed.clone(), Some(pod_reads)),
     };
     let s = stores.clone();
     tokio::spawn(async move {
@@ -137,6 +190,8 @@ pub fn watch(client: &Client, hub: Arc<Hub>) -> Stores {
             s.slices.wait_until_ready().boxed(),
             s.classes.wait_until_ready().boxed(),
             s.port_maps.wait_until_ready().boxed(),
+            s.intercepts.wait_until_ready().boxed(),
+            s.pods.wait_until_ready().boxed(),
         ])
         .await;
         if ready.iter().any(Result::is_err) {

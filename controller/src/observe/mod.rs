@@ -2,7 +2,7 @@
 //!
 //! A source delivers whole [`Cluster`] snapshots to the hub: [`kubernetes`] from reflector
 //! stores over the API, [`folder`] from a folder of manifests. Executors' facts arrive over
-//! NodeSync and join the snapshot as [`NodeFacts`], once [`facts`] checked them. [`index`] holds
+//! NodeSync and join the snapshot as [`KnownFacts`], once [`facts`] checked them. [`index`] holds
 //! the indexes the computation reads the snapshot through.
 
 pub mod facts;
@@ -13,12 +13,12 @@ pub mod kubernetes;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::api::{PortMap, PortMapClass};
+use crate::api::{Intercept, PortMap, PortMapClass};
 
 /// Everything the computation reads.
 #[derive(Clone, Debug, Default)]
@@ -29,17 +29,21 @@ pub struct Cluster {
     pub endpoint_slices: Vec<EndpointSlice>,
     pub classes: Vec<PortMapClass>,
     pub port_maps: Vec<PortMap>,
-    pub facts: Vec<NodeFacts>,
+    pub intercepts: Vec<Intercept>,
+    /// Pods; the Kubernetes source keeps only those some Intercept selects.
+    pub pods: Vec<Pod>,
+    pub facts: Vec<KnownFacts>,
     /// Per node, why its executor's latest report was refused ([`facts::check`]); its
     /// previous facts, if any, are in `facts`.
     pub refused_facts: BTreeMap<String, facts::Refused>,
     pub now: Timestamp,
 }
 
-/// What an executor reports about its node.
+/// What the computation knows of a node from its executor's reports (the wire's `NodeFacts`,
+/// checked by [`facts`]), or from a folder's `NodeFacts` documents.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NodeFacts {
+pub struct KnownFacts {
     pub node: String,
     #[serde(default)]
     pub underlay_address: Option<Ipv4Addr>,
@@ -47,12 +51,13 @@ pub struct NodeFacts {
     pub underlay_mtu: Option<u32>,
     /// The node's interfaces; None until reported, which leaves every interface possible.
     #[serde(default)]
-    pub interfaces: Option<Vec<InterfaceFacts>>,
+    pub interfaces: Option<Vec<KnownInterface>>,
 }
 
+/// One interface of [`KnownFacts`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct InterfaceFacts {
+pub struct KnownInterface {
     pub name: String,
     #[serde(default)]
     pub addresses: Vec<String>,

@@ -26,6 +26,7 @@ pub struct NodeLabel {
 pub enum WriteKind {
     ClassStatus,
     PortMapStatus,
+    InterceptStatus,
     Event,
 }
 

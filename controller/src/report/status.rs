@@ -16,7 +16,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use super::events;
 use super::metrics::WriteKind;
-use crate::api::{PortMap, PortMapClass, PortMapStatus};
+use crate::api::{Intercept, PortMap, PortMapClass, PortMapStatus};
 use crate::compute::conditions::condition;
 use crate::compute::portmap::status::{self, reason};
 use crate::compute::{ObjectKey, Outputs};
@@ -134,6 +134,54 @@ impl Writer {
         }
     }
 
+    /// Writes every Intercept status that differs from the stored one: a placed pod counts as
+    /// programmed once its node acknowledged a state holding it; a pod whose namespace its
+    /// node's executor could not find is reported with the executor's reason
+    /// (`compute::intercept::pods::finish`).
+    async fn write_intercepts(&self, young: bool) {
+        let (out, _) = self.hub.outputs();
+        let snapshots = self.hub.nodes();
+        let news: BTreeMap<String, bool> =
+            snapshots.iter().map(|v| (v.node.clone(), v.connected || v.acked.is_some() || !young)).collect();
+        let refused: BTreeMap<String, Vec<(String, String)>> = snapshots
+            .iter()
+            .map(|v| (v.node.clone(), v.errors.iter().map(|e| (e.object.clone(), e.reason.clone())).collect()))
+            .collect();
+        let now = Timestamp::now();
+        for (key, computed) in &out.intercepts {
+            if !self.leading() {
+                return;
+            }
+            let Some(stored) = self.stores.intercept(key) else { continue };
+            let object = ObjectKey::intercept(&key.0, &key.1);
+            let must = out.must_ack(&object);
+            if stored.status.is_some() && must.iter().any(|n| news.get(n) == Some(&false)) {
+                continue;
+            }
+            let pending = self.hub.unacked(&object, must.to_vec());
+            let placed = out.intercept_pods.get(key).map(Vec::as_slice).unwrap_or(&[]);
+            let st = crate::compute::intercept::pods::finish(
+                key,
+                computed,
+                placed,
+                &refused,
+                &pending,
+                stored.status.as_ref(),
+                now,
+            );
+            if stored.status.as_ref() == Some(&st) {
+                continue;
+            }
+            let api: Api<Intercept> = Api::namespaced(self.client.clone(), &key.0);
+            let patch = Patch::Merge(serde_json::json!({ "status": st }));
+            self.hub.metrics().api_write(WriteKind::InterceptStatus);
+            match api.patch_status(&key.1, &PatchParams::apply(FIELD_MANAGER), &patch).await {
+                Ok(_) => tracing::info!(intercept = %format!("{}/{}", key.0, key.1), "status written"),
+                Err(e) => tracing::warn!(intercept = %format!("{}/{}", key.0, key.1), error = %e, "writing status"),
+            }
+        }
+    }
+
     /// Publishes the events a status change warrants ([`events::of_change`]).
     async fn events(&self, pm: &PortMap, old: Option<&PortMapStatus>, new: &PortMapStatus) {
         let reference = pm.object_ref(&());
@@ -182,6 +230,7 @@ impl Writer {
             if self.leading() {
                 let young = grace_end.is_some_and(|t| tokio::time::Instant::now() < t);
                 self.write_port_maps(young).await;
+                self.write_intercepts(young).await;
             }
         }
     }

@@ -19,7 +19,7 @@ use crate::api::{PortMapClassStatus, PortMapStatus};
 use crate::compute::portmap::{MapKey, admission};
 use crate::compute::{ObjectKey, Outputs, Settings, compute, relevant_facts};
 use crate::observe::facts::{self, Refused};
-use crate::observe::{Cluster, NodeFacts};
+use crate::observe::{Cluster, KnownFacts};
 use crate::report::metrics::Metrics;
 
 /// A recompute waits for this much quiet after the last change...
@@ -46,7 +46,7 @@ struct NodeEntry {
     drift_repairs: u64,
     last_drift: Vec<String>,
     /// The last report that passed [`facts::check`], as sent and as checked.
-    facts: Option<(WireFacts, NodeFacts)>,
+    facts: Option<(WireFacts, KnownFacts)>,
     /// Why the latest report was refused; None once one passes.
     refused_facts: Option<Refused>,
 }
@@ -234,7 +234,7 @@ impl Hub {
                     // Only facts the computation reads recompute: a recompute for a pod's veth
                     // coming or going would only restart the debounce of a real change.
                     let inputs = inner.inputs.as_deref();
-                    let read = |f: &NodeFacts| relevant_facts(inputs, f);
+                    let read = |f: &KnownFacts| relevant_facts(inputs, f);
                     recompute = entry.refused_facts.take().is_some()
                         || entry.facts.as_ref().is_none_or(|(_, old)| read(old) != read(&checked));
                     entry.facts = Some((f, checked));

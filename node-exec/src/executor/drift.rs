@@ -18,8 +18,10 @@ pub const BACKSTOP: Duration = Duration::from_secs(30);
 /// The first retry after a failed apply or repair; later ones double up to [`BACKSTOP`].
 pub const RETRY_FIRST: Duration = Duration::from_millis(250);
 /// How often a namespace kept by reference is checked to be still reachable: our own watch
-/// sockets keep it alive, so its end shows only as its file or pod being gone.
-const REACHABLE_EVERY: Duration = Duration::from_secs(1);
+/// sockets keep it alive, so its end shows only as its file or pod being gone. A quarter second,
+/// so that a restarted pod's new sandbox is programmed within a second (sync::NodeKeepers); the
+/// check is one stat while the namespace's last path still is it.
+const REACHABLE_EVERY: Duration = Duration::from_millis(250);
 
 impl Executor {
     /// One drift check: when the kernel differs from the desired state, re-applies it. Returns

@@ -341,9 +341,9 @@ impl Step for Sysctls {
     }
 }
 
-/// The nftables tables: each desired one applied whole in its own transactions (an applier
-/// remembers what it applied, so a change sends only its delta without reading the table
-/// back); every other table kuport owns removed.
+/// The nftables tables: each desired one an applier remembers applied in its own transactions
+/// (only its delta, without reading the table back); the new ones created, and every other
+/// table kuport owns removed, in one transaction (docs/intercept/table.md, lifecycle).
 pub(crate) struct Tables<'a> {
     /// One applier per table (an apply); None in a drift check, which reads every table back.
     appliers: Option<&'a mut BTreeMap<TableId, nft::Applier>>,
@@ -420,7 +420,8 @@ impl Step for Tables<'_> {
         if let Some(appliers) = self.appliers.as_deref_mut() {
             appliers.retain(|t, _| cx.state.nft_tables.iter().any(|d| id(d) == *t));
         }
-        for t in &cx.state.nft_tables {
+        let fresh = self.fresh(cx);
+        for t in cx.state.nft_tables.iter().filter(|t| !fresh.contains(&id(t))) {
             let result = match self.appliers.as_deref_mut() {
                 Some(appliers) => appliers.entry(id(t)).or_insert_with(|| nft::Applier::new(cx.netns)).apply(t),
                 None => nft::apply_table(cx.netns, t),
@@ -449,32 +450,108 @@ impl Step for Tables<'_> {
                 }
             }
         }
+        // Last, so that a refusal above removes nothing.
+        if !fresh.is_empty() {
+            self.together(cx, &fresh)?;
+        }
         Ok(())
     }
 
     fn brk(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
-        for t in std::mem::take(&mut self.removes) {
-            if let Some(appliers) = self.appliers.as_deref_mut() {
-                appliers.remove(&t);
+        if self.removes.is_empty() {
+            return Ok(());
+        }
+        self.together(cx, &BTreeSet::new())
+    }
+}
+
+impl Tables<'_> {
+    /// The desired tables the kernel is known not to hold and no applier remembers: created
+    /// whole, with the removals, in one transaction ([`Self::together`]), so that a pod's
+    /// `ip` and `ip6` interception tables appear in one generation (docs/intercept/table.md,
+    /// lifecycle). A remembered table keeps its applier's delta.
+    fn fresh(&self, cx: &Cx<'_>) -> BTreeSet<TableId> {
+        let Some(present) = self.present.as_ref() else { return BTreeSet::new() };
+        let remembered =
+            |t: &TableId| self.appliers.as_deref().is_some_and(|a| a.get(t).is_some_and(|a| a.remembers()));
+        let budget = nft::ApplyOptions::default().max_ops_per_batch;
+        let fresh: BTreeSet<TableId> =
+            cx.state.nft_tables.iter().map(id).filter(|t| !present.contains(t) && !remembered(t)).collect();
+        let elements: usize = cx
+            .state
+            .nft_tables
+            .iter()
+            .filter(|t| fresh.contains(&id(t)))
+            .flat_map(|t| &t.sets)
+            .map(|s| s.elements.len())
+            .sum();
+        // More than one transaction holds: each table on its own, as before.
+        if elements > budget { BTreeSet::new() } else { fresh }
+    }
+
+    /// Creates the desired tables `fresh` names and removes every planned removal, in one
+    /// transaction.
+    fn together(&mut self, cx: &mut Cx<'_>, fresh: &BTreeSet<TableId>) -> Result<(), Stopped> {
+        let mut creates = Vec::new();
+        for t in cx.state.nft_tables.iter().filter(|t| fresh.contains(&id(t))) {
+            match nft::normalize(t) {
+                Ok(want) => creates.push((t, want)),
+                Err(error) => return Err(cx.refuse(Refusal::Nft { table: t.name.clone(), error })),
             }
-            match nft::remove_table(cx.netns, family(t.0), &t.1) {
-                Ok(removed) => {
-                    if removed {
-                        // One transaction of two messages: add (so the delete is valid) and delete.
-                        cx.report.writes += 2;
-                        cx.report.actions.push(format!("delete nft table {} {}", family_name(t.0), t.1));
+        }
+        let removes: Vec<(NftFamily, String)> = self.removes.iter().map(|(f, n)| (family(*f), n.clone())).collect();
+        let wants: Vec<&NftTable> = creates.iter().map(|(_, w)| w).collect();
+        let budget = nft::ApplyOptions::default().max_ops_per_batch;
+        match nft::create_and_remove(cx.netns, &wants, &removes, budget) {
+            Ok(Some(r)) => {
+                cx.report.writes += r.writes;
+                if r.writes > 0 {
+                    let (made, gone) = (creates.len(), self.removes.len());
+                    cx.report.actions.push(format!(
+                        "nft tables: {made} created and {gone} deleted, {} message(s) in {} transaction(s)",
+                        r.writes, r.batches
+                    ));
+                }
+                cx.report.actions.extend(
+                    creates.iter().map(|(t, _)| format!("nft table {} {}: created", family_name(t.family), t.name)),
+                );
+                cx.report
+                    .actions
+                    .extend(self.removes.iter().map(|(f, n)| format!("delete nft table {} {n}", family_name(*f))));
+                for t in std::mem::take(&mut self.removes) {
+                    if let Some(appliers) = self.appliers.as_deref_mut() {
+                        appliers.remove(&t);
                     }
                     if let Some(present) = self.present.as_mut() {
                         present.remove(&t);
                     }
                 }
-                Err(error) => {
-                    *self.present = None;
-                    return Err(cx.refuse(Refusal::Nft { table: t.1.clone(), error }));
+                for (t, want) in creates {
+                    if let Some(appliers) = self.appliers.as_deref_mut() {
+                        appliers.entry(id(t)).or_insert_with(|| nft::Applier::new(cx.netns)).created(want, t);
+                    }
+                    if let Some(present) = self.present.as_mut() {
+                        present.insert(id(t));
+                    }
                 }
+                Ok(())
+            }
+            Ok(None) => {
+                // fresh() keeps within one transaction's budget, so this is not reached.
+                let error = nft::NftError::Invalid {
+                    object: "transaction".into(),
+                    reason: format!("more than {budget} elements for one transaction"),
+                };
+                Err(cx.refuse(Refusal::Nft { table: "tables".into(), error }))
+            }
+            Err(error) => {
+                *self.present = None;
+                let mut names: Vec<String> = creates.iter().map(|(t, _)| t.name.clone()).collect();
+                names.extend(self.removes.iter().map(|(_, n)| n.clone()));
+                names.dedup();
+                Err(cx.refuse(Refusal::Nft { table: names.join(", "), error }))
             }
         }
-        Ok(())
     }
 }
 

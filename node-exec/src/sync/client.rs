@@ -76,6 +76,10 @@ pub trait NodeApplier: Send {
         let _ = ns;
         None
     }
+    /// Called every drift poll: repairs what needs no new state (a pod's new sandbox).
+    fn tend(&mut self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -316,6 +320,7 @@ async fn session<A: NodeApplier>(
                 }
             }
             _ = drift_tick.tick() => {
+                applier.tend().await;
                 let (repairs, mut differences) = applier.drift();
                 differences.truncate(MAX_REPORTED);
                 if repairs != reported {

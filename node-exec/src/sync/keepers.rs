@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kuport_proto::v1::{NetnsRef, NetnsState, NodeState, ObjectError, netns_ref};
+use kuport_proto::v1::{NetnsRef, NetnsState, NodeState, ObjectError, PodRef, netns_ref};
 
 use super::client::NodeApplier;
 use crate::executor::{ExecError, Keeper, Stats, drop_elsewhere, spawn_keeper, spawn_keeper_held};
@@ -103,6 +103,49 @@ impl NodeKeepers {
     }
 }
 
+impl NodeKeepers {
+    /// Programs the new sandbox of each restarted pod: a pod keeper that ended (its namespace
+    /// went) while it held a state is started again on the namespace that now holds the pod's
+    /// address, with that state, without waiting for the controller (whose state did not
+    /// change). Not found yet: tried again on the next call. The client calls it every drift
+    /// poll (200 ms); with the keepers' reachability check that reprograms a pod within a
+    /// second of its new sandbox (docs/intercept/table.md, lifecycle).
+    pub async fn restarted(&mut self) {
+        let ended: Vec<(String, PodRef, Arc<NetnsState>)> = self
+            .kept
+            .iter()
+            .filter(|(_, k)| k.keeper.ended())
+            .filter_map(|(key, k)| match (k.target.as_ref().and_then(|t| t.kind.as_ref()), &k.state) {
+                (Some(netns_ref::Kind::Pod(pod)), Some(state)) => Some((key.clone(), pod.clone(), Arc::clone(state))),
+                _ => None,
+            })
+            .collect();
+        for (key, pod, state) in ended {
+            let Ok(held) = podns::resolve(&pod, &self.host_ids) else { continue };
+            tracing::info!(netns = %key, id = ?held.id(), "pod network namespace replaced; reprogramming it");
+            let keeper = match spawn_keeper_held(held) {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::warn!(netns = %key, error = %e, "pod keeper not restarted");
+                    continue;
+                }
+            };
+            self.forget(&key);
+            let result = keeper.apply(Arc::clone(&state)).await;
+            let held = match result {
+                Ok(_) => Some(state),
+                Err(e) => {
+                    // The controller's next state applies it again.
+                    tracing::warn!(netns = %key, error = %e, "restarted pod's namespace refused its state");
+                    None
+                }
+            };
+            let target = Some(NetnsRef { kind: Some(netns_ref::Kind::Pod(pod)) });
+            self.kept.insert(key, Kept { target, keeper, state: held });
+        }
+    }
+}
+
 fn namespace(key: &str) -> String {
     format!("network namespace {key:?}")
 }
@@ -184,5 +227,9 @@ impl NodeApplier for NodeKeepers {
     fn held(&self, ns: &NetnsState) -> Option<Arc<NetnsState>> {
         let k = self.kept.get(&ns.describe())?;
         k.state.as_ref().filter(|s| s.version == ns.version).cloned()
+    }
+
+    async fn tend(&mut self) {
+        self.restarted().await;
     }
 }

@@ -18,6 +18,7 @@ use kuport_proto::v1::{
     ChainPolicy, ChainType, Hook, L4Proto, NatKind, NftFamily, NftMatch, NftRule, NftSet, NftTable, NftType, Selector,
 };
 
+pub mod pods;
 #[cfg(test)]
 mod tests;
 

@@ -163,6 +163,17 @@ impl Applier {
         self.memory.is_some()
     }
 
+    /// Remembers `desired` as applied: `want`, its normal form, was just created whole by
+    /// [`super::create_and_remove`] (so the next apply is a delta, as after [`Self::apply`]).
+    pub fn created(&mut self, want: NftTable, desired: &NftTable) {
+        self.memory = remember(want, desired);
+    }
+
+    /// The most operations one of its transactions carries.
+    pub fn budget(&self) -> usize {
+        self.opts.max_ops_per_batch.max(1)
+    }
+
     /// Makes `desired` exist exactly as given, like [`super::apply_table`]. With a remembered
     /// table of the same name, only the difference to it is written (elements in place, or a
     /// rebuild when sets or chains changed) and nothing is read; otherwise the kernel is read

@@ -428,6 +428,12 @@ pub(crate) fn new_rule(family: u8, table: &str, chain: &str, exprs: &[Expr], obj
 /// The sets rules can read; `with_ids` when the sets are created in the same batch (their
 /// ids are their 1-based positions, as nft numbers them).
 pub(crate) fn rule_ctx(table: &NftTable, with_ids: bool) -> RuleCtx {
+    rule_ctx_at(table, with_ids.then_some(0))
+}
+
+/// [`rule_ctx`] with the sets' ids after `base` (Some) when the batch creates other tables'
+/// sets before these.
+pub(crate) fn rule_ctx_at(table: &NftTable, base: Option<u32>) -> RuleCtx {
     let sets = table
         .sets
         .iter()
@@ -438,7 +444,7 @@ pub(crate) fn rule_ctx(table: &NftTable, with_ids: bool) -> RuleCtx {
                 key: conv(&s.key),
                 data: conv(&s.data),
                 interval: s.interval,
-                id: with_ids.then_some(i as u32 + 1),
+                id: base.map(|b| b + i as u32 + 1),
             };
             (s.name.clone(), r)
         })

@@ -348,6 +348,12 @@ fn chunks<'a>(elems: &'a [&'a NftElement], budget: usize) -> impl Iterator<Item 
 }
 
 pub(crate) fn replace_batches(fam: u8, t: &NftTable, budget: usize) -> Result<Vec<Vec<Msg>>, NftError> {
+    Ok(replace_batches_at(fam, t, budget, 0)?.0)
+}
+
+/// [`replace_batches`] numbering the table's sets (named, then anonymous) after `base`, so that
+/// several tables share one transaction; also the last id used.
+fn replace_batches_at(fam: u8, t: &NftTable, budget: usize, base: u32) -> Result<(Vec<Vec<Msg>>, u32), NftError> {
     // Adding before deleting makes the delete valid whether or not the table exists.
     let mut head =
         vec![encode::new_table(fam, &t.name), encode::del_table(fam, &t.name), encode::new_table(fam, &t.name)];
@@ -357,7 +363,7 @@ pub(crate) fn replace_batches(fam: u8, t: &NftTable, budget: usize) -> Result<Ve
     let mut left = budget;
     let mut later: Vec<Vec<Msg>> = Vec::new();
     for (i, s) in t.sets.iter().enumerate() {
-        let id = i as u32 + 1;
+        let id = base + i as u32 + 1;
         head.push(encode::new_set(fam, &t.name, s, id)?);
         let elems: Vec<&NftElement> = s.elements.iter().collect();
         let now = elems.len().min(left);
@@ -369,9 +375,9 @@ pub(crate) fn replace_batches(fam: u8, t: &NftTable, budget: usize) -> Result<Ve
             later.push(encode::set_elements(NFT_MSG_NEWSETELEM, fam, &t.name, s, None, c)?);
         }
     }
-    let ctx = encode::rule_ctx(t, true);
+    let ctx = encode::rule_ctx_at(t, Some(base));
     // Anonymous sets take the ids after the named ones.
-    let mut next_id = t.sets.len() as u32 + 1;
+    let mut next_id = base + t.sets.len() as u32 + 1;
     for c in &t.chains {
         for (i, r) in c.rules.iter().enumerate() {
             let object = rule_name(&c.name, i);
@@ -386,7 +392,43 @@ pub(crate) fn replace_batches(fam: u8, t: &NftTable, budget: usize) -> Result<Ve
             head.push(encode::new_rule(fam, &t.name, &c.name, &exprs, object));
         }
     }
-    Ok(pack(head, later, budget))
+    Ok((pack(head, later, budget), next_id - 1))
+}
+
+/// Tables created whole and tables removed, in one transaction on `sock`: the kernel commits
+/// them in one generation or refuses them all (docs/intercept/table.md, lifecycle). `creates`
+/// are in normal form ([`normalize`]) and known absent; `removes` are kuport's. Ok(None),
+/// nothing sent, when their elements exceed one transaction's `budget` (the caller then applies
+/// them one by one).
+pub fn create_and_remove(
+    netns: Option<&Path>,
+    creates: &[&NftTable],
+    removes: &[(NftFamily, String)],
+    budget: usize,
+) -> Result<Option<ApplyReport>, NftError> {
+    let elements: usize = creates.iter().flat_map(|t| &t.sets).map(|s| s.elements.len()).sum();
+    if elements > budget {
+        return Ok(None);
+    }
+    let mut msgs = Vec::new();
+    let mut diffs = Vec::new();
+    let mut last_id = 0;
+    for t in creates {
+        let (batches, last) = replace_batches_at(family_code(t.family)?, t, budget, last_id)?;
+        last_id = last;
+        msgs.extend(batches.into_iter().flatten());
+        diffs.extend(diff(t, None));
+    }
+    for (family, name) in removes {
+        let fam = family_code(*family as i32)?;
+        // Add-then-delete is valid whether or not the table still exists.
+        msgs.extend([encode::new_table(fam, name), encode::del_table(fam, name)]);
+    }
+    let mut report = ApplyReport { mode: ApplyMode::Replaced, writes: 0, batches: 0, diffs, compared: 0 };
+    if !msgs.is_empty() {
+        send(&mut Socket::open_in(netns)?, &[msgs], &mut report)?;
+    }
+    Ok(Some(report))
 }
 
 fn element_batches(fam: u8, want: &NftTable, have: &NftTable, budget: usize) -> Result<Vec<Vec<Msg>>, NftError> {

@@ -1,0 +1,508 @@
+//! The Intercept resource, assembled: which pods each Intercept selects, which of them get the
+//! tables ([`super::tables`]) in their own namespace on their node, and the status that says so.
+//! docs/intercept/resource.md lists the reasons.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::jiff::Timestamp;
+use kuport_proto::v1::{NetnsState, PodRef};
+use prost::Message;
+
+use super::{AgentIdentity, Intercept as Port, InterceptSpec, Protocol, Refusal};
+use crate::api::{self, Intercept, InterceptStatus, PodProgress};
+use crate::compute::conditions::condition;
+use crate::compute::{ObjectKey, Tracked};
+
+/// An Intercept's namespace and name.
+pub type InterceptKey = (String, String);
+
+pub const ACCEPTED: &str = "Accepted";
+pub const PROGRAMMED: &str = "Programmed";
+
+/// The reasons of the Accepted and Programmed conditions and of each pod not programmed.
+pub mod reason {
+    pub const ACCEPTED: &str = "Accepted";
+    pub const PORT_OUT_OF_RANGE: &str = "PortOutOfRange";
+    pub const DUPLICATE_PORT: &str = "DuplicatePort";
+    pub const PROXY_PORT_CONFLICT: &str = "ProxyPortConflict";
+    pub const INVALID_SUBNET: &str = "InvalidSubnet";
+    pub const INVALID_IDENTITY: &str = "InvalidIdentity";
+    pub const NO_INTERCEPT: &str = "NoIntercept";
+    pub const PROGRAMMED: &str = "Programmed";
+    pub const NO_POD_SELECTED: &str = "NoPodSelected";
+    pub const PODS_NOT_PROGRAMMED: &str = "PodsNotProgrammed";
+    pub const NOT_ACCEPTED: &str = "NotAccepted";
+    pub const NOT_RUNNING: &str = "PodNotRunning";
+    pub const HOST_NETWORK: &str = "HostNetwork";
+    pub const NO_POD_IP: &str = "NoPodIP";
+    pub const OWNER_MATCH_IMPOSSIBLE: &str = "OwnerMatchImpossible";
+    pub const ALREADY_INTERCEPTED: &str = "AlreadyIntercepted";
+    pub const NAMESPACE_NOT_FOUND: &str = "NamespaceNotFound";
+    pub const PENDING: &str = "Pending";
+}
+
+/// What the computation decided for every Intercept.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decided {
+    /// Per node, the pod namespaces to program.
+    pub netns: BTreeMap<String, Vec<NetnsState>>,
+    /// Statuses as if every placed pod were programmed ([`finish`] corrects them).
+    pub statuses: BTreeMap<InterceptKey, InterceptStatus>,
+    /// Per Intercept, its placed pods: (pod name, node).
+    pub placed: BTreeMap<InterceptKey, Vec<(String, String)>>,
+    pub tracked: BTreeMap<ObjectKey, Tracked>,
+}
+
+fn key_of(i: &Intercept) -> InterceptKey {
+    (i.metadata.namespace.clone().unwrap_or_default(), i.metadata.name.clone().unwrap_or_default())
+}
+
+/// The spec as the table function reads it, or why it cannot be read.
+fn table_spec(spec: &api::InterceptSpec) -> Result<InterceptSpec, (&'static str, String)> {
+    let identity = match (spec.agent.group, spec.agent.user, spec.agent.mark) {
+        (None, None, None) => AgentIdentity::default(),
+        (Some(g), None, None) => AgentIdentity::Group(g),
+        (None, Some(u), None) => AgentIdentity::User(u),
+        (None, None, Some(m)) => AgentIdentity::Mark(m),
+        _ => return Err((reason::INVALID_IDENTITY, "agent: set one of group, user, mark".into())),
+    };
+    let mut subnets = Vec::new();
+    for (i, s) in spec.mesh_dial_subnets.iter().enumerate() {
+        let net: IpNet =
+            s.parse().map_err(|_| (reason::INVALID_SUBNET, format!("meshDialSubnets[{i}]: {s:?} is not a CIDR")))?;
+        subnets.push(net);
+    }
+    let intercepts = spec
+        .intercepts
+        .iter()
+        .map(|p| Port {
+            protocol: match p.protocol {
+                api::Protocol::Tcp => Protocol::Tcp,
+                api::Protocol::Udp => Protocol::Udp,
+            },
+            container_port: p.container_port,
+            agent_port: p.agent_port,
+            proxy_port: p.proxy_port,
+        })
+        .collect();
+    Ok(InterceptSpec { intercepts, identity, mesh_dial_subnets: subnets, pod_addresses: Vec::new() })
+}
+
+fn refusal_reason(r: &Refusal) -> &'static str {
+    match r {
+        Refusal::PortOutOfRange { .. } => reason::PORT_OUT_OF_RANGE,
+        Refusal::DuplicatePort { .. } => reason::DUPLICATE_PORT,
+        Refusal::ProxyPortIntercepted { .. } | Refusal::DuplicateProxyPort { .. } => reason::PROXY_PORT_CONFLICT,
+    }
+}
+
+/// The Accepted verdict: the spec the tables come from, or the reason and message it is not.
+/// An intercept refused by [`super::tables`] leaves the others programmed (Accepted stays True,
+/// with the refusal's reason and message).
+fn accept(spec: &api::InterceptSpec) -> (Result<InterceptSpec, ()>, &'static str, String) {
+    let s = match table_spec(spec) {
+        Ok(s) => s,
+        Err((r, m)) => return (Err(()), r, m),
+    };
+    let (kept, refusals) = super::accept(&s);
+    let why: Vec<String> = refusals.iter().map(ToString::to_string).collect();
+    let first = refusals.first().map(refusal_reason);
+    if kept.is_empty() {
+        let why = if why.is_empty() { "none listed".to_string() } else { why.join("; ") };
+        return (Err(()), first.unwrap_or(reason::NO_INTERCEPT), format!("no intercept accepted: {why}"));
+    }
+    match first {
+        None => (Ok(s), reason::ACCEPTED, "every intercept is accepted".into()),
+        Some(r) => (Ok(s), r, format!("{}; the other intercepts are programmed", why.join("; "))),
+    }
+}
+
+/// Why a selected pod cannot be programmed, before any table is computed.
+fn pod_refusal(pod: &Pod, identity: AgentIdentity) -> Option<(&'static str, String)> {
+    let status = pod.status.as_ref();
+    let spec = pod.spec.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Some((reason::NOT_RUNNING, "the pod is terminating".into()));
+    }
+    if phase != "Running" {
+        return Some((reason::NOT_RUNNING, format!("the pod is {phase}, not Running")));
+    }
+    if spec.and_then(|s| s.host_network) == Some(true) {
+        return Some((
+            reason::HOST_NETWORK,
+            "the pod uses the host's network namespace (hostNetwork: true); kuport never programs the host's \
+             namespace for an Intercept"
+                .into(),
+        ));
+    }
+    if spec.and_then(|s| s.node_name.as_deref()).unwrap_or_default().is_empty() {
+        return Some((reason::NOT_RUNNING, "the pod has no node".into()));
+    }
+    if pod_ips(pod).is_empty() {
+        return Some((reason::NO_POD_IP, "the pod has no address yet (status.podIPs)".into()));
+    }
+    if spec.and_then(|s| s.host_users) == Some(false) && !matches!(identity, AgentIdentity::Mark(_)) {
+        return Some((
+            reason::OWNER_MATCH_IMPOSSIBLE,
+            "the pod runs in a user namespace (hostUsers: false), where a socket's owner reads through the pod's \
+             ID mapping; use agent.mark"
+                .into(),
+        ));
+    }
+    None
+}
+
+fn pod_ips(pod: &Pod) -> Vec<String> {
+    let Some(s) = pod.status.as_ref() else { return Vec::new() };
+    let mut ips: Vec<String> = s.pod_ips.iter().flatten().map(|p| p.ip.clone()).collect();
+    if ips.is_empty()
+        && let Some(ip) = &s.pod_ip
+    {
+        ips.push(ip.clone());
+    }
+    ips.retain(|a| a.parse::<IpAddr>().is_ok());
+    ips
+}
+
+fn selects(spec: &api::InterceptSpec, pod: &Pod) -> bool {
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    spec.pod_selector.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Whether some Intercept in `intercepts` selects `pod`: the Kubernetes source keeps only those.
+pub fn selected_by_any(intercepts: &[&Intercept], pod: &Pod) -> bool {
+    intercepts.iter().any(|i| i.metadata.namespace == pod.metadata.namespace && selects(&i.spec, pod))
+}
+
+/// Every Intercept, oldest first: an older Intercept keeps a pod a younger one also selects
+/// (the younger reports AlreadyIntercepted for it).
+pub fn compute(intercepts: &[Intercept], pods: &[Pod], now: Timestamp) -> Decided {
+    let mut order: Vec<&Intercept> = intercepts.iter().collect();
+    order.sort_by(|a, b| {
+        let t = |i: &Intercept| i.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        t(a).cmp(&t(b)).then_with(|| key_of(a).cmp(&key_of(b)))
+    });
+    let mut pods: Vec<&Pod> = pods.iter().collect();
+    pods.sort_by(|a, b| (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name)));
+    // Pod UID -> the Intercept programming it.
+    let mut claimed: BTreeMap<String, InterceptKey> = BTreeMap::new();
+    let mut out = Decided::default();
+    for ic in order {
+        let key = key_of(ic);
+        let stored = ic.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+        let generation = ic.metadata.generation;
+        let (verdict, accepted_reason, accepted_message) = accept(&ic.spec);
+        let selected: Vec<&Pod> = pods
+            .iter()
+            .copied()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(&key.0) && selects(&ic.spec, p))
+            .collect();
+        let mut st = InterceptStatus {
+            observed_generation: generation,
+            selected_pods: selected.len() as u32,
+            ..Default::default()
+        };
+        let mut placed = Vec::new();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        let mut nodes = BTreeSet::new();
+        for pod in selected {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            let mut refuse = |reason: &str, message: String| {
+                st.pods.push(PodProgress { name: name.clone(), node: node.clone(), reason: reason.into(), message });
+            };
+            let Ok(spec) = &verdict else {
+                refuse(reason::NOT_ACCEPTED, "the Intercept is not accepted (see Accepted)".into());
+                continue;
+            };
+            if let Some((r, m)) = pod_refusal(pod, spec.identity) {
+                refuse(r, m);
+                continue;
+            }
+            if let Some((ns, other)) = claimed.get(&uid) {
+                refuse(reason::ALREADY_INTERCEPTED, format!("the older Intercept {ns}/{other} programs this pod"));
+                continue;
+            }
+            let addresses = pod_ips(pod);
+            let spec = InterceptSpec {
+                pod_addresses: addresses.iter().filter_map(|a| a.parse().ok()).collect(),
+                ..spec.clone()
+            };
+            let tables = match super::tables(&spec) {
+                Ok(c) => c.tables,
+                Err(e) => {
+                    refuse(reason::NOT_ACCEPTED, e.to_string());
+                    continue;
+                }
+            };
+            claimed.insert(uid.clone(), key.clone());
+            let target =
+                kuport_proto::netns::pod(PodRef { namespace: key.0.clone(), name: name.clone(), uid, addresses });
+            let ns = NetnsState { target, nft_tables: tables, ..Default::default() };
+            ns.encode_to_vec().hash(&mut hasher);
+            node.hash(&mut hasher);
+            nodes.insert(node.clone());
+            placed.push((name, node.clone()));
+            out.netns.entry(node).or_default().push(ns);
+        }
+        st.programmed_pods = placed.len() as u32;
+        st.conditions = vec![
+            condition(stored, ACCEPTED, verdict.is_ok(), accepted_reason, accepted_message, generation, now),
+            programmed_condition(stored, &st, generation, now),
+        ];
+        if !placed.is_empty() {
+            out.tracked.insert(
+                ObjectKey::intercept(&key.0, &key.1),
+                Tracked { nodes: nodes.into_iter().collect(), fingerprint: hasher.finish() },
+            );
+        }
+        out.placed.insert(key.clone(), placed);
+        out.statuses.insert(key, st);
+    }
+    out
+}
+
+/// Programmed: True once every selected pod is programmed; else the reason the pods not
+/// programmed share (PodsNotProgrammed when they differ).
+fn programmed_condition(
+    stored: &[Condition],
+    st: &InterceptStatus,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Condition {
+    let (ok, r, message) = if st.selected_pods == 0 {
+        (false, reason::NO_POD_SELECTED, "the selector matches no pod".to_string())
+    } else if st.pods.is_empty() {
+        (true, reason::PROGRAMMED, format!("{} of {} pods programmed", st.programmed_pods, st.selected_pods))
+    } else {
+        let reasons: BTreeSet<&str> = st.pods.iter().map(|p| p.reason.as_str()).collect();
+        let r = if reasons.len() == 1 { st.pods[0].reason.as_str() } else { reason::PODS_NOT_PROGRAMMED };
+        let first = &st.pods[0];
+        let message = format!(
+            "{} of {} pods programmed; pod {}: {}",
+            st.programmed_pods, st.selected_pods, first.name, first.message
+        );
+        (false, r, message)
+    };
+    condition(stored, PROGRAMMED, ok, r, message, generation, now)
+}
+
+/// The status to write: `computed` with each placed pod whose executor refused its namespace
+/// (`refused`: node -> the executor's (object, reason) errors) reported NamespaceNotFound, and
+/// each placed pod on a `pending` node reported Pending; condition times kept from `stored`.
+pub fn finish(
+    key: &InterceptKey,
+    computed: &InterceptStatus,
+    placed: &[(String, String)],
+    refused: &BTreeMap<String, Vec<(String, String)>>,
+    pending: &[String],
+    stored: Option<&InterceptStatus>,
+    now: Timestamp,
+) -> InterceptStatus {
+    let mut st = computed.clone();
+    for (pod, node) in placed {
+        let object = format!("pod {}/{pod}", key.0);
+        let nack =
+            refused.get(node).into_iter().flatten().find(|(o, _)| *o == object || o.starts_with(&format!("{object} ")));
+        let progress = match nack {
+            Some((_, why)) => Some((reason::NAMESPACE_NOT_FOUND, format!("node {node}: {why}"))),
+            None if pending.contains(node) => {
+                Some((reason::PENDING, format!("waiting for node {node} to apply the state")))
+            }
+            None => None,
+        };
+        if let Some((r, message)) = progress {
+            st.programmed_pods = st.programmed_pods.saturating_sub(1);
+            st.pods.push(PodProgress { name: pod.clone(), node: node.clone(), reason: r.into(), message });
+        }
+    }
+    st.pods.sort();
+    let prev = stored.map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+    let generation = st.observed_generation;
+    let programmed = programmed_condition(prev, &st, generation, now);
+    for c in &mut st.conditions {
+        if c.type_ == PROGRAMMED {
+            *c = programmed.clone();
+        } else {
+            // The stored transition time wins over the compute's when the status agrees.
+            *c = condition(
+                prev,
+                &c.type_.clone(),
+                c.status == "True",
+                &c.reason.clone(),
+                c.message.clone(),
+                generation,
+                now,
+            );
+        }
+    }
+    st
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{InterceptPort, PodSelector};
+    use crate::compute::testkit::{World, now};
+    use k8s_openapi::api::core::v1::{PodIP, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    fn pod(name: &str, phase: &str, ips: &[&str], edit: impl FnOnce(&mut PodSpec)) -> Pod {
+        let mut spec = PodSpec { node_name: Some("worker-2".into()), ..Default::default() };
+        edit(&mut spec);
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("dev".into()),
+                uid: Some(format!("uid-{name}")),
+                labels: Some([("app".to_string(), "web".to_string())].into()),
+                ..Default::default()
+            },
+            spec: Some(spec),
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                pod_ips: Some(ips.iter().map(|i| PodIP { ip: (*i).into() }).collect()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn intercept(name: &str, created: i64, ports: &[(u32, u32)]) -> Intercept {
+        let spec = api::InterceptSpec {
+            pod_selector: PodSelector { match_labels: [("app".to_string(), "web".to_string())].into() },
+            intercepts: ports
+                .iter()
+                .map(|(c, a)| InterceptPort {
+                    protocol: api::Protocol::Tcp,
+                    container_port: *c,
+                    agent_port: *a,
+                    proxy_port: None,
+                })
+                .collect(),
+            agent: Default::default(),
+            mesh_dial_subnets: vec!["10.96.0.0/12".into(), "fd00:96::/108".into()],
+        };
+        let mut i = Intercept::new(name, spec);
+        i.metadata.namespace = Some("dev".into());
+        i.metadata.generation = Some(1);
+        i.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_794_000_000 + created).expect("time")));
+        i
+    }
+
+    fn pods_world() -> World {
+        let mut w = World::new().node("worker-2", "100.64.0.12", true);
+        w.c.pods = vec![
+            pod("app", "Running", &["10.0.1.5", "fd00:1::5"], |_| {}),
+            pod("starting", "Pending", &[], |_| {}),
+            pod("hostnet", "Running", &["100.64.0.12"], |s| s.host_network = Some(true)),
+            pod("noip", "Running", &[], |_| {}),
+            pod("userns", "Running", &["10.0.1.7"], |s| s.host_users = Some(false)),
+        ];
+        w.c.intercepts = vec![intercept("web", 0, &[(8080, 9900), (8080, 9901)])];
+        w
+    }
+
+    fn reasons(st: &InterceptStatus) -> Vec<(&str, &str)> {
+        st.pods.iter().map(|p| (p.name.as_str(), p.reason.as_str())).collect()
+    }
+
+    #[test]
+    fn selected_pods_get_tables_the_others_a_reason() {
+        let out = pods_world().run();
+        let key = ("dev".to_string(), "web".to_string());
+        let st = &out.intercepts[&key];
+        assert_eq!((st.selected_pods, st.programmed_pods), (5, 1));
+        assert_eq!(
+            reasons(st),
+            [
+                ("hostnet", reason::HOST_NETWORK),
+                ("noip", reason::NO_POD_IP),
+                ("starting", reason::NOT_RUNNING),
+                ("userns", reason::OWNER_MATCH_IMPOSSIBLE),
+            ]
+        );
+        let accepted = &st.conditions[0];
+        assert_eq!((accepted.status.as_str(), accepted.reason.as_str()), ("True", reason::DUPLICATE_PORT));
+        assert!(accepted.message.contains("the first agent port wins"), "{}", accepted.message);
+        assert_eq!(st.conditions[1].reason, reason::PODS_NOT_PROGRAMMED);
+        assert_eq!(out.intercept_pods[&key], [("app".to_string(), "worker-2".to_string())]);
+        assert_eq!(out.must_ack(&ObjectKey::intercept("dev", "web")), ["worker-2"]);
+        let state = &out.node_states["worker-2"];
+        let pods: Vec<_> = state.netns.iter().filter(|n| !n.is_host()).collect();
+        assert_eq!(pods.len(), 1);
+        assert_eq!(pods[0].describe(), "pod dev/app uid-app");
+        assert_eq!(pods[0].nft_tables.len(), 2, "ip and ip6");
+    }
+
+    #[test]
+    fn the_older_intercept_keeps_a_pod_both_select() {
+        let mut w = pods_world();
+        w.c.intercepts.push(intercept("young", 10, &[(9090, 9902)]));
+        let out = w.run();
+        let young = &out.intercepts[&("dev".to_string(), "young".to_string())];
+        let app = young.pods.iter().find(|p| p.name == "app").expect("app reported");
+        assert_eq!(app.reason, reason::ALREADY_INTERCEPTED);
+        assert!(app.message.contains("dev/web"), "{}", app.message);
+        assert!(!out.tracked.contains_key(&ObjectKey::intercept("dev", "young")));
+        // Only the older one's table is in the pod's namespace.
+        let ns = out.node_states["worker-2"].netns.iter().filter(|n| !n.is_host()).count();
+        assert_eq!(ns, 1);
+    }
+
+    #[test]
+    fn no_intercept_selected_leaves_port_map_states_alone() {
+        let mut w = pods_world();
+        w.c.intercepts.clear();
+        let with_pods = w.clone().run();
+        w.c.pods.clear();
+        assert_eq!(with_pods.node_states, w.run().node_states);
+    }
+
+    #[test]
+    fn finish_reports_pending_and_namespace_not_found() {
+        let out = pods_world().run();
+        let key = ("dev".to_string(), "web".to_string());
+        let placed = &out.intercept_pods[&key];
+        let computed = &out.intercepts[&key];
+        let st = finish(&key, computed, placed, &BTreeMap::new(), &["worker-2".into()], None, now());
+        assert_eq!(st.programmed_pods, 0);
+        assert!(st.pods.iter().any(|p| p.name == "app" && p.reason == reason::PENDING));
+        let refused = BTreeMap::from([(
+            "worker-2".to_string(),
+            vec![("pod dev/app".to_string(), "no namespace holds 10.0.1.5".to_string())],
+        )]);
+        let st = finish(&key, computed, placed, &refused, &[], None, now());
+        let app = st.pods.iter().find(|p| p.name == "app").expect("app");
+        assert_eq!(app.reason, reason::NAMESPACE_NOT_FOUND);
+        assert!(app.message.contains("no namespace holds 10.0.1.5"));
+        let st = finish(&key, computed, placed, &BTreeMap::new(), &[], None, now());
+        assert_eq!(st.programmed_pods, 1);
+    }
+
+    #[test]
+    fn a_bad_subnet_is_not_accepted() {
+        let mut w = pods_world();
+        w.c.intercepts[0].spec.mesh_dial_subnets = vec!["10.96.0.0/33".into()];
+        let out = w.run();
+        let st = &out.intercepts[&("dev".to_string(), "web".to_string())];
+        let accepted = &st.conditions[0];
+        assert_eq!((accepted.status.as_str(), accepted.reason.as_str()), ("False", reason::INVALID_SUBNET));
+        assert!(accepted.message.contains("meshDialSubnets[0]"));
+        assert!(out.node_states["worker-2"].netns.iter().all(|n| n.is_host()));
+    }
+
+    #[test]
+    fn golden_pod_namespace() {
+        let mut w = World::new().node("worker-2", "100.64.0.12", true);
+        w.c.pods = vec![pod("app", "Running", &["10.0.1.5", "fd00:1::5"], |_| {})];
+        w.c.intercepts = vec![intercept("web", 0, &[(8080, 9900)])];
+        insta::assert_snapshot!(crate::render::render_text(&w.run()));
+    }
+}

@@ -1,0 +1,309 @@
+//! The Intercept resource against a real kube-apiserver and etcd (e2e/controlplane), with a
+//! fake executor: a selected pod's namespace lands in its node's desired state with the
+//! kuport-intercept table, status reports Accepted and Programmed after the ack, a host-network
+//! pod is refused with its reason, and CEL refuses bad ports and subnets.
+//! docs/intercept/resource.md describes the resource.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kuport_proto::v1::netns_ref::Kind;
+use kuport_proto::v1::node_sync_client::NodeSyncClient;
+use kuport_proto::v1::{Ack, ExecutorMessage, Hello, NodeState, controller_message, executor_message};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// etcd and kube-apiserver in a temporary folder, stopped on drop (as in tests/kubernetes.rs).
+struct ControlPlane {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    kubectl: PathBuf,
+}
+
+impl ControlPlane {
+    fn up() -> Self {
+        let bin = Command::new("bash").arg(repo().join("e2e/controlplane/build.sh")).output().expect("build.sh");
+        assert!(bin.status.success(), "build.sh: {}", String::from_utf8_lossy(&bin.stderr));
+        let bin = String::from_utf8_lossy(&bin.stdout).lines().last().unwrap_or_default().trim().to_string();
+        let dir = std::env::temp_dir().join(format!("kuport-icpt-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let up = Command::new("bash").arg(repo().join("e2e/controlplane/up.sh")).arg(&dir).output().expect("up.sh");
+        assert!(up.status.success(), "up.sh: {}", String::from_utf8_lossy(&up.stderr));
+        ControlPlane { kubeconfig: dir.join("kubeconfig"), kubectl: Path::new(&bin).join("kubectl"), dir }
+    }
+
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+        use std::io::Write as _;
+        let mut child = Command::new(&self.kubectl)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(text.as_bytes()).expect("stdin");
+        }
+        let out = child.wait_with_output().expect("kubectl output");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        self.kubectl(args, stdin).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"))
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.extend(["-o", "json"]);
+        serde_json::from_str(&self.ok(&a, None)).expect("json")
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let keep = std::env::temp_dir().join(format!("kuport-icpt-test-logs-{}", std::process::id()));
+            let _ = std::fs::create_dir_all(&keep);
+            for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+                if e.path().extension().is_some_and(|x| x == "log") {
+                    let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
+                }
+            }
+            eprintln!("logs kept in {}", keep.display());
+        }
+        let _ = Command::new("bash").arg(repo().join("e2e/controlplane/down.sh")).arg(&self.dir).output();
+    }
+}
+
+struct Controller(Child);
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_address() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("address").to_string()
+}
+
+/// A fake executor of `node` that acknowledges every state and keeps the last one whole
+/// (namespaces sent held keep the content received before).
+fn fake_executor(node: &'static str, address: String) -> Arc<Mutex<Option<NodeState>>> {
+    let last = Arc::new(Mutex::new(None::<NodeState>));
+    let keep = last.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok(mut client) = NodeSyncClient::connect(format!("http://{address}")).await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            let (tx, rx) = mpsc::channel(8);
+            let hello = Hello { node: node.into(), executor_version: "fake".into(), applied: None };
+            let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await;
+            let Ok(resp) = client.sync(ReceiverStream::new(rx)).await else { continue };
+            let mut inbound = resp.into_inner();
+            while let Ok(Some(m)) = inbound.message().await {
+                let Some(controller_message::Message::State(ds)) = m.message else { continue };
+                {
+                    let mut last = keep.lock().expect("lock");
+                    let mut state = ds.state.clone().unwrap_or_default();
+                    for ns in &mut state.netns {
+                        if ns.held
+                            && let Some(old) =
+                                last.as_ref().and_then(|o| o.netns.iter().find(|o| o.version == ns.version))
+                        {
+                            *ns = old.clone();
+                        }
+                    }
+                    *last = Some(state);
+                }
+                let a =
+                    Ack { term: ds.term, sequence: ds.sequence, version: ds.version.clone(), ok: true, errors: vec![] };
+                let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Ack(a)) }).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    last
+}
+
+async fn within(limit: Duration, what: &str, mut f: impl FnMut() -> Result<(), String>) {
+    let started = Instant::now();
+    loop {
+        match f() {
+            Ok(()) => return,
+            Err(e) if started.elapsed() > limit => panic!("{what}: not within {limit:?}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn condition(o: &Value, type_: &str) -> (String, String) {
+    let c = o["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == type_));
+    let s = |k: &str| c.and_then(|c| c[k].as_str()).unwrap_or_default().to_string();
+    (s("status"), s("reason"))
+}
+
+const OBJECTS: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: dev}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: worker-2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: app, namespace: dev, labels: {app: web}}
+spec: {nodeName: worker-2, containers: [{name: app, image: app}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: hostnet, namespace: dev, labels: {app: hostnet}}
+spec: {nodeName: worker-2, hostNetwork: true, containers: [{name: app, image: app}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: other, namespace: dev, labels: {app: other}}
+spec: {nodeName: worker-2, containers: [{name: app, image: app}]}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: Intercept
+metadata: {name: web, namespace: dev}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  intercepts: [{protocol: TCP, containerPort: 8080, agentPort: 9900}]
+  meshDialSubnets: [10.96.0.0/12]
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: Intercept
+metadata: {name: hostnet, namespace: dev}
+spec:
+  podSelector: {matchLabels: {app: hostnet}}
+  intercepts: [{protocol: TCP, containerPort: 8080, agentPort: 9900}]
+"#;
+
+/// CEL refusals: each object and the message the API server answers with.
+const BAD: &[(&str, &str)] = &[
+    (
+        r#"{"apiVersion":"kuport.wlz.li/v1alpha1","kind":"Intercept","metadata":{"name":"p0","namespace":"dev"},
+            "spec":{"podSelector":{},"intercepts":[{"protocol":"TCP","containerPort":0,"agentPort":9900}]}}"#,
+        "containerPort must be 1-65535",
+    ),
+    (
+        r#"{"apiVersion":"kuport.wlz.li/v1alpha1","kind":"Intercept","metadata":{"name":"cidr","namespace":"dev"},
+            "spec":{"podSelector":{},"intercepts":[{"protocol":"TCP","containerPort":80,"agentPort":9900}],
+            "meshDialSubnets":["10.96.0.0/33"]}}"#,
+        "meshDialSubnets: each must be a CIDR",
+    ),
+    (
+        r#"{"apiVersion":"kuport.wlz.li/v1alpha1","kind":"Intercept","metadata":{"name":"two","namespace":"dev"},
+            "spec":{"podSelector":{},"intercepts":[{"protocol":"TCP","containerPort":80,"agentPort":9900}],
+            "agent":{"group":7439,"user":1000}}}"#,
+        "agent: set one of group, user, mark",
+    ),
+];
+
+fn running(cp: &ControlPlane, pod: &str, ip: &str) {
+    let status = format!(r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}]}}}}"#);
+    cp.ok(&["patch", "pod", "-n", "dev", pod, "--subresource=status", "--type=merge", "-p", &status], None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intercept_selects_programs_and_reports() {
+    let cp = ControlPlane::up();
+    cp.ok(&["apply", "-f", &repo().join("crds/kuport.wlz.li.yaml").display().to_string()], None);
+    cp.ok(&["wait", "--for=condition=Established", "crd/intercepts.kuport.wlz.li"], None);
+    cp.ok(&["apply", "-f", "-"], Some(OBJECTS));
+    for (json, message) in BAD {
+        let err = cp.kubectl(&["apply", "-f", "-"], Some(json)).expect_err("the API server must refuse");
+        assert!(err.contains(message), "expected {message:?} in: {err}");
+    }
+    running(&cp, "app", "10.0.1.5");
+    running(&cp, "hostnet", "192.168.0.2");
+    running(&cp, "other", "10.0.1.6");
+
+    let address = free_address();
+    let log = std::fs::File::create(cp.dir.join("controller.log")).expect("log");
+    let _c = Controller(
+        Command::new(env!("CARGO_BIN_EXE_kuport-controller"))
+            .args(["run", "--listen", &address, "--lease-namespace", "default", "--identity", "c1"])
+            .args(["--metrics-listen", &free_address()])
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .env("KUPORT_LOG_LEVEL", "info,kube=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("controller"),
+    );
+    let state = fake_executor("worker-2", address);
+
+    // The selected pod's namespace, with the table; no namespace for the other pods.
+    within(Duration::from_secs(30), "the pod's namespace in worker-2's state", || {
+        let st = state.lock().expect("lock").clone().ok_or("no state yet")?;
+        let pods: Vec<_> = st
+            .netns
+            .iter()
+            .filter_map(|n| match n.target.as_ref().and_then(|t| t.kind.as_ref()) {
+                Some(Kind::Pod(p)) => {
+                    Some((p.clone(), n.nft_tables.iter().map(|t| t.name.clone()).collect::<Vec<_>>()))
+                }
+                _ => None,
+            })
+            .collect();
+        match pods.as_slice() {
+            [(p, tables)]
+                if p.name == "app"
+                    && p.addresses == ["10.0.1.5"]
+                    && !p.uid.is_empty()
+                    && tables == &["kuport-intercept"] =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    within(Duration::from_secs(15), "web Accepted and Programmed", || {
+        let o = cp.json(&["get", "intercept", "-n", "dev", "web"]);
+        let counts = (o["status"]["selectedPods"].as_u64(), o["status"]["programmedPods"].as_u64());
+        match (condition(&o, "Accepted"), condition(&o, "Programmed"), counts) {
+            ((a, _), (p, _), (Some(1), Some(1))) if a == "True" && p == "True" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    within(Duration::from_secs(15), "hostnet refused", || {
+        let o = cp.json(&["get", "intercept", "-n", "dev", "hostnet"]);
+        let pod = &o["status"]["pods"][0];
+        match (condition(&o, "Programmed"), pod["name"].as_str(), pod["reason"].as_str()) {
+            ((p, r), Some("hostnet"), Some("HostNetwork")) if p == "False" && r == "HostNetwork" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let columns = cp.ok(&["get", "intercept", "-n", "dev", "web"], None);
+    assert!(
+        columns.contains("SELECTED") && columns.contains("PROGRAMMED") && columns.contains("ACCEPTED"),
+        "{columns}"
+    );
+}
