@@ -4,7 +4,9 @@
 //! pod is refused with its reason, and CEL refuses bad ports and subnets.
 //! docs/intercept/resource.md describes the resource.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::{ControlPlane, repo};
+
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,78 +17,6 @@ use kuport_proto::v1::{Ack, ExecutorMessage, Hello, NodeState, controller_messag
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// etcd and kube-apiserver in a temporary folder, stopped on drop (as in tests/kubernetes.rs).
-struct ControlPlane {
-    dir: PathBuf,
-    kubeconfig: PathBuf,
-    kubectl: PathBuf,
-}
-
-impl ControlPlane {
-    fn up() -> Self {
-        let bin = Command::new("bash").arg(repo().join("e2e/controlplane/build.sh")).output().expect("build.sh");
-        assert!(bin.status.success(), "build.sh: {}", String::from_utf8_lossy(&bin.stderr));
-        let bin = String::from_utf8_lossy(&bin.stdout).lines().last().unwrap_or_default().trim().to_string();
-        let dir = std::env::temp_dir().join(format!("kuport-icpt-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let up = Command::new("bash").arg(repo().join("e2e/controlplane/up.sh")).arg(&dir).output().expect("up.sh");
-        assert!(up.status.success(), "up.sh: {}", String::from_utf8_lossy(&up.stderr));
-        ControlPlane { kubeconfig: dir.join("kubeconfig"), kubectl: Path::new(&bin).join("kubectl"), dir }
-    }
-
-    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-        use std::io::Write as _;
-        let mut child = Command::new(&self.kubectl)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(text.as_bytes()).expect("stdin");
-        }
-        let out = child.wait_with_output().expect("kubectl output");
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    }
-
-    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
-        self.kubectl(args, stdin).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"))
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut a = args.to_vec();
-        a.extend(["-o", "json"]);
-        serde_json::from_str(&self.ok(&a, None)).expect("json")
-    }
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let keep = std::env::temp_dir().join(format!("kuport-icpt-test-logs-{}", std::process::id()));
-            let _ = std::fs::create_dir_all(&keep);
-            for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
-                if e.path().extension().is_some_and(|x| x == "log") {
-                    let _ = std::fs::copy(e.path(), keep.join(e.file_name()));
-                }
-            }
-            eprintln!("logs kept in {}", keep.display());
-        }
-        let _ = Command::new("bash").arg(repo().join("e2e/controlplane/down.sh")).arg(&self.dir).output();
-    }
-}
 
 struct Controller(Child);
 
@@ -228,7 +158,7 @@ fn running(cp: &ControlPlane, pod: &str, ip: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn intercept_selects_programs_and_reports() {
-    let cp = ControlPlane::up();
+    let cp = ControlPlane::up("icpt");
     cp.ok(&["apply", "-f", &repo().join("crds/kuport.wlz.li.yaml").display().to_string()], None);
     cp.ok(&["wait", "--for=condition=Established", "crd/intercepts.kuport.wlz.li"], None);
     cp.ok(&["apply", "-f", "-"], Some(OBJECTS));

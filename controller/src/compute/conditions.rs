@@ -30,3 +30,9 @@ pub fn condition(
         last_transition_time,
     }
 }
+
+/// `c` as computed, with the stored transition time when `previous` holds the same status: what
+/// a status writer does to every condition it does not decide itself.
+pub fn keep_time(previous: &[Condition], c: &Condition, generation: Option<i64>, now: Timestamp) -> Condition {
+    condition(previous, &c.type_, c.status == "True", &c.reason, c.message.clone(), generation, now)
+}

@@ -17,7 +17,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use super::events;
 use super::metrics::WriteKind;
 use crate::api::{Intercept, PortMap, PortMapClass, PortMapStatus};
-use crate::compute::conditions::condition;
+use crate::compute::conditions::{condition, keep_time};
 use crate::compute::portmap::status::{self, reason};
 use crate::compute::{ObjectKey, Outputs};
 use crate::observe::kubernetes::Stores;
@@ -264,15 +264,7 @@ fn with_pending(
             *c = condition(prev, status::PROGRAMMED, false, reason::PENDING, message, generation, now);
         } else {
             // The stored transition time wins over the compute's when the status agrees.
-            *c = condition(
-                prev,
-                &c.type_.clone(),
-                c.status == "True",
-                &c.reason.clone(),
-                c.message.clone(),
-                generation,
-                now,
-            );
+            *c = keep_time(prev, c, generation, now);
         }
     }
     st

@@ -15,7 +15,7 @@ use prost::Message;
 
 use super::{AgentIdentity, Intercept as Port, InterceptSpec, Protocol, Refusal};
 use crate::api::{self, Intercept, InterceptStatus, PodProgress};
-use crate::compute::conditions::condition;
+use crate::compute::conditions::{condition, keep_time};
 use crate::compute::{ObjectKey, Tracked};
 
 /// An Intercept's namespace and name.
@@ -332,15 +332,7 @@ pub fn finish(
             *c = programmed.clone();
         } else {
             // The stored transition time wins over the compute's when the status agrees.
-            *c = condition(
-                prev,
-                &c.type_.clone(),
-                c.status == "True",
-                &c.reason.clone(),
-                c.message.clone(),
-                generation,
-                now,
-            );
+            *c = keep_time(prev, c, generation, now);
         }
     }
     st
