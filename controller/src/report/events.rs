@@ -1,10 +1,12 @@
 //! Events: what an operator should see in `kubectl describe` when a PortMap's status changes
 //! (a new refusal, a change of serving node), or when a class status row newly says that an
-//! executor's report was refused; decided from the old and new status alone.
+//! executor's report was refused, or when an Intercept's status changes (Accepted turning
+//! False, a pod refused, Programmed turning True); decided from the old and new status alone.
 
 use kube::runtime::events::{Event, EventType};
 
-use crate::api::{PortMapClassStatus, PortMapStatus};
+use crate::api::{InterceptStatus, PortMapClassStatus, PortMapStatus};
+use crate::compute::intercept::pods::{self as intercept, reason as intercept_reason};
 use crate::compute::portmap::status::reason;
 use crate::observe::facts::reason as facts_reason;
 
@@ -87,6 +89,69 @@ pub fn of_change(old: Option<&PortMapStatus>, new: &PortMapStatus) -> Vec<Event>
     events
 }
 
+/// At most this many pod events per Intercept status write: the status lists every pod.
+pub const MAX_POD_EVENTS: usize = 10;
+
+/// The events an Intercept's status (in `namespace`) going from `old` to `new` warrants, each
+/// only on change: Accepted turning False (Warning, its reason), a pod newly refused or refused
+/// for a new reason (Warning, the pod's reason; not while the Intercept is not accepted, nor
+/// Pending), Programmed turning True (Normal).
+pub fn of_intercept_change(namespace: &str, old: Option<&InterceptStatus>, new: &InterceptStatus) -> Vec<Event> {
+    let cond = |s: Option<&InterceptStatus>, t: &str| {
+        s.and_then(|s| s.conditions.iter().find(|c| c.type_ == t)).map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    let mut events = Vec::new();
+    let accepted = new.conditions.iter().find(|c| c.type_ == intercept::ACCEPTED);
+    let refused = accepted.is_some_and(|c| c.status == "False");
+    if let Some(c) = accepted.filter(|_| refused)
+        && cond(old, intercept::ACCEPTED) != Some(("False".into(), c.reason.clone()))
+    {
+        events.push(Event {
+            type_: EventType::Warning,
+            reason: c.reason.clone(),
+            note: Some(c.message.clone()),
+            action: "Refuse".into(),
+            secondary: None,
+        });
+    }
+    let before = |name: &str, why: &str| old.is_some_and(|o| o.pods.iter().any(|p| p.name == name && p.reason == why));
+    let pods = new
+        .pods
+        .iter()
+        .filter(|p| p.reason != intercept_reason::PENDING && !(refused && p.reason == intercept_reason::NOT_ACCEPTED))
+        .filter(|p| !before(&p.name, &p.reason))
+        .take(MAX_POD_EVENTS);
+    for p in pods {
+        let on = if p.node.is_empty() { String::new() } else { format!(" on node {}", p.node) };
+        events.push(Event {
+            type_: EventType::Warning,
+            reason: p.reason.clone(),
+            note: Some(format!("pod {}{on}: {}", p.name, p.message)),
+            action: "RefusePod".into(),
+            // The pod as the related object, so that two pods' events are not folded into one.
+            secondary: Some(k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(namespace.into()),
+                name: Some(p.name.clone()),
+                ..Default::default()
+            }),
+        });
+    }
+    let programmed = |s: Option<&InterceptStatus>| cond(s, intercept::PROGRAMMED).is_some_and(|c| c.0 == "True");
+    if programmed(Some(new)) && !programmed(old) {
+        let message = new.conditions.iter().find(|c| c.type_ == intercept::PROGRAMMED).map(|c| c.message.clone());
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: intercept_reason::PROGRAMMED.into(),
+            note: message,
+            action: "Program".into(),
+            secondary: None,
+        });
+    }
+    events
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +174,71 @@ mod tests {
         assert!(note.starts_with("node edge-a: underlayAddress: 100.64.0.66"), "{note}");
         assert!(of_class_change(Some(&status(refused)), &status(refused)).is_empty(), "said once");
         assert!(of_class_change(None, &status("Node is not Ready")).is_empty());
+    }
+
+    fn intercept(accepted: (&str, &str), programmed: &str, pods: &[(&str, &str)]) -> InterceptStatus {
+        let now: k8s_openapi::jiff::Timestamp = "2026-12-01T12:00:00Z".parse().expect("time");
+        let c = |t: &str, status: &str, reason: &str| {
+            crate::compute::conditions::condition(
+                &[],
+                t,
+                status == "True",
+                reason,
+                format!("{t} {reason}"),
+                Some(1),
+                now,
+            )
+        };
+        InterceptStatus {
+            pods: pods
+                .iter()
+                .map(|(name, reason)| crate::api::PodProgress {
+                    name: (*name).into(),
+                    node: "worker-1".into(),
+                    reason: (*reason).into(),
+                    message: "why".into(),
+                })
+                .collect(),
+            conditions: vec![
+                c(intercept::ACCEPTED, accepted.0, accepted.1),
+                c(intercept::PROGRAMMED, programmed, if programmed == "True" { "Programmed" } else { "Pending" }),
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_intercept_gets_events_only_on_change() {
+        use intercept_reason as r;
+        let reasons = |e: &[Event]| e.iter().map(|e| (e.type_, e.reason.clone())).collect::<Vec<_>>();
+        // Programmed turning True: one Normal event, then none while it stays True.
+        let pending = intercept(("True", r::ACCEPTED), "False", &[("app", r::PENDING)]);
+        let done = intercept(("True", r::ACCEPTED), "True", &[]);
+        assert!(of_intercept_change("ns", None, &pending).is_empty(), "Pending is no event");
+        assert_eq!(
+            reasons(&of_intercept_change("ns", Some(&pending), &done)),
+            [(EventType::Normal, r::PROGRAMMED.into())]
+        );
+        assert!(of_intercept_change("ns", Some(&done), &done).is_empty());
+        // A pod refused: one Warning naming the pod, its node and the reason; once.
+        let refused = intercept(("True", r::ACCEPTED), "False", &[("app", r::NAMESPACE_NOT_FOUND)]);
+        let events = of_intercept_change("ns", Some(&done), &refused);
+        assert_eq!(reasons(&events), [(EventType::Warning, r::NAMESPACE_NOT_FOUND.into())]);
+        assert_eq!(events[0].note.as_deref(), Some("pod app on node worker-1: why"));
+        let pod = events[0].secondary.as_ref().and_then(|o| o.name.clone());
+        assert_eq!(pod.as_deref(), Some("app"));
+        assert!(of_intercept_change("ns", Some(&refused), &refused).is_empty(), "said once");
+        // Accepted turning False: one Warning with its reason, not one per pod it leaves out.
+        let bad =
+            intercept(("False", r::INVALID_SUBNET), "False", &[("app", r::NOT_ACCEPTED), ("db", r::NOT_ACCEPTED)]);
+        let events = of_intercept_change("ns", Some(&done), &bad);
+        assert_eq!(reasons(&events), [(EventType::Warning, r::INVALID_SUBNET.into())]);
+        assert_eq!(events[0].note.as_deref(), Some("Accepted InvalidSubnet"));
+        assert!(of_intercept_change("ns", Some(&bad), &bad).is_empty());
+        // At most MAX_POD_EVENTS pod events per write.
+        let names: Vec<String> = (0..3 * MAX_POD_EVENTS).map(|i| format!("p{i}")).collect();
+        let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), r::NOT_RUNNING)).collect();
+        let events = of_intercept_change("ns", Some(&done), &intercept(("True", r::ACCEPTED), "False", &many));
+        assert_eq!(events.len(), MAX_POD_EVENTS);
     }
 }

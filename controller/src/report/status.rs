@@ -1,7 +1,7 @@
 //! The status writer (leader only): what the computation decided, written back to the API.
 //! Slot claims and node facts go into class status before any node state uses them (the hub's
 //! [`Gate`]); PortMap status once the executors that must apply a mapping acknowledged it
-//! (Pending until then), with the [`events`] the change warrants. Only statuses
+//! (Pending until then), and Intercept status likewise, with the [`events`] the change warrants. Only statuses
 //! that differ from the stored ones are written.
 
 use std::collections::BTreeMap;
@@ -176,7 +176,19 @@ impl Writer {
             let patch = Patch::Merge(serde_json::json!({ "status": st }));
             self.hub.metrics().api_write(WriteKind::InterceptStatus);
             match api.patch_status(&key.1, &PatchParams::apply(FIELD_MANAGER), &patch).await {
-                Ok(_) => tracing::info!(intercept = %format!("{}/{}", key.0, key.1), "status written"),
+                Ok(_) => {
+                    tracing::info!(intercept = %format!("{}/{}", key.0, key.1), "status written");
+                    let reference = stored.object_ref(&());
+                    for e in events::of_intercept_change(&key.0, stored.status.as_ref(), &st) {
+                        if !self.leading() {
+                            return;
+                        }
+                        self.hub.metrics().api_write(WriteKind::Event);
+                        if let Err(err) = self.recorder.publish(&e, &reference).await {
+                            tracing::warn!(intercept = %format!("{}/{}", key.0, key.1), error = %err, "publishing an event");
+                        }
+                    }
+                }
                 Err(e) => tracing::warn!(intercept = %format!("{}/{}", key.0, key.1), error = %e, "writing status"),
             }
         }
