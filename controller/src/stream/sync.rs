@@ -96,7 +96,7 @@ impl NodeSync for SyncService {
         // The only node this stream speaks for: every message after Hello is taken as this
         // node's (a second Hello is ignored), see [`Hub::receive`].
         let node = hello.node.clone();
-        let super::hub::Session { id: session, mut desired, mut newest } = hub.connect(&hello);
+        let (session, mut desired) = hub.connect(&hello);
         let mut closing = hub.closing();
         tracing::info!(%node, session, version = %hello.executor_version, "executor connected");
         tokio::spawn(async move {
@@ -114,8 +114,7 @@ impl NodeSync for SyncService {
                             if let Some(executor_message::Message::Ack(a)) = &m.message {
                                 held.answered(a);
                             }
-                            // Dropped if a newer stream took over; it ends below.
-                            hub.receive_from(&node, session, m);
+                            hub.receive(&node, m);
                         }
                         Ok(None) => alive = false,
                         Err(e) => {
@@ -127,17 +126,6 @@ impl NodeSync for SyncService {
                         let lead = leadership.borrow_and_update().clone();
                         if changed.is_err() || !lead.leads() {
                             let _ = tx.send(redirect(&lead)).await;
-                            alive = false;
-                        }
-                    }
-                    changed = newest.changed() => {
-                        // A newer stream said Hello for this node: it alone speaks for it now.
-                        let by = *newest.borrow_and_update();
-                        if changed.is_err() || by != session {
-                            tracing::warn!(%node, session, newer = by, "executor stream superseded by a newer one");
-                            let _ = tx
-                                .send(Err(Status::aborted(format!("superseded by a newer stream for node {node}"))))
-                                .await;
                             alive = false;
                         }
                     }
