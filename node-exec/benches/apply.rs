@@ -13,6 +13,8 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod common;
+use common::{BenchResult, run};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -43,8 +45,6 @@ const CNI_VXLAN_PORT: u16 = 8_472;
 /// The node whose table is measured: it holds every pod; edge-a accepts every mapping.
 const POD_NODE: &str = "worker-b";
 const TABLE: &str = "kuport";
-
-type BenchResult<T> = Result<T, String>;
 
 /// A scratch network namespace, deleted on drop.
 struct Netns {
@@ -89,14 +89,6 @@ impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
-}
-
-fn run(cmd: &mut Command) -> BenchResult<String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A cluster of `n` single-mode PortMaps, all accepted by edge-a and served by pods on

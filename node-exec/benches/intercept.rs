@@ -14,6 +14,8 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod common;
+use common::{BenchResult, run};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -36,8 +38,6 @@ const DIAL_ADDED: &str = "240.250.0.0/16";
 /// Pause before each timed phase, so the kernel's deferred freeing of the previous one (RCU)
 /// does not fall into it.
 const SETTLE: Duration = Duration::from_millis(500);
-
-type BenchResult<T> = Result<T, String>;
 
 /// A scratch "pod": a network namespace with the pod's addresses, deleted on drop.
 struct Pod {
@@ -83,14 +83,6 @@ impl Drop for Pod {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
-}
-
-fn run(cmd: &mut Command) -> BenchResult<String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Two intercepts (a TCP one with a proxy port, a UDP one), the default agent group, the mesh's
