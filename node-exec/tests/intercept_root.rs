@@ -583,8 +583,8 @@ fn both_families_come_and_go_in_one_generation() {
     let _ = monitor.wait();
 
     let seen = std::fs::read_to_string(&log).unwrap();
-    // The generations that touched the pod's tables: one made both, one removed both (a
-    // creation's own add-delete-add, which makes it valid whether or not they exist, included).
+    // The generations that touched the pod's tables: one made both (created exclusively, as
+    // they are known absent: `nft monitor` prints "create table"), one removed both.
     let ours: Vec<Vec<String>> = generations(&seen)
         .into_iter()
         .map(|g| {
@@ -596,7 +596,8 @@ fn both_families_come_and_go_in_one_generation() {
         .collect();
     assert_eq!(ours.len(), 2, "one generation to create, one to remove\n{seen}");
     for f in ["ip", "ip6"] {
-        assert!(ours[0].contains(&format!("add table {f} {TABLE}")), "created together\n{seen}");
+        assert!(ours[0].contains(&format!("create table {f} {TABLE}")), "created together\n{seen}");
+        assert!(!ours[0].iter().any(|l| l.starts_with("delete")), "a known-absent table is not deleted first\n{seen}");
         assert_eq!(ours[1].iter().filter(|l| l.starts_with("add")).count(), 0, "{seen}");
         assert!(ours[1].contains(&format!("delete table {f} {TABLE}")), "removed together\n{seen}");
     }

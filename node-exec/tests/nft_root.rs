@@ -16,7 +16,8 @@ use std::time::Instant;
 
 use common::*;
 use kuport_node_exec::nft::{
-    ApplyMode, ApplyOptions, NftError, apply_table, apply_table_with, normalize, read_table, remove_table,
+    ApplyMode, ApplyOptions, NftError, apply_table, apply_table_with, create_and_remove, normalize, read_table,
+    remove_table,
 };
 use kuport_proto::v1::{L4Proto, NftFamily, Verdict, VerdictKind, nft_statement};
 
@@ -76,6 +77,33 @@ fn example_lists_exactly_like_nft_and_reapplies_without_writes() {
     let theirs_back = read_table(Some(&theirs.path()), NftFamily::Ip, "kuport").expect("read").expect("exists");
     assert_eq!(theirs_back, back);
     assert!(read_table(Some(&ours.path()), NftFamily::Ip, "absent").expect("read").is_none());
+}
+
+/// A table created as known absent (`create_and_remove`) is created exclusively: one that
+/// appeared since the executor listed the namespace makes the whole transaction fail with
+/// EEXIST and stays untouched, instead of being half merged.
+#[test]
+fn a_known_absent_table_that_exists_is_refused_whole() {
+    if !root() {
+        return;
+    }
+    let ns = Netns::new();
+    ns.nft(&["add", "table", "ip", "kuport"]);
+    ns.nft(&["add", "chain", "ip", "kuport", "theirs"]);
+    let before = ns.list("kuport");
+    let want = normalize(&kuport_example()).expect("normalize");
+    let err = create_and_remove(Some(&ns.path()), &[&want], &[], 10_000).expect_err("the table exists");
+    match &err {
+        NftError::Kernel { errno, .. } => assert_eq!(*errno, libc::EEXIST, "{err}"),
+        other => panic!("expected a kernel refusal, got {other}"),
+    }
+    assert_eq!(ns.list("kuport"), before, "the existing table is untouched");
+    // Absent, the same call creates it whole, as nft -f would.
+    ns.nft(&["delete", "table", "ip", "kuport"]);
+    create_and_remove(Some(&ns.path()), &[&want], &[], 10_000).expect("create").expect("within the budget");
+    let theirs = Netns::new();
+    theirs.nft(&["-f", &example_file()]);
+    assert_eq!(ns.list("kuport"), theirs.list("kuport"));
 }
 
 #[test]

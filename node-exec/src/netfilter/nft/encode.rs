@@ -8,7 +8,7 @@ use super::consts::*;
 use super::expr::Expr;
 use super::rule::{RuleCtx, SetRef};
 use super::value::{TypeInfo, concat_id, encode_component, padded, type_info};
-use crate::sys::netlink::consts::{NLM_F_APPEND, NLM_F_CREATE};
+use crate::sys::netlink::consts::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL};
 
 /// Bytes of encoded elements per message: attribute lengths are u16, so a message's element
 /// list must stay below 64 KiB.
@@ -48,6 +48,13 @@ pub(crate) fn new_table(family: u8, name: &str) -> Msg {
     w.put_str(NFTA_TABLE_NAME, name);
     w.put_u32(NFTA_TABLE_FLAGS, 0);
     msg(NFT_MSG_NEWTABLE, NLM_F_CREATE, family, w, format!("table {name}"))
+}
+
+/// A table known to be absent: EEXIST, and the whole transaction refused, if it is not.
+pub(crate) fn create_table(family: u8, name: &str) -> Msg {
+    let mut m = new_table(family, name);
+    m.flags |= NLM_F_EXCL;
+    m
 }
 
 pub(crate) fn del_table(family: u8, name: &str) -> Msg {

@@ -251,7 +251,7 @@ pub fn apply_table(netns: Option<&Path>, desired: &NftTable) -> Result<ApplyRepo
 /// deleted and re-added in the same transaction, so it never disappears). Otherwise the
 /// table is rebuilt: one transaction adds, deletes and re-adds the table with its chains,
 /// sets and rules, so the kernel swaps old for new atomically and a refusal leaves the old
-/// table untouched.
+/// table untouched; an absent table is only created.
 ///
 /// Atomicity trade-off: that first transaction also carries as many elements as the budget
 /// allows; the rest follow in further transactions. A table rebuilt with more elements than
@@ -288,7 +288,8 @@ pub(crate) fn apply_normal(sock: &mut Socket, want: &NftTable, opts: &ApplyOptio
         }
         _ => {
             report.mode = ApplyMode::Replaced;
-            replace_batches(fam, want, budget)?
+            // Read just now: an absent table is created without the delete (below).
+            replace_batches_at(fam, want, budget, 0, have.is_none())?.0
         }
     };
     send(sock, &batches, &mut report)?;
@@ -348,15 +349,27 @@ fn chunks<'a>(elems: &'a [&'a NftElement], budget: usize) -> impl Iterator<Item 
 }
 
 pub(crate) fn replace_batches(fam: u8, t: &NftTable, budget: usize) -> Result<Vec<Vec<Msg>>, NftError> {
-    Ok(replace_batches_at(fam, t, budget, 0)?.0)
+    Ok(replace_batches_at(fam, t, budget, 0, false)?.0)
 }
 
 /// [`replace_batches`] numbering the table's sets (named, then anonymous) after `base`, so that
-/// several tables share one transaction; also the last id used.
-fn replace_batches_at(fam: u8, t: &NftTable, budget: usize, base: u32) -> Result<(Vec<Vec<Msg>>, u32), NftError> {
-    // Adding before deleting makes the delete valid whether or not the table exists.
-    let mut head =
-        vec![encode::new_table(fam, &t.name), encode::del_table(fam, &t.name), encode::new_table(fam, &t.name)];
+/// several tables share one transaction; also the last id used. `absent`: the table is known
+/// not to exist, so it is only created (exclusively): a table deleted in a transaction makes
+/// its commit wait for an RCU grace period, which doubled the cost of a cold apply
+/// (docs/performance.md, "Interception: 100 pods on one node").
+fn replace_batches_at(
+    fam: u8,
+    t: &NftTable,
+    budget: usize,
+    base: u32,
+    absent: bool,
+) -> Result<(Vec<Vec<Msg>>, u32), NftError> {
+    let mut head = if absent {
+        vec![encode::create_table(fam, &t.name)]
+    } else {
+        // Adding before deleting makes the delete valid whether or not the table exists.
+        vec![encode::new_table(fam, &t.name), encode::del_table(fam, &t.name), encode::new_table(fam, &t.name)]
+    };
     for c in &t.chains {
         head.push(encode::new_chain(fam, &t.name, c)?);
     }
@@ -414,7 +427,7 @@ pub fn create_and_remove(
     let mut diffs = Vec::new();
     let mut last_id = 0;
     for t in creates {
-        let (batches, last) = replace_batches_at(family_code(t.family)?, t, budget, last_id)?;
+        let (batches, last) = replace_batches_at(family_code(t.family)?, t, budget, last_id, true)?;
         last_id = last;
         msgs.extend(batches.into_iter().flatten());
         diffs.extend(diff(t, None));

@@ -15,6 +15,8 @@ pub const NLM_F_DUMP_INTR: u16 = 0x10;
 pub const NLM_F_DUMP: u16 = 0x300;
 /// Create the object if it does not exist.
 pub const NLM_F_CREATE: u16 = 0x400;
+/// With NLM_F_CREATE: fail with EEXIST if the object exists.
+pub const NLM_F_EXCL: u16 = 0x200;
 /// Add at the end of the object's list (a rule at the end of its chain).
 pub const NLM_F_APPEND: u16 = 0x800;
 /// On an NLMSG_ERROR: the request was cut to its header (NETLINK_CAP_ACK).
