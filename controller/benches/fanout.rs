@@ -359,7 +359,7 @@ async fn run(n_nodes: usize, n_maps: usize, changes: usize, events: Arc<Mutex<Hu
     hub.set_inputs(cluster.clone());
     let recompute = tokio::spawn(hub.clone().recompute_loop(None));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_grpc(hub.clone(), listener, async {
+    let server = tokio::spawn(serve_grpc(hub.clone(), listener, Default::default(), async {
         let _ = stop_rx.await;
     }));
     let mut notes = Vec::new();

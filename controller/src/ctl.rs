@@ -1,11 +1,76 @@
 //! kuportctl's work, as functions that return the text it prints (the binary in
 //! src/bin/kuportctl.rs only parses flags), so tests can call them in-process.
+//!
+//! Credentials ([`credentials`]): `https://` verifies the controller against the CA bundle of
+//! --ca-file or of ConfigMap kuport-ca (read with the kubeconfig); the bearer token is --token
+//! or the kubeconfig's, which RBAC then judges on every call (docs/security.md). `http://` is the
+//! insecure folder mode: plain text.
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
 use kuport_proto::v1::debug_client::DebugClient;
-use kuport_proto::v1::{ExplainPortMapRequest, GetNodeRequest, ListNodesRequest};
+use kuport_proto::v1::{ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, ListNodesResponse};
+use tonic::codegen::{Body, Bytes, StdError};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+/// What the Debug calls below run on: a plain [`DebugClient<Channel>`] or a [`Client`].
+pub trait Transport:
+    tonic::client::GrpcService<
+        tonic::body::Body,
+        Error: Into<StdError>,
+        ResponseBody: Body<Data = Bytes, Error: Into<StdError> + Send> + Send + 'static,
+    >
+{
+}
+
+impl<T> Transport for T where
+    T: tonic::client::GrpcService<
+            tonic::body::Body,
+            Error: Into<StdError>,
+            ResponseBody: Body<Data = Bytes, Error: Into<StdError> + Send> + Send + 'static,
+        >
+{
+}
+
+/// Adds the bearer token to every call.
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            request.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A Debug client whose calls carry a bearer token.
+pub type Client = DebugClient<InterceptedService<Channel, Bearer>>;
+
+/// How to reach a controller: the CA bundle for https, the bearer token.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    pub ca_pem: Option<Vec<u8>>,
+    pub token: Option<String>,
+}
+
+/// Where kuportctl's credentials come from.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    pub controller: String,
+    /// The CA bundle; None: ConfigMap kuport-ca in `namespace`, read with the kubeconfig.
+    pub ca_file: Option<PathBuf>,
+    /// The bearer token; None: the kubeconfig's.
+    pub token: Option<String>,
+    /// The controller's namespace (its ConfigMap kuport-ca).
+    pub namespace: String,
+    /// The kubeconfig; None: $KUBECONFIG, ~/.kube/config or in-cluster.
+    pub kubeconfig: Option<PathBuf>,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
@@ -24,12 +89,130 @@ pub enum CtlError {
     Encode(String),
     #[error("{0}: expected NAMESPACE/NAME")]
     Name(String),
+    #[error(transparent)]
+    Channel(#[from] kuport_proto::channel::ChannelError),
+    #[error("{0}")]
+    Credentials(String),
+}
+
+/// How to get a token when the kubeconfig has none.
+const TOKEN_HINT: &str = "pass --token \"$(kubectl create token SERVICEACCOUNT -n NAMESPACE)\" (a ServiceAccount bound \
+     to the chart's kuport-debug ClusterRole), or set KUPORT_TOKEN";
+
+/// The kubeconfig's client configuration.
+async fn kube_config(sources: &Sources) -> Result<kube::Config, CtlError> {
+    let err = |e: &dyn std::fmt::Display| CtlError::Credentials(format!("reading the kubeconfig: {e}"));
+    match &sources.kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| err(&e))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| err(&e))
+        }
+        None => kube::Config::infer().await.map_err(|e| err(&e)),
+    }
+}
+
+/// The kubeconfig user's bearer token: its `token`, or its `tokenFile` read; a user with a
+/// client certificate (or an exec plugin) has none kuport can forward.
+fn kubeconfig_token(config: &kube::Config) -> Result<String, CtlError> {
+    // AuthInfo serializes its secrets as they are (it keeps them in secrecy types otherwise).
+    let user = serde_json::to_value(&config.auth_info).map_err(|e| CtlError::Credentials(e.to_string()))?;
+    if let Some(t) = user.get("token").and_then(|t| t.as_str()).filter(|t| !t.trim().is_empty()) {
+        return Ok(t.trim().to_string());
+    }
+    if let Some(f) = user.get("tokenFile").and_then(|t| t.as_str()) {
+        return std::fs::read_to_string(f)
+            .map(|t| t.trim().to_string())
+            .map_err(|e| CtlError::Credentials(format!("the kubeconfig's tokenFile {f}: {e}")));
+    }
+    let kind = if user.get("client-certificate-data").is_some() || user.get("client-certificate").is_some() {
+        "a client certificate, which cannot be forwarded to the controller"
+    } else if user.get("exec").is_some() || user.get("auth-provider").is_some() {
+        "an exec or auth-provider plugin, whose token kuportctl does not run"
+    } else {
+        "no bearer token"
+    };
+    Err(CtlError::Credentials(format!("the kubeconfig's user has {kind}: {TOKEN_HINT}")))
+}
+
+/// The CA bundle and token for `sources` (the kubeconfig only for what the flags leave out).
+pub async fn credentials(sources: &Sources) -> Result<Credentials, CtlError> {
+    let https = sources.controller.to_ascii_lowercase().starts_with("https://");
+    let mut config = None;
+    let ca_pem = match (&sources.ca_file, https) {
+        (_, false) => None,
+        (Some(f), true) => {
+            Some(std::fs::read(f).map_err(|e| CtlError::Credentials(format!("--ca-file {}: {e}", f.display())))?)
+        }
+        (None, true) => {
+            let c = kube_config(sources).await?;
+            let client = kube::Client::try_from(c.clone()).map_err(|e| CtlError::Credentials(e.to_string()))?;
+            config = Some(c);
+            let maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+                kube::Api::namespaced(client, &sources.namespace);
+            let name = crate::trust::CA_CONFIGMAP;
+            let map = maps.get(name).await.map_err(|e| {
+                CtlError::Credentials(format!(
+                    "reading ConfigMap {}/{name} (the controller's CA bundle; or pass --ca-file): {e}",
+                    sources.namespace
+                ))
+            })?;
+            let pem = map.data.and_then(|mut d| d.remove(crate::trust::CA_KEY)).ok_or_else(|| {
+                CtlError::Credentials(format!("ConfigMap {}/{name} has no {}", sources.namespace, crate::trust::CA_KEY))
+            })?;
+            Some(pem.into_bytes())
+        }
+    };
+    let token = match &sources.token {
+        Some(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
+        // The folder mode checks nothing: no kubeconfig needed.
+        _ if !https => None,
+        _ => {
+            let c = match config {
+                Some(c) => c,
+                None => kube_config(sources).await?,
+            };
+            Some(kubeconfig_token(&c)?)
+        }
+    };
+    Ok(Credentials { ca_pem, token })
+}
+
+/// A Debug client for `address` (https:// or http://) with `credentials`.
+pub async fn connect_with(address: &str, credentials: &Credentials) -> Result<Client, CtlError> {
+    let endpoint = kuport_proto::channel::endpoint(address, credentials.ca_pem.as_deref())?;
+    let bearer = match &credentials.token {
+        Some(t) => {
+            let mut probe = tonic::Request::new(());
+            kuport_proto::channel::authorize(&mut probe, t)?;
+            probe.metadata().get("authorization").cloned()
+        }
+        None => None,
+    };
+    let err = |e: &dyn std::fmt::Display| CtlError::Connect { address: address.to_string(), reason: e.to_string() };
+    let channel = endpoint.connect().await.map_err(|e| err(&tls_reason(&e)))?;
+    Ok(DebugClient::with_interceptor(channel, Bearer(bearer))
+        .max_decoding_message_size(crate::serve::MAX_MESSAGE)
+        .max_encoding_message_size(crate::serve::MAX_MESSAGE))
+}
+
+/// A transport error with its causes: "transport error" alone hides a certificate refusal.
+fn tls_reason(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let _ = write!(text, ": {c}");
+        cause = c.source();
+    }
+    text
 }
 
 fn call(s: tonic::Status) -> CtlError {
     CtlError::Call(format!("{:?}: {}", s.code(), s.message()))
 }
 
+/// A plain Debug client for `address` (no scheme: http), without credentials: the folder mode.
 pub async fn connect(address: &str) -> Result<DebugClient<Channel>, CtlError> {
     let url = if address.contains("://") { address.to_string() } else { format!("http://{address}") };
     let err = |e: &dyn std::fmt::Display| CtlError::Connect { address: address.to_string(), reason: e.to_string() };
@@ -57,7 +240,7 @@ fn short(version: &str) -> &str {
 
 /// `kuportctl node NAME`: the node's desired state as canonical text (nftables as `nft list`
 /// prints it, then the ip commands), or the whole DesiredState as JSON or YAML.
-pub async fn node(client: &mut DebugClient<Channel>, name: &str, output: Output) -> Result<String, CtlError> {
+pub async fn node<T: Transport>(client: &mut DebugClient<T>, name: &str, output: Output) -> Result<String, CtlError> {
     let n = client.get_node(GetNodeRequest { node: name.to_string() }).await.map_err(call)?.into_inner();
     let Some(desired) = n.desired else {
         return Err(CtlError::Call(format!("node {name}: no desired state computed yet")));
@@ -68,23 +251,22 @@ pub async fn node(client: &mut DebugClient<Channel>, name: &str, output: Output)
     }
 }
 
-/// `kuportctl nodes`: every node, its executor, and what it applied.
-pub async fn nodes(client: &mut DebugClient<Channel>, output: Output) -> Result<String, CtlError> {
+/// `kuportctl nodes`: every node, its executor, what it applied, and its place in the overlay.
+pub async fn nodes<T: Transport>(client: &mut DebugClient<T>, output: Output) -> Result<String, CtlError> {
     let r = client.list_nodes(ListNodesRequest {}).await.map_err(call)?.into_inner();
     if output != Output::Text {
         return encode(&r, output);
     }
-    let mut t = String::new();
-    if !r.leader {
-        t.push_str("# this replica is not the leader: executors connect to the leader\n");
-    }
-    if !r.input_error.is_empty() {
-        let _ = writeln!(t, "# inputs refused, the previous ones stay in use: {}", r.input_error);
-    }
+    Ok(nodes_text(&r))
+}
+
+/// What `kuportctl nodes` prints for `r`.
+pub fn nodes_text(r: &ListNodesResponse) -> String {
+    let mut t = header(r);
     let _ = writeln!(
         t,
-        "{:<16} {:<9} {:<13} {:<13} {:<7} {:<8} {:<22} ERROR",
-        "NODE", "EXECUTOR", "DESIRED", "ACKED", "SYNCED", "DRIFT", "UNDERLAY"
+        "{:<16} {:<9} {:<13} {:<13} {:<7} {:<8} {:<22} {:<24} ERROR",
+        "NODE", "EXECUTOR", "DESIRED", "ACKED", "SYNCED", "DRIFT", "UNDERLAY", "OVERLAY"
     );
     for n in &r.nodes {
         let executor = if n.connected { "connected" } else { "absent" };
@@ -97,7 +279,7 @@ pub async fn nodes(client: &mut DebugClient<Channel>, output: Output) -> Result<
         let error = n.errors.first().map_or("-".to_string(), |e| format!("{}: {}", e.object, e.reason));
         let _ = writeln!(
             t,
-            "{:<16} {:<9} {:<13} {:<13} {:<7} {:<8} {:<22} {}",
+            "{:<16} {:<9} {:<13} {:<13} {:<7} {:<8} {:<22} {:<24} {}",
             n.node,
             executor,
             short(&n.desired_version),
@@ -105,17 +287,134 @@ pub async fn nodes(client: &mut DebugClient<Channel>, output: Output) -> Result<
             synced,
             n.drift_repairs,
             underlay,
+            overlay_column(&Place::of(&n.overlay)),
             error
         );
         for e in n.errors.iter().skip(1) {
-            let _ = writeln!(t, "{:<16} {:>90} {}: {}", "", "", e.object, e.reason);
+            let _ = writeln!(t, "{:<16} {:>115} {}: {}", "", "", e.object, e.reason);
         }
     }
-    Ok(t)
+    t
+}
+
+fn header(r: &ListNodesResponse) -> String {
+    let mut t = String::new();
+    if !r.leader {
+        t.push_str("# this replica is not the leader: executors connect to the leader\n");
+    }
+    if !r.input_error.is_empty() {
+        let _ = writeln!(t, "# inputs refused, the previous ones stay in use: {}", r.input_error);
+    }
+    t
+}
+
+/// A node's place in the overlay, read back from NodeDebug.overlay (sync.proto documents it).
+#[derive(Debug, PartialEq, Eq)]
+enum Place<'a> {
+    Off,
+    /// "name: value" lines.
+    Member(Vec<(&'a str, &'a str)>),
+    /// (field, reason, message) per refusal.
+    Refused(Vec<(&'a str, &'a str, &'a str)>),
+}
+
+impl<'a> Place<'a> {
+    fn of(lines: &'a [String]) -> Self {
+        match lines.split_first() {
+            None => Place::Off,
+            Some((first, rest)) if first == crate::compute::overlay::DEBUG_MEMBER => {
+                Place::Member(rest.iter().filter_map(|l| l.split_once(": ")).collect())
+            }
+            Some(_) => Place::Refused(
+                lines
+                    .iter()
+                    .map(|l| {
+                        let (field, rest) = l.split_once(": ").unwrap_or((l.as_str(), ""));
+                        let (reason, message) = rest.split_once(": ").unwrap_or((rest, ""));
+                        (field, reason, message)
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    fn get(&self, name: &str) -> &'a str {
+        match self {
+            Place::Member(kv) => kv.iter().find(|(k, _)| *k == name).map_or("-", |(_, v)| v),
+            _ => "-",
+        }
+    }
+}
+
+fn overlay_column(p: &Place<'_>) -> String {
+    match p {
+        Place::Off => "-".into(),
+        Place::Member(_) => "member".into(),
+        Place::Refused(r) => {
+            let mut reasons: Vec<&str> = r.iter().map(|(_, reason, _)| *reason).collect();
+            reasons.dedup();
+            format!("refused: {}", reasons.join(","))
+        }
+    }
+}
+
+/// `kuportctl mesh`: every member of the overlay (its key's fingerprint, endpoint, pod CIDRs,
+/// overlay address, peer count) and every refused node with each reason. What the controller
+/// decided, not what the devices do: handshakes and bytes per peer are the executor's to report
+/// (not yet).
+pub async fn mesh<T: Transport>(client: &mut DebugClient<T>, output: Output) -> Result<String, CtlError> {
+    let r = client.list_nodes(ListNodesRequest {}).await.map_err(call)?.into_inner();
+    if output != Output::Text {
+        let places: std::collections::BTreeMap<&str, &[String]> =
+            r.nodes.iter().filter(|n| !n.overlay.is_empty()).map(|n| (n.node.as_str(), n.overlay.as_slice())).collect();
+        return encode(&places, output);
+    }
+    Ok(mesh_text(&r))
+}
+
+/// What `kuportctl mesh` prints for `r`.
+pub fn mesh_text(r: &ListNodesResponse) -> String {
+    let mut t = header(r);
+    let places: Vec<(&str, Place<'_>)> = r.nodes.iter().map(|n| (n.node.as_str(), Place::of(&n.overlay))).collect();
+    if places.iter().all(|(_, p)| *p == Place::Off) {
+        t.push_str("# the overlay is off (kuport-controller --overlay), or no Node is known yet\n");
+        return t;
+    }
+    let _ = writeln!(t, "{:<16} {:<9} {:<22} {:<28} {:<15} PEERS", "MEMBER", "KEY", "ENDPOINT", "POD CIDRS", "ADDRESS");
+    for (node, p) in places.iter().filter(|(_, p)| matches!(p, Place::Member(_))) {
+        let key = p.get("publicKey");
+        let _ = writeln!(
+            t,
+            "{:<16} {:<9} {:<22} {:<28} {:<15} {}",
+            node,
+            key.get(..8).unwrap_or(key),
+            p.get("endpoint"),
+            p.get("podCIDRs"),
+            p.get("address"),
+            p.get("peers")
+        );
+    }
+    let mut refused = places.iter().filter_map(|(n, p)| match p {
+        Place::Refused(r) => Some((n, r)),
+        _ => None,
+    });
+    if let Some(first) = refused.next() {
+        let _ = writeln!(t, "\n{:<16} {:<16} {:<28} MESSAGE", "REFUSED", "REASON", "FIELD");
+        for (node, why) in std::iter::once(first).chain(refused) {
+            for (field, reason, message) in why.iter() {
+                let _ = writeln!(t, "{node:<16} {reason:<16} {field:<28} {message}");
+            }
+        }
+    }
+    t
 }
 
 /// `kuportctl portmap NS/NAME`: which nodes program it, its endpoint and links, or why not.
-pub async fn port_map(client: &mut DebugClient<Channel>, name: &str, output: Output) -> Result<String, CtlError> {
+pub async fn port_map<T: Transport>(
+    client: &mut DebugClient<T>,
+    name: &str,
+    output: Output,
+) -> Result<String, CtlError> {
     let (namespace, name) = name.split_once('/').ok_or_else(|| CtlError::Name(name.to_string()))?;
     let e = client
         .explain_port_map(ExplainPortMapRequest { namespace: namespace.to_string(), name: name.to_string() })
@@ -139,4 +438,101 @@ pub async fn port_map(client: &mut DebugClient<Channel>, name: &str, output: Out
         let _ = writeln!(t, "  {line}");
     }
     Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compute::overlay::{NodeOverlay, Refusal, debug_lines, members, reason};
+    use kuport_proto::v1::NodeDebug;
+
+    const KEY: &str = "kOzLDlGv6e2AmDVfmJC7dRGCU8vMC9RcrxDBB4Y+uiM=";
+
+    fn response() -> ListNodesResponse {
+        let member = NodeOverlay {
+            public_key: Some(KEY.into()),
+            endpoint: Some("203.0.113.1:51820".parse().expect("endpoint")),
+            pod_cidrs: vec!["10.42.1.0/24".parse().expect("cidr"), "fd00:42:1::/64".parse().expect("cidr")],
+            address: Some("10.42.1.0".parse().expect("address")),
+            mtu: 1420,
+            peers: vec!["b".into()],
+            refused: Vec::new(),
+        };
+        let refusal = |field: &str, reason, message: &str| Refusal {
+            node: "c".into(),
+            field: field.into(),
+            reason,
+            message: message.into(),
+        };
+        let refused = NodeOverlay {
+            refused: vec![
+                refusal(members::FIELD_KEY, reason::NO_PUBLIC_KEY, "the executor's report was refused: bad: key"),
+                refusal(members::FIELD_POD_CIDRS, reason::NO_POD_CIDRS, "the Node has no pod CIDRs"),
+            ],
+            ..Default::default()
+        };
+        let row = |node: &str, o: Option<&NodeOverlay>| NodeDebug {
+            node: node.into(),
+            overlay: o.map(debug_lines).unwrap_or_default(),
+            ..Default::default()
+        };
+        ListNodesResponse {
+            leader: true,
+            nodes: vec![row("a", Some(&member)), row("c", Some(&refused)), row("off", None)],
+            input_error: String::new(),
+        }
+    }
+
+    #[test]
+    fn debug_lines_carry_a_members_place_and_every_refusal() {
+        let r = response();
+        assert_eq!(
+            r.nodes[0].overlay,
+            [
+                "member",
+                "address: 10.42.1.0",
+                "endpoint: 203.0.113.1:51820",
+                "podCIDRs: 10.42.1.0/24,fd00:42:1::/64",
+                &format!("publicKey: {KEY}"),
+                "peers: 1"
+            ]
+        );
+        assert_eq!(
+            r.nodes[1].overlay,
+            [
+                "wireguardPublicKey: NoPublicKey: the executor's report was refused: bad: key",
+                "spec.podCIDRs: NoPodCIDRs: the Node has no pod CIDRs"
+            ]
+        );
+    }
+
+    #[test]
+    fn nodes_shows_an_overlay_column() {
+        let t = nodes_text(&response());
+        let at = t.lines().next().and_then(|h| h.find(" OVERLAY ")).expect("an OVERLAY column");
+        // From the column to the last one (ERROR, "-" here).
+        let col = |node: &str| {
+            let line = t.lines().find(|l| l.starts_with(&format!("{node} "))).expect("row");
+            line.get(at..).and_then(|c| c.rsplit_once(' ')).map(|(c, _)| c.trim().to_string()).expect("column")
+        };
+        assert_eq!(col("a"), "member", "{t}");
+        assert_eq!(col("c"), "refused: NoPublicKey,NoPodCIDRs", "{t}");
+        assert_eq!(col("off"), "-", "{t}");
+    }
+
+    #[test]
+    fn mesh_lists_members_with_fingerprints_and_refused_nodes_with_reasons() {
+        let t = mesh_text(&response());
+        let want = "\
+MEMBER           KEY       ENDPOINT               POD CIDRS                    ADDRESS         PEERS
+a                kOzLDlGv  203.0.113.1:51820      10.42.1.0/24,fd00:42:1::/64  10.42.1.0       1
+
+REFUSED          REASON           FIELD                        MESSAGE
+c                NoPublicKey      wireguardPublicKey           the executor's report was refused: bad: key
+c                NoPodCIDRs       spec.podCIDRs                the Node has no pod CIDRs
+";
+        assert_eq!(t, want);
+        let off = ListNodesResponse { leader: true, nodes: vec![NodeDebug::default()], input_error: String::new() };
+        assert!(mesh_text(&off).contains("the overlay is off"));
+    }
 }

@@ -13,3 +13,4 @@ pub mod render;
 pub mod report;
 pub mod serve;
 pub mod stream;
+pub mod trust;

@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use k8s_openapi::jiff::Timestamp;
 use kuport_controller::api::crds;
-use kuport_controller::compute::{Settings, compute};
+use kuport_controller::compute::{Settings, compute, overlay};
 use kuport_controller::{render, serve};
 
 #[derive(Parser)]
@@ -37,16 +37,31 @@ struct CniArgs {
     /// The CNI's VXLAN port, which kuport's links never use.
     #[arg(long, global = true, env = "KUPORT_CNI_VXLAN_PORT", default_value_t = 8472)]
     cni_vxlan_port: u16,
+    /// Join the nodes with kuport's WireGuard mesh (docs/overlay/mesh.md): the CNI must then
+    /// not route pod CIDRs between nodes itself.
+    #[arg(long, global = true, env = "KUPORT_OVERLAY")]
+    overlay: bool,
+    /// The overlay's device on every node; under kuport's link prefix `kup-`.
+    #[arg(long, global = true, env = "KUPORT_OVERLAY_INTERFACE", default_value = overlay::DEFAULT_INTERFACE)]
+    overlay_interface: String,
+    /// The UDP port every overlay device listens on.
+    #[arg(long, global = true, env = "KUPORT_OVERLAY_PORT", default_value_t = overlay::DEFAULT_LISTEN_PORT)]
+    overlay_port: u16,
 }
 
 impl CniArgs {
-    fn settings(&self) -> Settings {
-        Settings {
+    fn settings(&self) -> anyhow::Result<Settings> {
+        let overlay = match self.overlay {
+            true => Some(overlay::OverlaySettings::new(&self.overlay_interface, self.overlay_port)?),
+            false => None,
+        };
+        Ok(Settings {
             cni_host_device: self.cni_host_device.clone(),
             cni_device_wildcard: self.cni_devices.clone(),
             cni_pod_device_wildcard: self.cni_pod_devices.clone(),
             cni_vxlan_port: self.cni_vxlan_port,
-        }
+            overlay,
+        })
     }
 }
 
@@ -64,15 +79,16 @@ enum Command {
     /// Prints the CustomResourceDefinitions (crds/ holds this output).
     Crds,
     /// Runs the controller: computes every node's state and streams it to the executors.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(clap::Args)]
 struct RunArgs {
     /// Read the inputs from this folder of manifests (watched for changes) instead of the
-    /// Kubernetes API.
-    #[arg(long)]
-    manifests: Option<PathBuf>,
+    /// Kubernetes API. Insecure: plain text, no authentication; refused unless --listen is a
+    /// loopback address.
+    #[arg(long, value_name = "DIR")]
+    insecure_manifests: Option<PathBuf>,
     /// The gRPC address: NodeSync, Debug, health and reflection.
     #[arg(long, default_value = "0.0.0.0:9443")]
     listen: String,
@@ -89,6 +105,18 @@ struct RunArgs {
     /// This replica's name, unique among replicas (the pod name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// The folder of a mounted kubernetes.io/tls Secret (tls.crt, tls.key) to serve with; by
+    /// default the controller manages its own CA and certificate in Secret kuport-controller-tls
+    /// of the Lease's namespace.
+    #[arg(long, env = "KUPORT_TLS_DIR", value_name = "DIR")]
+    tls_dir: Option<PathBuf>,
+    /// The audience executors' projected ServiceAccount tokens must be for.
+    #[arg(long, default_value = kuport_controller::trust::EXECUTOR_AUDIENCE)]
+    executor_audience: String,
+    /// The executors' ServiceAccount as NAMESPACE:NAME; by default kuport-node-exec in the
+    /// Lease's namespace.
+    #[arg(long, value_name = "NS:NAME")]
+    executor_service_account: Option<String>,
     /// Where Prometheus metrics are served (/metrics; Kubernetes source only). Empty: nowhere.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_listen: String,
@@ -121,21 +149,23 @@ fn run() -> anyhow::Result<()> {
         Command::Render { dir, now } => {
             let cluster = render::load_dir(&dir, now.unwrap_or_else(Timestamp::now))
                 .with_context(|| format!("reading {}", dir.display()))?;
-            print!("{}", render::render_text(&compute(&cluster, &cli.cni.settings())));
+            print!("{}", render::render_text(&compute(&cluster, &cli.cni.settings()?)));
             Ok(())
         }
         Command::Crds => {
             print!("{}", crds::yaml()?);
             Ok(())
         }
-        Command::Run(args) => run_controller(args, cli.cni.settings()),
+        Command::Run(args) => run_controller(*args, cli.cni.settings()?),
     }
 }
 
 fn run_controller(args: RunArgs, settings: Settings) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .with_context(|| format!("--log-level {:?}", args.log_level))?;
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: a log file or collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match args.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
@@ -153,8 +183,16 @@ fn run_controller(args: RunArgs, settings: Settings) -> anyhow::Result<()> {
                 _ = tokio::signal::ctrl_c() => {}
             }
         };
-        match args.manifests {
+        match args.insecure_manifests {
             Some(manifests) => {
+                let bound = listener.local_addr().context("the --listen address")?;
+                if !bound.ip().is_loopback() {
+                    anyhow::bail!(
+                        "--insecure-manifests serves plain text without authentication, so only on a loopback \
+                         address: --listen {} is not one (use --listen 127.0.0.1:9443, or the Kubernetes source)",
+                        args.listen
+                    );
+                }
                 let cfg = serve::Standalone { manifests, settings, advertise: args.advertise };
                 serve::run_standalone(cfg, listener, stop).await
             }
@@ -170,8 +208,16 @@ fn run_controller(args: RunArgs, settings: Settings) -> anyhow::Result<()> {
                             .with_context(|| format!("--metrics-listen {a}: cannot bind"))?,
                     ),
                 };
+                let executor_service_account = match args.executor_service_account {
+                    Some(sa) if sa.split_once(':').is_some_and(|(ns, n)| !ns.is_empty() && !n.is_empty()) => sa,
+                    Some(sa) => anyhow::bail!("--executor-service-account {sa:?}: expected NAMESPACE:NAME"),
+                    None => format!("{}:kuport-node-exec", args.lease_namespace),
+                };
                 let cfg = serve::Kubernetes {
                     metrics,
+                    tls_dir: args.tls_dir,
+                    executor_audience: args.executor_audience,
+                    executor_service_account,
                     settings,
                     lease_namespace: args.lease_namespace,
                     lease_name: args.lease_name,

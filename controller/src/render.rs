@@ -39,6 +39,9 @@ struct NodeFactsDoc {
     underlay_mtu: Option<u32>,
     #[serde(default)]
     interfaces: Option<Vec<KnownInterface>>,
+    /// Checked by the overlay's computation as an executor's report is by `facts::check`.
+    #[serde(default)]
+    wireguard_public_key: Option<String>,
 }
 
 /// Reads every *.yaml and *.yml file in `dir` (sorted, not recursive) into a cluster.
@@ -98,6 +101,7 @@ pub fn load_text(path: &Path, text: &str, cluster: &mut Cluster) -> Result<(), L
                     underlay_address: f.underlay_address,
                     underlay_mtu: f.underlay_mtu,
                     interfaces: f.interfaces,
+                    wireguard_public_key: f.wireguard_public_key,
                 });
             }
             _ => {
@@ -142,6 +146,11 @@ pub fn render_text(out: &Outputs) -> String {
     for ((ns, name), status) in &out.intercepts {
         let _ = writeln!(text, "=== Intercept {ns}/{name} status");
         text.push_str(&serde_yaml::to_string(status).unwrap_or_else(|e| format!("<unprintable: {e}>\n")));
+        text.push('\n');
+    }
+    if !out.overlay.is_empty() {
+        text.push_str("=== overlay\n");
+        text.push_str(&crate::compute::overlay::summary(&out.overlay));
         text.push('\n');
     }
     for (name, status) in &out.classes {

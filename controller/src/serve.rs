@@ -3,7 +3,9 @@
 //! the status writer, the Debug service and the metrics report.
 //!
 //! One gRPC port serves NodeSync (leader only), Debug (every replica), the standard health
-//! service and reflection, so grpcurl works without .proto files.
+//! service and reflection, so grpcurl works without .proto files. Against the Kubernetes API it
+//! is TLS, executors prove their node and Debug calls are authorized by RBAC ([`Trust`]); the
+//! folder mode is plain text and unauthenticated (docs/security.md).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,11 +20,14 @@ use crate::observe;
 use crate::report::{debug, metrics, status};
 use crate::stream::hub::{self, Hub};
 use crate::stream::{leader, sync};
+use crate::trust::access::DebugAccess;
+use crate::trust::identity::{Executors, KubeReviewer, Reviewer};
+use crate::trust::tls::{self, Tls};
 
 /// The largest message either side accepts: a 50,000-mapping node state is about 20 MB.
 pub const MAX_MESSAGE: usize = 256 * 1024 * 1024;
 /// The largest message an executor may send (facts, acks, drift): 4 MiB holds the largest
-/// report the bounds admit (1,024 interfaces of 64 addresses: 1,138,796 bytes) with room to spare;
+/// report the bounds admit (1,024 interfaces of 64 addresses: 1,138,842 bytes) with room to spare;
 /// only states going down need [`MAX_MESSAGE`] (docs/security.md).
 pub const MAX_EXECUTOR_MESSAGE: usize = 4 * 1024 * 1024;
 
@@ -34,8 +39,25 @@ pub struct Standalone {
     pub advertise: Option<String>,
 }
 
+/// What guards the gRPC port; all None (the default) is the insecure folder mode: plain text,
+/// every Hello believed, every Debug call answered.
+#[derive(Clone, Default)]
+pub struct Trust {
+    /// TLS on the port; None: plain text (h2c).
+    pub tls: Option<Tls>,
+    /// Executors prove their node before Hello is read.
+    pub executors: Option<Arc<Executors>>,
+    /// Debug calls need the caller's RBAC permission.
+    pub debug: Option<Arc<DebugAccess>>,
+}
+
 /// Serves the hub's services on `listener` until `stop` completes.
-pub async fn serve_grpc<F>(hub: Arc<Hub>, listener: TcpListener, stop: F) -> Result<(), tonic::transport::Error>
+pub async fn serve_grpc<F>(
+    hub: Arc<Hub>,
+    listener: TcpListener,
+    trust: Trust,
+    stop: F,
+) -> Result<(), tonic::transport::Error>
 where
     F: std::future::Future<Output = ()> + Send,
 {
@@ -60,22 +82,29 @@ where
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .add_service(health_service)
         .add_service(
-            NodeSyncServer::new(sync::SyncService::new(hub.clone()))
+            NodeSyncServer::new(sync::SyncService::new(hub.clone(), trust.executors))
                 .max_decoding_message_size(MAX_EXECUTOR_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE),
         )
         .add_service(
-            DebugServer::new(debug::DebugService::new(hub))
+            DebugServer::new(debug::DebugService::new(hub.clone(), trust.debug))
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE),
         );
     if let Ok(r) = reflection {
         router = router.add_service(r);
     }
-    // TCP_NODELAY as tonic's own bind sets it: with Nagle, the tail of a state waits for the
-    // executor's delayed ACK (40 ms on Linux).
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    router.serve_with_incoming_shutdown(incoming, stop).await
+    let tls_refused = hub.metrics().tls_refusals.clone();
+    match trust.tls {
+        // TCP_NODELAY there too.
+        Some(tls) => router.serve_with_incoming_shutdown(tls.incoming(listener, tls_refused), stop).await,
+        None => {
+            // TCP_NODELAY as tonic's own bind sets it: with Nagle, the tail of a state waits for
+            // the executor's delayed ACK (40 ms on Linux).
+            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            router.serve_with_incoming_shutdown(incoming, stop).await
+        }
+    }
 }
 
 /// Runs a standalone controller on `listener`: the folder source, the recompute loop and the
@@ -90,7 +119,7 @@ where
     let source = tokio::spawn(observe::folder::watch(cfg.manifests, hub.clone()));
     let recompute = tokio::spawn(hub.clone().recompute_loop(None));
     tracing::info!(%address, "serving NodeSync, Debug, health and reflection");
-    let served = serve_grpc(hub, listener, stop).await;
+    let served = serve_grpc(hub, listener, Trust::default(), stop).await;
     source.abort();
     recompute.abort();
     served.map_err(Into::into)
@@ -107,6 +136,13 @@ pub struct Kubernetes {
     pub advertise: String,
     /// Where /metrics is served; None: nowhere.
     pub metrics: Option<TcpListener>,
+    /// The operator's mounted kubernetes.io/tls Secret; None: the managed Secret
+    /// [`crate::trust::TLS_SECRET`] in `lease_namespace`.
+    pub tls_dir: Option<PathBuf>,
+    /// The audience of the executors' tokens ([`crate::trust::EXECUTOR_AUDIENCE`]).
+    pub executor_audience: String,
+    /// The executors' ServiceAccount, "ns:name".
+    pub executor_service_account: String,
 }
 
 /// Runs a controller replica against the Kubernetes API until `stop` completes; on stop it
@@ -125,6 +161,16 @@ where
             .await
             .map_err(|e| anyhow::anyhow!("lease {}/{}: {e}", cfg.lease_namespace, cfg.lease_name))?;
     let hub = Hub::new(cfg.settings, lead_rx, false);
+    let source = match cfg.tls_dir {
+        Some(dir) => tls::Source::Mounted(dir),
+        None => tls::Source::Managed { client: client.clone(), namespace: cfg.lease_namespace.clone() },
+    };
+    let tls = Tls::start(source).await.map_err(|e| anyhow::anyhow!("the serving certificate: {e}"))?;
+    let reviewer: Arc<dyn Reviewer> = Arc::new(KubeReviewer(client.clone()));
+    let executors = Executors::new(reviewer.clone(), cfg.executor_audience, cfg.executor_service_account)
+        .counting(hub.metrics().token_reviews.clone());
+    let debug = DebugAccess::new(reviewer).counting(hub.metrics().debug_reviews.clone());
+    let trust = Trust { tls: Some(tls), executors: Some(Arc::new(executors)), debug: Some(Arc::new(debug)) };
     let stores = observe::kubernetes::watch(&client, hub.clone());
     let writer = status::Writer::new(client, stores, hub.clone(), Some(cfg.identity.clone()));
     let gate: Arc<dyn hub::Gate> = writer.clone();
@@ -139,7 +185,7 @@ where
             let _ = tokio::time::timeout(std::time::Duration::from_secs(2), done).await;
         }
     };
-    let served = serve_grpc(hub, listener, stop).await;
+    let served = serve_grpc(hub, listener, trust, stop).await;
     recompute.abort();
     statuses.abort();
     if let Some(m) = metrics {

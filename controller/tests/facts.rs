@@ -53,6 +53,7 @@ fn true_facts(node: &str) -> NodeFacts {
         underlay_interface: "wt0".into(),
         interfaces,
         kernel: "6.12.0".into(),
+        wireguard_public_key: String::new(),
     }
 }
 
@@ -163,6 +164,7 @@ fn node_facts() -> impl Strategy<Value = NodeFacts> {
             underlay_interface,
             interfaces,
             kernel,
+            wireguard_public_key: String::new(),
         },
     )
 }
@@ -268,6 +270,7 @@ fn the_largest_accepted_report_fits_the_executor_message_limit() {
             })
             .collect(),
         kernel: "k".repeat(facts::MAX_KERNEL),
+        wireguard_public_key: "/".repeat(facts::WIREGUARD_KEY_LEN - 2) + "8=",
     };
     let f = NodeFacts { underlay_interface: f.interfaces[0].name.clone(), ..f };
     assert!(facts::check("edge-a", &f).is_ok());
@@ -293,7 +296,7 @@ async fn a_stream_reports_for_its_hellos_node_only_and_within_the_limit() {
     let hub = Hub::new(Settings::default(), rx, true);
     hub.set_inputs(cluster);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(kuport_controller::serve::serve_grpc(hub.clone(), listener, async {
+    let server = tokio::spawn(kuport_controller::serve::serve_grpc(hub.clone(), listener, Default::default(), async {
         let _ = stopped.await;
     }));
     let facts_of = |node: &str| hub.node(node).and_then(|n| n.facts);
@@ -349,6 +352,105 @@ async fn a_stream_reports_for_its_hellos_node_only_and_within_the_limit() {
     .expect("the stream ends");
     println!("after the oversize message: {ended:?}");
     assert_eq!(facts_of("worker-2"), Some(claimed));
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+}
+
+/// Over NodeSync: a second stream that says Hello for a node ends the first (ABORTED, named),
+/// and only the newest stream's facts count from its Hello on (docs/security.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_stream_for_a_node_ends_the_older_one() {
+    use kuport_proto::v1::node_sync_client::NodeSyncClient;
+    use std::time::{Duration, Instant};
+    use tokio_stream::wrappers::ReceiverStream;
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster");
+    let cluster = render::load_dir(&dir, k8s_openapi::jiff::Timestamp::now()).expect("examples load");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    let (_lead, rx) = leader::standalone(address.clone());
+    let hub = Hub::new(Settings::default(), rx, true);
+    hub.set_inputs(cluster);
+    // States to send down (serve_grpc runs no recompute loop).
+    hub.recompute();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(kuport_controller::serve::serve_grpc(hub.clone(), listener, Default::default(), async {
+        let _ = stopped.await;
+    }));
+    let facts_of = |node: &str| hub.node(node).and_then(|n| n.facts);
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        while !f() {
+            assert!(started.elapsed() < Duration::from_secs(10), "{what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let client = loop {
+        if let Ok(c) = NodeSyncClient::connect(format!("http://{address}")).await {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let kernel = |k: &str| {
+        let mut f = true_facts("worker-1");
+        f.kernel = k.into();
+        executor_message::Message::Facts(f)
+    };
+    let hello = executor_message::Message::Hello(Hello {
+        node: "worker-1".into(),
+        executor_version: "test".into(),
+        applied: None,
+    });
+    let kernel_of = || facts_of("worker-1").map(|f| f.kernel);
+    let msg = |m: executor_message::Message| ExecutorMessage { message: Some(m) };
+    // The server answers the call once it has read Hello: Hello goes first.
+    let open = |mut client: NodeSyncClient<tonic::transport::Channel>| {
+        let said = msg(hello.clone());
+        async move {
+            let (tx, rx) = tokio::sync::mpsc::channel::<ExecutorMessage>(8);
+            tx.send(said).await.expect("send");
+            let inbound = client.sync(ReceiverStream::new(rx)).await.expect("sync").into_inner();
+            (tx, inbound)
+        }
+    };
+
+    let (first, mut first_in) = open(client.clone()).await;
+    first.send(msg(kernel("first"))).await.expect("send");
+    until("the first stream's facts arrive", &|| kernel_of().as_deref() == Some("first"));
+
+    let (second, mut second_in) = open(client.clone()).await;
+    second.send(msg(kernel("second"))).await.expect("send");
+    until("the second stream's facts arrive", &|| kernel_of().as_deref() == Some("second"));
+    // Sent on the first stream after the second's Hello: dropped, whether or not the first
+    // stream has ended yet.
+    let _ = first.send(msg(kernel("late"))).await;
+
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match first_in.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return None,
+                Err(status) => return Some(status),
+            }
+        }
+    })
+    .await
+    .expect("the first stream ends")
+    .expect("with a status");
+    assert_eq!(ended.code(), tonic::Code::Aborted, "{ended:?}");
+    assert_eq!(ended.message(), "superseded by a newer stream for node worker-1");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(kernel_of().as_deref(), Some("second"), "the older stream's facts are not used");
+
+    // The second stream keeps working: it receives the node's state and its facts count.
+    let state = tokio::time::timeout(Duration::from_secs(10), second_in.message())
+        .await
+        .expect("a state in time")
+        .expect("the second stream is alive");
+    assert!(state.is_some(), "the second stream receives the node's state");
+    second.send(msg(kernel("third"))).await.expect("send");
+    until("the second stream's later facts arrive", &|| kernel_of().as_deref() == Some("third"));
+    assert!(hub.node("worker-1").is_some_and(|n| n.connected));
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
 }

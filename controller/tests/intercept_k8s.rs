@@ -5,14 +5,13 @@
 //! docs/intercept/resource.md describes the resource.
 
 mod common;
-use common::{ControlPlane, repo};
+use common::{ControlPlane, bearer, node_sync, repo};
 
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kuport_proto::v1::netns_ref::Kind;
-use kuport_proto::v1::node_sync_client::NodeSyncClient;
 use kuport_proto::v1::{Ack, ExecutorMessage, Hello, NodeState, controller_message, executor_message};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -32,21 +31,25 @@ fn free_address() -> String {
     l.local_addr().expect("address").to_string()
 }
 
-/// A fake executor of `node` that acknowledges every state and keeps the last one whole
-/// (namespaces sent held keep the content received before).
-fn fake_executor(node: &'static str, address: String) -> Arc<Mutex<Option<NodeState>>> {
+/// A fake executor of `node` (over TLS with `ca`, proving its node with `token`) that
+/// acknowledges every state and keeps the last one whole (namespaces sent held keep the content
+/// received before).
+fn fake_executor(node: &'static str, address: String, ca: Vec<u8>, token: String) -> Arc<Mutex<Option<NodeState>>> {
     let last = Arc::new(Mutex::new(None::<NodeState>));
     let keep = last.clone();
     tokio::spawn(async move {
         loop {
-            let Ok(mut client) = NodeSyncClient::connect(format!("http://{address}")).await else {
+            let Ok(mut client) = node_sync(&address, &ca).await else {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
             let (tx, rx) = mpsc::channel(8);
             let hello = Hello { node: node.into(), executor_version: "fake".into(), applied: None };
             let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await;
-            let Ok(resp) = client.sync(ReceiverStream::new(rx)).await else { continue };
+            let Ok(resp) = client.sync(bearer(&token, ReceiverStream::new(rx))).await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
             let mut inbound = resp.into_inner();
             while let Ok(Some(m)) = inbound.message().await {
                 let Some(controller_message::Message::State(ds)) = m.message else { continue };
@@ -183,7 +186,8 @@ async fn intercept_selects_programs_and_reports() {
             .spawn()
             .expect("controller"),
     );
-    let state = fake_executor("worker-2", address);
+    cp.executor_pods("default", &["worker-2"]);
+    let state = fake_executor("worker-2", address, cp.ca("default"), cp.executor_token("default", "worker-2"));
 
     // The selected pod's namespace, with the table; no namespace for the other pods.
     within(Duration::from_secs(30), "the pod's namespace in worker-2's state", || {

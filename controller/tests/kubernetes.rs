@@ -1,19 +1,19 @@
 //! The controller against a real kube-apiserver and etcd (e2e/controlplane builds and starts
 //! them; e2e/test.sh builds them before `cargo test`). Executors are faked in-process: gRPC
-//! clients that acknowledge states when the test lets them.
+//! clients over TLS, each with its node's Pod-bound token, that acknowledge states when the
+//! test lets them.
 //!
 //! One control plane for the whole file; the scenarios run in order in one test, since later
 //! ones build on the objects of earlier ones (failover keeps what the first leader wrote).
 
 mod common;
-use common::{ControlPlane, repo};
+use common::{ControlPlane, bearer, node_sync, repo};
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kuport_controller::report::status::RECONNECT_GRACE;
-use kuport_proto::v1::node_sync_client::NodeSyncClient;
 use kuport_proto::v1::{
     Ack, Applied, ExecutorMessage, Hello, InterfaceFacts, NodeFacts, controller_message, executor_message,
 };
@@ -70,16 +70,26 @@ fn free_address() -> String {
     l.local_addr().expect("address").to_string()
 }
 
-/// A fake executor: says Hello (with what it applied before), follows NotLeader, tries the
-/// given addresses in turn, and acknowledges each state once `ack` is true. Publishes the
-/// (term, version) of each state it acked.
+/// What the fake executors and the Debug calls present: the controller's CA and tokens.
+#[derive(Clone)]
+struct Trust {
+    ca: Vec<u8>,
+    /// A token allowed Debug (the test's ServiceAccount).
+    debug: String,
+}
+
+/// A fake executor: says Hello (with what it applied before) over TLS with its node's token,
+/// follows NotLeader, tries the given addresses in turn, and acknowledges each state once `ack`
+/// is true. Publishes the (term, version) of each state it acked; stops when the task is aborted.
 fn fake_executor(
     node: &'static str,
     addresses: Vec<String>,
     ack: watch::Receiver<bool>,
-) -> watch::Receiver<Vec<(u64, String)>> {
+    ca: Vec<u8>,
+    token: String,
+) -> (watch::Receiver<Vec<(u64, String)>>, tokio::task::JoinHandle<()>) {
     let (acked_tx, acked_rx) = watch::channel(Vec::new());
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let mut applied: Option<Applied> = None;
         let mut next: Option<String> = None;
         let mut i = 0;
@@ -88,7 +98,7 @@ fn fake_executor(
                 i += 1;
                 addresses[i % addresses.len()].clone()
             });
-            let Ok(mut client) = NodeSyncClient::connect(format!("http://{address}")).await else {
+            let Ok(mut client) = node_sync(&address, &ca).await else {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
@@ -96,7 +106,10 @@ fn fake_executor(
             let hello = Hello { node: node.into(), executor_version: "fake".into(), applied: applied.clone() };
             let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await;
             let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Facts(facts(node))) }).await;
-            let Ok(resp) = client.sync(ReceiverStream::new(rx)).await else { continue };
+            let Ok(resp) = client.sync(bearer(&token, ReceiverStream::new(rx))).await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
             let mut inbound = resp.into_inner();
             while let Ok(Some(m)) = inbound.message().await {
                 match m.message {
@@ -127,7 +140,7 @@ fn fake_executor(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
-    acked_rx
+    (acked_rx, task)
 }
 
 /// What a fake executor reports: examples/cluster/facts.yaml's addresses, an underlay MTU of 1380.
@@ -144,6 +157,7 @@ fn facts(node: &str) -> NodeFacts {
         underlay_interface: "wt0".into(),
         interfaces,
         kernel: "test".into(),
+        wireguard_public_key: String::new(),
     }
 }
 
@@ -316,6 +330,8 @@ async fn scenario() {
     for f in ["classes", "nodes", "web", "game", "dns"] {
         cp.apply_file(&examples.join(format!("{f}.yaml")));
     }
+    // The executors' Pods, whose bound tokens prove their nodes.
+    cp.executor_pods("default", &["edge-a", "worker-1", "worker-2", "worker-3"]);
     cp.ok(
         &["apply", "--server-side", "--subresource=status", "-f", &examples.join("nodes.yaml").display().to_string()],
         None,
@@ -342,10 +358,15 @@ async fn scenario() {
         }
     })
     .await;
+    // Executors connect over TLS with the CA the controller published, each with its node's token.
+    let trust = Trust { ca: cp.ca("default"), debug: cp.debug_token("default", "kuport-test-debug", true) };
     let (ack_tx, ack_rx) = watch::channel(false);
     let addresses = vec![a1.clone(), a2.clone()];
-    let edge = fake_executor("edge-a", addresses.clone(), ack_rx.clone());
-    let worker = fake_executor("worker-2", addresses.clone(), ack_rx.clone());
+    let token = |node: &str| cp.executor_token("default", node);
+    let (edge, edge_task) =
+        fake_executor("edge-a", addresses.clone(), ack_rx.clone(), trust.ca.clone(), token("edge-a"));
+    let (worker, _worker_task) =
+        fake_executor("worker-2", addresses.clone(), ack_rx.clone(), trust.ca.clone(), token("worker-2"));
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(condition(&game(), "Programmed").1, "Pending", "no ack yet, so not programmed");
     ack_tx.send_replace(true);
@@ -606,17 +627,20 @@ async fn scenario() {
     })
     .await;
 
-    // A forged report (issue 15): a stream that says Hello as edge-a and reports worker-2's
-    // underlay address, then one that is no node's. Each is refused, with its reason in the
-    // class status and an event, and no node's desired state changes (docs/security.md).
+    // A forged report (issue 15): edge-a's own token (a compromised edge-a: a node can only
+    // speak for itself), reporting worker-2's underlay address, then one that is no node's. Each
+    // is refused, with its reason in the class status and an event, and no node's desired state
+    // changes (docs/security.md). edge-a's fake executor stops first: its reconnect would
+    // supersede the forger's stream (a newer stream for a node ends the older one).
+    edge_task.abort();
     cp.ok(&status_apply, Some(&node_status("True", "2026-11-29T12:00:30Z")));
     quiet(&cp).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let desired_before = desired_versions(&a2).await;
+    let desired_before = desired_versions(&a2, &trust).await;
     assert!(desired_before.len() >= 4, "{desired_before:?}");
     let acks_before = worker.borrow().len();
     for forged in ["100.64.0.12", "100.64.0.66"] {
-        let forger = forge(&a2, "edge-a", forged).await;
+        let forger = forge(&a2, &trust.ca, &token("edge-a"), "edge-a", forged).await;
         within(Duration::from_secs(10), &format!("underlay {forged} refused"), || {
             let rows = cp.json(&["get", "pmc", "public"])["status"]["nodes"].clone();
             let row =
@@ -647,7 +671,7 @@ async fn scenario() {
         .await;
         // Past the debounce: a recompute the forged report caused has published by now.
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        assert_eq!(desired_versions(&a2).await, desired_before, "{forged}: a node's desired state changed");
+        assert_eq!(desired_versions(&a2, &trust).await, desired_before, "{forged}: a node's desired state changed");
         forger.abort();
     }
     assert_eq!(worker.borrow().len(), acks_before, "worker-2 was sent no new state");
@@ -656,25 +680,33 @@ async fn scenario() {
 }
 
 /// Every node's desired version, as the Debug service of the controller at `address` shows it.
-async fn desired_versions(address: &str) -> Vec<(String, String)> {
+async fn desired_versions(address: &str, trust: &Trust) -> Vec<(String, String)> {
     use kuport_proto::v1::ListNodesRequest;
     use kuport_proto::v1::debug_client::DebugClient;
-    let mut client = DebugClient::connect(format!("http://{address}")).await.expect("Debug connects");
-    let nodes = client.list_nodes(ListNodesRequest {}).await.expect("ListNodes").into_inner().nodes;
+    let endpoint = kuport_proto::channel::endpoint(&format!("https://{address}"), Some(&trust.ca)).expect("endpoint");
+    let mut client = DebugClient::new(endpoint.connect().await.expect("Debug connects"));
+    let nodes =
+        client.list_nodes(bearer(&trust.debug, ListNodesRequest {})).await.expect("ListNodes").into_inner().nodes;
     nodes.into_iter().map(|n| (n.node, n.desired_version)).collect()
 }
 
 /// A stream that says Hello as `node` and reports `underlay` as its underlay address, drained
 /// until the returned task is aborted.
-async fn forge(address: &str, node: &'static str, underlay: &str) -> tokio::task::JoinHandle<()> {
-    let mut client = NodeSyncClient::connect(format!("http://{address}")).await.expect("NodeSync connects");
+async fn forge(
+    address: &str,
+    ca: &[u8],
+    token: &str,
+    node: &'static str,
+    underlay: &str,
+) -> tokio::task::JoinHandle<()> {
+    let mut client = node_sync(address, ca).await.expect("NodeSync connects");
     let mut f = facts(node);
     f.underlay_address = underlay.into();
     let (tx, rx) = mpsc::channel(8);
     let hello = Hello { node: node.into(), executor_version: "forged".into(), applied: None };
     tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await.expect("hello");
     tx.send(ExecutorMessage { message: Some(executor_message::Message::Facts(f)) }).await.expect("facts");
-    let mut inbound = client.sync(ReceiverStream::new(rx)).await.expect("sync").into_inner();
+    let mut inbound = client.sync(bearer(token, ReceiverStream::new(rx))).await.expect("sync").into_inner();
     tokio::spawn(async move {
         let _tx = tx;
         while let Ok(Some(_)) = inbound.message().await {}

@@ -26,9 +26,10 @@ fn copy_examples(tag: &str) -> PathBuf {
     dir
 }
 
+/// kuportctl against the folder mode's plain-text port (http://: no CA, no token).
 fn kuportctl(address: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kuportctl"))
-        .args(["--controller", address])
+        .args(["--controller", &format!("http://{address}")])
         .args(args)
         .output()
         .expect("kuportctl");
@@ -142,4 +143,19 @@ async fn kuportctl_health_reflection_and_folder_edits() {
     let _ = stop.send(());
     server.await.expect("join").expect("server");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The folder mode is plain text and unauthenticated: refused unless it listens on loopback.
+#[test]
+fn the_insecure_folder_mode_is_refused_off_loopback() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster");
+    let out = Command::new(env!("CARGO_BIN_EXE_kuport-controller"))
+        .args(["run", "--insecure-manifests"])
+        .arg(&dir)
+        .args(["--listen", "0.0.0.0:0"])
+        .output()
+        .expect("kuport-controller");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("--insecure-manifests") && err.contains("loopback") && err.contains("0.0.0.0:0"), "{err}");
 }

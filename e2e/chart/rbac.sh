@@ -8,17 +8,24 @@
 #
 #  1. Enough: with the example classes, nodes and the web and game examples the controller leads
 #     (the Lease), writes the class and PortMap statuses, refuses a conflicting PortMap with a
-#     PortConflict event (and patches that event into a series when it repeats), logs no
-#     "forbidden", and the API server refused none of its requests; every grant was used.
+#     PortConflict event (and patches that event into a series when it repeats), creates its CA
+#     and serving certificate (Secret kuport-controller-tls) and publishes the CA (ConfigMap
+#     kuport-ca), removes a stale overlay annotation from a Node (--overlay, no member: nodes
+#     patch), renews a certificate that is due and brings a stale ConfigMap up to date, reads
+#     both back when restarted, and answers kuportctl for a ServiceAccount bound to the chart's
+#     debug ClusterRole (TokenReview, SubjectAccessReview); it logs no "forbidden", and the API
+#     server refused none of its requests; every grant was used.
 #  2. Minimal: each grant (one resource and verb at a time) is removed from its role, the
 #     controller restarted and made to need it; the API server then refuses exactly that
 #     request (audit log, 403), the controller's log names it (cannot VERB resource "R" in API
 #     group "G"), and where the grant has a visible effect (a status, an event, the Lease) that
 #     effect is missing. A grant nothing needs fails the test.
 #
-# Needs the controller binary: KUPORT_CONTROLLER_BIN, else $CARGO_TARGET_DIR/debug/kuport-controller
-# (target/ without CARGO_TARGET_DIR), built with `cargo build -p kuport-controller --locked`
-# when missing or older than the sources. The Single-mode datapath end to end is the lab's
+# Needs the controller binaries: KUPORT_CONTROLLER_BIN and KUPORT_CTL_BIN, else
+# $CARGO_TARGET_DIR/debug/kuport-controller and kuportctl (target/ without CARGO_TARGET_DIR),
+# built with `cargo build -p kuport-controller --locked` when missing or older than the sources,
+# and openssl (a certificate that is due, made with the Secret's CA; e2e/controlplane/up.sh
+# installs it when missing). The Single-mode datapath end to end is the lab's
 # (e2e/README.md); here no executor runs, so Programmed stays False (Pending).
 #
 # Usage: e2e/chart/rbac.sh            Prints "N passed, M failed" last; exits non-zero on failure.
@@ -34,6 +41,11 @@ sa=kuport-controller     # the chart's controller ServiceAccount (release "kupor
 lease=kuport-controller  # the Deployment's --lease-name
 cr=kuport-controller     # its ClusterRole
 role=kuport-controller-leader-election
+tls_role=kuport-controller-tls  # the managed certificate's Secret and the CA's ConfigMap
+secret=kuport-controller-tls     # both names fixed in the controller
+configmap=kuport-ca
+debug_cr=kuport-debug            # kuportctl's users' ClusterRole
+debug_sa=rbac-debug              # a ServiceAccount bound to it, made here
 user="system:serviceaccount:$ns:$sa"
 identity=rbac-test
 
@@ -130,17 +142,20 @@ check() {
 
 if [ -n "${KUPORT_CONTROLLER_BIN:-}" ]; then
   ctl=$KUPORT_CONTROLLER_BIN
+  kuportctl=${KUPORT_CTL_BIN:-$(dirname "$ctl")/kuportctl}
 else
   ctl=${CARGO_TARGET_DIR:-target}/debug/kuport-controller
-  # What the binary is built from (not tests or benches: they would rebuild it for nothing).
-  if [ ! -x "$ctl" ] || [ -n "$(find Cargo.toml Cargo.lock controller/Cargo.toml controller/src \
-    proto/Cargo.toml proto/build.rs proto/src proto/kuport -newer "$ctl" -type f -print -quit)" ]; then
-    log "building $ctl (cargo build -p kuport-controller --locked)"
+  kuportctl=${CARGO_TARGET_DIR:-target}/debug/kuportctl
+  # What the binaries are built from (not tests or benches: they would rebuild them for nothing).
+  if [ ! -x "$ctl" ] || [ ! -x "$kuportctl" ] || [ -n "$(find Cargo.toml Cargo.lock controller/Cargo.toml controller/src \
+    proto/Cargo.toml proto/build.rs proto/src proto/kuport \( -newer "$ctl" -o -newer "$kuportctl" \) -type f -print -quit)" ]; then
+    log "building $ctl and $kuportctl (cargo build -p kuport-controller --locked)"
     cargo build -p kuport-controller --locked >&2
   fi
 fi
 [ -x "$ctl" ] || { log "no controller binary at $ctl"; exit 1; }
-log "binaries: $bin, $ctl ($(($(date +%s) - t0))s)"
+[ -x "$kuportctl" ] || { log "no kuportctl binary at $kuportctl"; exit 1; }
+log "binaries: $bin, $ctl, $kuportctl ($(($(date +%s) - t0))s)"
 
 # ------------------------------------------------------------ control plane with an audit log
 # Every request of the controller's ServiceAccount, with its response code; nothing else.
@@ -162,7 +177,8 @@ log "API server up in $(($(date +%s) - t1))s"
 
 # The audit log as "CODE VERB GROUP RESOURCE[/SUB] NAME" (GROUP "core" for "", NAME "-" if none),
 # one line per request stage, from line FROM on. Requests about the caller itself
-# (authentication/authorization reviews, e.g. kubectl auth whoami) are left out.
+# (selfsubjectreviews and the like, e.g. kubectl auth whoami) are left out; the reviews of its
+# callers' tokens and access (tokenreviews, subjectaccessreviews) are its own work.
 audit() { # [FROM]
   tail -n +"${1:-1}" "$audit_log" 2>/dev/null | awk '
     function field(s, k) {
@@ -175,8 +191,8 @@ audit() { # [FROM]
       if (!match($0, /"responseStatus":\{.*"code":[0-9]+/)) next
       code = substr($0, RSTART, RLENGTH); sub(/.*"code":/, "", code)
       g = field(ref, "apiGroup"); if (g == "") g = "core"
-      if (g ~ /^(authentication|authorization)\.k8s\.io$/) next
       r = field(ref, "resource"); sr = field(ref, "subresource"); if (sr != "") r = r "/" sr
+      if (g ~ /^(authentication|authorization)\.k8s\.io$/ && r ~ /^self/) next
       n = field(ref, "name"); if (n == "") n = "-"
       print code, field($0, "verb"), g, r, n
     }'
@@ -190,8 +206,19 @@ install() {
   kubectl -n "$ns" get sa "$sa" -o name
   kubectl get clusterrole "$cr" -o name
   kubectl -n "$ns" get role "$role" -o name
+  kubectl -n "$ns" get role "$tls_role" -o name
+  kubectl get clusterrole "$debug_cr" -o name
 }
 check "helm install the chart into $ns" install
+
+# A kuportctl user: a ServiceAccount bound to the chart's debug ClusterRole, and its token.
+debug_user() {
+  kubectl -n "$ns" create serviceaccount "$debug_sa"
+  kubectl create clusterrolebinding "$debug_sa" --clusterrole="$debug_cr" --serviceaccount="$ns:$debug_sa"
+  kubectl -n "$ns" create token "$debug_sa" --duration=2h >"$work/debug.token"
+  [ -s "$work/debug.token" ]
+}
+check "a kuportctl user: ServiceAccount $debug_sa bound to ClusterRole $debug_cr, with a token" debug_user
 
 token_kubeconfig() {
   local server ca token who
@@ -219,10 +246,16 @@ EOF
 }
 check "a TokenRequest token of the chart's ServiceAccount, in a kubeconfig" token_kubeconfig
 
+# The controller runs with --overlay. No executor reports a key, so no node is a member, and a
+# published overlay annotation left on a Node is the controller's to remove (nodes patch).
+overlay_key=kuport.wlz.li/wireguard-public-key
+stale_annotation() { kubectl annotate node edge-a --overwrite "$overlay_key=stale" >/dev/null; }
+stale_left() { kubectl get node edge-a -o jsonpath="{.metadata.annotations.${overlay_key//./\\.}}"; }
 examples() {
   kubectl apply -f examples/cluster/classes.yaml -f examples/cluster/nodes.yaml \
     -f examples/cluster/web.yaml -f examples/cluster/game.yaml -f examples/intercept/web.yaml
   kubectl apply --server-side --subresource=status -f examples/cluster/nodes.yaml
+  stale_annotation
 }
 check "the example classes, nodes (with status), web and game applied (as admin)" examples
 
@@ -239,14 +272,17 @@ conflict_yaml | grep -q '^  name: game-copy$' \
   || { log "no PortMap named game in examples/cluster/game.yaml: update conflict_yaml"; exit 1; }
 
 # ------------------------------------------------------------------------------ helpers
-# Starts the controller as the ServiceAccount; its log (stderr) goes to $work/run-N.log.
+# A free port of 127.0.0.1 for the controller's gRPC (kuportctl calls it; no executors connect).
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null \
+  || echo $((20000 + RANDOM % 20000)))
+# Starts the controller as the ServiceAccount; its log (stderr) goes to $work/run-N.log. The TLS
+# Secret's watch reports its errors at debug: shown, so a refused list or watch is in the log.
 start_controller() {
   run_no=$((run_no + 1))
   ctl_log="$work/run-$run_no.log"
-  # --listen 127.0.0.1:0: a free port (no executors connect here).
-  NO_COLOR=1 KUBECONFIG="$work/controller.kubeconfig" "$ctl" run --listen 127.0.0.1:0 --metrics-listen "" \
-    --lease-namespace "$ns" --lease-name "$lease" --identity "$identity" \
-    --log-format text --log-level info >/dev/null 2>"$ctl_log" &
+  NO_COLOR=1 KUBECONFIG="$work/controller.kubeconfig" "$ctl" run --listen "127.0.0.1:$port" --metrics-listen "" \
+    --lease-namespace "$ns" --lease-name "$lease" --identity "$identity" --overlay \
+    --log-format text --log-level "info,kuport_controller::trust::tls=debug" >/dev/null 2>"$ctl_log" &
   ctl_pid=$!
 }
 ctl_text() { sed 's/\x1b\[[0-9;]*m//g' "$ctl_log"; }
@@ -293,6 +329,48 @@ has_event() { # NAME REASON [MIN_COUNT]
 clear_status() { # KIND NS NAME: as admin, so the controller has to write it again
   kubectl patch "$1" ${2:+-n "$2"} "$3" --subresource=status --type=merge -p '{"status":null}' >/dev/null
 }
+secret_key() { # KEY: one key of the TLS Secret, decoded
+  kubectl -n "$ns" get secret "$secret" -o jsonpath="{.data.${1//./\\.}}" | openssl base64 -d -A
+}
+serving_days() { # days the Secret's serving certificate has left
+  local end
+  end=$(secret_key tls.crt | openssl x509 -noout -enddate | cut -d= -f2)
+  echo $((($(date -d "$end" +%s) - $(date +%s)) / 86400))
+}
+# The Secret's serving certificate replaced by a 10-day one (a new key, the same CA): due for renewal.
+make_due() {
+  local d="$work/due"
+  mkdir -p "$d"
+  secret_key ca.crt >"$d/ca.crt"
+  secret_key ca.key >"$d/ca.key"
+  printf 'subjectAltName=DNS:controller.kuport.internal\nextendedKeyUsage=serverAuth\n' >"$d/ext.cnf"
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=controller.kuport.internal \
+    -keyout "$d/tls.key" -out "$d/tls.csr" 2>/dev/null
+  openssl x509 -req -days 10 -in "$d/tls.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+    -extfile "$d/ext.cnf" -out "$d/tls.crt" 2>/dev/null
+  # (A running controller renews it at once: its days left are not checked here.)
+  kubectl -n "$ns" patch secret "$secret" --type=merge -p "{\"data\":{\"tls.crt\":\"$(openssl base64 -A -in "$d/tls.crt")\",\"tls.key\":\"$(openssl base64 -A -in "$d/tls.key")\"}}" >/dev/null
+}
+make_stale() { # the ConfigMap's CA bundle replaced by something else (made so if missing)
+  if kubectl -n "$ns" get configmap "$configmap" >/dev/null 2>&1; then
+    kubectl -n "$ns" patch configmap "$configmap" --type=merge -p '{"data":{"ca.crt":"stale"}}' >/dev/null
+  else
+    kubectl -n "$ns" create configmap "$configmap" --from-literal=ca.crt=stale >/dev/null
+  fi
+}
+ca_published() { # the ConfigMap holds the Secret's CA
+  [ "$(kubectl -n "$ns" get configmap "$configmap" -o jsonpath='{.data.ca\.crt}')" = "$(secret_key ca.crt)" ] \
+    || { echo "ConfigMap $configmap does not hold the Secret's ca.crt"; return 1; }
+}
+# kuportctl nodes as the debug user, verifying the controller with the ConfigMap's CA.
+debug_call() {
+  kubectl -n "$ns" get configmap "$configmap" -o jsonpath='{.data.ca\.crt}' >"$work/ca.crt" 2>/dev/null || true
+  "$kuportctl" --controller "https://127.0.0.1:$port" --ca-file "$work/ca.crt" --token "$(cat "$work/debug.token")" nodes 2>&1
+}
+served_serial() { # the serial of the certificate a new TLS handshake gets
+  openssl s_client -connect "127.0.0.1:$port" -servername controller.kuport.internal -alpn h2 </dev/null 2>/dev/null \
+    | openssl x509 -noout -serial
+}
 fresh_conflict() { # a new game-copy, without status or events
   kubectl -n games delete pm game-copy --ignore-not-found --wait=true >/dev/null
   kubectl -n games delete events.v1.events.k8s.io --all >/dev/null
@@ -331,6 +409,13 @@ classes_written() {
 }
 check "the classes' status (links, conditions) is written" classes_written
 
+stale_gone() { [ -z "$(stale_left)" ]; }
+stale_removed() {
+  within 30 stale_gone >/dev/null || { echo "Node edge-a keeps $overlay_key=$(stale_left)"; return 1; }
+  echo "Node edge-a is no overlay member: the stale $overlay_key was removed"
+}
+check "with --overlay, a non-member Node's stale published annotation is removed (nodes patch)" stale_removed
+
 port_maps_accepted() {
   local pm
   for pm in web/web games/game; do
@@ -362,9 +447,56 @@ event_series() {
 }
 check "the same refusal again patches the event (series.count 2)" event_series
 
+managed_tls() {
+  within 30 ca_published >/dev/null
+  local want got
+  want=$(secret_key tls.crt | openssl x509 -noout -serial)
+  got=$(within 10 served_serial)
+  [ "$got" = "$want" ] || { echo "served $got, the Secret holds $want"; return 1; }
+  echo "INFO: Secret $secret (CA and serving certificate, $(serving_days) days left) created, CA published in ConfigMap $configmap, $got served"
+}
+check "it creates Secret $secret, publishes its CA in ConfigMap $configmap and serves the certificate" managed_tls
+
+debug_answered() {
+  local out
+  out=$(within 20 debug_call) || { echo "$out"; return 1; }
+  grep -q "^NODE " <<<"$out" || { echo "$out"; return 1; }
+  echo "INFO: kuportctl nodes as $debug_sa (bound to $debug_cr): answered, $(grep -c . <<<"$out") lines"
+}
+check "kuportctl as a user bound to $debug_cr is answered (TokenReview, SubjectAccessReview)" debug_answered
+
+renewed() { local d; d=$(serving_days); [ "$d" -gt 60 ] || { echo "$d days left"; return 1; }; }
+renewal() {
+  local t
+  make_stale
+  make_due
+  t=$(ms)
+  within 30 renewed >/dev/null || { echo "the 10-day certificate was not renewed: $(serving_days) days left"; return 1; }
+  ctl_text | grep -q "renewed the serving certificate" || { echo "no renewal in the log"; return 1; }
+  within 30 ca_published >/dev/null
+  echo "INFO: a 10-day certificate and a stale ConfigMap: renewed ($(serving_days) days left) and the CA published again ($(secs_since "$t"))"
+}
+check "a serving certificate that is due is renewed, a stale ConfigMap brought up to date" renewal
+
+# Restarted here, not in a check: a check runs in a subshell, and the controller's pid must be
+# known to stop it.
+ca_before=$(secret_key ca.crt | openssl x509 -noout -fingerprint -sha256)
+first_log=$ctl_log
+stop_controller
+start_controller
+restarted() {
+  local ca=$ca_before
+  within 30 holds_lease >/dev/null
+  within 20 debug_call >/dev/null
+  [ "$(secret_key ca.crt | openssl x509 -noout -fingerprint -sha256)" = "$ca" ] || { echo "a new CA"; return 1; }
+  ca_published
+  echo "INFO: restarted: it read Secret $secret and ConfigMap $configmap back (same CA) and serves again"
+}
+check "restarted, it reads the Secret and the ConfigMap back (same CA)" restarted
+
 clean() {
   local bad other
-  bad=$(ctl_text | grep -i forbidden || true)
+  bad=$( (sed 's/\x1b\[[0-9;]*m//g' "$first_log"; ctl_text) | grep -i forbidden || true)
   [ -z "$bad" ] || { echo "the controller log has 'forbidden':"; echo "$bad"; return 1; }
   bad=$(audit "$main_from" | awk '$1 == 401 || $1 == 403' | sort | uniq -c)
   [ -z "$bad" ] || { echo "the API server refused:"; echo "$bad"; return 1; }
@@ -386,7 +518,7 @@ every_grant_used() {
   local used want g r v n c missing= line lbl
   # What it did with success (2xx), as "GROUP RESOURCE VERB NAME".
   used=$(audit "$main_from" | awk '$1 < 300 { print $3, $4, $2, $5 }' | sort)
-  want=$( (grants clusterrole "$cr"; grants role "$role") | sort -u)
+  want=$( (grants clusterrole "$cr"; grants role "$role"; grants role "$tls_role") | sort -u)
   line=
   while read -r g r v n; do
     if [ "$n" = - ]; then
@@ -434,13 +566,14 @@ can_i() { # GROUP RESOURCE VERB NAME
   if [[ "$2" == */* ]]; then what=${2%%/*}; sub=(--subresource="${2#*/}"); fi
   [ "$1" = core ] || what="$what.$1"
   [ "$4" = - ] || what="$what/$4"
-  [ "$2" = leases ] && args=(-n "$ns") || args=(-A)
+  case $2 in leases | secrets | configmaps) args=(-n "$ns") ;; *) args=(-A) ;; esac
   kubectl auth can-i "$3" "$what" "${sub[@]}" "${args[@]}" --as="$user" 2>/dev/null || true
 }
 can_i_is() { local got; got=$(can_i "$1" "$2" "$3" "$4"); [ "$got" = "$5" ] || { echo "can-i $3 $2: $got"; return 1; }; }
 
 cr_rules=$(kubectl get clusterrole "$cr" -o jsonpath='{.rules}')
 role_rules=$(kubectl -n "$ns" get role "$role" -o jsonpath='{.rules}')
+tls_role_rules=$(kubectl -n "$ns" get role "$tls_role" -o jsonpath='{.rules}')
 
 # Sets up what makes the controller need the grant (before it starts).
 prepare() { # GROUP RESOURCE VERB
@@ -450,6 +583,17 @@ prepare() { # GROUP RESOURCE VERB
     "intercepts/status patch") clear_status intercept web web ;;
     "events create" | "events patch") fresh_conflict ;;
     "leases create") kubectl -n "$ns" delete lease "$lease" --ignore-not-found >/dev/null ;;
+    "secrets create") kubectl -n "$ns" delete secret "$secret" --ignore-not-found >/dev/null ;;
+    "configmaps create") kubectl -n "$ns" delete configmap "$configmap" --ignore-not-found >/dev/null ;;
+    "secrets update") make_due ;;
+    "configmaps update") make_stale ;;
+    "nodes patch") stale_annotation ;;
+  esac
+}
+# What makes the running controller need the grant, repeated until the API server refuses it.
+need() { # GROUP RESOURCE VERB
+  case "$2 $3" in
+    "tokenreviews create" | "subjectaccessreviews create") debug_call >/dev/null || true ;;
   esac
 }
 # What the controller must log when the grant is missing (an ERE): the API server's message,
@@ -480,6 +624,21 @@ effect_missing() { # GROUP RESOURCE VERB
       ! kill -0 "$ctl_pid" 2>/dev/null && echo "the controller exited" ;;
     "leases patch")
       [[ "$(holder)" != "$identity@"* ]] && echo "holder '$(holder)': it never leads" ;;
+    "tokenreviews create" | "subjectaccessreviews create")
+      local out
+      ! out=$(debug_call) && echo "kuportctl refused: $(tail -n1 <<<"$out" | cut -c1-160)" ;;
+    "secrets create")
+      ! kubectl -n "$ns" get secret "$secret" >/dev/null 2>&1 && echo "no Secret $secret" ;;
+    "secrets get")
+      ! kill -0 "$ctl_pid" 2>/dev/null && echo "the controller exited" ;;
+    "secrets update")
+      [ "$(serving_days)" -le 10 ] && echo "the due certificate is not renewed ($(serving_days) days left)" ;;
+    "configmaps create")
+      ! kubectl -n "$ns" get configmap "$configmap" >/dev/null 2>&1 && echo "no ConfigMap $configmap" ;;
+    "configmaps update")
+      ! ca_published >/dev/null && echo "ConfigMap $configmap stays stale" ;;
+    "nodes patch")
+      [ "$(stale_left)" = stale ] && echo "Node edge-a keeps $overlay_key=stale" ;;
     *) echo "" ;;
   esac
 }
@@ -521,12 +680,13 @@ minimal() { # KIND NAME FULL_RULES GROUP RESOURCE VERB NAME
     within 20 has_event game-copy PortConflict >/dev/null || fail "no first PortConflict event"
     clear_status pm games game-copy
   fi
-  within 20 refused "$from" "$g" "$r" "$v" "$n" >/dev/null \
+  needed() { need "$g" "$r" "$v"; refused "$from" "$g" "$r" "$v" "$n"; }
+  within 20 needed >/dev/null \
     || fail "the API server refused no '$v $g/$r' within 20 s: nothing needed this grant"
   pat=$(log_pattern "$g" "$r" "$v")
   line=$(within 20 logged "$pat") || fail "no log line matching: $pat"
   # "<where>: <message> ... cannot VERB resource "R" in API group "G""
-  line="$(sed -E 's/^[^ ]+ +(WARN|ERROR|INFO) +//; s/: Kube error: .*//; s/ (error with 403|error 403): .*/ \1/; s/ error[=:] ?.*//' <<<"$line") ... $(grep -oE "$pat" <<<"$line" | head -n1 | sed 's/\\"/"/g')"
+  line="$(sed -E 's/^[^ ]+ +(WARN|ERROR|INFO|DEBUG) +//; s/: Kube error: .*//; s/: ApiError: .*//; s/ (error with 403|error 403): .*/ \1/; s/ error[=:] ?.*//' <<<"$line") ... $(grep -oE "$pat" <<<"$line" | head -n1 | sed 's/\\"/"/g')"
   effect=$(effect_missing "$g" "$r" "$v" || true)
   sleep 1
   count=$(refused "$from" "$g" "$r" "$v" "$n")
@@ -549,9 +709,16 @@ while read -r g r v n; do
   [ "$n" = - ] || label+=" ($n)"
   check "minimal: without Role '$label' the API server refuses it" minimal role "$role" "$role_rules" "$g" "$r" "$v" "$n"
 done <<<"$(grants role "$role")"
+while read -r g r v n; do
+  [ -n "$g" ] || continue
+  label="$v $g/$r"
+  [ "$n" = - ] || label+=" ($n)"
+  check "minimal: without Role $tls_role '$label' the API server refuses it" minimal role "$tls_role" "$tls_role_rules" "$g" "$r" "$v" "$n"
+done <<<"$(grants role "$tls_role")"
 
 restored() {
   [ "$(kubectl get clusterrole "$cr" -o jsonpath='{.rules}')" = "$cr_rules" ]
   [ "$(kubectl -n "$ns" get role "$role" -o jsonpath='{.rules}')" = "$role_rules" ]
+  [ "$(kubectl -n "$ns" get role "$tls_role" -o jsonpath='{.rules}')" = "$tls_role_rules" ]
 }
 check "the roles are back as the chart made them" restored

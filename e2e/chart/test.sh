@@ -82,10 +82,14 @@ log "binaries in $bin ($(($(date +%s) - t0))s)"
 # The offline checks must not reach any cluster.
 export KUBECONFIG=/dev/null
 
+# Offline, helm assumes Kubernetes 1.20; the chart needs 1.32 (Chart.yaml kubeVersion).
+kube_version=1.32.0
+
 render() { # VARIANT: helm template of the chart with the variant's values
   local args=()
   [ "$1" = custom ] && args=(-f "$here/custom-values.yaml")
-  helm template "$release" "$chart" -n "$ns" "${args[@]}"
+  [ "$1" = intercept ] && args=(--set interception.enabled=true)
+  helm template "$release" "$chart" -n "$ns" --kube-version "$kube_version" "${args[@]}"
 }
 
 # kubectl's go-template over every object of a rendered file, with no cluster (--local).
@@ -118,12 +122,15 @@ want_cluster_rules() { # CLUSTERROLE
   local cr=$1 r v
   {
     for r in nodes namespaces services pods; do for v in list watch; do echo "ClusterRole/$cr core $r $v"; done; done
+    echo "ClusterRole/$cr core nodes patch"
     for v in list watch; do echo "ClusterRole/$cr discovery.k8s.io endpointslices $v"; done
     for r in portmapclasses portmaps intercepts; do
       for v in list watch; do echo "ClusterRole/$cr kuport.wlz.li $r $v"; done
       echo "ClusterRole/$cr kuport.wlz.li $r/status patch"
     done
     for v in create patch; do echo "ClusterRole/$cr events.k8s.io events $v"; done
+    echo "ClusterRole/$cr authentication.k8s.io tokenreviews create"
+    echo "ClusterRole/$cr authorization.k8s.io subjectaccessreviews create"
   } | sort
 }
 
@@ -135,17 +142,37 @@ want_role_rules() { # ROLE LEASE
   } | sort
 }
 
+# The managed serving certificate's Secret and the CA's ConfigMap (names fixed in the controller);
+# only without controller.tls.secretName.
+want_tls_rules() { # ROLE
+  local v
+  {
+    echo "Role/$1 core secrets create"
+    echo "Role/$1 core configmaps create"
+    for v in get update list watch; do echo "Role/$1 core secrets $v name=kuport-controller-tls"; done
+    for v in get update; do echo "Role/$1 core configmaps $v name=kuport-ca"; done
+  } | sort
+}
+
+# kuportctl's users' ClusterRole: what the Debug service asks SubjectAccessReviews for.
+want_debug_rules() { # CLUSTERROLE
+  printf '%s\n' "ClusterRole/$1 kuport.wlz.li nodestates get" "ClusterRole/$1 kuport.wlz.li nodestates list" \
+    "ClusterRole/$1 kuport.wlz.li portmaps get" | sort
+}
+
 # ------------------------------------------------------------------------ offline checks
 lint() { # [VALUES]
-  local args=()
-  [ -n "${1:-}" ] && args=(-f "$1")
-  helm lint --strict "$chart" "${args[@]}"
+  local args=(--kube-version "$kube_version")
+  [ -n "${1:-}" ] && args+=(-f "$1")
+  helm lint --strict "$chart" "${args[@]}" "${@:2}"
 }
 check "helm lint (default values)" lint
 check "helm lint (custom values)" lint "$here/custom-values.yaml"
+check "helm lint (interception enabled)" lint "" --set interception.enabled=true
 
 render default >"$work/default.yaml"
 render custom >"$work/custom.yaml"
+render intercept >"$work/intercept.yaml"
 
 golden() { # VARIANT
   local want="$here/golden/$1.yaml" got="$work/$1.yaml"
@@ -160,6 +187,34 @@ golden() { # VARIANT
 }
 check "helm template matches golden/default.yaml" golden default
 check "helm template matches golden/custom.yaml" golden custom
+check "helm template matches golden/intercept.yaml" golden intercept
+
+# What interception adds to the executor (values.yaml, interception), and only when enabled:
+# the host PID namespace, SYS_ADMIN and SYS_PTRACE, /var/run/netns and the CRI socket.
+executor_view() { # FILE: hostPID, capabilities added, --cri-socket's value, volumes
+  objects "$1" '{{if eq .kind "DaemonSet"}}{{with .spec.template.spec}}hostPID={{.hostPID}} {{range .containers}}caps={{.securityContext.capabilities.add}} cri={{$next := false}}{{range .args}}{{if $next}}{{.}}{{end}}{{$next = eq . "--cri-socket"}}{{end}} mounts={{range .volumeMounts}}{{.name}}:{{.mountPath}}{{with .mountPropagation}}({{.}}){{end}},{{end}}{{end}} volumes={{range .volumes}}{{.name}}{{with .hostPath}}:{{.path}}({{.type}}){{end}},{{end}}{{end}}{{end}}'
+}
+interception() {
+  expect_eq "interception off (default)" "$(executor_view "$work/default.yaml")" \
+    "hostPID=<no value> caps=[NET_ADMIN] cri= mounts=state:/var/lib/kuport,token:/var/run/secrets/kuport,ca:/etc/kuport/ca, volumes=state:/var/lib/kuport(DirectoryOrCreate),token,ca,"
+  expect_eq "interception on" "$(executor_view "$work/intercept.yaml")" \
+    "hostPID=true caps=[NET_ADMIN SYS_ADMIN SYS_PTRACE] cri=/run/containerd/containerd.sock mounts=state:/var/lib/kuport,token:/var/run/secrets/kuport,ca:/etc/kuport/ca,netns:/var/run/netns(HostToContainer),cri:/run/containerd/containerd.sock, volumes=state:/var/lib/kuport(DirectoryOrCreate),token,ca,netns:/var/run/netns(DirectoryOrCreate),cri:/run/containerd/containerd.sock(Socket),"
+  helm template "$release" "$chart" -n "$ns" --kube-version "$kube_version" --set interception.enabled=true \
+    --set interception.criSocket=/var/run/crio/crio.sock >"$work/crio.yaml"
+  grep -q "cri=/var/run/crio/crio.sock .*cri:/var/run/crio/crio.sock(Socket)" <<<"$(executor_view "$work/crio.yaml")" \
+    || { executor_view "$work/crio.yaml"; return 1; }
+  helm template "$release" "$chart" -n "$ns" --kube-version "$kube_version" --set interception.enabled=true \
+    --set interception.criSocket= >"$work/nocri.yaml"
+  expect_eq "interception without a CRI socket" "$(executor_view "$work/nocri.yaml")" \
+    "hostPID=true caps=[NET_ADMIN SYS_ADMIN SYS_PTRACE] cri=none mounts=state:/var/lib/kuport,token:/var/run/secrets/kuport,ca:/etc/kuport/ca,netns:/var/run/netns(HostToContainer), volumes=state:/var/lib/kuport(DirectoryOrCreate),token,ca,netns:/var/run/netns(DirectoryOrCreate),"
+  expect_eq "a privileged executor gets no capability list (custom)" \
+    "$(helm template "$release" "$chart" -n "$ns" --kube-version "$kube_version" -f "$here/custom-values.yaml" --set interception.enabled=true | grep -c 'SYS_ADMIN' || true)" 0
+  if helm template "$release" "$chart" --kube-version "$kube_version" --set interception.criSocket=relative.sock >/dev/null 2>&1; then
+    echo "a relative interception.criSocket was accepted"
+    return 1
+  fi
+}
+check "interception adds hostPID, SYS_ADMIN, SYS_PTRACE, /var/run/netns and the CRI socket, only when enabled" interception
 
 crds_fresh() {
   diff -u crds/kuport.wlz.li.yaml "$chart/crds/kuport.wlz.li.yaml" \
@@ -168,12 +223,12 @@ crds_fresh() {
 check "chart crds/ equals crds/kuport.wlz.li.yaml" crds_fresh
 
 schema_rejects() {
-  if helm template "$release" "$chart" --set controller.replica=3 >/dev/null 2>"$work/schema.err"; then
+  if helm template "$release" "$chart" --kube-version "$kube_version" --set controller.replica=3 >/dev/null 2>"$work/schema.err"; then
     echo "a misspelt value (controller.replica) was accepted"
     return 1
   fi
   grep -q "additional properties 'replica' not allowed" "$work/schema.err" || { cat "$work/schema.err"; return 1; }
-  if helm template "$release" "$chart" --set log.level=verbose >/dev/null 2>"$work/schema.err"; then
+  if helm template "$release" "$chart" --kube-version "$kube_version" --set log.level=verbose >/dev/null 2>"$work/schema.err"; then
     echo "log.level=verbose was accepted"
     return 1
   fi
@@ -191,32 +246,74 @@ no_wildcards() { # FILE
 check "RBAC: no * in any verb, resource or apiGroup (default)" no_wildcards "$work/default.yaml"
 check "RBAC: no * in any verb, resource or apiGroup (custom)" no_wildcards "$work/custom.yaml"
 
-exact_rbac() { # FILE PREFIX
+exact_rbac() { # FILE PREFIX MANAGED_TLS
   local file=$1 c="$2-controller"
   local got
   got=$(rbac_rules "$file")
-  expect_eq "grants" "$got" "$( (want_cluster_rules "$c"; want_role_rules "$c-leader-election" "$c") | sort)"
-  # The Role is namespaced to the release namespace; only the leases Role is a Role.
-  [ "$(objects "$file" '{{if eq .kind "Role"}}{{.metadata.namespace}}{{"\n"}}{{end}}')" = "$ns" ]
+  expect_eq "grants" "$got" "$( (want_cluster_rules "$c"; want_role_rules "$c-leader-election" "$c"
+    want_debug_rules "$2-debug"; [ "$3" = managed ] && want_tls_rules "$c-tls") | sort)"
+  # The Roles are namespaced to the release namespace.
+  [ "$(objects "$file" '{{if eq .kind "Role"}}{{.metadata.namespace}}{{"\n"}}{{end}}' | sort -u)" = "$ns" ]
 }
-check "RBAC: controller ClusterRole and leases Role grant exactly the list (default)" exact_rbac "$work/default.yaml" kuport
-check "RBAC: controller ClusterRole and leases Role grant exactly the list (custom)" exact_rbac "$work/custom.yaml" portmapper
+check "RBAC: controller, debug ClusterRoles and the leases, TLS Roles grant exactly the list (default)" exact_rbac "$work/default.yaml" kuport managed
+check "RBAC: the same without the TLS Role: the operator's Secret is mounted (custom)" exact_rbac "$work/custom.yaml" portmapper mounted
 
-exec_unbound() { # FILE PREFIX
+# The lab grants its Debug caller the chart's debug rules (e2e/src/plane/access.yaml).
+lab_debug_rules() {
+  expect_eq "the lab's kuport-debug rules" "$(rbac_rules e2e/src/plane/access.yaml | sed 's#^ClusterRole/kuport-debug #ClusterRole/X #')" \
+    "$(rbac_rules "$work/default.yaml" | grep '^ClusterRole/kuport-debug ' | sed 's#^ClusterRole/kuport-debug #ClusterRole/X #')"
+}
+check "RBAC: the lab's debug ClusterRole has the chart's rules" lab_debug_rules
+
+exec_unbound() { # FILE PREFIX MANAGED_TLS
   local file=$1 p=$2 got
   got=$(bindings "$file")
-  expect_eq "bindings" "$got" "$(printf '%s\n' \
-    "ClusterRoleBinding/$p-controller -> ClusterRole/$p-controller ServiceAccount:$ns/$p-controller" \
-    "RoleBinding/$p-controller-leader-election -> Role/$p-controller-leader-election ServiceAccount:$ns/$p-controller" | sort)"
+  expect_eq "bindings" "$got" "$( {
+    printf '%s\n' \
+      "ClusterRoleBinding/$p-controller -> ClusterRole/$p-controller ServiceAccount:$ns/$p-controller" \
+      "RoleBinding/$p-controller-leader-election -> Role/$p-controller-leader-election ServiceAccount:$ns/$p-controller"
+    [ "$3" = managed ] && echo "RoleBinding/$p-controller-tls -> Role/$p-controller-tls ServiceAccount:$ns/$p-controller"
+  } | sort)"
   if grep -q "$p-node-exec" <<<"$got"; then echo "the executor is bound"; return 1; fi
-  # No token either: on its ServiceAccount and on its pods.
+  # No API token either: on its ServiceAccount and on its pods.
   expect_eq "executor SA automount" \
     "$(objects "$file" '{{if and (eq .kind "ServiceAccount") (eq .metadata.name "'"$p"'-node-exec")}}{{.automountServiceAccountToken}}{{end}}')" false
   expect_eq "executor pod automount" \
     "$(objects "$file" '{{if eq .kind "DaemonSet"}}{{.spec.template.spec.automountServiceAccountToken}}{{end}}')" false
 }
-check "RBAC: the executor has no binding and no token (default)" exec_unbound "$work/default.yaml" kuport
-check "RBAC: the executor has no binding and no token (custom)" exec_unbound "$work/custom.yaml" portmapper
+check "RBAC: the executor has no binding and no API token (default)" exec_unbound "$work/default.yaml" kuport managed
+check "RBAC: the executor has no binding and no API token (custom)" exec_unbound "$work/custom.yaml" portmapper mounted
+
+# The executor's identity: one projected token for the controller's audience, bound to its pod,
+# refreshed by the kubelet; the CA mounted without subPath (updates reach the pod); both passed.
+executor_trust() { # FILE PREFIX CA_SOURCE
+  local file=$1 p=$2
+  expect_eq "executor volumes" "$(objects "$file" '{{if eq .kind "DaemonSet"}}{{range .spec.template.spec.volumes}}{{.name}}:{{if .projected}}{{range .projected.sources}}{{with .serviceAccountToken}}token({{.audience}},{{.expirationSeconds}},{{.path}}){{end}}{{end}}{{end}}{{with .configMap}}configMap({{.name}},{{.optional}}){{end}}{{with .secret}}secret({{.secretName}},{{range .items}}{{.key}}{{end}},{{.optional}}){{end}}{{with .hostPath}}hostPath{{end}} {{end}}{{end}}')" \
+    "state:hostPath token:token(kuport.wlz.li/node-exec,3600,token) ca:$3 "
+  expect_eq "executor mounts" "$(objects "$file" '{{if eq .kind "DaemonSet"}}{{range .spec.template.spec.containers}}{{range .volumeMounts}}{{.name}}:{{.mountPath}}:{{.subPath}} {{end}}{{end}}{{end}}' | sed 's/<no value>//g')" \
+    "state:$4: token:/var/run/secrets/kuport: ca:/etc/kuport/ca: "
+  local args
+  args=$(objects "$file" '{{if eq .kind "DaemonSet"}}{{range .spec.template.spec.containers}}{{range .args}}{{.}} {{end}}{{end}}{{end}}')
+  grep -q -- "--controller https://" <<<"$args" || { echo "executor args: $args"; return 1; }
+  grep -q -- "--token-file /var/run/secrets/kuport/token --ca-file /etc/kuport/ca/ca.crt" <<<"$args" || { echo "executor args: $args"; return 1; }
+  args=$(objects "$file" '{{if eq .kind "Deployment"}}{{range .spec.template.spec.containers}}{{range .args}}{{.}} {{end}}{{end}}{{end}}')
+  grep -q -- "--executor-audience kuport.wlz.li/node-exec --executor-service-account \$(POD_NAMESPACE):$p-node-exec" <<<"$args" \
+    || { echo "controller args: $args"; return 1; }
+}
+check "the executor's token (audience, 1 h) and CA volumes, no subPath (default)" executor_trust "$work/default.yaml" kuport "configMap(kuport-ca,true)" /var/lib/kuport
+check "the executor's CA from the operator's Secret (custom)" executor_trust "$work/custom.yaml" portmapper "secret(kuport-serving,ca.crt,true)" /var/lib/portmapper
+
+mounted_tls() {
+  local f="$work/custom.yaml"
+  expect_eq "controller tls" "$(objects "$f" '{{if eq .kind "Deployment"}}{{with .spec.template.spec}}{{range .volumes}}{{.name}}:{{.secret.secretName}} {{end}}{{range .containers}}{{range .volumeMounts}}{{.name}}:{{.mountPath}}:{{.readOnly}} {{end}}{{end}}{{end}}{{end}}')" \
+    "tls:kuport-serving tls:/etc/kuport/tls:true "
+  objects "$f" '{{if eq .kind "Deployment"}}{{range .spec.template.spec.containers}}{{range .args}}{{.}} {{end}}{{end}}{{end}}' | grep -q -- "--tls-dir /etc/kuport/tls"
+  # Default: no --tls-dir (the controller manages its CA).
+  if objects "$work/default.yaml" '{{if eq .kind "Deployment"}}{{range .spec.template.spec.containers}}{{range .args}}{{.}} {{end}}{{end}}{{end}}' | grep -q -- "--tls-dir"; then
+    echo "--tls-dir in the default render"; return 1
+  fi
+}
+check "controller.tls.secretName mounts the Secret and passes --tls-dir (custom only)" mounted_tls
 
 security() {
   local f="$work/default.yaml"
@@ -242,7 +339,8 @@ log "API server up in $(($(date +%s) - t1))s"
 
 install() {
   helm install "$release" "$chart" -n "$ns" --create-namespace --wait=false | tee "$work/install.out"
-  grep -q "kuportctl --controller http://127.0.0.1:9443 nodes" "$work/install.out"
+  grep -q "kuportctl --controller https://127.0.0.1:9443 nodes" "$work/install.out"
+  grep -q -- "--clusterrole=kuport-debug " "$work/install.out"
   grep -q "port-forward svc/kuport-controller 9443" "$work/install.out"
 }
 check "helm install (NOTES show kuportctl)" install
@@ -250,8 +348,9 @@ check "helm install (NOTES show kuportctl)" install
 all_objects() {
   kubectl -n "$ns" get deploy/kuport-controller ds/kuport-node-exec svc/kuport-controller \
     sa/kuport-controller sa/kuport-node-exec role/kuport-controller-leader-election \
-    rolebinding/kuport-controller-leader-election pdb/kuport-controller
-  kubectl get clusterrole/kuport-controller clusterrolebinding/kuport-controller \
+    rolebinding/kuport-controller-leader-election role/kuport-controller-tls rolebinding/kuport-controller-tls \
+    pdb/kuport-controller
+  kubectl get clusterrole/kuport-controller clusterrolebinding/kuport-controller clusterrole/kuport-debug \
     crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li crd/intercepts.kuport.wlz.li
   kubectl wait --for=condition=Established --timeout=60s crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li crd/intercepts.kuport.wlz.li
   expect_eq "service ports" "$(kubectl -n "$ns" get svc kuport-controller -o jsonpath='{range .spec.ports[*]}{.name}:{.port} {end}')" "grpc:9443 metrics:9090 "
@@ -270,9 +369,13 @@ rbac_live() {
   local c=kuport-controller e=kuport-node-exec r v bad=0
   for r in nodes namespaces services pods endpointslices.discovery.k8s.io portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li intercepts.kuport.wlz.li; do
     for v in list watch; do can yes "$c" "$v" "$r" -A || bad=1; done
-    # It never gets one by name, and writes none of them.
-    for v in get create update patch delete; do can no "$c" "$v" "$r" -A || bad=1; done
+    # It never gets one by name, and writes none of them (but a Node's overlay annotations).
+    for v in get create update patch delete; do
+      [ "$r $v" = "nodes patch" ] || { can no "$c" "$v" "$r" -A || bad=1; }
+    done
   done
+  can yes "$c" patch nodes -A || bad=1
+  can no "$c" patch nodes --subresource=status -A || bad=1
   for r in portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li intercepts.kuport.wlz.li; do
     can yes "$c" patch "$r" --subresource=status -A || bad=1
     for v in get update; do can no "$c" "$v" "$r" --subresource=status -A || bad=1; done
@@ -290,6 +393,26 @@ rbac_live() {
   can no "$c" create leases.coordination.k8s.io -n default || bad=1
   can no "$c" get leases.coordination.k8s.io/kuport-controller -n default || bad=1
   for r in secrets configmaps; do can no "$c" get "$r" -A || bad=1; done
+  # Reviews of its callers' tokens, and of their Debug access.
+  can yes "$c" create tokenreviews.authentication.k8s.io || bad=1
+  can yes "$c" create subjectaccessreviews.authorization.k8s.io || bad=1
+  # Its own Secret and ConfigMap in the release namespace; no other, nowhere else.
+  for v in get update list watch; do can yes "$c" "$v" secrets/kuport-controller-tls -n "$ns" || bad=1; done
+  for v in get update; do can yes "$c" "$v" configmaps/kuport-ca -n "$ns" || bad=1; done
+  for v in list watch; do can no "$c" "$v" configmaps/kuport-ca -n "$ns" || bad=1; done
+  for r in secrets/kuport-controller-tls configmaps/kuport-ca; do
+    for v in patch delete; do can no "$c" "$v" "$r" -n "$ns" || bad=1; done
+    can no "$c" get "$r" -n default || bad=1
+  done
+  for r in secrets configmaps; do
+    can yes "$c" create "$r" -n "$ns" || bad=1
+    can no "$c" create "$r" -n default || bad=1
+    for v in get list watch update; do can no "$c" "$v" "$r" -n "$ns" || bad=1; done
+  done
+  can no "$c" get secrets/other -n "$ns" || bad=1
+  # The debug ClusterRole, as a user bound to it would hold it (nobody is, by the chart).
+  expect_eq "debug rules" "$(kubectl get clusterrole kuport-debug -o jsonpath='{range .rules[*]}{.apiGroups} {.resources} {.verbs};{end}')" \
+    '["kuport.wlz.li"] ["nodestates"] ["get","list"];["kuport.wlz.li"] ["portmaps"] ["get"];' || bad=1
   # The executor: nothing, cluster-wide or in its own namespace.
   for r in nodes pods services endpointslices.discovery.k8s.io portmapclasses.kuport.wlz.li portmaps.kuport.wlz.li; do
     can no "$e" get "$r" -A || bad=1
@@ -297,6 +420,9 @@ rbac_live() {
   for r in leases.coordination.k8s.io pods secrets configmaps events; do
     for v in get create; do can no "$e" "$v" "$r" -n "$ns" || bad=1; done
   done
+  # Nor may it review tokens (a stolen executor token does not open the API).
+  can no "$e" create tokenreviews.authentication.k8s.io || bad=1
+  can no "$e" get nodestates.kuport.wlz.li -A || bad=1
   return $bad
 }
 check "RBAC as the API server evaluates it (kubectl auth can-i --as each ServiceAccount)" rbac_live
@@ -349,10 +475,10 @@ uninstall() {
   local o left
   for o in deploy/kuport-controller ds/kuport-node-exec svc/kuport-controller sa/kuport-controller \
     sa/kuport-node-exec role/kuport-controller-leader-election rolebinding/kuport-controller-leader-election \
-    pdb/kuport-controller; do
+    role/kuport-controller-tls rolebinding/kuport-controller-tls pdb/kuport-controller; do
     if kubectl -n "$ns" get "$o" >/dev/null 2>&1; then echo "$o is left"; return 1; fi
   done
-  for o in clusterrole/kuport-controller clusterrolebinding/kuport-controller; do
+  for o in clusterrole/kuport-controller clusterrolebinding/kuport-controller clusterrole/kuport-debug; do
     if kubectl get "$o" >/dev/null 2>&1; then echo "$o is left"; return 1; fi
   done
   left=$(kubectl get deploy,ds,svc,sa,role,rolebinding,pdb,clusterrole,clusterrolebinding -A \

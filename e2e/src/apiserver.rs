@@ -23,7 +23,7 @@ pub const LEASE_NAME: &str = "kuport-controller";
 /// Kinds only the standalone controller reads (its folder's stand-in for executor reports).
 const FOLDER_ONLY: &[&str] = &["NodeFacts"];
 /// Kinds whose status the lab writes because no kubelet does.
-const STATUS_KINDS: &[&str] = &["Node"];
+const STATUS_KINDS: &[&str] = &["Node", "Pod"];
 
 fn e2e_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -126,7 +126,34 @@ enum Cmd {
         backoff_initial_ms: u64,
         #[arg(long, default_value_t = 500)]
         backoff_max_ms: u64,
+        /// Its pod-bound token (Kubernetes source), re-read at every connect.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// The controller's CA bundle (https addresses).
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
     },
+    /// Refreshes the executors' tokens at 80% of their life (started by `up` with the API
+    /// server): the lab's stand-in for the kubelet's projected token volume.
+    #[command(hide = true)]
+    Kubelet {
+        /// The admin's kubeconfig.
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// The lab's id (marks the process as the lab's).
+        #[arg(long)]
+        lab: String,
+        /// NODE=FILE: a node and its token file.
+        #[arg(long = "token", value_parser = node_file)]
+        tokens: Vec<(String, PathBuf)>,
+    },
+}
+
+/// `NODE=FILE`.
+fn node_file(s: &str) -> Result<(String, PathBuf), String> {
+    s.split_once('=')
+        .map(|(n, f)| (n.to_string(), PathBuf::from(f)))
+        .ok_or_else(|| format!("{s:?}: expected NODE=FILE"))
 }
 
 fn main() -> ExitCode {
@@ -206,15 +233,32 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             plane::run_controller(source, &listen)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::NodeExec { controller, node, netns, store, underlay_interface, backoff_initial_ms, backoff_max_ms } => {
+        Cmd::NodeExec {
+            controller,
+            node,
+            netns,
+            store,
+            underlay_interface,
+            backoff_initial_ms,
+            backoff_max_ms,
+            token_file,
+            ca_file,
+        } => {
             process::adopt_lifetime()?;
             let mut cfg = kuport_node_exec::sync::Config::new(controller, node);
+            cfg.token_file = token_file;
+            cfg.ca_file = ca_file;
             cfg.netns = Some(netns);
             cfg.state_dir = Some(store);
             cfg.underlay_interface = Some(underlay_interface);
             cfg.backoff_initial = Duration::from_millis(backoff_initial_ms);
             cfg.backoff_max = Duration::from_millis(backoff_max_ms);
             plane::run_executor(cfg)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Kubelet { kubeconfig, lab: _, tokens } => {
+            process::adopt_lifetime()?;
+            plane::run_kubelet(kubeconfig, tokens)?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -447,6 +491,9 @@ fn status(dir: &Path) -> anyhow::Result<ExitCode> {
             Some(pid) => println!("  executor of {node}: pid {pid}{}", running(pid)),
             None => println!("  executor of {node}: not started"),
         }
+    }
+    if let Some(pid) = plane.record().kubelet {
+        println!("  token refresher (the executors' pod-bound tokens): pid {pid}{}", running(pid));
     }
     match plane.nodes_table() {
         Ok(table) => print!("{table}"),

@@ -84,6 +84,7 @@ pub fn generate(t: &Topology) -> Objects {
             underlay_address: Some(n.underlay.address.addr()),
             underlay_mtu: Some(n.underlay.mtu),
             interfaces: Some(interfaces),
+            wireguard_public_key: None,
         });
     }
 

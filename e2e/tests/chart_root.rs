@@ -2,7 +2,9 @@
 //! controller replicas run out of cluster with a TokenRequest token of the chart's controller
 //! ServiceAccount (so every request they make is authorized by the chart's roles alone), the
 //! lab registers its objects as the admin, and a client reaches pods on another node than the
-//! accepting one (Single mode, over the VXLAN link) with its real address.
+//! accepting one (Single mode, over the VXLAN link) with its real address. So the managed
+//! serving certificate (Secret kuport-controller-tls, ConfigMap kuport-ca) and the reviews of the
+//! executors' pod-bound tokens and of the lab's Debug token go through the chart's grants too.
 //!
 //! `e2e/chart/rbac.sh` proves each grant is needed; this test proves together they are enough
 //! for the whole path from PortMap to packet. Without root it fails, unless

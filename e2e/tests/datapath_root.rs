@@ -187,6 +187,7 @@ fn cli_up_probe_down() {
     }
     assert!(row("worker-2").contains("100.64.0.12 mtu 1380"), "facts reported by worker-2's executor:\n{text}");
     assert!(text.contains("(leader)"), "{text}");
+    assert!(text.contains("token refresher"), "the executors' tokens are refreshed while the lab lives:\n{text}");
     // The objects and statuses live in the API server.
     let api: kuport_lab::apiserver::ApiServer =
         serde_json::from_str(&std::fs::read_to_string(dir.join("apiserver.json")).unwrap()).unwrap();
@@ -236,7 +237,8 @@ fn cli_up_probe_down() {
         .servers
         .values()
         .chain(plane.executors.values())
-        .chain(plane.controllers.iter().filter_map(|(_, pid)| pid.as_ref()));
+        .chain(plane.controllers.iter().filter_map(|(_, pid)| pid.as_ref()))
+        .chain(plane.kubelet.iter());
     for pid in pids {
         assert!(!kuport_lab::plane::alive(*pid), "process {pid} still runs");
     }

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kuport_lab::Protocol::{Tcp, Udp};
+use kuport_lab::Protocol::Udp;
 use kuport_lab::plane::{self, PlaneOptions, converged, synced};
 use kuport_lab::probe::{Flow, Prober, Target};
 use kuport_lab::{Lab, Manifests, Plane};
@@ -107,29 +107,7 @@ impl Robust {
     }
 
     fn prober_with(&self, timeout: Duration) -> Prober {
-        let lab = self.lab();
-        let target = |label: &str, client: &str, to: &str, protocol, flow, pod: &str| Target {
-            label: label.into(),
-            from: lab.netns(client).expect("a client"),
-            client: client_address(lab, client),
-            to: addr(to),
-            protocol,
-            flow,
-            pod: pod.into(),
-        };
-        let p = Prober::start(
-            vec![
-                target("udp-established", "client-1", "203.0.113.9:27015", Udp, Flow::Established, "game-0"),
-                target("udp-new", "client-1", "203.0.113.9:27015", Udp, Flow::New, "game-0"),
-                target("tcp-new", "client-2", "203.0.113.9:9000", Tcp, Flow::New, "api-0"),
-            ],
-            INTERVAL,
-            timeout,
-        );
-        assert!(p.wait_answered(Duration::ZERO, Duration::from_secs(3)), "the probes work before the test:\n{}", {
-            p.report(Duration::ZERO, p.now())
-        });
-        p
+        standard_prober(self.lab(), INTERVAL, timeout)
     }
 
     /// kuport's table in a node, with handles and without counters (`nft -a -s`): a rebuilt

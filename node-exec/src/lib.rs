@@ -7,6 +7,8 @@
 //!   the keeper thread;
 //! - [`rtnl`] (links, addresses, routes, rules), `sysctl`, [`netfilter`] (nftables tables,
 //!   conntrack): one module per kind of kernel object;
+//! - [`wireguard`]: the node's WireGuard key and devices (kernel or wireguard-go), programmed
+//!   peer by peer;
 //! - [`podns`]: a pod's network namespace, found on the node by reference;
 //! - [`sys`]: entering namespaces and raw netlink sockets, the only `unsafe` in kuport.
 
@@ -20,6 +22,7 @@ pub mod rtnl;
 pub mod sync;
 pub mod sys;
 mod sysctl;
+pub mod wireguard;
 
 /// The paths the executor and the tests use.
 pub use netfilter::{conntrack, nft};

@@ -40,7 +40,8 @@ struct Target {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// The controller's NodeSync address, or several separated by commas (tried in turn).
+    /// The controller's NodeSync address (https://HOST:PORT, or http:// for a folder-mode
+    /// controller on loopback), or several separated by commas (tried in turn).
     #[arg(long, env = "KUPORT_CONTROLLER")]
     controller: String,
     /// This node's Kubernetes name.
@@ -55,6 +56,19 @@ struct RunArgs {
     /// The interface other nodes reach this one through; by default the default route's.
     #[arg(long)]
     underlay_interface: Option<String>,
+    /// The CA bundle (PEM) the controller's certificate is verified against; needed for
+    /// https:// addresses. Re-read at every connect.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// The ServiceAccount token (a projected volume's file) sent as `authorization: Bearer`;
+    /// re-read at every connect.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// The container runtime's CRI socket, asked first for a pod's network namespace
+    /// (docs/intercept/table.md); "none" finds pods by address only. By default the first of
+    /// /run/containerd/containerd.sock and /var/run/crio/crio.sock that exists.
+    #[arg(long, env = "KUPORT_CRI_SOCKET")]
+    cri_socket: Option<String>,
     #[command(flatten)]
     log: LogArgs,
 }
@@ -145,7 +159,11 @@ fn entries(t: &Target) -> anyhow::Result<Vec<(Executor, NetnsState)>> {
                 None => Executor::new(t.netns.clone()),
                 Some(netns_ref::Kind::Path(p)) if p.is_empty() => Executor::new(t.netns.clone()),
                 Some(netns_ref::Kind::Path(p)) => Executor::held(Held::open(p.as_ref())?),
-                Some(netns_ref::Kind::Pod(pod)) => Executor::held(podns::resolve(pod, &host)?),
+                Some(netns_ref::Kind::Pod(pod)) => {
+                    let held = podns::resolve_with(pod, &host, podns::cri::default_socket().as_deref())?;
+                    let owners = held.owners().clone();
+                    return Ok((Executor::held(held), owners.apply(&ns)?));
+                }
             };
             Ok((ex, ns))
         })
@@ -193,6 +211,15 @@ fn run_sync(args: RunArgs) -> anyhow::Result<()> {
     cfg.netns = args.netns;
     cfg.state_dir = Some(args.state_dir);
     cfg.underlay_interface = args.underlay_interface;
+    cfg.ca_file = args.ca_file;
+    cfg.token_file = args.token_file;
+    cfg.check()?;
+    let cri = match args.cri_socket.as_deref() {
+        Some("none") => None,
+        Some(path) => Some(PathBuf::from(path)),
+        None => podns::cri::default_socket(),
+    };
+    tracing::info!(cri = ?cri, "pods' namespaces: asked of the runtime at this socket first, else found by address");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("building the runtime")?;
     rt.block_on(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -203,7 +230,7 @@ fn run_sync(args: RunArgs) -> anyhow::Result<()> {
                 _ = tokio::signal::ctrl_c() => {}
             }
         };
-        let keepers = sync::NodeKeepers::new(cfg.netns.clone());
+        let keepers = sync::NodeKeepers::new(cfg.netns.clone()).with_cri(cri);
         sync::run(cfg, keepers, stop).await;
         tracing::info!("stopping; the applied state stays in place");
         Ok(())

@@ -1,10 +1,15 @@
 //! Namespaces kept by reference: a pod's network namespace found on this node without trusting
 //! any name, and a namespace held open for as long as it is kept.
 //!
-//! A pod is found among the namespaces pinned under /var/run/netns and those of running
-//! processes (/proc/*/ns/net), each counted once by its inode: its namespace is the one that
-//! holds one of the pod's addresses on a link other than loopback. The host's namespace (this
-//! process's, and the one configured for the node's own entry) is never a pod's.
+//! A pod is found by asking the container runtime when its CRI socket is there ([`cri`]: the
+//! pod's ready sandbox by its UID, and the network namespace its verbose status names).
+//! Otherwise, or when the runtime knows no ready sandbox of the pod or does not answer, it is
+//! found among the namespaces pinned under /var/run/netns and those of running processes
+//! (/proc/*/ns/net), each counted once by its inode: its namespace is the one that holds one of
+//! the pod's addresses on a link other than loopback. The host's namespace (this process's, and
+//! the one configured for the node's own entry) is never a pod's, whoever names it.
+//!
+//! A held pod namespace also knows how the kernel reads socket owners in it ([`ids`]).
 //!
 //! [`Held`] keeps the namespace file open, and every operation goes through the open file
 //! (`/proc/self/fd/N`), so the path or inode it was found by cannot come to mean another
@@ -21,6 +26,11 @@ use std::path::{Path, PathBuf};
 use kuport_proto::v1::PodRef;
 
 use crate::rtnl;
+
+pub mod cri;
+pub mod ids;
+
+pub use ids::{IdError, IdRange, OwnerIds};
 
 /// Where namespaces are pinned (`ip netns add`, CNI plugins, container runtimes).
 const PINNED: &str = "/var/run/netns";
@@ -61,6 +71,16 @@ pub enum PodnsError {
     HostAddress { address: IpAddr },
     #[error("{path}: {source}", path = path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "the container runtime runs sandbox {sandbox} in the host's network namespace{}, and the host's is never a pod's",
+        path.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default()
+    )]
+    CriHost { sandbox: String, path: Option<PathBuf> },
+    #[error("the container runtime names {path} for sandbox {sandbox}, which cannot be opened: {source}", path = path.display())]
+    CriPath { sandbox: String, path: PathBuf, source: std::io::Error },
+    /// Its rules' socket owners cannot be matched in it ([`IdError`]).
+    #[error(transparent)]
+    Owners(#[from] IdError),
 }
 
 /// A namespace held open.
@@ -69,6 +89,8 @@ pub struct Held {
     file: File,
     id: NsId,
     how: Reach,
+    /// How socket owners read in it (a pod's; a file's are as sent).
+    owners: OwnerIds,
 }
 
 /// How a held namespace is reached, which is what [`Held::reachable`] checks.
@@ -86,7 +108,12 @@ impl Held {
         let io = |source| PodnsError::Io { path: path.to_path_buf(), source };
         let file = File::open(path).map_err(io)?;
         let id = NsId::of_file(&file).map_err(io)?;
-        Ok(Held { file, id, how: Reach::File(path.to_path_buf()) })
+        Ok(Held { file, id, how: Reach::File(path.to_path_buf()), owners: OwnerIds::AsInPod })
+    }
+
+    /// How the rules' socket owners must be translated for this namespace.
+    pub fn owners(&self) -> &OwnerIds {
+        &self.owners
     }
 
     /// The path every operation on the namespace opens: the held file itself.
@@ -135,9 +162,51 @@ pub fn host_ids(configured: Option<&Path>) -> Vec<NsId> {
     [Some(own), configured].into_iter().flatten().filter_map(|p| NsId::of(p).ok()).collect()
 }
 
-/// Finds `pod`'s namespace on this node and holds it. `host` are the host's namespaces, which
-/// are never a pod's.
+/// Finds `pod`'s namespace on this node by its addresses and holds it. `host` are the host's
+/// namespaces, which are never a pod's.
 pub fn resolve(pod: &PodRef, host: &[NsId]) -> Result<Held, PodnsError> {
+    resolve_with(pod, host, None)
+}
+
+/// Finds `pod`'s namespace, asking the runtime at `cri` first when that socket exists.
+pub fn resolve_with(pod: &PodRef, host: &[NsId], cri: Option<&Path>) -> Result<Held, PodnsError> {
+    let name = || format!("{}/{}", pod.namespace, pod.name);
+    if let Some(socket) = cri.filter(|s| s.exists()) {
+        match cri::sandbox(socket, pod) {
+            Ok(Some(sandbox)) => return from_sandbox(name(), sandbox, host),
+            Ok(None) => {
+                tracing::info!(pod = %name(), socket = %socket.display(), "the runtime has no ready sandbox of the pod; finding it by address")
+            }
+            Err(e) => {
+                tracing::warn!(pod = %name(), error = %e, "the runtime did not answer; finding the pod by address")
+            }
+        }
+    }
+    by_address(pod, host)
+}
+
+/// Holds the namespace the runtime named for the pod's sandbox, unless it is the host's.
+fn from_sandbox(pod: String, s: cri::Sandbox, host: &[NsId]) -> Result<Held, PodnsError> {
+    let Some(path) = s.netns else { return Err(PodnsError::CriHost { sandbox: s.id, path: None }) };
+    let file = File::open(&path).map_err(|source| PodnsError::CriPath {
+        sandbox: s.id.clone(),
+        path: path.clone(),
+        source,
+    })?;
+    let id = NsId::of_file(&file).map_err(|source| PodnsError::CriPath {
+        sandbox: s.id.clone(),
+        path: path.clone(),
+        source,
+    })?;
+    if host.contains(&id) {
+        return Err(PodnsError::CriHost { sandbox: s.id, path: Some(path) });
+    }
+    let owners = ids::owner_ids(&file, id, s.pid);
+    tracing::info!(pod = %pod, sandbox = %s.id, netns = %path.display(), "pod network namespace named by the runtime");
+    Ok(Held { file, id, how: Reach::Pod { pod, last: path }, owners })
+}
+
+fn by_address(pod: &PodRef, host: &[NsId]) -> Result<Held, PodnsError> {
     let wanted = addresses(pod);
     if wanted.is_empty() {
         return Err(PodnsError::NoAddress);
@@ -161,7 +230,13 @@ pub fn resolve(pod: &PodRef, host: &[NsId]) -> Result<Held, PodnsError> {
     };
     let c = candidates.swap_remove(index);
     let id = NsId::of_file(&c.file).map_err(|source| PodnsError::Io { path: c.path.clone(), source })?;
-    Ok(Held { file: c.file, id, how: Reach::Pod { pod: format!("{}/{}", pod.namespace, pod.name), last: c.path } })
+    let owners = ids::owner_ids(&c.file, id, None);
+    Ok(Held {
+        file: c.file,
+        id,
+        how: Reach::Pod { pod: format!("{}/{}", pod.namespace, pod.name), last: c.path },
+        owners,
+    })
 }
 
 /// The refusal naming the host when one of the host's namespaces holds a wanted address.

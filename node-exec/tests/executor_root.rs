@@ -5,7 +5,10 @@
 
 #[path = "common/host.rs"]
 mod host;
+#[path = "common/keeper.rs"]
+mod keeper;
 use host::{root, run};
+use keeper::Keeper;
 
 use std::{
     collections::BTreeSet,
@@ -19,7 +22,7 @@ use kuport_controller::{
     compute::{Settings, compute},
     render::load_dir,
 };
-use kuport_node_exec::executor::{ExecError, Executor, StatsHandle};
+use kuport_node_exec::executor::{ExecError, Executor};
 use kuport_proto::{
     owned,
     v1::{NetnsState, NftFamily, NftTable, Route, link},
@@ -471,43 +474,6 @@ fn transitions_reach_exactly_the_new_state() {
     assert!(!ns.ip(&["-o", "link", "show"]).contains(owned::LINK_PREFIX));
 }
 
-/// The keep loop on its own thread; stopped (never tearing down) on drop.
-struct Keeper {
-    stats: StatsHandle,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Keeper {
-    fn start(netns: PathBuf, state: NetnsState) -> Self {
-        let mut ex = Executor::new(Some(netns));
-        let stats = ex.stats();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            rt.block_on(async move {
-                ex.keep(&state, async move {
-                    let _ = stopped.await;
-                })
-                .await
-                .expect("keep");
-            });
-        });
-        Keeper { stats, stop: Some(stop), thread: Some(thread) }
-    }
-}
-
-impl Drop for Keeper {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
@@ -543,7 +509,7 @@ fn outside_changes_are_repaired_and_counted_once_each() {
     assert_eq!(s.links.len(), 2);
     let ns = Netns::new();
     ns.underlay(&s);
-    let keeper = Keeper::start(ns.path(), s.clone());
+    let keeper = Keeper::start(Executor::new(Some(ns.path())), s.clone());
     let check = Executor::new(Some(ns.path()));
     wait_until("the first apply", Duration::from_secs(5), || keeper.stats.get().applies >= 1);
     assert_exactly(&ns, &s);

@@ -93,7 +93,7 @@ async fn the_first_message_is_hello_and_not_leader_redirects() {
     .await;
     let recorder = Recorder::default();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let exec = tokio::spawn(run(Config::new(follower, "n1"), recorder.clone(), async {
+    let exec = tokio::spawn(run(Config::new(format!("http://{follower}"), "n1"), recorder.clone(), async {
         let _ = stop_rx.await;
     }));
     let got = acks(&mut leader_seen, 1, Duration::from_secs(5)).await;

@@ -78,7 +78,7 @@ impl Node {
     }
 
     fn config(&self, controller: &str, underlay: &str) -> sync::Config {
-        let mut cfg = sync::Config::new(controller, self.name);
+        let mut cfg = sync::Config::new(format!("http://{controller}"), self.name);
         cfg.netns = Some(self.path());
         cfg.underlay_interface = Some(underlay.to_string());
         cfg.backoff_initial = Duration::from_millis(50);

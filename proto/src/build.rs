@@ -1,5 +1,5 @@
 //! Typed constructors for the nftables part of a node state: values, elements, sets, matches,
-//! statements, rules, chains and tables. The generated types hold enums as `i32` and every
+//! statements, rules, chains and tables; and for WireGuard devices and peers. The generated types hold enums as `i32` and every
 //! oneof behind an `Option`; these take the enums and the plain values, so that whoever builds a
 //! table (the controller's datapath, the lab, benchmarks, tests) writes `eq(Selector::IpDaddr,
 //! addr(a))` instead of the nesting, and gets the same message as everyone else.
@@ -9,8 +9,8 @@ use std::fmt::Display;
 use crate::v1::{
     BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Counter, Hook, L4Proto, LiteralSet, MapLookup, Nat, NatKind,
     NatTarget, NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue,
-    PortRange, Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value,
-    redirect, set_mark,
+    PortRange, Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, WireguardDevice, WireguardPeer, nat,
+    nft_match, nft_statement, nft_value, redirect, set_mark,
 };
 
 // ---- values ----------------------------------------------------------------------------------
@@ -223,4 +223,28 @@ pub fn base_chain(
 
 pub fn table(family: NftFamily, name: &str, sets: Vec<NftSet>, chains: Vec<NftChain>) -> NftTable {
     NftTable { family: family as i32, name: name.to_string(), sets, chains }
+}
+
+// ---- WireGuard -------------------------------------------------------------------------------
+
+/// A WireGuard device `name` (mtu 0 keeps the device's own; listen port 0 lets it choose), no
+/// fwmark; set `fwmark` with struct update.
+pub fn wireguard_device(name: &str, mtu: u32, listen_port: u16, peers: Vec<WireguardPeer>) -> WireguardDevice {
+    WireguardDevice { name: name.to_string(), mtu, listen_port: u32::from(listen_port), fwmark: 0, peers }
+}
+
+/// A peer by its base64 public key; `endpoint` None for none; keepalive 0 for off. Allowed IPs
+/// are any prefixes (`Ipv4Net`, `"10.42.1.0/24"`).
+pub fn wireguard_peer<P: Display>(
+    public_key: &str,
+    endpoint: Option<std::net::SocketAddr>,
+    allowed_ips: &[P],
+    keepalive_seconds: u16,
+) -> WireguardPeer {
+    WireguardPeer {
+        public_key: public_key.to_string(),
+        endpoint: endpoint.map(|e| e.to_string()).unwrap_or_default(),
+        allowed_ips: allowed_ips.iter().map(ToString::to_string).collect(),
+        persistent_keepalive_seconds: u32::from(keepalive_seconds),
+    }
 }

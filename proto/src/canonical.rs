@@ -187,6 +187,26 @@ fn canonicalize_netns(ns: &mut NetnsState) {
     ns.ip_rules.dedup();
     ns.neighbours.sort_by(|a, b| (&a.dev, &a.address).cmp(&(&b.dev, &b.address)));
     ns.neighbours.dedup();
+    ns.wireguard_devices.sort_by(|a, b| a.name.cmp(&b.name));
+    for dev in &mut ns.wireguard_devices {
+        dev.peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+        for peer in &mut dev.peers {
+            peer.allowed_ips.sort_by_cached_key(|p| prefix_order(p));
+            peer.allowed_ips.dedup();
+        }
+    }
+}
+
+/// Orders prefixes the way a reader expects: IPv4 before IPv6, each by address then length,
+/// numerically (10.42.2.0/24 before 10.42.10.0/24); what does not parse sorts last, as text.
+fn prefix_order(p: &str) -> (u8, u128, u32, String) {
+    let (addr, len) = p.split_once('/').unwrap_or((p, ""));
+    let len = len.parse().unwrap_or(u32::MAX);
+    match addr.parse::<IpAddr>() {
+        Ok(IpAddr::V4(a)) => (0, u128::from(u32::from(a)), len, String::new()),
+        Ok(IpAddr::V6(a)) => (1, u128::from(a), len, String::new()),
+        Err(_) => (2, 0, len, p.to_string()),
+    }
 }
 
 /// Orders elements the way a reader expects: addresses and ports numerically, not as text.
@@ -306,6 +326,31 @@ mod tests {
         assert_eq!(ends(unchanged_ends(&old, 6, &old, 6)), (3, 0, 6, 0));
         assert_eq!(unchanged_ends(&old, 6, &[], 6), SharedEnds::default(), "no runs");
         assert_eq!(unchanged_ends(&old, 7, &old, 6), SharedEnds::default(), "runs of other elements");
+    }
+
+    #[test]
+    fn wireguard_devices_peers_and_allowed_ips_sort_and_version() {
+        use crate::v1::{WireguardDevice, WireguardPeer};
+        let peer = |k: &str, ips: &[&str]| WireguardPeer {
+            public_key: k.into(),
+            allowed_ips: ips.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let dev = |peers: Vec<WireguardPeer>| NodeState {
+            node: "n".into(),
+            netns: vec![NetnsState {
+                wireguard_devices: vec![WireguardDevice { name: "kup-wg".into(), peers, ..Default::default() }],
+                ..Default::default()
+            }],
+        };
+        let mut a = dev(vec![peer("b", &["fd00::/64", "10.42.10.0/24", "10.42.2.0/24"]), peer("a", &["10.0.0.1/32"])]);
+        let b = dev(vec![peer("a", &["10.0.0.1/32"]), peer("b", &["10.42.2.0/24", "fd00::/64", "10.42.10.0/24"])]);
+        assert_eq!(version(&a), version(&b));
+        canonicalize(&mut a);
+        let d = &a.netns[0].wireguard_devices[0];
+        assert_eq!(d.peers[0].public_key, "a");
+        assert_eq!(d.peers[1].allowed_ips, ["10.42.2.0/24", "10.42.10.0/24", "fd00::/64"]);
+        assert_ne!(version(&a), version(&dev(vec![peer("a", &["10.0.0.2/32"])])));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 pub mod build;
 pub mod canonical;
+pub mod channel;
 pub mod netns;
 pub mod owned;
 pub mod text;

@@ -61,11 +61,23 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
 {{- end }}
 
-{{/* The controller address executors dial: nodeExec.controllerAddress, else the chart's Service. */}}
+{{- define "kuport.debug.fullname" -}}
+{{- printf "%s-debug" (include "kuport.fullname" .) }}
+{{- end }}
+
+{{/* The controller address executors dial (TLS): nodeExec.controllerAddress, else the chart's Service. */}}
 {{- define "kuport.controllerAddress" -}}
 {{- if .Values.nodeExec.controllerAddress }}
 {{- .Values.nodeExec.controllerAddress }}
 {{- else }}
-{{- printf "http://%s.%s.svc:%d" (include "kuport.controller.fullname" .) .Release.Namespace (int .Values.controller.grpcPort) }}
+{{- printf "https://%s.%s.svc:%d" (include "kuport.controller.fullname" .) .Release.Namespace (int .Values.controller.grpcPort) }}
 {{- end }}
+{{- end }}
+
+{{/*
+The audience of the executors' projected tokens: the controller reviews them for it, so a token
+minted for another audience (the API server's own, say) never passes as an executor's.
+*/}}
+{{- define "kuport.executorAudience" -}}
+kuport.wlz.li/node-exec
 {{- end }}

@@ -174,6 +174,7 @@ pub fn build(n_nodes: usize, n_maps: usize, rng: &mut Rng) -> Cluster {
             underlay_address: Some(Ipv4Addr::from(UNDERLAY + i as u32)),
             underlay_mtu: Some(if i % 7 == 0 { 1380 } else { 1420 }),
             interfaces: Some(interfaces),
+            wireguard_public_key: None,
         });
     }
     for (name, mode, edges, iface, subnet, vni, port) in CLASSES {

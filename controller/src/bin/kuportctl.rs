@@ -3,6 +3,7 @@
 // Library paths handle input: no unwrap there (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -11,9 +12,25 @@ use kuport_controller::ctl::{self, Output};
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
-    /// The controller's gRPC address (any replica; kubectl port-forward works).
-    #[arg(long, global = true, env = "KUPORT_CONTROLLER", default_value = "http://127.0.0.1:9443")]
+    /// The controller's gRPC address (any replica; kubectl port-forward works): https://HOST:PORT,
+    /// or http://HOST:PORT for a controller in the insecure folder mode.
+    #[arg(long, global = true, env = "KUPORT_CONTROLLER", default_value = "https://127.0.0.1:9443")]
     controller: String,
+    /// The CA bundle (PEM) the controller's certificate is verified against; by default the
+    /// kuport-ca ConfigMap in --namespace, read with the kubeconfig.
+    #[arg(long, global = true, env = "KUPORT_CA_FILE")]
+    ca_file: Option<PathBuf>,
+    /// The bearer token the controller checks with the API server (RBAC: the chart's
+    /// kuport-debug ClusterRole); by default the kubeconfig user's token. For a kubeconfig
+    /// with a client certificate: --token "$(kubectl create token SERVICEACCOUNT -n NAMESPACE)".
+    #[arg(long, global = true, env = "KUPORT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The controller's namespace (its kuport-ca ConfigMap).
+    #[arg(long, short = 'n', global = true, default_value = "kuport-system")]
+    namespace: String,
+    /// The kubeconfig; by default $KUBECONFIG or ~/.kube/config.
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Text)]
     output: Output,
@@ -25,8 +42,12 @@ struct Cli {
 enum Command {
     /// A node's desired state: nftables as `nft list` prints them, then the ip commands.
     Node { name: String },
-    /// Every node: executor connected, desired and acknowledged versions, drift, last error.
+    /// Every node: executor connected, desired and acknowledged versions, drift, overlay, last error.
     Nodes,
+    /// The overlay: every member (key fingerprint, endpoint, pod CIDRs, address, peer count) and
+    /// every refused node with its reasons. As computed; per-peer handshakes and bytes are not
+    /// reported yet (they will come from the executors).
+    Mesh,
     /// Why a PortMap is or is not programmed, and where.
     Portmap {
         /// NAMESPACE/NAME
@@ -44,10 +65,19 @@ fn main() -> ExitCode {
         }
     };
     let result = rt.block_on(async {
-        let mut client = ctl::connect(&cli.controller).await?;
+        let sources = ctl::Sources {
+            controller: cli.controller.clone(),
+            ca_file: cli.ca_file.clone(),
+            token: cli.token.clone(),
+            namespace: cli.namespace.clone(),
+            kubeconfig: cli.kubeconfig.clone(),
+        };
+        let credentials = ctl::credentials(&sources).await?;
+        let mut client = ctl::connect_with(&cli.controller, &credentials).await?;
         match &cli.command {
             Command::Node { name } => ctl::node(&mut client, name, cli.output).await,
             Command::Nodes => ctl::nodes(&mut client, cli.output).await,
+            Command::Mesh => ctl::mesh(&mut client, cli.output).await,
             Command::Portmap { name } => ctl::port_map(&mut client, name, cli.output).await,
         }
     });

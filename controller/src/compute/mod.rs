@@ -10,6 +10,7 @@
 pub mod conditions;
 pub mod intercept;
 pub mod numbers;
+pub mod overlay;
 pub mod portmap;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
@@ -35,6 +36,8 @@ pub struct Settings {
     pub cni_pod_device_wildcard: String,
     /// The CNI's VXLAN port, which kuport's links must not use (Cilium: 8472).
     pub cni_vxlan_port: u16,
+    /// The WireGuard mesh, when on (docs/overlay/mesh.md).
+    pub overlay: Option<overlay::OverlaySettings>,
 }
 
 impl Default for Settings {
@@ -44,6 +47,7 @@ impl Default for Settings {
             cni_device_wildcard: "cilium_*".into(),
             cni_pod_device_wildcard: "lxc*".into(),
             cni_vxlan_port: 8472,
+            overlay: None,
         }
     }
 }
@@ -99,6 +103,8 @@ pub struct Outputs {
     pub intercepts: BTreeMap<InterceptKey, InterceptStatus>,
     /// Per Intercept, the pods placed in node states: (pod, node).
     pub intercept_pods: BTreeMap<InterceptKey, Vec<(String, String)>>,
+    /// Every Node's place in the overlay, with why a node is not in it; empty when it is off.
+    pub overlay: BTreeMap<String, overlay::NodeOverlay>,
 }
 
 impl Outputs {
@@ -112,13 +118,33 @@ pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
     let view = View::new(cluster, settings.cni_vxlan_port);
     let mut numbers = numbers::Numbers::default();
     let mut out = Outputs::default();
-    let hosts = portmap::compute(&view, cluster, settings, &mut numbers, &mut out);
+    let mut hosts = portmap::compute(&view, cluster, settings, &mut numbers, &mut out);
+    if let Some(o) = &settings.overlay {
+        let mesh = overlay::compute(&view, cluster, o);
+        for (node, part) in mesh.netns {
+            merge(hosts.entry(node).or_default(), part);
+        }
+        out.overlay = mesh.nodes;
+    }
     let intercepts = intercept::pods::compute(&cluster.intercepts, &cluster.pods, cluster.now);
     out.tracked.extend(intercepts.tracked);
     out.intercepts = intercepts.statuses;
     out.intercept_pods = intercepts.placed;
     out.node_states = assemble(hosts, intercepts.netns);
     out
+}
+
+/// Adds a capability's part of a namespace to what others put there; canonicalize orders it and
+/// drops duplicates (two capabilities may both need forwarding).
+fn merge(into: &mut NetnsState, part: NetnsState) {
+    into.sysctls.extend(part.sysctls);
+    into.nft_tables.extend(part.nft_tables);
+    into.links.extend(part.links);
+    into.addresses.extend(part.addresses);
+    into.routes.extend(part.routes);
+    into.ip_rules.extend(part.ip_rules);
+    into.neighbours.extend(part.neighbours);
+    into.wireguard_devices.extend(part.wireguard_devices);
 }
 
 /// Every node's state from its host namespace and its pods' namespaces, canonical (ordered,

@@ -61,6 +61,7 @@ impl World {
                     .map(|(i, a)| KnownInterface { name: (*i).into(), addresses: vec![(*a).into()] })
                     .collect(),
             ),
+            wireguard_public_key: None,
         });
         self
     }

@@ -34,6 +34,8 @@ pub const MAX_INTERFACES: usize = 1024;
 pub const MAX_ADDRESSES: usize = 64;
 /// `uname -r` fits 64 bytes (the kernel's __NEW_UTS_LEN).
 pub const MAX_KERNEL: usize = 64;
+/// A WireGuard key in base64: 32 bytes take 43 characters and one `=`.
+pub const WIREGUARD_KEY_LEN: usize = 44;
 
 /// Why a report, or a part of it, was refused.
 pub mod reason {
@@ -89,6 +91,44 @@ fn address(node: &str, field: String, a: &str) -> Result<IpAddr, Refused> {
         return Err(Refused::invalid(node, field, format!("{ip} cannot be a host's address")));
     }
     Ok(ip)
+}
+
+/// Whether `key` is a WireGuard key as `wg` prints it: 44 characters of standard base64 that
+/// decode to exactly 32 bytes, in canonical form (the 2 bits past the 32nd byte clear), so one
+/// key has one spelling and two nodes cannot hold the same key under two names.
+pub fn wireguard_key(key: &str) -> Result<[u8; 32], String> {
+    fn sextet(c: u8) -> Option<u32> {
+        Some(u32::from(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        }))
+    }
+    let bytes = key.as_bytes();
+    let bad = || format!("{key:?} is not a WireGuard key (32 bytes in base64: {WIREGUARD_KEY_LEN} characters)");
+    if bytes.len() != WIREGUARD_KEY_LEN || bytes[WIREGUARD_KEY_LEN - 1] != b'=' {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    let (mut acc, mut bits, mut n) = (0u32, 0u32, 0usize);
+    for &c in &bytes[..WIREGUARD_KEY_LEN - 1] {
+        acc = (acc << 6) | sextet(c).ok_or_else(bad)?;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            let Some(slot) = out.get_mut(n) else { return Err(bad()) };
+            *slot = (acc >> bits) as u8;
+            n += 1;
+        }
+        acc &= (1 << bits) - 1;
+    }
+    if n != 32 || acc != 0 {
+        return Err(bad());
+    }
+    Ok(out)
 }
 
 /// Checks `node`'s report `f` against every bound and reads it as the computation does; the
@@ -171,7 +211,20 @@ pub fn check(node: &str, f: &wire::NodeFacts) -> Result<KnownFacts, Refused> {
         }
         interfaces.push(KnownInterface { name: iface.name.clone(), addresses });
     }
-    Ok(KnownFacts { node: node.to_string(), underlay_address, underlay_mtu, interfaces: Some(interfaces) })
+    let wireguard_public_key = match f.wireguard_public_key.as_str() {
+        "" => None,
+        k => {
+            wireguard_key(k).map_err(|m| Refused::invalid(node, "wireguardPublicKey", m))?;
+            Some(k.to_string())
+        }
+    };
+    Ok(KnownFacts {
+        node: node.to_string(),
+        underlay_address,
+        underlay_mtu,
+        interfaces: Some(interfaces),
+        wireguard_public_key,
+    })
 }
 
 /// Every IPv4 address of a Node's status.addresses, whatever its type.
@@ -287,6 +340,7 @@ mod tests {
                 })
                 .collect(),
             kernel: "6.12.0".into(),
+            wireguard_public_key: String::new(),
         }
     }
 
@@ -358,6 +412,39 @@ mod tests {
         let mut f = wire("", 0, &[]);
         f.kernel = "6.12\n".into();
         assert_eq!(check("edge-a", &f).unwrap_err().field, "kernel");
+    }
+
+    #[test]
+    fn a_wireguard_key_is_32_bytes_of_canonical_base64() {
+        // From `wg genkey | wg pubkey`, and the all-zero and all-ones keys.
+        for ok in [
+            "IVAkxB4FKNyQvXy5JCIGZ5hVgPzGgHETIT142MedoDg=",
+            "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            "//////////////////////////////////////////8=",
+        ] {
+            assert!(wireguard_key(ok).is_ok(), "{ok}");
+        }
+        assert_eq!(wireguard_key("//////////////////////////////////////////8=").unwrap(), [0xff; 32]);
+        for bad in [
+            "",
+            "IVAkxB4FKNyQvXy5JCIGZ5hVgPzGgHETIT142MedoDg",   // no padding
+            "IVAkxB4FKNyQvXy5JCIGZ5hVgPzGgHETIT142MedoDg==", // 45 characters
+            "IVAkxB4FKNyQvXy5JCIGZ5hVgPzGgHETIT142Medo-g=",  // URL-safe alphabet
+            "IVAkxB4FKNyQvXy5JCIGZ5hVgPzGgHETIT142MedoDh=",  // trailing bits set
+            "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA==",  // 31 bytes
+            "IVAkxB4FKNyQvXy5JCIGZ5hVgPzGgHETIT142MedoD é",
+        ] {
+            assert!(wireguard_key(bad).is_err(), "{bad:?}");
+        }
+        let mut f = wire("", 0, &[]);
+        f.wireguard_public_key = "IVAkxB4FKNyQvXy5JCIGZ5hVgPzGgHETIT142MedoDg=".into();
+        let known = check("edge-a", &f).unwrap();
+        assert_eq!(known.wireguard_public_key.as_deref(), Some(f.wireguard_public_key.as_str()));
+        assert_eq!(check("edge-a", &wire("", 0, &[])).unwrap().wireguard_public_key, None);
+        f.wireguard_public_key = "not a key".into();
+        let e = check("edge-a", &f).unwrap_err();
+        assert_eq!((e.field.as_str(), e.reason), ("wireguardPublicKey", reason::INVALID_FACTS));
+        assert!(e.to_string().contains("node edge-a") && e.message.contains("not a WireGuard key"), "{e}");
     }
 
     #[test]

@@ -190,12 +190,39 @@ impl<'a> View<'a> {
     }
 }
 
-/// What the computation reads of a Node besides its name: readiness, the InternalIP and every
-/// address (an executor's underlay must be one). A watch that sees none change (a kubelet
-/// heartbeat) need not recompute.
-pub fn node_inputs(node: &Node) -> (bool, Option<Ipv4Addr>, Vec<Ipv4Addr>) {
-    (node_ready(node), internal_ip(node), facts::node_addresses(node))
+/// What the computation reads of a Node besides its name: readiness, the InternalIP, every
+/// address with its type (an executor's underlay must be one; the overlay's endpoint is the
+/// ExternalIP, else the InternalIP), the pod CIDRs and the overlay's endpoint annotation, and
+/// the overlay's published annotations. A watch that sees none change (a kubelet heartbeat)
+/// need not recompute.
+pub fn node_inputs(node: &Node) -> NodeInputs<'_> {
+    let typed = node.status.iter().flat_map(|s| s.addresses.iter().flatten()).map(|a| (&*a.type_, &*a.address));
+    let spec = node.spec.as_ref();
+    (
+        (node_ready(node), internal_ip(node), facts::node_addresses(node)),
+        typed.collect(),
+        (
+            spec.and_then(|s| s.pod_cidrs.as_deref()),
+            spec.and_then(|s| s.pod_cidr.as_deref()),
+            node.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::compute::overlay::EXTERNAL_ENDPOINT_ANNOTATION)),
+        ),
+        // Not read by the computation: a change (someone removed them) wakes the status
+        // writer, which puts back what it publishes.
+        crate::compute::overlay::PUBLISHED_ANNOTATIONS
+            .map(|k| node.metadata.annotations.as_ref().and_then(|a| a.get(k))),
+    )
 }
+
+/// See [`node_inputs`].
+pub type NodeInputs<'a> = (
+    (bool, Option<Ipv4Addr>, Vec<Ipv4Addr>),
+    Vec<(&'a str, &'a str)>,
+    (Option<&'a [String]>, Option<&'a str>, Option<&'a String>),
+    [Option<&'a String>; 2],
+);
 
 fn node_ready(node: &Node) -> bool {
     node.status

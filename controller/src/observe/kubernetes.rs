@@ -59,6 +59,11 @@ impl Stores {
         }
     }
 
+    /// The stored Node `name`.
+    pub fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.nodes.get(&ObjectRef::new(name))
+    }
+
     /// The stored class `name`.
     pub fn class(&self, name: &str) -> Option<Arc<PortMapClass>> {
         self.classes.get(&ObjectRef::new(name))

@@ -52,6 +52,10 @@ pub struct KnownFacts {
     /// The node's interfaces; None until reported, which leaves every interface possible.
     #[serde(default)]
     pub interfaces: Option<Vec<KnownInterface>>,
+    /// The node's WireGuard public key (base64), checked by [`facts::wireguard_key`]; None until
+    /// reported. The overlay's peers are built from it (docs/overlay/mesh.md).
+    #[serde(default)]
+    pub wireguard_public_key: Option<String>,
 }
 
 /// One interface of [`KnownFacts`].

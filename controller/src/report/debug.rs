@@ -1,4 +1,7 @@
 //! The Debug service: read-only answers for kuportctl and grpcurl, served by every replica.
+//! With [`DebugAccess`], every call is authorized by Kubernetes RBAC on every replica,
+//! followers included: GetNode needs `get nodestates` named after the node, ListNodes `list
+//! nodestates`, ExplainPortMap `get portmaps` in its namespace (group kuport.wlz.li).
 
 use std::sync::Arc;
 
@@ -10,23 +13,46 @@ use kuport_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::compute::ObjectKey;
+use crate::compute::overlay::{self, NodeOverlay};
 use crate::compute::portmap::admission::key_of;
 use crate::compute::portmap::links::device_name;
 use crate::stream::Hub;
 use crate::stream::hub::NodeSnapshot;
+use crate::trust::access::{DebugAccess, resource};
 
 pub struct DebugService {
     hub: Arc<Hub>,
+    /// None: the insecure folder mode, every call answered.
+    access: Option<Arc<DebugAccess>>,
 }
 
 impl DebugService {
-    pub fn new(hub: Arc<Hub>) -> Self {
-        DebugService { hub }
+    pub fn new(hub: Arc<Hub>, access: Option<Arc<DebugAccess>>) -> Self {
+        DebugService { hub, access }
+    }
+
+    /// Ok when the caller may `verb` the `resource`; refusals logged and counted.
+    async fn allow<T>(
+        &self,
+        request: &Request<T>,
+        verb: &str,
+        resource: &str,
+        namespace: Option<&str>,
+        name: Option<&str>,
+    ) -> Result<(), Status> {
+        let Some(access) = &self.access else { return Ok(()) };
+        access.decide(request.metadata(), verb, resource, namespace, name).await.map_err(|r| {
+            self.hub.metrics().debug_refused(r.reason);
+            tracing::info!(reason = r.reason, detail = %r.detail, verb, resource, "debug call refused");
+            r.into()
+        })
     }
 }
 
-fn node_debug(v: NodeSnapshot, with_state: bool) -> NodeDebug {
+/// `overlay`: the node's place in the mesh, when the overlay is on.
+fn node_debug(v: NodeSnapshot, with_state: bool, overlay: Option<&NodeOverlay>) -> NodeDebug {
     NodeDebug {
+        overlay: overlay.map(overlay::debug_lines).unwrap_or_default(),
         node: v.node,
         desired_version: v.desired.as_ref().map(|d| d.version.clone()).unwrap_or_default(),
         desired: if with_state { v.desired.map(|d| (*d).clone()) } else { None },
@@ -44,16 +70,28 @@ fn node_debug(v: NodeSnapshot, with_state: bool) -> NodeDebug {
 #[tonic::async_trait]
 impl Debug for DebugService {
     async fn get_node(&self, request: Request<GetNodeRequest>) -> Result<Response<NodeDebug>, Status> {
+        self.allow(&request, "get", resource::NODE_STATES, None, Some(&request.get_ref().node)).await?;
         let name = request.into_inner().node;
+        let (out, _) = self.hub.outputs();
         match self.hub.node(&name) {
-            Some(v) => Ok(Response::new(node_debug(v, true))),
+            Some(v) => Ok(Response::new(node_debug(v, true, out.overlay.get(&name)))),
             None => Err(Status::not_found(format!("node {name:?}: no desired state and no executor"))),
         }
     }
 
-    async fn list_nodes(&self, _: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
+    async fn list_nodes(&self, request: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
+        self.allow(&request, "list", resource::NODE_STATES, None, None).await?;
         let leader = self.hub.leadership().borrow().leads();
-        let nodes = self.hub.nodes().into_iter().map(|v| node_debug(v, false)).collect();
+        let (out, _) = self.hub.outputs();
+        let nodes = self
+            .hub
+            .nodes()
+            .into_iter()
+            .map(|v| {
+                let o = out.overlay.get(&v.node);
+                node_debug(v, false, o)
+            })
+            .collect();
         let input_error = self.hub.source_error().unwrap_or_default();
         Ok(Response::new(ListNodesResponse { leader, nodes, input_error }))
     }
@@ -62,6 +100,8 @@ impl Debug for DebugService {
         &self,
         request: Request<ExplainPortMapRequest>,
     ) -> Result<Response<PortMapExplanation>, Status> {
+        let r = request.get_ref();
+        self.allow(&request, "get", resource::PORT_MAPS, Some(&r.namespace), Some(&r.name)).await?;
         let r = request.into_inner();
         let key = (r.namespace.clone(), r.name.clone());
         let (out, inputs) = self.hub.outputs();

@@ -1,12 +1,17 @@
 //! Events: what an operator should see in `kubectl describe` when a PortMap's status changes
 //! (a new refusal, a change of serving node), or when a class status row newly says that an
 //! executor's report was refused, or when an Intercept's status changes (Accepted turning
-//! False, a pod refused, Programmed turning True); decided from the old and new status alone.
+//! False, a pod refused, Programmed turning True), or when a Node is refused from the overlay;
+//! decided from the old and new status (or refusals) alone.
+
+use std::collections::BTreeSet;
 
 use kube::runtime::events::{Event, EventType};
 
 use crate::api::{InterceptStatus, PortMapClassStatus, PortMapStatus};
 use crate::compute::intercept::pods::{self as intercept, reason as intercept_reason};
+use crate::compute::overlay::members::REPORT_REFUSED;
+use crate::compute::overlay::{Refusal, reason as overlay_reason};
 use crate::compute::portmap::status::reason;
 use crate::observe::facts::reason as facts_reason;
 
@@ -87,6 +92,32 @@ pub fn of_change(old: Option<&PortMapStatus>, new: &PortMapStatus) -> Vec<Event>
         });
     }
     events
+}
+
+/// One refusal from the mesh as events remember it: the field and the reason.
+pub type Said = (String, &'static str);
+
+/// The Warning events a node refused from the mesh warrants: one per refusal (field, reason)
+/// not in `before`, what was said for it last. A key merely awaited (NoPublicKey while the
+/// executor connects) is no event: every node would get one at each start.
+pub fn of_overlay_refusal(before: &BTreeSet<Said>, refused: &[Refusal]) -> Vec<Event> {
+    refused
+        .iter()
+        .filter(|r| r.reason != overlay_reason::NO_PUBLIC_KEY || r.message.starts_with(REPORT_REFUSED))
+        .filter(|r| !before.contains(&(r.field.clone(), r.reason)))
+        .map(|r| Event {
+            type_: EventType::Warning,
+            reason: r.reason.to_string(),
+            note: Some(format!("not in the overlay: {}: {}", r.field, r.message)),
+            action: "RefuseOverlay".into(),
+            secondary: None,
+        })
+        .collect()
+}
+
+/// What [`of_overlay_refusal`] remembers of `refused`.
+pub fn said(refused: &[Refusal]) -> BTreeSet<Said> {
+    refused.iter().map(|r| (r.field.clone(), r.reason)).collect()
 }
 
 /// At most this many pod events per Intercept status write: the status lists every pod.
@@ -205,6 +236,29 @@ mod tests {
             ],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn an_overlay_refusal_gets_one_warning_per_new_reason() {
+        use crate::compute::overlay::members::{FIELD_KEY, FIELD_POD_CIDRS};
+        let r = |field: &str, reason: &'static str, message: &str| Refusal {
+            node: "c".into(),
+            field: field.into(),
+            reason,
+            message: message.into(),
+        };
+        let no_cidrs = r(FIELD_POD_CIDRS, overlay_reason::NO_POD_CIDRS, "the Node has no pod CIDRs");
+        let awaited = r(FIELD_KEY, overlay_reason::NO_PUBLIC_KEY, "not reported yet");
+        let events = of_overlay_refusal(&BTreeSet::new(), &[awaited.clone(), no_cidrs.clone()]);
+        assert_eq!(events.len(), 1, "an awaited key is no event");
+        assert_eq!((events[0].type_, events[0].reason.as_str()), (EventType::Warning, overlay_reason::NO_POD_CIDRS));
+        assert_eq!(events[0].note.as_deref(), Some("not in the overlay: spec.podCIDRs: the Node has no pod CIDRs"));
+        let before = said(std::slice::from_ref(&no_cidrs));
+        assert!(of_overlay_refusal(&before, std::slice::from_ref(&no_cidrs)).is_empty(), "said once");
+        let bad_report = r(FIELD_KEY, overlay_reason::NO_PUBLIC_KEY, &format!("{REPORT_REFUSED}: malformed"));
+        let events = of_overlay_refusal(&before, &[bad_report, no_cidrs]);
+        assert_eq!(events.len(), 1, "a refused report is");
+        assert_eq!(events[0].reason, overlay_reason::NO_PUBLIC_KEY);
     }
 
     #[test]

@@ -27,7 +27,15 @@ pub enum WriteKind {
     ClassStatus,
     PortMapStatus,
     InterceptStatus,
+    /// The overlay's annotations on a Node (docs/overlay/mesh.md).
+    NodeAnnotations,
     Event,
+}
+
+/// Why a stream or call was refused (crate::trust::identity::reason).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -49,6 +57,16 @@ pub struct Metrics {
     /// Writes sent to the API server, failed ones included: a replica that does not lead
     /// sends none.
     api_writes: Family<WriteLabel, Counter>,
+    /// NodeSync streams refused, by reason (no token, wrong node, ...).
+    executor_refusals: Family<ReasonLabel, Counter>,
+    /// Debug calls refused, by reason.
+    debug_refusals: Family<ReasonLabel, Counter>,
+    /// TokenReviews sent for executors (the cache answers the rest).
+    pub token_reviews: Counter,
+    /// TokenReviews and SubjectAccessReviews sent for Debug calls.
+    pub debug_reviews: Counter,
+    /// Connections refused at the TLS handshake (a plain-text client, a wrong CA, a timeout).
+    pub tls_refusals: Counter,
     executors_connected: Gauge,
     /// Nodes whose executor has not acknowledged their current desired version.
     nodes_out_of_sync: Gauge,
@@ -67,6 +85,11 @@ impl Default for Metrics {
         let nacks = Counter::default();
         let facts_refused = Counter::default();
         let api_writes = Family::<WriteLabel, Counter>::default();
+        let executor_refusals = Family::<ReasonLabel, Counter>::default();
+        let debug_refusals = Family::<ReasonLabel, Counter>::default();
+        let token_reviews = Counter::default();
+        let debug_reviews = Counter::default();
+        let tls_refusals = Counter::default();
         let executors_connected = Gauge::default();
         let nodes_out_of_sync = Gauge::default();
         let node_in_sync = Family::<NodeLabel, Gauge>::default();
@@ -80,6 +103,15 @@ impl Default for Metrics {
             "api_writes",
             "Writes sent to the API server (failed ones too): class and PortMap statuses, events",
             api_writes.clone(),
+        );
+        registry.register("executor_refusals", "NodeSync streams refused, by reason", executor_refusals.clone());
+        registry.register("debug_refusals", "Debug calls refused, by reason", debug_refusals.clone());
+        registry.register("token_reviews", "TokenReviews sent to prove executors' nodes", token_reviews.clone());
+        registry.register("debug_reviews", "Token and access reviews sent for Debug calls", debug_reviews.clone());
+        registry.register(
+            "tls_refusals",
+            "Connections refused at the TLS handshake: plain text, a failed or timed-out handshake",
+            tls_refusals.clone(),
         );
         registry.register("executors_connected", "Executors with an open NodeSync stream", executors_connected.clone());
         registry.register(
@@ -97,6 +129,11 @@ impl Default for Metrics {
             nacks,
             facts_refused,
             api_writes,
+            executor_refusals,
+            debug_refusals,
+            token_reviews,
+            debug_reviews,
+            tls_refusals,
             executors_connected,
             nodes_out_of_sync,
             node_in_sync,
@@ -115,6 +152,16 @@ impl Metrics {
     /// Counts one write about to be sent to the API server.
     pub fn api_write(&self, kind: WriteKind) {
         self.api_writes.get_or_create(&WriteLabel { kind }).inc();
+    }
+
+    /// Counts one NodeSync stream refused for `reason`.
+    pub fn executor_refused(&self, reason: &str) {
+        self.executor_refusals.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
+    }
+
+    /// Counts one Debug call refused for `reason`.
+    pub fn debug_refused(&self, reason: &str) {
+        self.debug_refusals.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
     }
 
     /// The metrics as Prometheus text, gauges read from `hub` now.

@@ -2,13 +2,16 @@
 //! Slot claims and node facts go into class status before any node state uses them (the hub's
 //! [`Gate`]); PortMap status once the executors that must apply a mapping acknowledged it
 //! (Pending until then), and Intercept status likewise, with the [`events`] the change warrants. Only statuses
-//! that differ from the stored ones are written.
+//! that differ from the stored ones are written. With the overlay on, each member Node's
+//! published annotations ([`overlay::annotations`]) likewise, and a Warning event on a Node
+//! newly refused from the mesh.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Recorder, Reporter};
@@ -18,6 +21,7 @@ use super::events;
 use super::metrics::WriteKind;
 use crate::api::{Intercept, PortMap, PortMapClass, PortMapStatus};
 use crate::compute::conditions::{condition, keep_time};
+use crate::compute::overlay;
 use crate::compute::portmap::status::{self, reason};
 use crate::compute::{ObjectKey, Outputs};
 use crate::observe::kubernetes::Stores;
@@ -26,6 +30,9 @@ use crate::stream::hub::Gate;
 
 /// The field manager of every status write.
 pub const FIELD_MANAGER: &str = "kuport-controller";
+/// The field manager of the overlay's Node annotations: its own, so `managedFields` tell
+/// kuport's two keys apart from everything else on the Node.
+pub const OVERLAY_FIELD_MANAGER: &str = "kuport-controller-overlay";
 /// Status writes wait this long for more acknowledgements to arrive together.
 const STATUS_DEBOUNCE: Duration = Duration::from_millis(50);
 /// After becoming leader, a node whose executor has not reconnected yet is not counted as
@@ -39,13 +46,15 @@ pub struct Writer {
     stores: Stores,
     hub: Arc<Hub>,
     recorder: Recorder,
+    /// Per node, the overlay refusals an event was published for (only new ones get one).
+    overlay_said: Mutex<BTreeMap<String, BTreeSet<events::Said>>>,
 }
 
 impl Writer {
     pub fn new(client: Client, stores: Stores, hub: Arc<Hub>, instance: Option<String>) -> Arc<Self> {
         let reporter = Reporter { controller: FIELD_MANAGER.into(), instance };
         let recorder = Recorder::new(client.clone(), reporter);
-        Arc::new(Writer { client, stores, hub, recorder })
+        Arc::new(Writer { client, stores, hub, recorder, overlay_said: Mutex::default() })
     }
 
     /// Asked before every write: see [`crate::stream::leader::Leadership::leads`].
@@ -194,6 +203,59 @@ impl Writer {
         }
     }
 
+    /// With the overlay on: publishes each member's annotations on its Node and removes them from
+    /// every other Node the compute judged (a merge patch of only those keys, when they
+    /// differ), and a Warning event on a Node for each new reason it is refused.
+    async fn write_nodes(&self) {
+        if self.hub.settings().overlay.is_none() {
+            return;
+        }
+        let (out, _) = self.hub.outputs();
+        let wanted = overlay::annotations(&out.overlay);
+        let api: Api<Node> = Api::all(self.client.clone());
+        let params = PatchParams { field_manager: Some(OVERLAY_FIELD_MANAGER.into()), ..Default::default() };
+        for (name, place) in &out.overlay {
+            if !self.leading() {
+                return;
+            }
+            let Some(node) = self.stores.node(name) else { continue };
+            if let Some(change) = annotation_patch(node.metadata.annotations.as_ref(), wanted.get(name)) {
+                let patch = Patch::Merge(serde_json::json!({ "metadata": { "annotations": change } }));
+                self.hub.metrics().api_write(WriteKind::NodeAnnotations);
+                match api.patch(name, &params, &patch).await {
+                    Ok(_) => tracing::info!(node = %name, "overlay annotations written"),
+                    Err(e) => tracing::warn!(node = %name, error = %e, "writing the overlay annotations"),
+                }
+            }
+            let before = self.said(name);
+            let new = events::said(&place.refused);
+            if before == new {
+                continue;
+            }
+            let reference = node.object_ref(&());
+            for e in events::of_overlay_refusal(&before, &place.refused) {
+                if !self.leading() {
+                    return;
+                }
+                self.hub.metrics().api_write(WriteKind::Event);
+                if let Err(err) = self.recorder.publish(&e, &reference).await {
+                    tracing::warn!(node = %name, error = %err, "publishing an event");
+                }
+            }
+            self.remember(name, new);
+        }
+    }
+
+    fn said(&self, node: &str) -> BTreeSet<events::Said> {
+        self.overlay_said.lock().map(|s| s.get(node).cloned().unwrap_or_default()).unwrap_or_default()
+    }
+
+    fn remember(&self, node: &str, said: BTreeSet<events::Said>) {
+        if let Ok(mut s) = self.overlay_said.lock() {
+            s.insert(node.to_string(), said);
+        }
+    }
+
     /// Publishes the events a status change warrants ([`events::of_change`]).
     async fn events(&self, pm: &PortMap, old: Option<&PortMapStatus>, new: &PortMapStatus) {
         let reference = pm.object_ref(&());
@@ -243,6 +305,7 @@ impl Writer {
                 let young = grace_end.is_some_and(|t| tokio::time::Instant::now() < t);
                 self.write_port_maps(young).await;
                 self.write_intercepts(young).await;
+                self.write_nodes().await;
             }
         }
     }
@@ -255,6 +318,22 @@ impl Gate for Writer {
     ) -> Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
         Box::pin(async move { !self.leading() || self.write_classes(&outputs).await })
     }
+}
+
+/// The merge patch of a Node's annotations that takes the published keys from `have` to `want`
+/// (a null removes one), or None when they agree. Other annotations are not touched.
+fn annotation_patch(
+    have: Option<&BTreeMap<String, String>>,
+    want: Option<&BTreeMap<String, String>>,
+) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let mut change = serde_json::Map::new();
+    for key in overlay::PUBLISHED_ANNOTATIONS {
+        let (h, w) = (have.and_then(|a| a.get(key)), want.and_then(|a| a.get(key)));
+        if h != w {
+            change.insert(key.to_string(), w.map_or(serde_json::Value::Null, |v| v.clone().into()));
+        }
+    }
+    (!change.is_empty()).then_some(change)
 }
 
 /// `computed` with Programmed=False (Pending) while `pending` nodes have not applied it.
@@ -303,6 +382,29 @@ mod tests {
             )],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn node_annotations_are_patched_only_when_they_differ_and_removed_on_leaving() {
+        let map = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (key, endpoint) = (overlay::PUBLIC_KEY_ANNOTATION, overlay::ENDPOINT_ANNOTATION);
+        let want: BTreeMap<String, String> = map(&[(key, "K"), (endpoint, "203.0.113.1:51820")]);
+        // Another annotation (the operator's override included) is never touched.
+        let other = overlay::EXTERNAL_ENDPOINT_ANNOTATION;
+        let fresh: BTreeMap<String, String> = map(&[(other, "203.0.113.1")]);
+        let patch = annotation_patch(Some(&fresh), Some(&want)).expect("a patch");
+        assert_eq!(serde_json::Value::Object(patch), serde_json::json!({ key: "K", endpoint: "203.0.113.1:51820" }));
+        let mut done = fresh.clone();
+        done.extend(want.clone());
+        assert_eq!(annotation_patch(Some(&done), Some(&want)), None, "nothing to write");
+        // A member whose endpoint went away, then a node out of the mesh: nulls remove them.
+        let keyed: BTreeMap<String, String> = map(&[(key, "K")]);
+        let patch = annotation_patch(Some(&done), Some(&keyed)).expect("a patch");
+        assert_eq!(serde_json::Value::Object(patch), serde_json::json!({ endpoint: null }));
+        let patch = annotation_patch(Some(&done), None).expect("a patch");
+        assert_eq!(serde_json::Value::Object(patch), serde_json::json!({ key: null, endpoint: null }));
+        assert_eq!(annotation_patch(Some(&fresh), None), None, "never had them");
+        assert_eq!(annotation_patch(None, None), None);
     }
 
     #[test]

@@ -30,12 +30,25 @@ pub const AT_MOST: Duration = Duration::from_secs(1);
 /// A node's stream of desired states (None until the first compute that knows the node).
 pub type DesiredRx = watch::Receiver<Option<Arc<DesiredState>>>;
 
+/// The id of a node's newest session: changes when a newer stream says Hello for the node.
+pub type NewestRx = watch::Receiver<u64>;
+
+/// What [`Hub::connect`] gives a new session.
+#[derive(Debug)]
+pub struct Session {
+    pub id: u64,
+    pub desired: DesiredRx,
+    pub newest: NewestRx,
+}
+
 /// What the controller knows of one node and its executor.
 #[derive(Debug)]
 struct NodeEntry {
     tx: watch::Sender<Option<Arc<DesiredState>>>,
     /// The connected executor's session id.
     session: Option<u64>,
+    /// The newest session's id: a stream whose session is no longer it was superseded and ends.
+    newest: watch::Sender<u64>,
     executor_version: String,
     /// When the executor connected or disconnected.
     since: Instant,
@@ -56,6 +69,7 @@ impl NodeEntry {
         NodeEntry {
             tx: watch::channel(None).0,
             session: None,
+            newest: watch::channel(0).0,
             executor_version: String::new(),
             since: Instant::now(),
             acked: None,
@@ -158,6 +172,11 @@ impl Hub {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// What every compute runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -184,27 +203,30 @@ impl Hub {
         self.lock().source_error.clone()
     }
 
-    /// An executor said Hello: registers its session and returns the node's state channel.
-    pub fn connect(&self, hello: &Hello) -> (u64, DesiredRx) {
+    /// An executor said Hello: registers its session (superseding any older one of the node,
+    /// whose messages are dropped from now on) and returns the node's state channel.
+    pub fn connect(&self, hello: &Hello) -> Session {
         let mut inner = self.lock();
         inner.next_session += 1;
         let session = inner.next_session;
         let entry = inner.nodes.entry(hello.node.clone()).or_insert_with(NodeEntry::new);
         entry.session = Some(session);
+        entry.newest.send_replace(session);
         entry.executor_version = hello.executor_version.clone();
         entry.since = Instant::now();
         entry.errors.clear();
         if let Some(a) = &hello.applied {
             entry.acked = Some(a.clone());
         }
-        let rx = entry.tx.subscribe();
+        let desired = entry.tx.subscribe();
+        let newest = entry.newest.subscribe();
         let new_node = inner.inputs.is_some() && !inner.outputs.node_states.contains_key(&hello.node);
         drop(inner);
         if new_node {
             // Publish at least an empty state for a node the inputs do not name.
             self.changed.notify_one();
         }
-        (session, rx)
+        Session { id: session, desired, newest }
     }
 
     /// The session ended (a newer session of the same node is left alone).
@@ -220,11 +242,23 @@ impl Hub {
         self.status_dirty.notify_one();
     }
 
-    /// A message from a connected executor.
+    /// A message from the node's current session.
     pub fn receive(&self, node: &str, message: ExecutorMessage) {
+        let session = self.lock().nodes.get(node).and_then(|e| e.session);
+        if let Some(session) = session {
+            self.receive_from(node, session, message);
+        }
+    }
+
+    /// A message from `session` of `node`; false (and dropped) when that session is not the
+    /// node's newest: only the newest stream's facts, acks and drift count (docs/security.md).
+    pub fn receive_from(&self, node: &str, session: u64, message: ExecutorMessage) -> bool {
         let mut guard = self.lock();
         let inner = &mut *guard;
-        let Some(entry) = inner.nodes.get_mut(node) else { return };
+        let Some(entry) = inner.nodes.get_mut(node) else { return false };
+        if entry.session != Some(session) {
+            return false;
+        }
         let mut recompute = false;
         match message.message {
             // Facts are taken from this stream for its Hello's node only: `node` is that name,
@@ -267,6 +301,7 @@ impl Hub {
             self.changed.notify_one();
         }
         self.status_dirty.notify_one();
+        true
     }
 
     /// Every node known, by name.

@@ -1,6 +1,8 @@
 //! The NodeSync service: one stream per executor. The first message must be Hello; then the
 //! node's desired state goes down whenever it changes (the namespaces the executor holds as
-//! stubs, see [`Held`]), and acks, facts and drift come up.
+//! stubs, see [`Held`]), and acks, facts and drift come up. With [`Executors`], the leader
+//! proves the stream's bearer token before reading Hello and takes Hello only for the node the
+//! token proves; the stream ends when the token expires (docs/security.md).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::held::Held;
 use super::hub::Hub;
 use super::leader::Leadership;
+use crate::trust::identity::{Code, Executors, Proven, Refusal, reason};
 
 /// How long a new stream may take to say Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -26,11 +29,21 @@ const MAX_NODE_NAME: usize = 253;
 
 pub struct SyncService {
     hub: Arc<Hub>,
+    /// None: the insecure folder mode, every Hello is believed.
+    executors: Option<Arc<Executors>>,
 }
 
 impl SyncService {
-    pub fn new(hub: Arc<Hub>) -> Self {
-        SyncService { hub }
+    pub fn new(hub: Arc<Hub>, executors: Option<Arc<Executors>>) -> Self {
+        SyncService { hub, executors }
+    }
+
+    /// Logs and counts a refused stream.
+    fn refuse(&self, refusal: Refusal, peer: Option<std::net::SocketAddr>, claimed: &str, proven: &str) -> Status {
+        self.hub.metrics().executor_refused(refusal.reason);
+        let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+        tracing::warn!(reason = refusal.reason, detail = %refusal.detail, claimed, proven, %peer, "executor refused");
+        refusal.into()
     }
 }
 
@@ -73,7 +86,7 @@ impl NodeSync for SyncService {
     type SyncStream = Pin<Box<dyn Stream<Item = Out> + Send + 'static>>;
 
     async fn sync(&self, request: Request<Streaming<ExecutorMessage>>) -> Result<Response<Self::SyncStream>, Status> {
-        let mut inbound = request.into_inner();
+        let peer = request.remote_addr();
         let (tx, rx) = mpsc::channel::<Out>(2);
         let mut leadership = self.hub.leadership();
         let lead = leadership.borrow_and_update().clone();
@@ -81,6 +94,15 @@ impl NodeSync for SyncService {
             let _ = tx.send(redirect(&lead)).await;
             return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
         }
+        // Before reading Hello: an unproven stream is not read at all.
+        let proven: Option<Proven> = match &self.executors {
+            None => None,
+            Some(ex) => match ex.prove(request.metadata()).await {
+                Ok(p) => Some(p),
+                Err(r) => return Err(self.refuse(r, peer, "", "")),
+            },
+        };
+        let mut inbound = request.into_inner();
         let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
             Ok(Ok(Some(ExecutorMessage { message: Some(executor_message::Message::Hello(h)) }))) => h,
             Ok(Err(status)) => return Err(status),
@@ -92,13 +114,24 @@ impl NodeSync for SyncService {
                 "Hello.node: must name the executor's node (1 to {MAX_NODE_NAME} bytes)"
             )));
         }
+        if let Some(p) = proven.as_ref().filter(|p| p.node != hello.node) {
+            let detail = format!("Hello names node {:?}, the token proves node {:?}", hello.node, p.node);
+            let refusal = Refusal::new(Code::PermissionDenied, reason::WRONG_NODE, detail);
+            return Err(self.refuse(refusal, peer, &hello.node, &p.node));
+        }
+        // The stream ends when its token expires: the executor reconnects with its refreshed one.
+        let expires = proven.as_ref().and_then(|p| p.expires).map(|e| {
+            let left = e.duration_since(std::time::SystemTime::now()).unwrap_or(Duration::ZERO);
+            tokio::time::Instant::now() + left
+        });
         let hub = self.hub.clone();
         // The only node this stream speaks for: every message after Hello is taken as this
         // node's (a second Hello is ignored), see [`Hub::receive`].
         let node = hello.node.clone();
-        let (session, mut desired) = hub.connect(&hello);
+        let super::hub::Session { id: session, mut desired, mut newest } = hub.connect(&hello);
         let mut closing = hub.closing();
-        tracing::info!(%node, session, version = %hello.executor_version, "executor connected");
+        let proven_node = proven.as_ref().map(|p| p.node.as_str()).unwrap_or("(insecure: not proven)");
+        tracing::info!(claimed = %node, proven = proven_node, session, version = %hello.executor_version, "executor connected");
         tokio::spawn(async move {
             let mut held = Held::default();
             let current = desired.borrow_and_update().clone();
@@ -114,7 +147,8 @@ impl NodeSync for SyncService {
                             if let Some(executor_message::Message::Ack(a)) = &m.message {
                                 held.answered(a);
                             }
-                            hub.receive(&node, m);
+                            // Dropped if a newer stream took over; it ends below.
+                            hub.receive_from(&node, session, m);
                         }
                         Ok(None) => alive = false,
                         Err(e) => {
@@ -129,6 +163,27 @@ impl NodeSync for SyncService {
                             alive = false;
                         }
                     }
+                    changed = newest.changed() => {
+                        // A newer stream said Hello for this node: it alone speaks for it now.
+                        let by = *newest.borrow_and_update();
+                        if changed.is_err() || by != session {
+                            tracing::warn!(%node, session, newer = by, "executor stream superseded by a newer one");
+                            let _ = tx
+                                .send(Err(Status::aborted(format!("superseded by a newer stream for node {node}"))))
+                                .await;
+                            alive = false;
+                        }
+                    }
+                    _ = tokio::time::sleep_until(expires.unwrap_or_else(tokio::time::Instant::now)), if expires.is_some() => {
+                        tracing::info!(%node, session, "executor token expired: ending the stream");
+                        let _ = tx
+                            .send(Err(Status::unauthenticated(format!(
+                                "{}: the token expired; reconnect with the refreshed token",
+                                reason::INVALID_TOKEN
+                            ))))
+                            .await;
+                        alive = false;
+                    }
                     _ = tx.closed() => alive = false,
                     c = closing.changed() => alive = c.is_ok() && !*closing.borrow(),
                 }
@@ -137,5 +192,142 @@ impl NodeSync for SyncService {
             tracing::info!(%node, session, "executor disconnected");
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trust::identity::tests::{FakeReviewer, executor, jwt, now_secs};
+    use kuport_proto::v1::Hello;
+    use kuport_proto::v1::node_sync_client::NodeSyncClient;
+    use std::sync::atomic::Ordering;
+    use tonic::transport::Channel;
+
+    struct Server {
+        hub: Arc<Hub>,
+        fake: Arc<FakeReviewer>,
+        client: NodeSyncClient<Channel>,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+        _lead: watch::Sender<Leadership>,
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            if let Some(s) = self.stop.take() {
+                let _ = s.send(());
+            }
+        }
+    }
+
+    /// A standalone hub on the examples, serving NodeSync with executors proven by a fake reviewer.
+    async fn server() -> Server {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster");
+        let cluster = crate::render::load_dir(&dir, k8s_openapi::jiff::Timestamp::now()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (lead, rx) = super::super::leader::standalone(address.clone());
+        let hub = Hub::new(crate::compute::Settings::default(), rx, true);
+        hub.set_inputs(cluster);
+        hub.recompute();
+        let fake = Arc::new(FakeReviewer::default());
+        let executors = Executors::new(fake.clone(), crate::trust::EXECUTOR_AUDIENCE, "kuport-system:kuport-node-exec")
+            .counting(hub.metrics().token_reviews.clone());
+        let trust = crate::serve::Trust { executors: Some(Arc::new(executors)), ..Default::default() };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(crate::serve::serve_grpc(hub.clone(), listener, trust, async {
+            let _ = stopped.await;
+        }));
+        let client = loop {
+            if let Ok(c) = NodeSyncClient::connect(format!("http://{address}")).await {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        Server { hub, fake, client, stop: Some(stop), _lead: lead }
+    }
+
+    /// Opens a stream with `token` that says Hello for `node`.
+    async fn open(
+        client: &mut NodeSyncClient<Channel>,
+        token: Option<&str>,
+        node: &str,
+    ) -> (mpsc::Sender<ExecutorMessage>, Result<Streaming<ControllerMessage>, Status>) {
+        let (tx, rx) = mpsc::channel(8);
+        let hello = Hello { node: node.into(), executor_version: "test".into(), applied: None };
+        tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await.unwrap();
+        let mut request = Request::new(ReceiverStream::new(rx));
+        if let Some(t) = token {
+            kuport_proto::channel::authorize(&mut request, t).unwrap();
+        }
+        let answer = client.sync(request).await.map(Response::into_inner);
+        (tx, answer)
+    }
+
+    fn refusals(hub: &Hub, reason: &str) -> bool {
+        hub.metrics().render(hub).contains(&format!("kuport_executor_refusals_total{{reason=\"{reason}\"}} 1"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_speaks_only_for_the_node_its_token_proves() {
+        let mut s = server().await;
+        let token = jwt(crate::trust::EXECUTOR_AUDIENCE, now_secs() + 3600, "w1");
+        s.fake.add(&token, executor("worker-1"));
+
+        let (_tx, refused) = open(&mut s.client, Some(&token), "worker-2").await;
+        let status = refused.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert_eq!(status.message(), "wrong_node: Hello names node \"worker-2\", the token proves node \"worker-1\"");
+        assert!(refusals(&s.hub, reason::WRONG_NODE));
+        assert!(!s.hub.node("worker-2").is_some_and(|n| n.connected), "no session for the claimed node");
+
+        let (_tx, refused) = open(&mut s.client, None, "worker-1").await;
+        assert_eq!(refused.unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert!(refusals(&s.hub, reason::NO_TOKEN));
+        let (_tx, refused) = open(&mut s.client, Some("forged"), "worker-1").await;
+        assert_eq!(refused.unwrap_err().code(), tonic::Code::Unauthenticated);
+        assert!(refusals(&s.hub, reason::INVALID_TOKEN));
+
+        // Its own node: the state comes down. Twice with one token: one review.
+        for _ in 0..2 {
+            let (_tx, accepted) = open(&mut s.client, Some(&token), "worker-1").await;
+            let first = accepted.unwrap().message().await.unwrap().unwrap();
+            assert!(matches!(first.message, Some(controller_message::Message::State(_))), "{first:?}");
+        }
+        // The wrong-node attempt was the first review of this token; the cache answered the rest.
+        assert_eq!(s.fake.token_reviews.load(Ordering::SeqCst), 2, "the token once, the forged one once");
+        assert_eq!(s.hub.metrics().token_reviews.get(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_ends_when_its_token_expires() {
+        let mut s = server().await;
+        let token = jwt(crate::trust::EXECUTOR_AUDIENCE, now_secs() + 2, "short");
+        s.fake.add(&token, executor("worker-1"));
+        let started = std::time::Instant::now();
+        let (_tx, accepted) = open(&mut s.client, Some(&token), "worker-1").await;
+        let mut inbound = accepted.unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => return None,
+                    Err(status) => return Some(status),
+                }
+            }
+        })
+        .await
+        .expect("the stream ends")
+        .expect("with a status");
+        assert_eq!(ended.code(), tonic::Code::Unauthenticated, "{ended:?}");
+        assert!(ended.message().contains("expired"), "{ended:?}");
+        assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+        for _ in 0..100 {
+            if !s.hub.node("worker-1").is_some_and(|n| n.connected) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("worker-1 still connected after its token expired");
     }
 }

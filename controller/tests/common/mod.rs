@@ -86,3 +86,108 @@ impl Drop for ControlPlane {
         let _ = Command::new("bash").arg(repo().join("e2e/controlplane/down.sh")).arg(&self.dir).output();
     }
 }
+
+/// The executors' side of trust on a test control plane: their ServiceAccount and one Pod per
+/// node in `namespace` (spec.nodeName set, as the DaemonSet's), pod-bound tokens as a kubelet
+/// mints them, and the controller's CA bundle.
+impl ControlPlane {
+    /// ServiceAccount kuport-node-exec and a Pod `node-exec-<node>` per node (the Nodes must exist:
+    /// a token names its Pod's node only if the API server finds that Node).
+    pub fn executor_pods(&self, namespace: &str, nodes: &[&str]) {
+        let mut yaml = format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: kuport-node-exec, namespace: {namespace}}}\n"
+        );
+        for node in nodes {
+            yaml.push_str(&format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: node-exec-{node}, namespace: {namespace}}}\n\
+                 spec: {{nodeName: {node}, serviceAccountName: kuport-node-exec, containers: [{{name: node-exec, image: kuport-node-exec}}]}}\n"
+            ));
+        }
+        self.ok(&["apply", "-f", "-"], Some(&yaml));
+    }
+
+    /// A token of `service_account` for `audience` bound to Pod `pod`, as the kubelet mints one.
+    pub fn bound_token(&self, namespace: &str, service_account: &str, pod: &str, audience: &str) -> String {
+        let uid = self.ok(&["get", "pod", "-n", namespace, pod, "-o", "jsonpath={.metadata.uid}"], None);
+        let token = self.ok(
+            &[
+                "create",
+                "token",
+                service_account,
+                "-n",
+                namespace,
+                "--audience",
+                audience,
+                "--bound-object-kind",
+                "Pod",
+                "--bound-object-name",
+                pod,
+                "--bound-object-uid",
+                uid.trim(),
+                "--duration",
+                "1h",
+            ],
+            None,
+        );
+        token.trim().to_string()
+    }
+
+    /// The executor token of `node` (its Pod `node-exec-<node>` in `namespace`).
+    pub fn executor_token(&self, namespace: &str, node: &str) -> String {
+        self.bound_token(
+            namespace,
+            "kuport-node-exec",
+            &format!("node-exec-{node}"),
+            kuport_controller::trust::EXECUTOR_AUDIENCE,
+        )
+    }
+
+    /// The controller's CA bundle from ConfigMap kuport-ca in `namespace`, waiting up to 30 s
+    /// for a controller to publish it.
+    pub fn ca(&self, namespace: &str) -> Vec<u8> {
+        let started = std::time::Instant::now();
+        loop {
+            let jsonpath = "jsonpath={.data.ca\\.crt}";
+            if let Ok(pem) = self.kubectl(&["get", "configmap", "-n", namespace, "kuport-ca", "-o", jsonpath], None)
+                && pem.contains("BEGIN CERTIFICATE")
+            {
+                return pem.into_bytes();
+            }
+            assert!(started.elapsed() < std::time::Duration::from_secs(30), "no ConfigMap {namespace}/kuport-ca");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// A ServiceAccount `name` in `namespace`, allowed Debug (get and list nodestates, get
+    /// portmaps) when `allowed`, and a token of it for the API server's own audience.
+    pub fn debug_token(&self, namespace: &str, name: &str, allowed: bool) -> String {
+        self.ok(&["create", "serviceaccount", "-n", namespace, name], None);
+        if allowed {
+            let role = "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: kuport-test-debug}\n\
+                rules: [{apiGroups: [kuport.wlz.li], resources: [nodestates], verbs: [get, list]}, {apiGroups: [kuport.wlz.li], resources: [portmaps], verbs: [get]}]\n";
+            self.ok(&["apply", "-f", "-"], Some(role));
+            let binding = format!("kuport-test-debug-{name}");
+            let sa = format!("--serviceaccount={namespace}:{name}");
+            self.ok(&["create", "clusterrolebinding", &binding, "--clusterrole=kuport-test-debug", &sa], None);
+        }
+        self.ok(&["create", "token", "-n", namespace, name, "--duration", "1h"], None).trim().to_string()
+    }
+}
+
+/// A NodeSync client for the controller at `address` (host:port) over TLS with `ca`.
+pub async fn node_sync(
+    address: &str,
+    ca: &[u8],
+) -> Result<kuport_proto::v1::node_sync_client::NodeSyncClient<tonic::transport::Channel>, String> {
+    let endpoint =
+        kuport_proto::channel::endpoint(&format!("https://{address}"), Some(ca)).map_err(|e| e.to_string())?;
+    let channel = endpoint.connect().await.map_err(|e| format!("{e:?}"))?;
+    Ok(kuport_proto::v1::node_sync_client::NodeSyncClient::new(channel))
+}
+
+/// `request` with `authorization: Bearer <token>`.
+pub fn bearer<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    kuport_proto::channel::authorize(&mut request, token).expect("a valid token");
+    request
+}

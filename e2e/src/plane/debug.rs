@@ -1,16 +1,28 @@
 //! The leader's Debug service: the nodes it knows, their desired states, why a PortMap is or is
-//! not programmed, and waiting until what it reports converges.
+//! not programmed, and waiting until what it reports converges. With the Kubernetes source the
+//! lab calls it as kuportctl would: TLS verified against the controller's CA, and a token of the
+//! ServiceAccount kuport-lab, which the chart's debug ClusterRole lets read it ([`super::trust`]).
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, anyhow, bail};
 use kuport_controller::api::PortMapStatus;
 use kuport_controller::ctl;
-use kuport_proto::v1::debug_client::DebugClient;
 use kuport_proto::v1::{ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, NodeDebug, PortMapExplanation};
-use tonic::transport::Channel;
 
-use super::Plane;
+use super::{Plane, trust};
+
+/// The lab's Debug client, kuportctl's: every call carries the bearer token, if any.
+pub type Client = ctl::Client;
+
+/// A Debug client of `url` (https needs `ca`), with `token` on every call.
+pub async fn connect(url: &str, ca: Option<&[u8]>, token: Option<String>) -> anyhow::Result<Client> {
+    let credentials = ctl::Credentials { ca_pem: ca.map(<[u8]>::to_vec), token };
+    Ok(ctl::connect_with(url, &credentials).await?)
+}
+
+/// A Debug token is minted anew when less than this is left of it.
+const TOKEN_MARGIN: Duration = Duration::from_secs(600);
 
 /// How often the Debug service is asked while waiting.
 pub const POLL: Duration = Duration::from_millis(20);
@@ -28,22 +40,57 @@ pub fn synced(r: &NodeDebug) -> bool {
 }
 
 impl Plane {
+    /// The CA bundle (Kubernetes source; None with the folder).
+    pub fn ca(&self) -> anyhow::Result<Option<Vec<u8>>> {
+        if !self.secure() {
+            return Ok(None);
+        }
+        let path = self.ca_file();
+        std::fs::read(&path).map(Some).with_context(|| format!("reading {}", path.display()))
+    }
+
+    /// The lab's Debug token (Kubernetes source; None with the folder): the last one minted, or
+    /// a new one when it is close to its end.
+    pub fn debug_token(&self) -> anyhow::Result<Option<String>> {
+        if !self.secure() {
+            return Ok(None);
+        }
+        let mut cached = self.debug_token.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = cached.as_ref()
+            && t.expires > SystemTime::now() + TOKEN_MARGIN
+        {
+            return Ok(Some(t.token.clone()));
+        }
+        let client = self.kube()?;
+        let t = self.rt.block_on(trust::lab_token(&client))?;
+        let token = t.token.clone();
+        *cached = Some(t);
+        Ok(Some(token))
+    }
+
+    /// A new Debug client of the replica at `address`, as the lab calls it.
+    pub fn debug_client(&self, address: std::net::SocketAddr) -> anyhow::Result<Client> {
+        let (ca, token) = (self.ca()?, self.debug_token()?);
+        self.rt.block_on(connect(&self.url(address), ca.as_deref(), token))
+    }
+
     /// Calls the leader's Debug service.
-    fn debug<T>(
-        &self,
-        call: impl AsyncFnOnce(&mut DebugClient<Channel>) -> Result<T, tonic::Status>,
-    ) -> anyhow::Result<T> {
+    fn debug<T>(&self, call: impl AsyncFnOnce(&mut Client) -> Result<T, tonic::Status>) -> anyhow::Result<T> {
         let address = self.address().ok_or_else(|| anyhow!("no controller replica leads"))?;
+        // Outside the runtime: minting a token blocks on it.
+        let (ca, token) = (self.ca()?, self.debug_token()?);
+        let url = self.url(address);
         self.rt.block_on(async {
             let cached = self.client.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let key = (address, token.clone());
             let mut client = match cached {
-                Some((a, c)) if a == address => c,
-                _ => ctl::connect(&address.to_string()).await?,
+                Some((k, c)) if k == key => c,
+                _ => connect(&url, ca.as_deref(), token).await?,
             };
             let result = call(&mut client).await;
             // A client that failed is dropped: the next call connects anew.
             if result.is_ok() {
-                *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some((address, client));
+                *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some((key, client));
             }
             result.map_err(|e| anyhow!("controller {address}: {:?}: {}", e.code(), e.message()))
         })
@@ -74,11 +121,9 @@ impl Plane {
 
     /// kuportctl's `nodes` table.
     pub fn nodes_table(&self) -> anyhow::Result<String> {
-        let address = self.address().ok_or_else(|| anyhow!("no controller replica leads"))?.to_string();
-        self.rt.block_on(async {
-            let mut c = ctl::connect(&address).await?;
-            Ok(ctl::nodes(&mut c, ctl::Output::Text).await?)
-        })
+        let address = self.address().ok_or_else(|| anyhow!("no controller replica leads"))?;
+        let mut c = self.debug_client(address)?;
+        self.rt.block_on(async { Ok(ctl::nodes(&mut c, ctl::Output::Text).await?) })
     }
 
     /// Polls the Debug service every [`POLL`] until `check` holds for its rows; the rows and

@@ -5,7 +5,9 @@
 //! manifests.N/00-lab-objects.yaml   Nodes, Namespaces, Services, EndpointSlices, NodeFacts
 //! manifests.N/01-<file>.yaml ...    the user's manifests, in their order
 //! nodes/<node>/applied.pb    each executor's stored state
-//! controller.log, node-exec-<node>.log
+//! nodes/<node>/token         its pod-bound token (Kubernetes source, mode 0600)
+//! ca.crt                     the controller's CA bundle (Kubernetes source)
+//! controller.log, node-exec-<node>.log, kubelet.log
 //! ```
 //!
 //! Every change writes a whole new generation and swaps the link, so the controller never reads
@@ -114,10 +116,13 @@ pub fn remove_files(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(MANIFESTS));
     let _ = std::fs::remove_file(dir.join(format!(".{MANIFESTS}.tmp")));
     let _ = std::fs::remove_dir_all(dir.join(STORES));
+    let _ = std::fs::remove_file(dir.join(super::trust::CA_FILE));
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
-            if (n.starts_with("node-exec-") || n.starts_with("controller")) && n.ends_with(".log") {
+            if (n.starts_with("node-exec-") || n.starts_with("controller") || n.starts_with("kubelet"))
+                && n.ends_with(".log")
+            {
                 let _ = std::fs::remove_file(e.path());
             }
         }

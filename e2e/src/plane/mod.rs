@@ -15,6 +15,9 @@
 //! - [`processes`]: starting, killing and stopping the replicas and executors;
 //! - [`folder`]: the manifest folder the controller reads, written a generation at a time;
 //! - [`debug`]: the leader's Debug service, and waiting for convergence through it;
+//! - [`trust`]: with the Kubernetes source, the executors' Pods and pod-bound tokens, the CA
+//!   bundle and the lab's Debug token (TLS and authentication, docs/security.md; the folder
+//!   source stays plain text on loopback, unauthenticated);
 //! - [`run`]: the hidden subcommands, what runs inside those processes.
 
 use std::collections::BTreeMap;
@@ -25,9 +28,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
 use kuport_proto::v1::DesiredState;
-use kuport_proto::v1::debug_client::DebugClient;
 use serde::{Deserialize, Serialize};
-use tonic::transport::Channel;
 
 use crate::apiserver;
 use crate::manifests::Manifests;
@@ -39,12 +40,13 @@ pub mod debug;
 pub mod folder;
 pub mod processes;
 pub mod run;
+pub mod trust;
 
 pub use crate::process::alive;
 pub use debug::{CONVERGE_TIMEOUT, POLL, converged, synced};
 pub use folder::{MANIFESTS, OBJECTS_FILE, STORES, remove_files};
-pub use processes::{controller_log, executor_log};
-pub use run::{ControllerSource, run_controller, run_executor};
+pub use processes::{KUBELET_LOG, controller_log, executor_log};
+pub use run::{ControllerSource, run_controller, run_executor, run_kubelet};
 
 /// How the plane's processes run.
 #[derive(Debug, Clone)]
@@ -103,6 +105,9 @@ pub struct PlaneRecord {
     pub executors: BTreeMap<String, u32>,
     #[serde(default)]
     pub kubernetes: Option<KubeSource>,
+    /// The `kuport-lab kubelet` process refreshing the executors' tokens (Kubernetes source).
+    #[serde(default)]
+    pub kubelet: Option<u32>,
 }
 
 /// One node as its executor is started.
@@ -119,18 +124,26 @@ struct Replica {
     proc: Option<Proc>,
 }
 
+/// A cached Debug client's replica address and token.
+type ClientKey = (SocketAddr, Option<String>);
+
 /// The controller and executor processes of a lab, and the folder they work from.
 pub struct Plane {
     lab_id: String,
     options: PlaneOptions,
     replicas: Vec<Replica>,
     executors: BTreeMap<String, Proc>,
+    /// The token refresher (Kubernetes source).
+    kubelet: Option<Proc>,
     nodes: BTreeMap<String, NodeRun>,
     objects: String,
     user: Vec<(String, String)>,
     rt: tokio::runtime::Runtime,
     /// The Debug client of the last answering replica, with its address.
-    client: Mutex<Option<(SocketAddr, DebugClient<Channel>)>>,
+    /// Keyed by the token too: a new token makes a new client.
+    client: Mutex<Option<(ClientKey, debug::Client)>>,
+    /// The lab's Debug token (Kubernetes source), minted when first needed and again before it ends.
+    debug_token: Mutex<Option<trust::Token>>,
     /// The admin's API client (Kubernetes source).
     kube: Mutex<Option<kube::Client>>,
 }
@@ -169,18 +182,22 @@ impl Plane {
             options,
             replicas,
             executors: BTreeMap::new(),
+            kubelet: None,
             nodes,
             objects,
             user: Vec::new(),
             rt,
             client: Mutex::new(None),
+            debug_token: Mutex::new(None),
             kube: Mutex::new(None),
         })
     }
 
     /// Writes the folder (`objects` and the user's `manifests`; with the Kubernetes source,
-    /// installs the CRDs and registers the folder's objects), starts the controller replicas on
-    /// free ports of 127.0.0.1 and one executor per node. Does not wait for convergence.
+    /// installs the CRDs and registers the folder's objects, then the executors' Pods and their
+    /// tokens), starts the controller replicas on free ports of 127.0.0.1 (with the Kubernetes
+    /// source: waits for their CA bundle and starts the token refresher) and one executor per
+    /// node. Does not wait for convergence.
     pub(crate) fn start(
         lab_id: &str,
         topology: &Topology,
@@ -195,12 +212,18 @@ impl Plane {
             true => plane.kube().and_then(|c| plane.rt.block_on(apiserver::prepare(&c))),
             false => Ok(()),
         };
-        let started = crds.and_then(|()| plane.write_folder()).and_then(|()| plane.start_controller()).and_then(|()| {
-            for node in plane.nodes.keys().cloned().collect::<Vec<_>>() {
-                plane.start_executor(&node)?;
-            }
-            Ok(())
-        });
+        let started = crds
+            .and_then(|()| plane.write_folder())
+            .and_then(|()| plane.mint_executor_tokens())
+            .and_then(|()| plane.start_controller())
+            .and_then(|()| plane.fetch_ca())
+            .and_then(|()| plane.start_kubelet())
+            .and_then(|()| {
+                for node in plane.nodes.keys().cloned().collect::<Vec<_>>() {
+                    plane.start_executor(&node)?;
+                }
+                Ok(())
+            });
         if let Err(e) = started {
             // Whatever started goes, detached or not: nothing would know of it.
             plane.stop();
@@ -233,6 +256,7 @@ impl Plane {
             .collect();
         plane.executors =
             record.executors.iter().map(|(n, pid)| (n.clone(), Proc { pid: *pid, child: None })).collect();
+        plane.kubelet = record.kubelet.map(|pid| Proc { pid, child: None });
         Ok(plane)
     }
 
@@ -246,6 +270,7 @@ impl Plane {
                 .collect(),
             executors: self.executors.iter().map(|(n, p)| (n.clone(), p.pid)).collect(),
             kubernetes: self.options.kubernetes.clone(),
+            kubelet: self.kubelet.as_ref().map(|p| p.pid),
         }
     }
 
@@ -309,6 +334,26 @@ impl Plane {
     /// An executor's stored-state folder.
     pub fn store(&self, node: &str) -> PathBuf {
         self.dir().join(STORES).join(node)
+    }
+
+    /// Whether the plane's gRPC is TLS with tokens (the Kubernetes source) or plain text.
+    pub fn secure(&self) -> bool {
+        self.options.kubernetes.is_some()
+    }
+
+    /// An executor's token file (Kubernetes source), in its folder.
+    pub fn token_file(&self, node: &str) -> PathBuf {
+        self.store(node).join(trust::TOKEN_FILE)
+    }
+
+    /// The CA bundle of the controller's serving certificate (Kubernetes source).
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir().join(trust::CA_FILE)
+    }
+
+    /// The controller address an executor or client dials for replica address `a`.
+    pub fn url(&self, a: SocketAddr) -> String {
+        if self.secure() { format!("https://{a}") } else { format!("http://{a}") }
     }
 
     /// The state an executor stored as applied last (None: none yet).

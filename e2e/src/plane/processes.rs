@@ -1,16 +1,20 @@
 //! The plane's processes: controller replicas (on a free port of 127.0.0.1 the first time, on
-//! the same address after a restart) and one executor per node, started, killed and stopped.
+//! the same address after a restart), one executor per node and, with the Kubernetes source, the
+//! token refresher ([`super::trust`]), started, killed and stopped.
 
 use std::fs::File;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context as _, anyhow, bail};
 use rustix::process::Signal;
 
-use super::{Plane, Replica};
+use super::{Plane, Replica, trust};
 use crate::process::{Lifetime, kill, owned, signal, spawn, tail};
+
+/// The token refresher's log.
+pub const KUBELET_LOG: &str = "kubelet.log";
 
 /// Replica `i`'s log.
 pub fn controller_log(i: usize) -> String {
@@ -86,8 +90,70 @@ impl Plane {
         running.into_iter().try_for_each(|i| self.kill_replica(i))
     }
 
-    /// Starts the executor of `node`.
+    /// With the Kubernetes source: the ServiceAccounts and debug access (`trust::prepare`), each
+    /// node's executor Pod and its token in the node's folder.
+    pub(super) fn mint_executor_tokens(&mut self) -> anyhow::Result<()> {
+        if !self.secure() {
+            return Ok(());
+        }
+        let client = self.kube()?;
+        let nodes = self.node_names();
+        self.rt.block_on(async {
+            trust::prepare(&client).await?;
+            for node in &nodes {
+                trust::ensure_pod(&client, node).await?;
+            }
+            anyhow::Ok(())
+        })?;
+        nodes.iter().try_for_each(|n| self.refresh_token(n).map(|_| ()))
+    }
+
+    /// Mints `node`'s executor token anew into its token file, as a kubelet refreshing the
+    /// projected volume would; when the new one expires.
+    pub fn refresh_token(&self, node: &str) -> anyhow::Result<SystemTime> {
+        let store = self.store(node);
+        std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
+        let client = self.kube()?;
+        self.rt.block_on(trust::refresh(&client, node, &self.token_file(node)))
+    }
+
+    /// With the Kubernetes source: waits until a replica published the CA bundle (ConfigMap
+    /// kuport-ca) and copies it to [`Plane::ca_file`].
+    pub(super) fn fetch_ca(&mut self) -> anyhow::Result<()> {
+        if !self.secure() {
+            return Ok(());
+        }
+        let client = self.kube()?;
+        let ca = self.rt.block_on(trust::wait_ca(&client))?;
+        let path = self.ca_file();
+        std::fs::write(&path, ca).with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// With the Kubernetes source: the `kuport-lab kubelet` process that refreshes every node's
+    /// token at 80% of its life while the lab lives.
+    pub(super) fn start_kubelet(&mut self) -> anyhow::Result<()> {
+        let Some(k) = self.options.kubernetes.as_ref() else {
+            return Ok(());
+        };
+        let mut cmd = Command::new(&self.options.bin);
+        cmd.arg("kubelet").arg("--kubeconfig").arg(&k.admin).arg("--lab").arg(&self.lab_id);
+        for node in self.nodes.keys() {
+            cmd.arg("--token").arg(format!("{node}={}", self.token_file(node).display()));
+        }
+        let (proc, _) = spawn(cmd, append(&self.dir().join(KUBELET_LOG))?, self.lifetime(), false)?;
+        self.kubelet = Some(proc);
+        Ok(())
+    }
+
+    /// Starts the executor of `node` (with the Kubernetes source: with its own token).
     pub fn start_executor(&mut self, node: &str) -> anyhow::Result<()> {
+        let token = self.token_file(node);
+        self.start_executor_with_token(node, &token)
+    }
+
+    /// Starts the executor of `node` with the token in `token` (Kubernetes source; unused with the
+    /// folder): another node's token makes an impostor the controller must refuse.
+    pub fn start_executor_with_token(&mut self, node: &str, token: &Path) -> anyhow::Result<()> {
         if self.executors.contains_key(node) {
             bail!("the executor of {node} runs already");
         }
@@ -96,7 +162,7 @@ impl Plane {
         std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
         let (first, max) = self.options.backoff;
         let mut cmd = Command::new(&self.options.bin);
-        let controllers: Vec<String> = self.replicas.iter().map(|r| format!("http://{}", r.address)).collect();
+        let controllers: Vec<String> = self.replicas.iter().map(|r| self.url(r.address)).collect();
         cmd.arg("node-exec")
             .arg("--controller")
             .arg(controllers.join(","))
@@ -112,6 +178,9 @@ impl Plane {
             .arg(first.as_millis().to_string())
             .arg("--backoff-max-ms")
             .arg(max.as_millis().to_string());
+        if self.secure() {
+            cmd.arg("--token-file").arg(token).arg("--ca-file").arg(self.ca_file());
+        }
         let (proc, _) = spawn(cmd, append(&self.dir().join(executor_log(node)))?, self.lifetime(), false)?;
         self.executors.insert(node.to_string(), proc);
         Ok(())
@@ -137,6 +206,11 @@ impl Plane {
             if p.child.is_some() || owned(p.pid, &["node-exec", &format!("{id}-")]) {
                 procs.push(p);
             }
+        }
+        if let Some(p) = self.kubelet.take()
+            && (p.child.is_some() || owned(p.pid, &["kubelet", &id]))
+        {
+            procs.push(p);
         }
         for i in 0..self.replicas.len() {
             let mark = if kube { self.identity(i) } else { manifests.clone() };

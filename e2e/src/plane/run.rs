@@ -1,5 +1,5 @@
-//! The hidden subcommands `kuport-lab controller` and `kuport-lab node-exec`: what runs inside
-//! the plane's processes.
+//! The hidden subcommands `kuport-lab controller`, `kuport-lab node-exec` and `kuport-lab
+//! kubelet`: what runs inside the plane's processes.
 
 use std::path::PathBuf;
 
@@ -70,6 +70,10 @@ pub fn run_controller(source: ControllerSource, listen: &str) -> anyhow::Result<
                     lease_name: apiserver::LEASE_NAME.into(),
                     identity,
                     advertise: address.to_string(),
+                    // The managed CA in the Lease's namespace, as the chart's default.
+                    tls_dir: None,
+                    executor_audience: super::trust::EXECUTOR_AUDIENCE.into(),
+                    executor_service_account: super::trust::executor_service_account(),
                 };
                 kuport_controller::serve::run_kubernetes(cfg, client, listener, terminated()).await
             }
@@ -88,4 +92,17 @@ pub fn run_executor(cfg: kuport_node_exec::sync::Config) -> anyhow::Result<()> {
         tracing::info!("stopping; the applied state stays in place");
     });
     Ok(())
+}
+
+/// `kuport-lab kubelet`: refreshes the executors' tokens ([`super::trust::run_kubelet`]) until
+/// SIGTERM.
+pub fn run_kubelet(kubeconfig: PathBuf, tokens: Vec<(String, PathBuf)>) -> anyhow::Result<()> {
+    init_logs();
+    let rt = runtime()?;
+    rt.block_on(async move {
+        tokio::select! {
+            r = super::trust::run_kubelet(kubeconfig, tokens) => r,
+            _ = terminated() => Ok(()),
+        }
+    })
 }

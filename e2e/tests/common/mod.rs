@@ -185,3 +185,38 @@ impl Drop for OwnedApiServer {
         let _ = self.0.down();
     }
 }
+
+/// The default lab's standard probe streams: the game range from client-1 (an established flow
+/// and new ones) and the TCP mapping from client-2, every `interval`, a probe lost after
+/// `timeout`. They must answer before the caller's test starts.
+pub fn standard_prober(
+    lab: &Lab,
+    interval: std::time::Duration,
+    timeout: std::time::Duration,
+) -> kuport_lab::probe::Prober {
+    use kuport_lab::Protocol::{Tcp, Udp};
+    use kuport_lab::probe::{Flow, Prober, Target};
+    let target = |label: &str, client: &str, to: &str, protocol, flow, pod: &str| Target {
+        label: label.into(),
+        from: lab.netns(client).expect("a client"),
+        client: client_address(lab, client),
+        to: addr(to),
+        protocol,
+        flow,
+        pod: pod.into(),
+    };
+    let p = Prober::start(
+        vec![
+            target("udp-established", "client-1", "203.0.113.9:27015", Udp, Flow::Established, "game-0"),
+            target("udp-new", "client-1", "203.0.113.9:27015", Udp, Flow::New, "game-0"),
+            target("tcp-new", "client-2", "203.0.113.9:9000", Tcp, Flow::New, "api-0"),
+        ],
+        interval,
+        timeout,
+    );
+    let zero = std::time::Duration::ZERO;
+    assert!(p.wait_answered(zero, std::time::Duration::from_secs(3)), "the probes work before the test:\n{}", {
+        p.report(zero, p.now())
+    });
+    p
+}

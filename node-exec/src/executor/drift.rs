@@ -17,6 +17,10 @@ pub const DEBOUNCE: Duration = Duration::from_millis(50);
 pub const BACKSTOP: Duration = Duration::from_secs(30);
 /// The first retry after a failed apply or repair; later ones double up to [`BACKSTOP`].
 pub const RETRY_FIRST: Duration = Duration::from_millis(250);
+/// How often the WireGuard devices of a state are read back: WireGuard announces no change to
+/// its peers (`wg set ... peer K remove` is silent), so the keep loop polls them, as the
+/// overlay note's agents watch their peers every 10 s.
+pub const WIREGUARD_POLL: Duration = Duration::from_secs(10);
 /// How often a namespace kept by reference is checked to be still reachable: our own watch
 /// sockets keep it alive, so its end shows only as its file or pod being gone. A quarter second,
 /// so that a restarted pod's new sandbox is programmed within a second (sync::NodeKeepers); the
@@ -93,6 +97,9 @@ impl Executor {
         let mut backstop = tokio::time::interval(BACKSTOP);
         backstop.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         backstop.tick().await;
+        let mut wireguard = tokio::time::interval(WIREGUARD_POLL);
+        wireguard.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        wireguard.tick().await;
         let mut reachable = tokio::time::interval(REACHABLE_EVERY);
         reachable.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut open = true;
@@ -138,6 +145,12 @@ impl Executor {
                         return Err(ExecError::Gone { what: held.to_string() });
                     }
                     continue;
+                }
+                _ = wireguard.tick(), if self.desired.as_ref().is_some_and(|d| !d.wireguard_devices.is_empty()) => {
+                    let desired = self.desired.clone();
+                    if !desired.is_some_and(|d| self.wireguard_drift(&d)) {
+                        continue;
+                    }
                 }
                 _ = backstop.tick() => {}
             }

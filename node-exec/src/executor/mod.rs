@@ -1,8 +1,8 @@
 //! The executor: makes one network namespace match its desired [`NetnsState`], keeps it so, and
 //! notices outside changes.
 //!
-//! - [`steps`]: one apply as ordered steps, one per kind of object (links, sysctls, addresses,
-//!   neighbours, routes, rules, nftables tables), make before break: everything the new state adds or
+//! - [`steps`]: one apply as ordered steps, one per kind of object (links, WireGuard devices,
+//!   sysctls, addresses, neighbours, routes, rules, nftables tables), make before break: everything the new state adds or
 //!   changes goes in while what it drops is kept; then what is no longer desired goes, in
 //!   reverse order. The link, address, route, rule and sysctl steps are skipped when the new
 //!   state's objects of those kinds equal those last applied and no drift was found since (a
@@ -26,12 +26,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use kuport_proto::v1::{NetnsState, NftTable};
 
-pub use drift::{BACKSTOP, DEBOUNCE, RETRY_FIRST};
+pub use drift::{BACKSTOP, DEBOUNCE, RETRY_FIRST, WIREGUARD_POLL};
 pub(crate) use dropper::drop_elsewhere;
 pub use keeper::{Command, Keeper, spawn_keeper, spawn_keeper_held};
 use steps::{Cx, Objects, Refusal, TableId, Tables};
 
 use crate::podns::Held;
+use crate::wireguard::Wireguard;
 use crate::{conntrack, nft, rtnl};
 
 /// One object the kernel (or validation) refused, and why.
@@ -148,6 +149,9 @@ pub struct Executor {
     tables: BTreeMap<TableId, nft::Applier>,
     /// kuport's tables the kernel is known to hold (None: unknown, listed by the next apply).
     tables_present: Option<BTreeSet<TableId>>,
+    /// The node's WireGuard key and backends: states with WireGuard devices are refused
+    /// without it.
+    wireguard: Option<Arc<Wireguard>>,
     stats: StatsHandle,
 }
 
@@ -163,8 +167,16 @@ impl Executor {
             drifting: false,
             tables: BTreeMap::new(),
             tables_present: None,
+            wireguard: crate::wireguard::installed(),
             stats: StatsHandle::default(),
         }
+    }
+
+    /// Programs WireGuard devices with `wg`'s key and backends (instead of the one
+    /// [`crate::wireguard::install`] set, if any).
+    pub fn with_wireguard(mut self, wg: Arc<Wireguard>) -> Self {
+        self.wireguard = Some(wg);
+        self
     }
 
     /// An executor for a namespace held open (see [`Held`]): it works through the open file
@@ -227,9 +239,11 @@ impl Executor {
             self.objects_known = false;
             let objects =
                 rtnl::Desired::from_proto(desired).map_err(|e| refused(Report::default(), vec![Refusal::Rtnl(e)]))?;
+            let wg = self.wireguard.as_deref();
             let outcome = rtnl::session(netns, |s| {
                 let mut cx = Cx::new(netns, desired, &objects);
                 cx.rtnl = Some(s);
+                cx.wg = wg;
                 let mut objects = Objects::default();
                 let _ = steps::make_then_break(&mut objects.with(Some(&mut tables)), &mut cx);
                 (cx.report, cx.refusals)
@@ -277,9 +291,11 @@ impl Executor {
         let netns = self.netns.as_deref();
         let read = |what: &str, reason: String| ExecError::Read { what: what.to_string(), reason };
         let objects = rtnl::Desired::from_proto(desired).map_err(|e| read("desired state", e.to_string()))?;
+        let wg = self.wireguard.as_deref();
         let outcome = rtnl::session(netns, |s| {
             let mut cx = Cx::new(netns, desired, &objects);
             cx.rtnl = Some(s);
+            cx.wg = wg;
             let mut present = None;
             let mut tables = Tables::check(&mut present);
             let mut objects = Objects::default();
@@ -294,6 +310,28 @@ impl Executor {
                 Err(read("the kernel's state", join(&errors)))
             }
         }
+    }
+}
+
+impl Executor {
+    /// Whether the namespace's WireGuard devices differ from `desired`'s (a cheap check of that
+    /// step alone: WireGuard announces no change of its peers, so the keep loop polls it).
+    fn wireguard_drift(&self, desired: &NetnsState) -> bool {
+        if desired.wireguard_devices.is_empty() {
+            return false;
+        }
+        let netns = self.netns.as_deref();
+        let Ok(objects) = rtnl::Desired::from_proto(desired) else { return false };
+        let wg = self.wireguard.as_deref();
+        let outcome = rtnl::session(netns, |s| {
+            let mut cx = Cx::new(netns, desired, &objects);
+            cx.rtnl = Some(s);
+            cx.wg = wg;
+            let mut step = steps::WireguardStep::default();
+            steps::differences(&mut [&mut step], &mut cx).map(|d| !d.is_empty())
+        });
+        // A failed read counts as drift: the full check then names it.
+        !matches!(outcome, Ok(Ok(false)))
     }
 }
 
@@ -324,12 +362,13 @@ fn without_tables(state: &NetnsState) -> NetnsState {
         routes: state.routes.clone(),
         ip_rules: state.ip_rules.clone(),
         neighbours: state.neighbours.clone(),
+        wireguard_devices: state.wireguard_devices.clone(),
     }
 }
 
-/// Whether two states hold the same links, addresses, routes, rules and sysctls (their nft
-/// tables are not compared).
+/// Whether two states hold the same links, WireGuard devices, addresses, routes, rules and
+/// sysctls (their nft tables are not compared).
 fn same_objects(a: &NetnsState, b: &NetnsState) -> bool {
-    (&a.target, &a.sysctls, &a.links, &a.addresses, &a.neighbours, &a.routes, &a.ip_rules)
-        == (&b.target, &b.sysctls, &b.links, &b.addresses, &b.neighbours, &b.routes, &b.ip_rules)
+    (&a.target, &a.sysctls, &a.links, &a.addresses, &a.neighbours, &a.routes, &a.ip_rules, &a.wireguard_devices)
+        == (&b.target, &b.sysctls, &b.links, &b.addresses, &b.neighbours, &b.routes, &b.ip_rules, &b.wireguard_devices)
 }

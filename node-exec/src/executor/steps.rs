@@ -5,23 +5,27 @@
 //!
 //! [`ORDER`] is make before break: every step makes, in order, while what the new state drops is
 //! still there; then every step breaks, in reverse, so that nothing goes while something still
-//! uses it (a table's elements name links, a rule names a route table, a route a link). A step
+//! uses it (a table's elements name links, a rule names a route table, a route a link, an
+//! address a WireGuard device). A step
 //! that meets a refusal stops the apply there: what already works is never torn down for
 //! something new that failed.
 //!
 //! The steps before the nftables one run on a thread inside the namespace, in one rtnetlink
-//! [`rtnl::Session`] (links, addresses, neighbours, routes and rules share its dump); the executor skips
+//! [`rtnl::Session`] (links, WireGuard devices, addresses, neighbours, routes and rules share
+//! its dump; WireGuard's own backends talk from that thread too); the executor skips
 //! them all while their part of the state is unchanged and known to hold.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use kuport_proto::owned;
 use kuport_proto::v1::{NetnsState, NftFamily, NftTable};
+use netlink_packet_route::link::{LinkFlags, LinkMessage};
 
 use super::{ObjectError, Report};
 use crate::rtnl::{self, KindPlan, address, link, neighbour, route, rule};
+use crate::wireguard::{self, BackendKind, Wireguard, model};
 use crate::{nft, sysctl};
 
 /// The kinds of object, with what identifies one.
@@ -29,6 +33,11 @@ use crate::{nft, sysctl};
 pub enum Kind {
     /// `kup-*` links, by name.
     Links,
+    /// WireGuard devices (`kup-*` links of their own step), by name, and their peers, by
+    /// public key: after the links, before the addresses and routes that name them. A device
+    /// that leaves the state goes with the links (it is a `kup-*` link); a peer that leaves it
+    /// is removed in break, after every new peer is in.
+    Wireguard,
     /// Sysctls, by key; never reverted, so never broken (other software may depend on them).
     /// After the links: a per-link key exists only once its link does.
     Sysctls,
@@ -47,8 +56,16 @@ pub enum Kind {
 }
 
 /// The order of one apply's make; break runs it backwards.
-pub const ORDER: [Kind; 7] =
-    [Kind::Links, Kind::Sysctls, Kind::Addresses, Kind::Neighbours, Kind::Routes, Kind::Rules, Kind::NftTables];
+pub const ORDER: [Kind; 8] = [
+    Kind::Links,
+    Kind::Wireguard,
+    Kind::Sysctls,
+    Kind::Addresses,
+    Kind::Neighbours,
+    Kind::Routes,
+    Kind::Rules,
+    Kind::NftTables,
+];
 
 /// A table's identity: its family and name.
 pub(crate) type TableId = (i32, String);
@@ -58,6 +75,7 @@ pub(crate) type TableId = (i32, String);
 pub(crate) enum Refusal {
     Rtnl(rtnl::Error),
     Nft { table: String, error: nft::NftError },
+    Wireguard(wireguard::Error),
 }
 
 impl Refusal {
@@ -65,6 +83,7 @@ impl Refusal {
         match self {
             Refusal::Rtnl(e) => rtnl_error(e),
             Refusal::Nft { table, error } => nft_error(&table, error),
+            Refusal::Wireguard(e) => wireguard_error(e),
         }
     }
 }
@@ -82,6 +101,8 @@ pub(crate) struct Cx<'a> {
     pub objects: &'a rtnl::Desired,
     /// The namespace's rtnetlink session, while the steps that need it run.
     pub rtnl: Option<&'a mut rtnl::Session>,
+    /// The node's WireGuard key and backends, when the executor has them.
+    pub wg: Option<&'a Wireguard>,
     /// What was written, in order.
     pub report: Report,
     /// What was refused.
@@ -90,7 +111,7 @@ pub(crate) struct Cx<'a> {
 
 impl<'a> Cx<'a> {
     pub(crate) fn new(netns: Option<&'a Path>, state: &'a NetnsState, objects: &'a rtnl::Desired) -> Self {
-        Cx { netns, state, objects, rtnl: None, report: Report::default(), refusals: Vec::new() }
+        Cx { netns, state, objects, rtnl: None, wg: None, report: Report::default(), refusals: Vec::new() }
     }
 
     /// The session and the desired objects; refused when no session is open.
@@ -178,6 +199,7 @@ pub(crate) fn differences(steps: &mut [&mut dyn Step], cx: &mut Cx<'_>) -> Resul
 /// The steps that run in the namespace's rtnetlink session, in [`ORDER`].
 pub(crate) struct Objects {
     links: Rtnl<link::Plan>,
+    wireguard: WireguardStep,
     sysctls: Sysctls,
     addresses: Rtnl<address::Plan>,
     neighbours: Rtnl<neighbour::Plan>,
@@ -189,6 +211,7 @@ impl Default for Objects {
     fn default() -> Self {
         Objects {
             links: Rtnl::new(Kind::Links),
+            wireguard: WireguardStep::default(),
             sysctls: Sysctls::default(),
             addresses: Rtnl::new(Kind::Addresses),
             neighbours: Rtnl::new(Kind::Neighbours),
@@ -203,6 +226,7 @@ impl Objects {
     pub(crate) fn with<'s>(&'s mut self, tables: Option<&'s mut Tables<'_>>) -> Vec<&'s mut dyn Step> {
         let mut steps: Vec<&mut dyn Step> = vec![
             &mut self.links,
+            &mut self.wireguard,
             &mut self.sysctls,
             &mut self.addresses,
             &mut self.neighbours,
@@ -236,6 +260,10 @@ pub(crate) fn apply_objects(
         .filter_map(|r| match r {
             Refusal::Rtnl(e) => Some(e),
             Refusal::Nft { .. } => None,
+            Refusal::Wireguard(e) => {
+                let ObjectError { object, reason } = wireguard_error(e);
+                Some(rtnl::Error::Invalid { object, reason })
+            }
         })
         .collect();
     if errors.is_empty() { Ok(report) } else { Err(rtnl::ApplyError { report, errors }) }
@@ -296,6 +324,252 @@ impl<P: KindPlan> Step for Rtnl<P> {
 
 fn named(diffs: Vec<rtnl::Difference>, out: &mut Vec<String>) {
     out.extend(diffs.iter().map(ToString::to_string));
+}
+
+/// A device's link as observed: index, kind, MTU, up.
+type SeenLink = (u32, Option<String>, u32, bool);
+
+/// One desired WireGuard device: what is there, and what makes it as desired.
+#[derive(Debug)]
+struct DeviceWork {
+    spec: wireguard::DeviceSpec,
+    /// The backend that runs it (None until it exists).
+    backend: Option<BackendKind>,
+    /// A link of another kind under its name (index, kind): deleted and made again.
+    foreign: Option<(u32, String)>,
+    plan: model::DevicePlan,
+    /// The link's MTU and whether it is up, as observed (None: no link).
+    link: Option<(u32, bool)>,
+}
+
+/// The WireGuard devices of the state ([`Kind::Wireguard`]): each created on the backend the
+/// executor picks, given the node's key, its port and mark, and its peers one by one; its
+/// MTU set and brought up through the session.
+#[derive(Default)]
+pub(crate) struct WireguardStep {
+    work: Vec<DeviceWork>,
+}
+
+impl WireguardStep {
+    fn key_holder<'w>(cx: &mut Cx<'w>) -> Result<&'w Wireguard, Stopped> {
+        match cx.wg {
+            Some(wg) => Ok(wg),
+            None => {
+                let device = cx.objects.wireguard.first().map(|d| d.name.clone()).unwrap_or_default();
+                Err(cx.refuse(Refusal::Wireguard(wireguard::Error::NoKey { device })))
+            }
+        }
+    }
+
+    /// Sets the device's MTU and brings it up when they differ (one RTM_NEWLINK).
+    fn link_settings(cx: &mut Cx<'_>, w: &DeviceWork, created: bool) -> Result<(), Stopped> {
+        let (mtu, up) = match (created, w.link) {
+            (true, _) | (false, None) => (w.spec.mtu, true),
+            (false, Some((mtu, up))) => (w.spec.mtu.filter(|m| *m != mtu), !up),
+        };
+        if mtu.is_none() && !up {
+            return Ok(());
+        }
+        let (_, s) = cx.rtnl()?;
+        let index = match s.observed() {
+            Ok(o) => o.link(&w.spec.name).map(|l| l.index),
+            Err(e) => return Err(cx.refuse(Refusal::Rtnl(e))),
+        };
+        let Some(index) = index else {
+            let e = wireguard::Error::Device {
+                device: w.spec.name.clone(),
+                op: "set mtu",
+                reason: "the link is gone".into(),
+            };
+            return Err(cx.refuse(Refusal::Wireguard(e)));
+        };
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        let mut how = Vec::new();
+        if up {
+            msg.header.flags |= LinkFlags::Up;
+            msg.header.change_mask |= LinkFlags::Up;
+            how.push("up".to_string());
+        }
+        if let Some(m) = mtu {
+            msg.attributes.push(netlink_packet_route::link::LinkAttribute::Mtu(m));
+            how.push(format!("mtu {m}"));
+        }
+        let req = s.handle().link().change(msg).execute();
+        s.write(rtnl::Op::Change, format!("link {} ({})", w.spec.name, how.join(", ")), req);
+        s.stale();
+        cx.settle()
+    }
+}
+
+impl Step for WireguardStep {
+    fn kind(&self) -> Kind {
+        Kind::Wireguard
+    }
+
+    fn observe(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        self.work.clear();
+        if cx.objects.wireguard.is_empty() {
+            return Ok(());
+        }
+        let wg = Self::key_holder(cx)?;
+        let (objects, s) = cx.rtnl()?;
+        let links: Vec<Option<SeenLink>> = match s.observed() {
+            Ok(o) => objects
+                .wireguard
+                .iter()
+                .map(|d| o.link(&d.name).map(|l| (l.index, l.kind.clone(), l.mtu, l.admin_up)))
+                .collect(),
+            Err(e) => return Err(cx.refuse(Refusal::Rtnl(e))),
+        };
+        for (spec, link) in objects.wireguard.iter().zip(links) {
+            let mut w = DeviceWork {
+                spec: spec.clone(),
+                backend: None,
+                foreign: None,
+                plan: model::DevicePlan::default(),
+                link: None,
+            };
+            let mut device = None;
+            if let Some((index, kind, mtu, up)) = link {
+                match BackendKind::of_link_kind(kind.as_deref()) {
+                    Some(b) => match wg.backend(b).read(&spec.name) {
+                        Ok(Some(d)) => {
+                            w.backend = Some(b);
+                            w.link = Some((mtu, up));
+                            device = Some(d);
+                        }
+                        // A tun link without a daemon's socket is not a WireGuard device.
+                        Ok(None) => w.foreign = Some((index, kind.unwrap_or_default())),
+                        Err(e) => return Err(cx.refuse(Refusal::Wireguard(e))),
+                    },
+                    None => w.foreign = Some((index, kind.unwrap_or_else(|| "none".into()))),
+                }
+            }
+            w.plan = model::plan(spec, wg.key(), device.as_ref(), SystemTime::now());
+            self.work.push(w);
+        }
+        Ok(())
+    }
+
+    fn plan(&mut self, _: &mut Cx<'_>) -> Result<(), Stopped> {
+        // observe planned each device with what it read.
+        Ok(())
+    }
+
+    fn differences(&self, missing: &mut Vec<String>, extra: &mut Vec<String>) {
+        for w in &self.work {
+            let name = &w.spec.name;
+            if let Some((_, kind)) = &w.foreign {
+                missing.push(format!("changed wireguard device {name}: link kind {kind} -> wireguard"));
+                continue;
+            }
+            if w.plan.create {
+                missing.push(format!("missing wireguard device {name}"));
+                continue;
+            }
+            let mut how = w.plan.how.clone();
+            if let Some((mtu, up)) = w.link {
+                if let Some(m) = w.spec.mtu.filter(|m| *m != mtu) {
+                    how.push(format!("mtu {mtu} -> {m}"));
+                }
+                if !up {
+                    how.push("down -> up".into());
+                }
+            }
+            if !how.is_empty() {
+                missing.push(format!("changed wireguard device {name}: {}", how.join(", ")));
+            }
+            for (key, how) in &w.plan.peer_how {
+                match how.as_str() {
+                    "missing" => missing.push(format!("missing wireguard {name} peer {key}")),
+                    "extra" => extra.push(format!("extra wireguard {name} peer {key}")),
+                    how => missing.push(format!("changed wireguard {name} peer {key}: {how}")),
+                }
+            }
+        }
+    }
+
+    fn make(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        if self.work.is_empty() {
+            return Ok(());
+        }
+        let wg = Self::key_holder(cx)?;
+        for i in 0..self.work.len() {
+            let name = self.work[i].spec.name.clone();
+            let refuse = |cx: &mut Cx<'_>, e| cx.refuse(Refusal::Wireguard(e));
+            if let Some((_, kind)) = self.work[i].foreign.clone() {
+                cx.report.writes += 1;
+                if let Err(e) = wireguard::kernel::delete_link(&name) {
+                    return Err(refuse(cx, e));
+                }
+                cx.report.actions.push(format!("delete link {name} (kind {kind} -> wireguard)"));
+                self.work[i].plan.create = true;
+            }
+            let created = self.work[i].plan.create;
+            if created {
+                cx.report.writes += 1;
+                match wg.create(cx.netns, &name) {
+                    Ok(b) => {
+                        self.work[i].backend = Some(b);
+                        cx.report.actions.push(format!("add wireguard device {name} ({b})"));
+                    }
+                    Err(e) => return Err(refuse(cx, e)),
+                }
+                if let Some(s) = cx.rtnl.as_deref_mut() {
+                    s.stale();
+                }
+                // A new device: the whole plan, against nothing.
+                let spec = self.work[i].spec.clone();
+                self.work[i].plan = model::plan(&spec, wg.key(), None, SystemTime::now());
+            }
+            let Some(backend) = self.work[i].backend.map(|b| wg.backend(b)) else { continue };
+            let w = &self.work[i];
+            if !w.plan.config.is_empty() {
+                cx.report.writes += 1;
+                if let Err(e) = backend.configure(&name, &w.plan.config) {
+                    return Err(refuse(cx, e));
+                }
+                cx.report.actions.push(w.plan.config.describe(&name));
+            }
+            if !w.plan.peers.is_empty() {
+                cx.report.writes += 1;
+                if let Err(e) = backend.apply_peers(&name, &w.plan.peers) {
+                    return Err(refuse(cx, e));
+                }
+                cx.report.actions.extend(w.plan.peers.iter().map(|c| c.describe(&name)));
+            }
+            let w = &self.work[i];
+            let w = DeviceWork {
+                spec: w.spec.clone(),
+                backend: w.backend,
+                foreign: None,
+                plan: model::DevicePlan::default(),
+                link: w.link,
+            };
+            Self::link_settings(cx, &w, created)?;
+        }
+        Ok(())
+    }
+
+    fn brk(&mut self, cx: &mut Cx<'_>) -> Result<(), Stopped> {
+        if self.work.iter().all(|w| w.plan.removes.is_empty()) {
+            return Ok(());
+        }
+        let wg = Self::key_holder(cx)?;
+        for w in &self.work {
+            let Some(backend) = w.backend.map(|b| wg.backend(b)) else { continue };
+            if w.plan.removes.is_empty() {
+                continue;
+            }
+            cx.report.writes += 1;
+            if let Err(e) = backend.apply_peers(&w.spec.name, &w.plan.removes) {
+                return Err(cx.refuse(Refusal::Wireguard(e)));
+            }
+            cx.report.actions.extend(w.plan.removes.iter().map(|c| c.describe(&w.spec.name)));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Default)]
@@ -583,6 +857,18 @@ fn rtnl_error(e: rtnl::Error) -> ObjectError {
         rtnl::Error::Io { what, source } => (what.to_string(), source.to_string()),
     };
     ObjectError { object, reason }
+}
+
+fn wireguard_error(e: wireguard::Error) -> ObjectError {
+    match e {
+        wireguard::Error::Invalid { object, reason } => ObjectError { object, reason: format!("invalid: {reason}") },
+        wireguard::Error::Device { device, op, reason } => {
+            ObjectError { object: format!("wireguard device {device}: {op}"), reason }
+        }
+        e @ (wireguard::Error::Unsupported { .. } | wireguard::Error::NoKey { .. }) => {
+            ObjectError { object: "wireguard".into(), reason: e.to_string() }
+        }
+    }
 }
 
 fn nft_error(table: &str, e: nft::NftError) -> ObjectError {

@@ -125,7 +125,7 @@ impl KindPlan for Plan {
         plan.dels = observed
             .links
             .iter()
-            .filter(|l| owns_link(&l.name) && !wanted.contains(l.name.as_str()))
+            .filter(|l| owns_link(&l.name) && !wanted.contains(l.name.as_str()) && !desired.is_wireguard(&l.name))
             .cloned()
             .collect();
         plan

@@ -94,6 +94,9 @@ pub struct Desired {
     pub routes: Vec<RouteSpec>,
     pub rules: Vec<RuleSpec>,
     pub sysctls: Vec<SysctlSpec>,
+    /// The state's WireGuard devices: links of their own step (crate::wireguard), which the
+    /// link step neither creates nor removes.
+    pub wireguard: Vec<crate::wireguard::DeviceSpec>,
 }
 
 impl Desired {
@@ -119,8 +122,17 @@ impl Desired {
         for s in &state.sysctls {
             d.sysctls.push(parse_sysctl(s)?);
         }
+        d.wireguard = crate::wireguard::model::parse_devices(state).map_err(|e| match e {
+            crate::wireguard::Error::Invalid { object, reason } => Error::Invalid { object, reason },
+            other => Error::Invalid { object: "wireguard devices".into(), reason: other.to_string() },
+        })?;
         d.check_unique()?;
         Ok(d)
+    }
+
+    /// Whether `name` is one of the state's WireGuard devices.
+    pub(crate) fn is_wireguard(&self, name: &str) -> bool {
+        self.wireguard.iter().any(|w| w.name == name)
     }
 
     /// Tables whose every (non-kernel) route kuport owns: those its routes and rules name, minus
@@ -139,6 +151,11 @@ impl Desired {
         for l in &self.links {
             if !names.insert(l.name.as_str()) {
                 return Err(invalid(format!("link {}", l.name), "listed twice"));
+            }
+        }
+        for w in &self.wireguard {
+            if names.contains(w.name.as_str()) {
+                return Err(invalid(format!("wireguard device {}", w.name), "a link of the same name is listed"));
             }
         }
         let mut neighbours = BTreeSet::new();

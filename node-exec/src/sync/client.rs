@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kuport_proto::channel::{self, ChannelError};
 use kuport_proto::v1::node_sync_client::NodeSyncClient;
 use kuport_proto::v1::{
     Ack, ControllerMessage, DesiredState, DriftReport, ExecutorMessage, Hello, NetnsState, NodeFacts, NodeState,
@@ -46,6 +47,12 @@ pub struct Config {
     /// First reconnect delay; doubles per failure up to `backoff_max`.
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// The CA bundle (PEM) the controller is verified against; needed for https addresses. Read
+    /// at every connect: a ConfigMap volume is updated in place.
+    pub ca_file: Option<PathBuf>,
+    /// The executor's ServiceAccount token, sent as `authorization: Bearer` on the Sync call.
+    /// Read at every connect: the kubelet rotates it.
+    pub token_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -58,7 +65,31 @@ impl Config {
             underlay_interface: None,
             backoff_initial: Duration::from_millis(200),
             backoff_max: Duration::from_secs(5),
+            ca_file: None,
+            token_file: None,
         }
+    }
+
+    /// The configured addresses, in turn order.
+    fn addresses(&self) -> Vec<String> {
+        self.controller.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_string).collect()
+    }
+
+    /// Err when an address cannot work whatever the files hold: no scheme, an unknown one, or
+    /// https without a CA file. For a clear error at start instead of endless reconnects.
+    pub fn check(&self) -> Result<(), SyncError> {
+        let addresses = self.addresses();
+        if addresses.is_empty() {
+            return Err(SyncError::Address { address: self.controller.clone(), reason: "no address".to_string() });
+        }
+        for address in addresses {
+            match channel::endpoint(&address, None) {
+                Ok(_) => {}
+                Err(ChannelError::NoCa { .. }) if self.ca_file.is_some() => {}
+                Err(e) => return Err(SyncError::Channel(e)),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -86,6 +117,10 @@ pub trait NodeApplier: Send {
 pub enum SyncError {
     #[error("controller address {address:?}: {reason}")]
     Address { address: String, reason: String },
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    #[error("reading {what} {}: {reason}", path.display())]
+    File { what: &'static str, path: PathBuf, reason: String },
     #[error("connecting to {address}: {reason}")]
     Connect { address: String, reason: String },
     #[error("stream with {address}: {status}")]
@@ -122,9 +157,9 @@ pub async fn run<A: NodeApplier, F: Future<Output = ()>>(cfg: Config, mut applie
             Err(e) => tracing::warn!(error = %e, "ignoring the stored state"),
         }
     }
-    let facts = watch_facts(cfg.netns.clone(), cfg.underlay_interface.clone());
-    let configured: Vec<String> =
-        cfg.controller.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_string).collect();
+    let public_key = cfg.state_dir.as_deref().and_then(wireguard_key);
+    let facts = watch_facts(cfg.netns.clone(), cfg.underlay_interface.clone(), public_key);
+    let configured = cfg.addresses();
     let mut turn = 0usize;
     let mut target: Option<String> = None;
     let mut failures: u32 = 0;
@@ -199,7 +234,31 @@ impl Jitter {
 }
 
 /// The node's facts, re-read after link or address changes; None until the first read works.
-fn watch_facts(netns: Option<PathBuf>, underlay: Option<String>) -> watch::Receiver<Option<NodeFacts>> {
+/// Loads (on first start: makes) the node's WireGuard key in `state_dir` and installs it for
+/// the executors; its public key, to report. The private key stays here (docs/overlay/node.md).
+/// A key file that does not parse is never replaced: WireGuard devices are then refused.
+fn wireguard_key(state_dir: &std::path::Path) -> Option<String> {
+    match crate::wireguard::Wireguard::load(state_dir, crate::wireguard::Options::default()) {
+        Ok(wg) => {
+            let public = wg.public_key().to_string();
+            if !crate::wireguard::install(Arc::new(wg)) {
+                tracing::debug!("a WireGuard key is installed already");
+            }
+            tracing::info!(public_key = %public, "WireGuard key");
+            Some(public)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the WireGuard key; WireGuard devices will be refused");
+            None
+        }
+    }
+}
+
+fn watch_facts(
+    netns: Option<PathBuf>,
+    underlay: Option<String>,
+    public_key: Option<String>,
+) -> watch::Receiver<Option<NodeFacts>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
         let mut subscription = match crate::rtnl::subscribe(netns.as_deref()) {
@@ -212,7 +271,8 @@ fn watch_facts(netns: Option<PathBuf>, underlay: Option<String>) -> watch::Recei
         loop {
             let (n, u) = (netns.clone(), underlay.clone());
             match tokio::task::spawn_blocking(move || facts::read(n.as_deref(), u.as_deref())).await {
-                Ok(Ok(f)) => {
+                Ok(Ok(mut f)) => {
+                    f.wireguard_public_key = public_key.clone().unwrap_or_default();
                     tx.send_if_modified(|cur| {
                         let changed = cur.as_ref() != Some(&f);
                         *cur = Some(f);
@@ -242,6 +302,33 @@ fn watch_facts(netns: Option<PathBuf>, underlay: Option<String>) -> watch::Recei
     rx
 }
 
+/// `address` with a scheme: a NotLeader redirect names a bare host:port, reached the way the
+/// configured addresses are.
+fn with_scheme(address: &str, configured: &str) -> String {
+    if address.contains("://") {
+        return address.to_string();
+    }
+    match configured.split(',').find_map(|a| a.trim().split_once("://")) {
+        Some((scheme, _)) => format!("{scheme}://{address}"),
+        // channel::endpoint names both choices.
+        None => address.to_string(),
+    }
+}
+
+/// The endpoint for `url`, with the CA file read now (https only).
+fn endpoint_for(cfg: &Config, url: &str) -> Result<tonic::transport::Endpoint, SyncError> {
+    let https = url.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://"));
+    let ca = match (&cfg.ca_file, https) {
+        (Some(path), true) => Some(read_file("CA file", path)?),
+        _ => None,
+    };
+    Ok(channel::endpoint(url, ca.as_deref().map(str::as_bytes))?)
+}
+
+fn read_file(what: &'static str, path: &std::path::Path) -> Result<String, SyncError> {
+    std::fs::read_to_string(path).map_err(|e| SyncError::File { what, path: path.to_path_buf(), reason: e.to_string() })
+}
+
 /// One stream's life. Err carries whether the stream was established (which resets backoff).
 async fn session<A: NodeApplier>(
     cfg: &Config,
@@ -251,20 +338,20 @@ async fn session<A: NodeApplier>(
     mut facts: watch::Receiver<Option<NodeFacts>>,
 ) -> Result<Next, (SyncError, bool)> {
     let not_connected = |e| (e, false);
-    let url = if address.contains("://") { address.to_string() } else { format!("http://{address}") };
-    let endpoint = tonic::transport::Endpoint::from_shared(url)
-        .map_err(|e| SyncError::Address { address: address.to_string(), reason: e.to_string() })
-        .map_err(not_connected)?
-        .connect_timeout(Duration::from_secs(3))
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(10));
-    let channel = endpoint
+    let url = with_scheme(address, &cfg.controller);
+    let endpoint = endpoint_for(cfg, &url).map_err(not_connected)?;
+    // Read before dialling: a missing token is this side's problem, not the controller's.
+    let token = match &cfg.token_file {
+        Some(path) => Some(read_file("token file", path).map_err(not_connected)?),
+        None => None,
+    };
+    let conn = endpoint
         .connect()
         .await
         .map_err(|e| SyncError::Connect { address: address.to_string(), reason: error_chain(&e) })
         .map_err(not_connected)?;
     let mut client =
-        NodeSyncClient::new(channel).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
+        NodeSyncClient::new(conn).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
 
     let (tx, rx) = mpsc::channel::<ExecutorMessage>(16);
     let send = |m: executor_message::Message| ExecutorMessage { message: Some(m) };
@@ -280,8 +367,11 @@ async fn session<A: NodeApplier>(
         let _ = tx.send(send(executor_message::Message::Facts(f))).await;
     }
     let stream_err = |status| SyncError::Stream { address: address.to_string(), status };
-    let mut inbound =
-        client.sync(ReceiverStream::new(rx)).await.map_err(stream_err).map_err(not_connected)?.into_inner();
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(token) = &token {
+        channel::authorize(&mut request, token).map_err(SyncError::Channel).map_err(not_connected)?;
+    }
+    let mut inbound = client.sync(request).await.map_err(stream_err).map_err(not_connected)?.into_inner();
     tracing::info!(controller = %address, node = %cfg.node, "connected");
 
     let connected = |e| (e, true);
@@ -396,6 +486,23 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redirect_to_a_bare_address_keeps_the_configured_scheme() {
+        assert_eq!(with_scheme("10.0.0.7:9443", "https://svc:9443"), "https://10.0.0.7:9443");
+        assert_eq!(with_scheme("10.0.0.7:9443", " http://a:1,http://b:1"), "http://10.0.0.7:9443");
+        assert_eq!(with_scheme("http://x:1", "https://svc:9443"), "http://x:1");
+        assert_eq!(with_scheme("10.0.0.7:9443", "svc:9443"), "10.0.0.7:9443");
+    }
+
+    #[test]
+    fn the_ca_file_is_read_for_https_only() {
+        let mut cfg = Config::new("https://a:1", "n");
+        cfg.ca_file = Some("/nonexistent/ca.crt".into());
+        let e = endpoint_for(&cfg, "https://a:1").unwrap_err().to_string();
+        assert!(e.contains("CA file /nonexistent/ca.crt"), "{e}");
+        assert!(endpoint_for(&cfg, "http://a:1").is_ok());
+    }
 
     #[test]
     fn backoff_grows_to_its_cap_with_jitter() {

@@ -7,6 +7,10 @@
 //! refused otherwise, so that the controller sends it whole. A keeper whose namespace can no
 //! longer be reached ends on its own; it is forgotten, and a later state that names the
 //! namespace again starts a new one.
+//!
+//! A pod's namespace is found by asking the container runtime's CRI when a socket is set, else
+//! by its address ([`podns::resolve_with`]), and its rules' socket owners are translated to how
+//! the kernel reads them there ([`podns::OwnerIds`]) before they are applied.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,7 +20,7 @@ use kuport_proto::v1::{NetnsRef, NetnsState, NodeState, ObjectError, PodRef, net
 
 use super::client::NodeApplier;
 use crate::executor::{ExecError, Keeper, Stats, drop_elsewhere, spawn_keeper, spawn_keeper_held};
-use crate::podns::{self, Held, NsId};
+use crate::podns::{self, Held, NsId, OwnerIds};
 
 pub struct NodeKeepers {
     /// Where the host entry is applied; None: this process's namespace.
@@ -27,13 +31,18 @@ pub struct NodeKeepers {
     kept: BTreeMap<String, Kept>,
     /// The drift repairs of keepers forgotten since, so that the total only grows.
     forgotten_repairs: u64,
+    /// The container runtime's CRI socket pods are asked of first.
+    cri: Option<PathBuf>,
 }
 
 struct Kept {
     target: Option<NetnsRef>,
     keeper: Keeper,
-    /// The last state applied without refusal, and so the version the namespace holds.
+    /// The last state applied without refusal (as the controller sent it), and so the version
+    /// the namespace holds.
     state: Option<Arc<NetnsState>>,
+    /// How the namespace's socket owners read (a pod's; others as sent).
+    owners: OwnerIds,
 }
 
 impl Kept {
@@ -45,7 +54,14 @@ impl Kept {
 impl NodeKeepers {
     pub fn new(host_netns: Option<PathBuf>) -> Self {
         let host_ids = podns::host_ids(host_netns.as_deref());
-        NodeKeepers { host_netns, host_ids, kept: BTreeMap::new(), forgotten_repairs: 0 }
+        NodeKeepers { host_netns, host_ids, kept: BTreeMap::new(), forgotten_repairs: 0, cri: None }
+    }
+
+    /// Asks the container runtime at `socket` for pods' namespaces (docs/intercept/table.md,
+    /// "Finding a pod's namespace").
+    pub fn with_cri(mut self, socket: Option<PathBuf>) -> Self {
+        self.cri = socket;
+        self
     }
 
     /// The namespaces kept now, by [`NetnsState::describe`] (those whose keeper ended are not).
@@ -81,6 +97,7 @@ impl NodeKeepers {
             return Ok(k.keeper.clone());
         }
         let refused = |e: &dyn std::fmt::Display| ObjectError { object: namespace(key), reason: e.to_string() };
+        let mut owners = OwnerIds::AsInPod;
         let keeper = match ns.target.as_ref().and_then(|t| t.kind.as_ref()) {
             None => spawn_keeper(self.host_netns.clone()),
             Some(netns_ref::Kind::Path(p)) if p.is_empty() => spawn_keeper(self.host_netns.clone()),
@@ -89,16 +106,16 @@ impl NodeKeepers {
                 spawn_keeper_held(held)
             }
             Some(netns_ref::Kind::Pod(pod)) => {
-                let held = podns::resolve(pod, &self.host_ids).map_err(|e| ObjectError {
-                    object: format!("pod {}/{}", pod.namespace, pod.name),
-                    reason: e.to_string(),
-                })?;
-                tracing::info!(netns = %key, id = ?held.id(), "pod network namespace found");
+                let held = podns::resolve_with(pod, &self.host_ids, self.cri.as_deref())
+                    .map_err(|e| ObjectError { object: pod_object(pod), reason: e.to_string() })?;
+                tracing::info!(netns = %key, id = ?held.id(), owners = ?held.owners(), "pod network namespace found");
+                owners = held.owners().clone();
                 spawn_keeper_held(held)
             }
         }
         .map_err(|e| refused(&e))?;
-        self.kept.insert(key.to_string(), Kept { target: ns.target.clone(), keeper: keeper.clone(), state: None });
+        self.kept
+            .insert(key.to_string(), Kept { target: ns.target.clone(), keeper: keeper.clone(), state: None, owners });
         Ok(keeper)
     }
 }
@@ -121,8 +138,9 @@ impl NodeKeepers {
             })
             .collect();
         for (key, pod, state) in ended {
-            let Ok(held) = podns::resolve(&pod, &self.host_ids) else { continue };
+            let Ok(held) = podns::resolve_with(&pod, &self.host_ids, self.cri.as_deref()) else { continue };
             tracing::info!(netns = %key, id = ?held.id(), "pod network namespace replaced; reprogramming it");
+            let owners = held.owners().clone();
             let keeper = match spawn_keeper_held(held) {
                 Ok(k) => k,
                 Err(e) => {
@@ -131,7 +149,10 @@ impl NodeKeepers {
                 }
             };
             self.forget(&key);
-            let result = keeper.apply(Arc::clone(&state)).await;
+            let result = match owners.apply(&state) {
+                Ok(translated) => keeper.apply(Arc::new(translated)).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
             let held = match result {
                 Ok(_) => Some(state),
                 Err(e) => {
@@ -141,13 +162,17 @@ impl NodeKeepers {
                 }
             };
             let target = Some(NetnsRef { kind: Some(netns_ref::Kind::Pod(pod)) });
-            self.kept.insert(key, Kept { target, keeper, state: held });
+            self.kept.insert(key, Kept { target, keeper, state: held, owners });
         }
     }
 }
 
 fn namespace(key: &str) -> String {
     format!("network namespace {key:?}")
+}
+
+fn pod_object(pod: &PodRef) -> String {
+    format!("pod {}/{}", pod.namespace, pod.name)
 }
 
 impl NodeApplier for NodeKeepers {
@@ -193,7 +218,22 @@ impl NodeApplier for NodeKeepers {
                 k.state = None;
             }
             let ns = Arc::new(ns);
-            match keeper.apply(Arc::clone(&ns)).await {
+            // The kernel's view of socket owners in this namespace; the controller's state is
+            // what is remembered (and versioned).
+            let owners = self.kept.get(&key).map(|k| k.owners.clone()).unwrap_or(OwnerIds::AsInPod);
+            let applied = match owners.apply_if_needed(&ns) {
+                Ok(None) => Arc::clone(&ns),
+                Ok(Some(t)) => Arc::new(t),
+                Err(e) => {
+                    let object = match ns.target.as_ref().and_then(|t| t.kind.as_ref()) {
+                        Some(netns_ref::Kind::Pod(pod)) => pod_object(pod),
+                        _ => namespace(&key),
+                    };
+                    errors.push(ObjectError { object, reason: e.to_string() });
+                    continue;
+                }
+            };
+            match keeper.apply(applied).await {
                 Ok(_) if absent.contains(&key) && !ns.is_host() => {
                     self.forget(&key);
                 }

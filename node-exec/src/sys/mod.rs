@@ -10,6 +10,7 @@
 mod error;
 pub mod netlink;
 pub mod netns;
+pub mod userns;
 
 pub use error::Error;
 

@@ -123,7 +123,7 @@ fn accept(spec: &api::InterceptSpec) -> (Result<InterceptSpec, ()>, &'static str
 }
 
 /// Why a selected pod cannot be programmed, before any table is computed.
-fn pod_refusal(pod: &Pod, identity: AgentIdentity) -> Option<(&'static str, String)> {
+fn pod_refusal(pod: &Pod) -> Option<(&'static str, String)> {
     let status = pod.status.as_ref();
     let spec = pod.spec.as_ref();
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
@@ -147,14 +147,9 @@ fn pod_refusal(pod: &Pod, identity: AgentIdentity) -> Option<(&'static str, Stri
     if pod_ips(pod).is_empty() {
         return Some((reason::NO_POD_IP, "the pod has no address yet (status.podIPs)".into()));
     }
-    if spec.and_then(|s| s.host_users) == Some(false) && !matches!(identity, AgentIdentity::Mark(_)) {
-        return Some((
-            reason::OWNER_MATCH_IMPOSSIBLE,
-            "the pod runs in a user namespace (hostUsers: false), where a socket's owner reads through the pod's \
-             ID mapping; use agent.mark"
-                .into(),
-        ));
-    }
+    // A pod in a user namespace (hostUsers: false) is programmed: the group or user goes as the
+    // pod sees it, and the executor, which sees the namespaces, maps it to how the kernel reads
+    // it there (docs/intercept/table.md, "Pods in a user namespace").
     None
 }
 
@@ -222,7 +217,7 @@ pub fn compute(intercepts: &[Intercept], pods: &[Pod], now: Timestamp) -> Decide
                 refuse(reason::NOT_ACCEPTED, "the Intercept is not accepted (see Accepted)".into());
                 continue;
             };
-            if let Some((r, m)) = pod_refusal(pod, spec.identity) {
+            if let Some((r, m)) = pod_refusal(pod) {
                 refuse(r, m);
                 continue;
             }
@@ -312,6 +307,11 @@ pub fn finish(
         let nack =
             refused.get(node).into_iter().flatten().find(|(o, _)| *o == object || o.starts_with(&format!("{object} ")));
         let progress = match nack {
+            // The executor's owner refusals (node-exec podns::IdError) all name the pod's user
+            // namespace; any other refusal of the pod is about finding its namespace.
+            Some((_, why)) if why.contains("user namespace") => {
+                Some((reason::OWNER_MATCH_IMPOSSIBLE, format!("node {node}: {why}")))
+            }
             Some((_, why)) => Some((reason::NAMESPACE_NOT_FOUND, format!("node {node}: {why}"))),
             None if pending.contains(node) => {
                 Some((reason::PENDING, format!("waiting for node {node} to apply the state")))
@@ -410,26 +410,25 @@ mod tests {
         let out = pods_world().run();
         let key = ("dev".to_string(), "web".to_string());
         let st = &out.intercepts[&key];
-        assert_eq!((st.selected_pods, st.programmed_pods), (5, 1));
+        assert_eq!((st.selected_pods, st.programmed_pods), (5, 2), "app, and userns (hostUsers: false)");
         assert_eq!(
             reasons(st),
-            [
-                ("hostnet", reason::HOST_NETWORK),
-                ("noip", reason::NO_POD_IP),
-                ("starting", reason::NOT_RUNNING),
-                ("userns", reason::OWNER_MATCH_IMPOSSIBLE),
-            ]
+            [("hostnet", reason::HOST_NETWORK), ("noip", reason::NO_POD_IP), ("starting", reason::NOT_RUNNING),]
         );
         let accepted = &st.conditions[0];
         assert_eq!((accepted.status.as_str(), accepted.reason.as_str()), ("True", reason::DUPLICATE_PORT));
         assert!(accepted.message.contains("the first agent port wins"), "{}", accepted.message);
         assert_eq!(st.conditions[1].reason, reason::PODS_NOT_PROGRAMMED);
-        assert_eq!(out.intercept_pods[&key], [("app".to_string(), "worker-2".to_string())]);
+        assert_eq!(
+            out.intercept_pods[&key],
+            [("app".to_string(), "worker-2".to_string()), ("userns".to_string(), "worker-2".to_string())]
+        );
         assert_eq!(out.must_ack(&ObjectKey::intercept("dev", "web")), ["worker-2"]);
         let state = &out.node_states["worker-2"];
         let pods: Vec<_> = state.netns.iter().filter(|n| !n.is_host()).collect();
-        assert_eq!(pods.len(), 1);
+        assert_eq!(pods.len(), 2);
         assert_eq!(pods[0].describe(), "pod dev/app uid-app");
+        assert_eq!(pods[1].describe(), "pod dev/userns uid-userns");
         assert_eq!(pods[0].nft_tables.len(), 2, "ip and ip6");
     }
 
@@ -443,9 +442,9 @@ mod tests {
         assert_eq!(app.reason, reason::ALREADY_INTERCEPTED);
         assert!(app.message.contains("dev/web"), "{}", app.message);
         assert!(!out.tracked.contains_key(&ObjectKey::intercept("dev", "young")));
-        // Only the older one's table is in the pod's namespace.
+        // Only the older one's table is in each pod's namespace (app and userns).
         let ns = out.node_states["worker-2"].netns.iter().filter(|n| !n.is_host()).count();
-        assert_eq!(ns, 1);
+        assert_eq!(ns, 2);
     }
 
     #[test]
@@ -474,8 +473,15 @@ mod tests {
         let app = st.pods.iter().find(|p| p.name == "app").expect("app");
         assert_eq!(app.reason, reason::NAMESPACE_NOT_FOUND);
         assert!(app.message.contains("no namespace holds 10.0.1.5"));
+        // The executor's owner refusal (its agent group unmapped in the pod's user namespace).
+        let unmapped = "the agent's group 70000 is not mapped in the pod's user namespace";
+        let refused =
+            BTreeMap::from([("worker-2".to_string(), vec![("pod dev/userns".to_string(), unmapped.to_string())])]);
+        let st = finish(&key, computed, placed, &refused, &[], None, now());
+        let userns = st.pods.iter().find(|p| p.name == "userns").expect("userns");
+        assert_eq!((userns.reason.as_str(), st.programmed_pods), (reason::OWNER_MATCH_IMPOSSIBLE, 1));
         let st = finish(&key, computed, placed, &BTreeMap::new(), &[], None, now());
-        assert_eq!(st.programmed_pods, 1);
+        assert_eq!(st.programmed_pods, 2);
     }
 
     #[test]

@@ -1,0 +1,284 @@
+//! The overlay capability: kuport's own WireGuard mesh between nodes (docs/overlay/mesh.md).
+//!
+//! Off unless [`OverlaySettings`] are given. Two stages:
+//!
+//! 1. [`members`]: which nodes are in the mesh (a valid public key from the node's own stream,
+//!    pod CIDRs that overlap no one's, an endpoint that parses), and why the others are not.
+//! 2. [`compute`]: every member's device, one peer per other member, its overlay address, the
+//!    routes of the other members' pod CIDRs through the device, and its MTU.
+//!
+//! The executor's half (keys, the device, peer-by-peer changes) is docs/overlay/node.md.
+
+pub mod members;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+
+use ipnet::IpNet;
+use kuport_proto::v1::{Address, NetnsState, Route, Sysctl};
+
+use crate::compute::numbers::MAIN_TABLE;
+use crate::observe::Cluster;
+use crate::observe::index::View;
+
+/// The device's default name: under kuport's link prefix, so the executor owns it (and its
+/// addresses and routes) as it owns its VXLAN links, whose names are `kup-` and 8 hex digits.
+pub const DEFAULT_INTERFACE: &str = "kup-wg";
+/// WireGuard's customary port.
+pub const DEFAULT_LISTEN_PORT: u16 = 51820;
+/// On every peer: a node behind NAT sends first and keeps its mapping open (the overlay note).
+pub const KEEPALIVE_SECONDS: u16 = 25;
+/// WireGuard's overhead over an IPv4 underlay: 20 (IP) + 8 (UDP) + 32 (WireGuard header and tag).
+pub const OVERHEAD_IPV4: u32 = 60;
+/// Over IPv6: a 40-byte IP header.
+pub const OVERHEAD_IPV6: u32 = 80;
+/// The operator's endpoint for a node (IP, IP:port or [IPv6]:port): a cloud VM whose own address
+/// is private behind a 1:1 NAT (the overlay note's `--node-external-ip`). Read, never written.
+pub const EXTERNAL_ENDPOINT_ANNOTATION: &str = "kuport.wlz.li/external-endpoint";
+/// Published by the controller on each member's Node ([`annotations`]): its public key.
+pub const PUBLIC_KEY_ANNOTATION: &str = "kuport.wlz.li/wireguard-public-key";
+/// Published likewise: the endpoint its peers dial, as computed. A key of its own, so the
+/// controller never reads back what it wrote as an override.
+pub const ENDPOINT_ANNOTATION: &str = "kuport.wlz.li/wireguard-endpoint";
+/// Every annotation the controller publishes on a Node (and removes when it leaves the mesh).
+pub const PUBLISHED_ANNOTATIONS: [&str; 2] = [PUBLIC_KEY_ANNOTATION, ENDPOINT_ANNOTATION];
+
+const IPV4_FORWARDING: &str = "net.ipv4.ip_forward";
+const IPV6_FORWARDING: &str = "net.ipv6.conf.all.forwarding";
+
+/// The overlay's settings; the overlay is on when the controller has them (`--overlay`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverlaySettings {
+    /// The device on every node.
+    pub interface: String,
+    /// The UDP port every device listens on; an endpoint annotation may name another (a port
+    /// forward).
+    pub listen_port: u16,
+}
+
+impl Default for OverlaySettings {
+    fn default() -> Self {
+        OverlaySettings { interface: DEFAULT_INTERFACE.into(), listen_port: DEFAULT_LISTEN_PORT }
+    }
+}
+
+/// Settings the controller refuses to start with.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    #[error(
+        "overlay interface {0:?}: must start with {prefix:?} (the executor owns only those links) and be a Linux interface name of at most 15 bytes",
+        prefix = kuport_proto::owned::LINK_PREFIX
+    )]
+    Interface(String),
+    #[error("overlay listen port 0: a peer needs a fixed port to send to")]
+    ListenPort,
+}
+
+impl OverlaySettings {
+    pub fn new(interface: &str, listen_port: u16) -> Result<Self, SettingsError> {
+        let owned = interface.starts_with(kuport_proto::owned::LINK_PREFIX)
+            && interface.len() > kuport_proto::owned::LINK_PREFIX.len();
+        if !owned || !crate::observe::facts::valid_interface_name(interface) {
+            return Err(SettingsError::Interface(interface.to_string()));
+        }
+        if listen_port == 0 {
+            return Err(SettingsError::ListenPort);
+        }
+        Ok(OverlaySettings { interface: interface.to_string(), listen_port })
+    }
+}
+
+/// Every reason a node is not in the mesh.
+pub mod reason {
+    /// The executor has not reported a key (not yet connected, or an executor without the
+    /// overlay); not an error, but the node is no one's peer until it does.
+    pub const NO_PUBLIC_KEY: &str = "NoPublicKey";
+    /// Not 32 bytes of base64.
+    pub const INVALID_PUBLIC_KEY: &str = "InvalidPublicKey";
+    /// Another node reports the same key.
+    pub const PUBLIC_KEY_CLASH: &str = "PublicKeyClash";
+    /// spec.podCIDRs is empty.
+    pub const NO_POD_CIDRS: &str = "NoPodCIDRs";
+    /// A pod CIDR does not parse or has host bits set.
+    pub const INVALID_POD_CIDR: &str = "InvalidPodCIDR";
+    /// A pod CIDR overlaps another node's.
+    pub const POD_CIDR_OVERLAP: &str = "PodCIDROverlap";
+    /// The endpoint annotation does not parse.
+    pub const INVALID_ENDPOINT: &str = "InvalidEndpoint";
+}
+
+/// Why a node is not in the mesh: the node, the field (of its report or its Node), why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: node {node}: {field}: {message}")]
+pub struct Refusal {
+    pub node: String,
+    pub field: String,
+    /// One of [`reason`].
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// One node's place in the mesh, for the Debug service and status.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeOverlay {
+    /// Set for members only.
+    pub public_key: Option<String>,
+    pub endpoint: Option<SocketAddr>,
+    pub pod_cidrs: Vec<IpNet>,
+    /// The device's address ([`overlay_address`]); None for a node without an IPv4 pod CIDR.
+    pub address: Option<Ipv4Addr>,
+    pub mtu: u32,
+    /// The other members, which are this node's peers.
+    pub peers: Vec<String>,
+    /// Empty for a member.
+    pub refused: Vec<Refusal>,
+}
+
+/// What the overlay decides.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Mesh {
+    /// Each member's part of its host namespace (device, addresses, routes, sysctls).
+    pub netns: BTreeMap<String, NetnsState>,
+    /// Every Node's place, members and refused.
+    pub nodes: BTreeMap<String, NodeOverlay>,
+}
+
+/// The overlay address of a node with `pod_cidrs`: the first address of its first IPv4 pod
+/// CIDR. Derived, not allocated: nothing to persist, every replica and every failover computes
+/// the same, it is unique as long as pod CIDRs do not overlap (refused), host-local IPAM never
+/// hands out a prefix's first address, and flannel gives its own device the same one. IPv4 only:
+/// IPv6's first address is the subnet-router anycast address, and kuport's links are IPv4.
+pub fn overlay_address(pod_cidrs: &[IpNet]) -> Option<Ipv4Addr> {
+    pod_cidrs.iter().find_map(|c| match c {
+        IpNet::V4(n) => Some(n.network()),
+        IpNet::V6(_) => None,
+    })
+}
+
+fn same_family(a: &IpNet, b: &IpNet) -> bool {
+    matches!((a, b), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)))
+}
+
+/// Every member's device and peers, and every Node's place in the mesh.
+pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Mesh {
+    let judged = members::judge(cluster, settings);
+    let mut mesh = Mesh::default();
+    for (name, why) in judged.refused {
+        mesh.nodes.insert(name, NodeOverlay { refused: why, ..Default::default() });
+    }
+    for (name, me) in &judged.members {
+        let others: Vec<(&String, &members::Member)> = judged.members.iter().filter(|(n, _)| *n != name).collect();
+        // One MTU for the device: the outer header is IPv6 if any path may be.
+        let v6 = me.endpoint.iter().chain(others.iter().filter_map(|(_, m)| m.endpoint.as_ref())).any(|e| e.is_ipv6());
+        let mtu = view.node(name).mtu().saturating_sub(if v6 { OVERHEAD_IPV6 } else { OVERHEAD_IPV4 });
+        let peers = others
+            .iter()
+            .map(|(_, m)| {
+                // The peer's overlay address lies in its first pod CIDR: its pod CIDRs cover it.
+                kuport_proto::build::wireguard_peer(&m.public_key, m.endpoint, &m.pod_cidrs, KEEPALIVE_SECONDS)
+            })
+            .collect();
+        let device = kuport_proto::build::wireguard_device(&settings.interface, mtu, settings.listen_port, peers);
+        let address = overlay_address(&me.pod_cidrs);
+        let mut ns = NetnsState { wireguard_devices: vec![device], ..Default::default() };
+        ns.sysctls.push(Sysctl { key: IPV4_FORWARDING.into(), value: "1".into() });
+        if me.pod_cidrs.iter().any(|c| matches!(c, IpNet::V6(_))) {
+            ns.sysctls.push(Sysctl { key: IPV6_FORWARDING.into(), value: "1".into() });
+        }
+        if let Some(a) = address {
+            ns.addresses.push(Address { dev: settings.interface.clone(), cidr: format!("{a}/32") });
+        }
+        // Routes of the families this node's pods have: no one here could use the others. IPv4
+        // only for now: the executor's routes are IPv4 (dual-stack is issue 19), and one IPv6
+        // route would refuse the node's whole state (`overlay_root.rs` found it).
+        for (_, m) in &others {
+            let routed = |c: &&IpNet| matches!(c, IpNet::V4(_)) && me.pod_cidrs.iter().any(|o| same_family(c, o));
+            for c in m.pod_cidrs.iter().filter(routed) {
+                ns.routes.push(Route {
+                    table: MAIN_TABLE,
+                    dst: c.to_string(),
+                    via: String::new(),
+                    dev: settings.interface.clone(),
+                });
+            }
+        }
+        mesh.netns.insert(name.clone(), ns);
+        mesh.nodes.insert(
+            name.clone(),
+            NodeOverlay {
+                public_key: Some(me.public_key.clone()),
+                endpoint: me.endpoint,
+                pod_cidrs: me.pod_cidrs.clone(),
+                address,
+                mtu,
+                peers: others.iter().map(|(n, _)| (*n).clone()).collect(),
+                refused: Vec::new(),
+            },
+        );
+    }
+    mesh
+}
+
+/// The annotations the controller publishes on each member's Node (report::status writes them),
+/// so that `kubectl get node -o yaml` shows its key and the endpoint its peers dial. A member
+/// without a usable address has no endpoint annotation. Non-members get none (their published
+/// ones are removed).
+pub fn annotations(nodes: &BTreeMap<String, NodeOverlay>) -> BTreeMap<String, BTreeMap<String, String>> {
+    nodes
+        .iter()
+        .filter_map(|(n, o)| {
+            let key = o.public_key.clone()?;
+            let mut a = BTreeMap::from([(PUBLIC_KEY_ANNOTATION.to_string(), key)]);
+            if let Some(e) = o.endpoint {
+                a.insert(ENDPOINT_ANNOTATION.to_string(), e.to_string());
+            }
+            Some((n.clone(), a))
+        })
+        .collect()
+}
+
+/// The first of a member's [`debug_lines`].
+pub const DEBUG_MEMBER: &str = "member";
+
+/// The node's lines for the Debug service (NodeDebug.overlay in sync.proto): a member's
+/// [`DEBUG_MEMBER`], then "name: value" lines; a refused node's "field: Reason: message" lines.
+pub fn debug_lines(o: &NodeOverlay) -> Vec<String> {
+    if !o.refused.is_empty() {
+        return o.refused.iter().map(|r| format!("{}: {}: {}", r.field, r.reason, r.message)).collect();
+    }
+    let or_dash = |v: Option<String>| v.filter(|v| !v.is_empty()).unwrap_or_else(|| "-".into());
+    let cidrs: Vec<String> = o.pod_cidrs.iter().map(ToString::to_string).collect();
+    vec![
+        DEBUG_MEMBER.to_string(),
+        format!("address: {}", or_dash(o.address.map(|a| a.to_string()))),
+        format!("endpoint: {}", or_dash(o.endpoint.map(|e| e.to_string()))),
+        format!("podCIDRs: {}", or_dash(Some(cidrs.join(",")))),
+        format!("publicKey: {}", or_dash(o.public_key.clone())),
+        format!("peers: {}", o.peers.len()),
+    ]
+}
+
+/// One line per node for goldens and tools: members with address, endpoint, MTU and peers;
+/// refused nodes with every reason.
+pub fn summary(nodes: &BTreeMap<String, NodeOverlay>) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for (n, o) in nodes {
+        if o.refused.is_empty() {
+            let address = o.address.map_or("-".to_string(), |a| a.to_string());
+            let endpoint = o.endpoint.map_or("-".to_string(), |e| e.to_string());
+            let _ = writeln!(
+                out,
+                "{n}: member address {address} endpoint {endpoint} mtu {} peers {}",
+                o.mtu,
+                if o.peers.is_empty() { "-".to_string() } else { o.peers.join(",") }
+            );
+        }
+        for r in &o.refused {
+            let _ = writeln!(out, "{n}: refused {r}");
+        }
+    }
+    out
+}

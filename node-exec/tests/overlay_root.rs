@@ -1,0 +1,546 @@
+//! Root test of the overlay end to end (issue 16): the mesh as the controller computes it
+//! (`kuport_controller::compute` with `Settings.overlay`), applied by real executors, carries pod
+//! traffic between nodes with the pods' own addresses.
+//!
+//! Three nodes, each a scratch namespace on a shared underlay (a bridge in its own namespace):
+//! `cloud` has an ExternalIP, `home` only its InternalIP, and `vm` a private InternalIP that no
+//! one reaches and the endpoint annotation with the address that works. Each node's executor has
+//! its own key (its own state directory) and runs wireguard-go (this kernel has no WireGuard
+//! module). Every node gets the same device name, as the controller computes it; wireguard-go
+//! fixes its socket folder, so each node's daemon runs in a private mount namespace whose
+//! `/var/run/wireguard` is the node's own folder (the executor's `Options::socket_dir`), which
+//! is what a real node has. Pods are namespaces joined to their node by a veth with an address
+//! from the node's pod CIDR (the bridge CNI with host-local IPAM: the node has `.1`, the pod
+//! `.2`), with a pod MTU of 1500, larger than the overlay's.
+//!
+//! Oracles: an echo server in every pod (tests/data/overlay_echo.py) that answers with the peer
+//! address it saw; `wg show DEV dump` inside each node; `ip link`; DF datagrams of exactly the
+//! overlay MTU and one byte more. The pod CIDRs are IPv4 only: for an IPv6 pod CIDR the
+//! controller computes IPv6 routes through the device, and the executor's route model is IPv4
+//! only, so it refuses the whole state (`node-exec/src/rtnl/model.rs`, `parse_route`).
+//! Without root it fails, unless KUPORT_SKIP_ROOT_TESTS=1.
+
+#[path = "common/host.rs"]
+mod host;
+use host::{root, run};
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kuport_controller::compute::overlay::{EXTERNAL_ENDPOINT_ANNOTATION, OverlaySettings};
+use kuport_controller::compute::{Outputs, Settings, compute, testkit};
+use kuport_controller::observe::{Cluster, KnownFacts};
+use kuport_node_exec::executor::Executor;
+use kuport_node_exec::wireguard::{Options, Wireguard};
+use kuport_proto::v1::NetnsState;
+
+/// The underlay's MTU on every node, reported as a fact: the overlay's is 60 less.
+const UNDERLAY_MTU: u32 = 1460;
+const OVERLAY_MTU: u32 = UNDERLAY_MTU - 60;
+const LISTEN_PORT: u16 = 51820;
+/// The pods' echo port.
+const ECHO_PORT: u16 = 7777;
+/// Bytes each TCP client sends: many segments of the pod's 1500-byte MTU, more than the overlay
+/// carries, so path MTU discovery across the mesh is part of the test.
+const TCP_BYTES: usize = 200_000;
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/overlay_echo.py");
+
+fn unique() -> usize {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    N.fetch_add(1, Ordering::SeqCst)
+}
+
+/// A scratch namespace; on drop its processes (wireguard-go daemons, echo servers) are ended by
+/// pid and it is deleted.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new(what: &str) -> Self {
+        let name = format!("kuport-ov-{}-{}-{what}", std::process::id(), unique());
+        run("ip", &["netns", "add", &name]);
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/var/run/netns/{}", self.name))
+    }
+
+    fn ip(&self, args: &[&str]) -> String {
+        let mut all = vec!["-n", &self.name];
+        all.extend_from_slice(args);
+        run("ip", &all)
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).args(args);
+        c
+    }
+
+    fn pids(&self) -> Vec<String> {
+        run("ip", &["netns", "pids", &self.name]).split_whitespace().map(String::from).collect()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            let _ = Command::new("kill").arg(&pid).status();
+        }
+        let start = Instant::now();
+        while !self.pids().is_empty() && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for pid in self.pids() {
+            let _ = Command::new("kill").args(["-9", &pid]).status();
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// A child process ended on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One simulated node: its namespace, its pod's, its state directory (key, wireguard-go's
+/// private socket folder and the wrapper that gives the daemon that folder) and its WireGuard.
+/// Fields drop in order: the pod, then the node (its daemon), then the directory.
+struct Node {
+    name: &'static str,
+    index: u8,
+    pod: Netns,
+    ns: Netns,
+    dir: Dir,
+    wg: Arc<Wireguard>,
+}
+
+/// A directory removed on drop.
+struct Dir(PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Node {
+    fn sockets(&self) -> PathBuf {
+        self.dir.0.join("sockets")
+    }
+
+    fn key(&self) -> String {
+        self.wg.public_key().to_string()
+    }
+
+    fn executor(&self) -> Executor {
+        Executor::new(Some(self.ns.path())).with_wireguard(Arc::clone(&self.wg))
+    }
+
+    fn underlay(&self) -> String {
+        format!("192.168.77.{}", self.index)
+    }
+
+    /// IPv4 only: the executor's routes are IPv4 only, and it refuses a whole state with the
+    /// IPv6 routes the controller computes for IPv6 pod CIDRs (reported with issue 16).
+    fn pod_cidrs(&self) -> [String; 1] {
+        [format!("10.42.{}.0/24", self.index)]
+    }
+
+    fn pod_v4(&self) -> String {
+        format!("10.42.{}.2", self.index)
+    }
+
+    /// The overlay address the controller derives: the first address of the IPv4 pod CIDR.
+    fn overlay(&self) -> String {
+        format!("10.42.{}.0", self.index)
+    }
+
+    /// Runs a command inside the node's namespace with the node's own wireguard-go folder
+    /// mounted where `wg` looks (`ip netns exec` gives it a mount namespace of its own).
+    fn wg_show(&self, dev: &str) -> std::process::Output {
+        let script = format!("mount --bind {} /var/run/wireguard && exec wg show {dev} dump", self.sockets().display());
+        self.ns.command(&["sh", "-c", &script]).output().expect("wg show")
+    }
+
+    fn dump(&self, dev: &str) -> Dump {
+        let out = self.wg_show(dev);
+        assert!(out.status.success(), "wg show on {}: {}", self.name, String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines = text.lines();
+        let device: Vec<String> = lines.next().unwrap_or_default().split('\t').map(String::from).collect();
+        let peers = lines.map(|l| l.split('\t').map(String::from).collect()).collect();
+        Dump { device, peers }
+    }
+}
+
+/// `wg show dump`: [private key, public key, port, fwmark]; per peer [public key, preshared,
+/// endpoint, allowed ips, latest handshake, rx, tx, keepalive].
+#[derive(Debug)]
+struct Dump {
+    device: Vec<String>,
+    peers: Vec<Vec<String>>,
+}
+
+impl Dump {
+    fn peer(&self, key: &str) -> Option<&Vec<String>> {
+        self.peers.iter().find(|p| p[0] == key)
+    }
+
+    fn handshake(&self, key: &str) -> u64 {
+        self.peer(key).map_or(0, |p| p[4].parse().unwrap_or(0))
+    }
+
+    fn rx(&self, key: &str) -> u64 {
+        self.peer(key).map_or(0, |p| p[5].parse().unwrap_or(0))
+    }
+
+    /// (public key, endpoint, allowed IPs sorted, keepalive) per peer.
+    fn peer_set(&self) -> BTreeSet<(String, String, String, String)> {
+        self.peers.iter().map(|p| (p[0].clone(), p[2].clone(), sorted(&p[3]), p[7].clone())).collect()
+    }
+}
+
+fn sorted(list: &str) -> String {
+    let mut v: Vec<&str> = list.split(',').collect();
+    v.sort();
+    v.join(",")
+}
+
+/// The peers of a computed state's device as `wg show dump` lists them.
+fn computed_peers(s: &NetnsState) -> BTreeSet<(String, String, String, String)> {
+    s.wireguard_devices[0]
+        .peers
+        .iter()
+        .map(|p| {
+            (
+                p.public_key.clone(),
+                p.endpoint.clone(),
+                sorted(&p.allowed_ips.join(",")),
+                p.persistent_keepalive_seconds.to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The underlay (a bridge in its own namespace) and three nodes with a pod each.
+struct Lab {
+    nodes: Vec<Node>,
+    /// Dropped last: the nodes' veths go with their namespaces.
+    _underlay: Netns,
+}
+
+impl Lab {
+    fn new() -> Self {
+        let underlay = Netns::new("ul");
+        underlay.ip(&["link", "add", "br0", "type", "bridge"]);
+        underlay.ip(&["link", "set", "br0", "up"]);
+        let test = unique();
+        let nodes = [(1u8, "cloud"), (2, "home"), (3, "vm")]
+            .into_iter()
+            .map(|(index, name)| {
+                let dir = Dir(std::env::temp_dir().join(format!("kuport-ov-{}-{test}-{name}", std::process::id())));
+                let sockets = dir.0.join("sockets");
+                std::fs::create_dir_all(&sockets).expect("socket folder");
+                // wireguard-go in a private mount namespace whose /var/run/wireguard is this
+                // node's folder; the executor talks to the sockets there (Options::socket_dir).
+                let wrapper = dir.0.join("wireguard-go");
+                let script = format!(
+                    "#!/bin/sh\nexec unshare --mount --propagation private sh -c 'mkdir -p /var/run/wireguard && mount --bind \"$0\" /var/run/wireguard && exec wireguard-go \"$@\"' {} \"$@\"\n",
+                    sockets.display()
+                );
+                std::fs::write(&wrapper, script).expect("wrapper");
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+                let options = Options { wireguard_go: wrapper, socket_dir: sockets, ..Options::default() };
+                let wg = Arc::new(Wireguard::load(&dir.0, options).expect("the node's key"));
+                let node = Node { name, index, pod: Netns::new(&format!("{name}-pod")), ns: Netns::new(name), dir, wg };
+                // The underlay: eth0 on the node, n{i} on the bridge.
+                let port = format!("n{index}");
+                run(
+                    "ip",
+                    &["link", "add", "eth0", "netns", &node.ns.name, "type", "veth", "peer", "name", &port, "netns", &underlay.name],
+                );
+                underlay.ip(&["link", "set", &port, "master", "br0", "mtu", &UNDERLAY_MTU.to_string(), "up"]);
+                node.ns.ip(&["link", "set", "eth0", "mtu", &UNDERLAY_MTU.to_string(), "up"]);
+                node.ns.ip(&["addr", "add", &format!("{}/24", node.underlay()), "dev", "eth0"]);
+                // The pod, as the bridge CNI with host-local IPAM would make it.
+                run(
+                    "ip",
+                    &["link", "add", "pod0", "netns", &node.ns.name, "type", "veth", "peer", "name", "eth0", "netns", &node.pod.name],
+                );
+                let i = index;
+                node.ns.ip(&["addr", "add", &format!("10.42.{i}.1/24"), "dev", "pod0"]);
+                node.ns.ip(&["link", "set", "pod0", "up"]);
+                node.pod.ip(&["addr", "add", &format!("{}/24", node.pod_v4()), "dev", "eth0"]);
+                node.pod.ip(&["link", "set", "eth0", "up"]);
+                node.pod.ip(&["route", "add", "default", "via", &format!("10.42.{i}.1")]);
+                node
+            })
+            .collect();
+        Lab { nodes, _underlay: underlay }
+    }
+
+    /// The cluster the controller sees: the Nodes (addresses, pod CIDRs, the annotation) and
+    /// each executor's facts (its public key and underlay MTU), for the nodes in `members`.
+    fn cluster(&self, members: &[&str]) -> Cluster {
+        let mut c = Cluster { now: testkit::now(), ..Default::default() };
+        for n in self.nodes.iter().filter(|n| members.contains(&n.name)) {
+            let (addresses, annotations) = match n.name {
+                // The ExternalIP is the one that works; the InternalIP is a private address.
+                "cloud" => (
+                    serde_json::json!([
+                        {"type": "InternalIP", "address": "172.31.0.1"},
+                        {"type": "ExternalIP", "address": n.underlay()},
+                    ]),
+                    serde_json::json!({}),
+                ),
+                "home" => (serde_json::json!([{"type": "InternalIP", "address": n.underlay()}]), serde_json::json!({})),
+                // A private InternalIP behind a 1:1 NAT; the operator's annotation names the
+                // address that reaches it.
+                _ => (
+                    serde_json::json!([{"type": "InternalIP", "address": "172.31.0.3"}]),
+                    serde_json::Value::Object(
+                        [(EXTERNAL_ENDPOINT_ANNOTATION.to_string(), n.underlay().into())].into_iter().collect(),
+                    ),
+                ),
+            };
+            let node = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": n.name, "annotations": annotations},
+                "spec": {"podCIDRs": n.pod_cidrs()},
+                "status": {"addresses": addresses},
+            });
+            c.nodes.push(serde_json::from_value(node).expect("a Node"));
+            c.facts.push(KnownFacts {
+                node: n.name.into(),
+                underlay_address: None,
+                underlay_mtu: Some(UNDERLAY_MTU),
+                interfaces: None,
+                wireguard_public_key: Some(n.key()),
+            });
+        }
+        c
+    }
+}
+
+fn settings(dev: &str) -> Settings {
+    Settings { overlay: Some(OverlaySettings::new(dev, LISTEN_PORT).expect("overlay settings")), ..Default::default() }
+}
+
+/// Each node's host namespace as computed.
+fn host_states(out: &Outputs) -> BTreeMap<String, NetnsState> {
+    out.node_states
+        .iter()
+        .map(|(n, s)| {
+            let host = s.netns.iter().find(|ns| ns.target.is_none()).cloned().expect("a host namespace");
+            (n.clone(), host)
+        })
+        .collect()
+}
+
+fn apply(ex: &mut Executor, s: &NetnsState) -> kuport_node_exec::executor::Report {
+    ex.apply(s).unwrap_or_else(|e| panic!("apply: {e}"))
+}
+
+/// Runs the echo script in `ns` with `args` (under `timeout`) and returns its stdout.
+fn script(ns: &Netns, args: &[&str]) -> String {
+    let mut all = vec!["timeout", "20", "python3", SCRIPT];
+    all.extend_from_slice(args);
+    let out = ns.command(&all).output().expect("python3");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn serve(pod: &Netns) -> Proc {
+    let mut child = pod
+        .command(&["python3", SCRIPT, "serve", &ECHO_PORT.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("echo server");
+    let mut line = String::new();
+    use std::io::BufRead as _;
+    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("ready");
+    assert_eq!(line.trim(), "ready");
+    Proc(child)
+}
+
+/// Retries `f` until it returns Some, for at most `within`.
+fn until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < within, "{what} within {within:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn the_computed_mesh_carries_pod_traffic_between_every_pair_and_a_removed_node_leaves_it() {
+    if !root() {
+        return;
+    }
+    let started = Instant::now();
+    let dev = format!("kup-o{}{}", std::process::id() % 100_000, unique() % 10);
+    let lab = Lab::new();
+    let names = ["cloud", "home", "vm"];
+    let by_name = |n: &str| lab.nodes.iter().find(|x| x.name == n).expect("node");
+
+    // The controller's computation, the overlay on.
+    let out = compute(&lab.cluster(&names), &settings(&dev));
+    let states = host_states(&out);
+    assert_eq!(states.keys().map(String::as_str).collect::<Vec<_>>(), vec!["cloud", "home", "vm"]);
+    for n in &lab.nodes {
+        let o = &out.overlay[n.name];
+        assert!(o.refused.is_empty(), "{} refused: {:?}", n.name, o.refused);
+        assert_eq!(o.mtu, OVERLAY_MTU, "{}: the underlay's MTU less 60 (IPv4 endpoints)", n.name);
+        // ExternalIP before InternalIP; InternalIP alone; the annotation before InternalIP.
+        assert_eq!(o.endpoint.map(|e| e.to_string()), Some(format!("{}:{LISTEN_PORT}", n.underlay())), "{}", n.name);
+        assert_eq!(o.address.map(|a| a.to_string()), Some(n.overlay()));
+    }
+
+    // Every node's executor applies its computed host namespace.
+    let mut exs: BTreeMap<&str, Executor> = BTreeMap::new();
+    for n in &lab.nodes {
+        let mut ex = n.executor();
+        let r = apply(&mut ex, &states[n.name]);
+        assert!(r.writes > 0, "{}: {r}", n.name);
+        exs.insert(n.name, ex);
+    }
+    println!("applied in {:?}", started.elapsed());
+
+    // The oracle: exactly the computed peers, before any traffic (the endpoints as computed).
+    for n in &lab.nodes {
+        let d = n.dump(&dev);
+        assert_eq!(d.device[1], n.key(), "{}: the device holds the node's own key", n.name);
+        assert_eq!(d.device[2], LISTEN_PORT.to_string());
+        let want: BTreeSet<_> = lab
+            .nodes
+            .iter()
+            .filter(|p| p.name != n.name)
+            .map(|p| {
+                (p.key(), format!("{}:{LISTEN_PORT}", p.underlay()), sorted(&p.pod_cidrs().join(",")), "25".to_string())
+            })
+            .collect();
+        assert_eq!(d.peer_set(), want, "wg show {dev} dump on {}", n.name);
+        assert_eq!(d.peer_set(), computed_peers(&states[n.name]));
+        let link = n.ns.ip(&["-o", "link", "show", &dev]);
+        assert!(link.contains(&format!("mtu {OVERLAY_MTU} ")), "{}: {link}", n.name);
+        // The daemon's socket is in the node's own folder, not the shared one.
+        assert!(n.sockets().join(format!("{dev}.sock")).exists(), "{}", n.name);
+        assert!(!std::path::Path::new(&format!("/var/run/wireguard/{dev}.sock")).exists());
+        // A second executor (a restart) finds everything in place.
+        assert_eq!(apply(&mut n.executor(), &states[n.name]).writes, 0, "{}", n.name);
+    }
+
+    let _servers: Vec<Proc> = lab.nodes.iter().map(|n| serve(&n.pod)).collect();
+    let (cloud, home, vm) = (by_name("cloud"), by_name("home"), by_name("vm"));
+
+    // The MTU, before any TCP has taught a pod the path's MTU. From cloud's pod (MTU 1500): a
+    // DF datagram of exactly the overlay MTU reaches home's pod whole; one byte more is answered
+    // by cloud with ICMP "fragmentation needed" naming the overlay MTU.
+    let exact = (OVERLAY_MTU - 28).to_string();
+    let over = (OVERLAY_MTU - 27).to_string();
+    let port = ECHO_PORT.to_string();
+    let first = Instant::now();
+    until("the first datagram across the mesh", Duration::from_secs(15), || {
+        let got = script(&cloud.pod, &["df", &home.pod_v4(), &port, &exact]);
+        (got == format!("echo {} {exact}", cloud.pod_v4())).then_some(())
+    });
+    println!("first handshake and echo in {:?}", first.elapsed());
+    let got = script(&cloud.pod, &["df", &home.pod_v4(), &port, &over]);
+    assert_eq!(got, format!("icmp errno 90 origin 2 type 3 code 4 mtu {OVERLAY_MTU} from 10.42.1.1"));
+    // From cloud's host: its overlay address is the source; one byte more is EMSGSIZE at once.
+    let got = script(&cloud.ns, &["df", &home.pod_v4(), &port, &exact]);
+    assert_eq!(got, format!("echo {} {exact}", cloud.overlay()));
+    let got = script(&cloud.ns, &["df", &home.pod_v4(), &port, &over]);
+    assert_eq!(got, "send-error 90");
+
+    // UDP and TCP between every ordered pair of pods: the far end sees the pod's own address.
+    let matrix = Instant::now();
+    for a in &lab.nodes {
+        for b in lab.nodes.iter().filter(|b| b.index != a.index) {
+            let (to, from) = (b.pod_v4(), a.pod_v4());
+            let want = format!("udp {from} 6\ntcp {from} {TCP_BYTES}");
+            let got = until(&format!("{} -> {} ({to})", a.name, b.name), Duration::from_secs(10), || {
+                let got = script(&a.pod, &["client", &to, &port, &TCP_BYTES.to_string()]);
+                (got == want).then_some(got)
+            });
+            assert_eq!(got, want);
+        }
+    }
+    println!("6 ordered pod pairs (UDP and TCP) in {:?}", matrix.elapsed());
+
+    // vm leaves the cluster: recomputed without it, it leaves every other node's peers, and
+    // the untouched sessions keep their handshakes.
+    // The sessions first settle: the same handshakes over more than a second (a handshake
+    // made anew by the change would then show a later second).
+    let handshakes = || (cloud.dump(&dev).handshake(&home.key()), home.dump(&dev).handshake(&cloud.key()));
+    let (hs_cloud, hs_home) = until("cloud and home's sessions settle", Duration::from_secs(15), || {
+        let first = handshakes();
+        std::thread::sleep(Duration::from_millis(1100));
+        (first.0 > 0 && first.1 > 0 && handshakes() == first).then_some(first)
+    });
+    let before: BTreeMap<&str, Dump> = [cloud, home].iter().map(|n| (n.name, n.dump(&dev))).collect();
+    let out = compute(&lab.cluster(&["cloud", "home"]), &settings(&dev));
+    let after = host_states(&out);
+    assert!(!after.contains_key("vm"));
+    for n in [cloud, home] {
+        let r = apply(exs.get_mut(n.name).expect("executor"), &after[n.name]);
+        let wg: Vec<&String> = r.actions.iter().filter(|a| a.starts_with("wg ")).collect();
+        assert_eq!(wg, vec![&format!("wg set {dev} peer {} remove", vm.key())], "{}: {r}", n.name);
+        let d = n.dump(&dev);
+        assert_eq!(d.peer_set(), computed_peers(&after[n.name]));
+        assert_eq!(d.peers.len(), 1, "{}: {d:?}", n.name);
+        let routes = n.ns.ip(&["route", "show", "dev", &dev]);
+        assert!(!routes.contains("10.42.3.0/24"), "{}: {routes}", n.name);
+    }
+    assert_eq!(cloud.dump(&dev).handshake(&home.key()), hs_cloud, "cloud's session with home untouched");
+    assert_eq!(home.dump(&dev).handshake(&cloud.key()), hs_home, "home's session with cloud untouched");
+    assert!(cloud.dump(&dev).rx(&home.key()) >= before["cloud"].rx(&home.key()), "cloud's counters did not restart");
+    assert!(home.dump(&dev).rx(&cloud.key()) >= before["home"].rx(&cloud.key()), "home's counters did not restart");
+    // The remaining pair still talks; vm's node, with no state, drops its device.
+    let want = format!("udp {} 6\ntcp {} {TCP_BYTES}", cloud.pod_v4(), cloud.pod_v4());
+    assert_eq!(script(&cloud.pod, &["client", &home.pod_v4(), &port, &TCP_BYTES.to_string()]), want);
+    apply(exs.get_mut("vm").expect("executor"), &NetnsState::default());
+    until("vm's daemon ends with its device", Duration::from_secs(3), || vm.ns.pids().is_empty().then_some(()));
+    assert!(!vm.sockets().join(format!("{dev}.sock")).exists());
+
+    // vm joins again (same key): it appears in every peer list, one peer added on each node,
+    // cloud and home's session still untouched, and its pod is reached again.
+    let out = compute(&lab.cluster(&names), &settings(&dev));
+    let again = host_states(&out);
+    assert_eq!(again, states, "the same cluster computes the same states");
+    for n in [cloud, home] {
+        let r = apply(exs.get_mut(n.name).expect("executor"), &again[n.name]);
+        let wg: Vec<&String> = r.actions.iter().filter(|a| a.starts_with("wg ")).collect();
+        assert!(wg.len() == 1 && wg[0].contains(&vm.key()) && !wg[0].ends_with("remove"), "{}: {r}", n.name);
+    }
+    apply(exs.get_mut("vm").expect("executor"), &again["vm"]);
+    for n in &lab.nodes {
+        assert_eq!(n.dump(&dev).peer_set(), computed_peers(&again[n.name]), "{}", n.name);
+    }
+    assert_eq!(cloud.dump(&dev).handshake(&home.key()), hs_cloud, "cloud's session with home untouched by vm's return");
+    for (a, b) in [(cloud, vm), (vm, home)] {
+        let want = format!("udp {} 6\ntcp {} {TCP_BYTES}", a.pod_v4(), a.pod_v4());
+        until(&format!("{} -> {} after vm's return", a.name, b.name), Duration::from_secs(10), || {
+            (script(&a.pod, &["client", &b.pod_v4(), &port, &TCP_BYTES.to_string()]) == want).then_some(())
+        });
+    }
+    println!("done in {:?}", started.elapsed());
+}

@@ -1,0 +1,575 @@
+//! Root tests of the executor's WireGuard step against a real kernel, with the userspace backend
+//! (this kernel has no WireGuard module: `wireguard-go`, picked automatically once the kernel
+//! refuses the link type). Each test builds scratch namespaces joined by veth pairs as the
+//! underlay, one WireGuard device per namespace; the oracles are `wg show IFACE dump` and UDP
+//! echoes between the overlay addresses (a socket in each namespace: no ping on CI).
+//! Interface names are unique per test: wireguard-go's UAPI sockets share one folder across all
+//! namespaces. Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1.
+
+#[path = "common/host.rs"]
+mod host;
+#[path = "common/keeper.rs"]
+mod keeper;
+use host::{root, run};
+use keeper::Keeper;
+
+use std::collections::BTreeSet;
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kuport_node_exec::executor::{Executor, WIREGUARD_POLL};
+use kuport_node_exec::wireguard::{self, Options, Wireguard, uapi};
+use kuport_proto::v1::{Address, NetnsState, Route, WireguardDevice, WireguardPeer};
+
+const PORT: u32 = 51820;
+const KEEPALIVE: u32 = 25;
+/// Not wireguard-go's own 1420, so that the test sees the executor set it.
+const MTU: u32 = 1380;
+
+fn unique() -> usize {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    N.fetch_add(1, Ordering::SeqCst)
+}
+
+/// A scratch namespace; on drop its processes (the wireguard-go daemons the executor started in
+/// it, by pid) are ended and it is deleted.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new() -> Self {
+        let name = format!("kuport-wg-{}-{}", std::process::id(), unique());
+        run("ip", &["netns", "add", &name]);
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/var/run/netns/{}", self.name))
+    }
+
+    fn ip(&self, args: &[&str]) -> String {
+        let mut all = vec!["-n", &self.name];
+        all.extend_from_slice(args);
+        run("ip", &all)
+    }
+
+    fn exec(&self, args: &[&str]) -> std::process::Output {
+        let mut all = vec!["netns", "exec", &self.name];
+        all.extend_from_slice(args);
+        Command::new("ip").args(&all).output().expect("ip netns exec")
+    }
+
+    fn pids(&self) -> Vec<String> {
+        run("ip", &["netns", "pids", &self.name]).split_whitespace().map(String::from).collect()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            let _ = Command::new("kill").arg(&pid).status();
+        }
+        let start = Instant::now();
+        while !self.pids().is_empty() && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// One simulated node: its namespace, state directory, device name and WireGuard.
+struct Node {
+    ns: Netns,
+    dir: PathBuf,
+    dev: String,
+    /// Its underlay address as the others reach it (one veth per pair: per peer).
+    index: u8,
+}
+
+impl Node {
+    fn wireguard(&self) -> Arc<Wireguard> {
+        Arc::new(Wireguard::load(&self.dir, Options::default()).expect("the node's key"))
+    }
+
+    fn executor(&self) -> Executor {
+        Executor::new(Some(self.ns.path())).with_wireguard(self.wireguard())
+    }
+
+    fn overlay(&self) -> String {
+        format!("100.96.0.{}", self.index)
+    }
+
+    fn pods(&self) -> String {
+        format!("10.42.{}.0/24", self.index)
+    }
+
+    /// `wg show DEV dump`, run inside the namespace: the device line and one line per peer.
+    fn dump(&self) -> Dump {
+        let out = self.ns.exec(&["wg", "show", &self.dev, "dump"]);
+        assert!(out.status.success(), "wg show: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines = text.lines();
+        let device: Vec<String> = lines.next().unwrap_or_default().split('\t').map(String::from).collect();
+        let peers = lines.map(|l| l.split('\t').map(String::from).collect()).collect();
+        Dump { device, peers }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Whether a datagram from `from` reaches `to`'s overlay address and its echo comes back.
+fn reach(from: &Node, to: &Node) -> bool {
+    use kuport_node_exec::sys::{self, netns};
+    let port = 20000 + (unique() % 20000) as u16;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let served = netns::spawn(
+        Some(&to.ns.path()),
+        "echo",
+        move || {
+            let s = UdpSocket::bind(("0.0.0.0", port)).map_err(sys::Error::Receive)?;
+            s.set_read_timeout(Some(Duration::from_millis(1500))).map_err(sys::Error::Receive)?;
+            Ok::<_, sys::Error>(s)
+        },
+        move |s| {
+            let mut buf = [0u8; 64];
+            let echoed = match s.recv_from(&mut buf) {
+                Ok((n, peer)) => s.send_to(&buf[..n], peer).is_ok(),
+                Err(_) => false,
+            };
+            let _ = tx.send(echoed);
+        },
+    );
+    if served.is_err() {
+        return false;
+    }
+    let addr: std::net::Ipv4Addr = to.overlay().parse().expect("overlay address");
+    let answered = netns::run(Some(&from.ns.path()), move || {
+        let c = UdpSocket::bind("0.0.0.0:0").map_err(sys::Error::Receive)?;
+        c.set_read_timeout(Some(Duration::from_millis(1000))).map_err(sys::Error::Receive)?;
+        c.send_to(b"kuport", (addr, port)).map_err(sys::Error::Send)?;
+        let mut buf = [0u8; 64];
+        Ok::<_, sys::Error>(matches!(c.recv_from(&mut buf), Ok((6, _))) && &buf[..6] == b"kuport")
+    });
+    let echoed = rx.recv_timeout(Duration::from_secs(3)).unwrap_or(false);
+    answered.unwrap_or(false) && echoed
+}
+
+/// `wg show dump`: [private key, public key, port, fwmark]; per peer [public key, preshared,
+/// endpoint, allowed ips, latest handshake, rx, tx, keepalive].
+struct Dump {
+    device: Vec<String>,
+    peers: Vec<Vec<String>>,
+}
+
+impl Dump {
+    fn peer(&self, key: &str) -> Option<&Vec<String>> {
+        self.peers.iter().find(|p| p[0] == key)
+    }
+
+    fn handshake(&self, key: &str) -> u64 {
+        self.peer(key).map_or(0, |p| p[4].parse().unwrap_or(0))
+    }
+
+    fn rx(&self, key: &str) -> u64 {
+        self.peer(key).map_or(0, |p| p[5].parse().unwrap_or(0))
+    }
+
+    /// (public key, endpoint, allowed IPs sorted, keepalive) per peer.
+    fn peer_set(&self) -> BTreeSet<(String, String, String, String)> {
+        self.peers.iter().map(|p| (p[0].clone(), p[2].clone(), sorted(&p[3]), p[7].clone())).collect()
+    }
+}
+
+fn sorted(list: &str) -> String {
+    let mut v: Vec<&str> = list.split(',').collect();
+    v.sort();
+    v.join(",")
+}
+
+/// `n` nodes, every pair joined by a veth pair on 192.168.{i}{j}.0/24 (i < j): node i is
+/// 192.168.ij.i, node j 192.168.ij.j.
+fn mesh(n: u8) -> Vec<Node> {
+    let tag = std::process::id() % 10000;
+    let test = unique();
+    let nodes: Vec<Node> = (1..=n)
+        .map(|index| Node {
+            ns: Netns::new(),
+            dir: std::env::temp_dir().join(format!("kuport-wg-{}-{test}-{index}", std::process::id())),
+            dev: format!("kup-w{tag}{test}{index}"),
+            index,
+        })
+        .collect();
+    for i in 0..nodes.len() {
+        for j in i + 1..nodes.len() {
+            let (a, b) = (&nodes[i], &nodes[j]);
+            let (va, vb) = (format!("u{}{}", a.index, b.index), format!("u{}{}", b.index, a.index));
+            run(
+                "ip",
+                &["link", "add", &va, "netns", &a.ns.name, "type", "veth", "peer", "name", &vb, "netns", &b.ns.name],
+            );
+            for (node, dev) in [(a, &va), (b, &vb)] {
+                node.ns.ip(&["addr", "add", &format!("{}/24", underlay(a, b, node)), "dev", dev]);
+                node.ns.ip(&["link", "set", dev, "up"]);
+            }
+        }
+    }
+    nodes
+}
+
+/// `node`'s address on the pair (a, b).
+fn underlay(a: &Node, b: &Node, node: &Node) -> String {
+    let (lo, hi) = (a.index.min(b.index), a.index.max(b.index));
+    format!("192.168.{lo}{hi}.{}", node.index)
+}
+
+/// The state of `node` in `all`: its device with every other node as a peer (allowed IPs: its
+/// overlay /32 and pod /24; its underlay address on the pair), the overlay address, the routes.
+fn state(node: &Node, all: &[Node], keys: &[String]) -> NetnsState {
+    let peers = all
+        .iter()
+        .zip(keys)
+        .filter(|(n, _)| n.index != node.index)
+        .map(|(peer, key)| WireguardPeer {
+            public_key: key.clone(),
+            endpoint: format!("{}:{PORT}", underlay(node, peer, peer)),
+            allowed_ips: vec![format!("{}/32", peer.overlay()), peer.pods()],
+            persistent_keepalive_seconds: KEEPALIVE,
+        })
+        .collect();
+    let mut s = NetnsState {
+        wireguard_devices: vec![WireguardDevice {
+            name: node.dev.clone(),
+            mtu: MTU,
+            listen_port: PORT,
+            fwmark: 0,
+            peers,
+        }],
+        addresses: vec![Address { dev: node.dev.clone(), cidr: format!("{}/32", node.overlay()) }],
+        routes: vec![
+            Route { table: 254, dst: "100.96.0.0/24".into(), via: String::new(), dev: node.dev.clone() },
+            Route { table: 254, dst: "10.42.0.0/16".into(), via: String::new(), dev: node.dev.clone() },
+        ],
+        ..Default::default()
+    };
+    let mut whole = kuport_proto::v1::NodeState { node: String::new(), netns: vec![s] };
+    kuport_proto::canonicalize(&mut whole);
+    s = whole.netns.remove(0);
+    s
+}
+
+fn keys(nodes: &[Node]) -> Vec<String> {
+    nodes.iter().map(|n| n.wireguard().public_key().to_string()).collect()
+}
+
+fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < within, "{what} within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn apply(ex: &mut Executor, s: &NetnsState) -> usize {
+    let r = ex.apply(s).unwrap_or_else(|e| panic!("apply: {e}"));
+    r.writes
+}
+
+/// The peers of `s`'s device as `wg show dump` lists them.
+fn expected_peers(s: &NetnsState) -> BTreeSet<(String, String, String, String)> {
+    s.wireguard_devices[0]
+        .peers
+        .iter()
+        .map(|p| {
+            (
+                p.public_key.clone(),
+                p.endpoint.clone(),
+                sorted(&p.allowed_ips.join(",")),
+                p.persistent_keepalive_seconds.to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Applies every node's state and waits until every pair reaches the other over the overlay.
+fn bring_up(nodes: &[Node]) -> (Vec<Executor>, Vec<NetnsState>) {
+    let keys = keys(nodes);
+    let mut exs = Vec::new();
+    let mut states = Vec::new();
+    for n in nodes {
+        let s = state(n, nodes, &keys);
+        let mut ex = n.executor();
+        assert!(apply(&mut ex, &s) > 0);
+        exs.push(ex);
+        states.push(s);
+    }
+    for a in nodes {
+        for b in nodes.iter().filter(|b| b.index != a.index) {
+            let start = Instant::now();
+            while !reach(a, b) {
+                if start.elapsed() > Duration::from_secs(10) {
+                    let show = |n: &Node| {
+                        let wg = n.ns.exec(&["wg", "show", &n.dev, "dump"]);
+                        format!(
+                            "{}\n{}\n{}",
+                            n.ns.ip(&["addr"]),
+                            n.ns.ip(&["route"]),
+                            String::from_utf8_lossy(&wg.stdout)
+                        )
+                    };
+                    panic!("{} does not reach {} over the overlay:\n{}\n{}", a.index, b.overlay(), show(a), show(b));
+                }
+            }
+        }
+    }
+    (exs, states)
+}
+
+#[test]
+fn a_mesh_of_three_carries_traffic_and_wg_shows_exactly_the_state() {
+    if !root() {
+        return;
+    }
+    let nodes = mesh(3);
+    let (mut exs, states) = bring_up(&nodes);
+    let keys = keys(&nodes);
+    for ((n, s), key) in nodes.iter().zip(&states).zip(&keys) {
+        let d = n.dump();
+        assert_eq!(&d.device[1], key, "the device holds the node's key");
+        assert_eq!(d.device[2], PORT.to_string());
+        assert_eq!(d.peer_set(), expected_peers(s), "wg show {} dump", n.dev);
+        assert!(n.ns.ip(&["-o", "link", "show", &n.dev]).contains(&format!("mtu {MTU} ")));
+        // Applying the same state again writes nothing.
+        let mut fresh = n.executor();
+        assert_eq!(apply(&mut fresh, s), 0, "a second executor finds everything in place");
+    }
+    // The echoes went through WireGuard: 2's counters for 1 grow with one more.
+    let before = nodes[1].dump().rx(&keys[0]);
+    assert!(reach(&nodes[0], &nodes[1]));
+    assert!(nodes[1].dump().rx(&keys[0]) > before);
+    // The device leaves the state: its link (and the daemon) go.
+    let empty = NetnsState::default();
+    apply(&mut exs[0], &empty);
+    wait_until("the daemon ends with its link", Duration::from_secs(3), || nodes[0].ns.pids().is_empty());
+    assert!(!nodes[0].ns.ip(&["-o", "link", "show"]).contains(&nodes[0].dev));
+    assert!(!Path::new(&format!("/var/run/wireguard/{}.sock", nodes[0].dev)).exists());
+}
+
+#[test]
+fn changing_one_peer_leaves_the_others_session_alone_and_a_device_wide_replace_would_not() {
+    if !root() {
+        return;
+    }
+    let nodes = mesh(3);
+    let (mut exs, states) = bring_up(&nodes);
+    let keys = keys(&nodes);
+    let (a, c_key, b_key) = (&nodes[0], &keys[2], &keys[1]);
+    let before = a.dump();
+    let (hs, rx) = (before.handshake(c_key), before.rx(c_key));
+    assert!(hs > 0 && rx > 0, "a has a session with c");
+    std::thread::sleep(Duration::from_millis(1100));
+
+    // b's allowed IPs change on a: only b's entry is written.
+    let mut changed = states[0].clone();
+    for p in &mut changed.wireguard_devices[0].peers {
+        if &p.public_key == b_key {
+            p.allowed_ips.push("10.42.20.0/24".into());
+        }
+    }
+    let report = exs[0].apply(&changed).expect("apply");
+    let wg_actions: Vec<&String> = report.actions.iter().filter(|a| a.starts_with("wg set")).collect();
+    assert_eq!(wg_actions.len(), 1, "{report}");
+    assert!(wg_actions[0].contains(b_key.as_str()) && wg_actions[0].contains("10.42.20.0/24"), "{report}");
+    let after = a.dump();
+    assert_eq!(after.peer_set(), expected_peers(&changed));
+    assert_eq!(after.handshake(c_key), hs, "c's session untouched");
+    assert!(after.rx(c_key) >= rx, "c's counters untouched");
+    assert!(reach(a, &nodes[2]), "c still answers");
+
+    // b leaves a's state: only b goes.
+    let mut without_b = changed.clone();
+    without_b.wireguard_devices[0].peers.retain(|p| &p.public_key != b_key);
+    let report = exs[0].apply(&without_b).expect("apply");
+    assert!(report.actions.iter().any(|a| a.ends_with(&format!("peer {b_key} remove"))), "{report}");
+    let after = a.dump();
+    assert_eq!(after.peer_set(), expected_peers(&without_b));
+    assert_eq!(after.handshake(c_key), hs, "c's session untouched by b's removal");
+
+    // The ablation: the same peers set device-wide (`replace_peers=true`, what `wg setconf`
+    // does) resets c's session, which is why kuport never does it.
+    let socket = format!("/var/run/wireguard/{}.sock", a.dev);
+    let p = &without_b.wireguard_devices[0].peers[0];
+    let hex = hex::encode(p.public_key.parse::<wireguard::PublicKey>().expect("key").bytes());
+    let request = format!(
+        "set=1\nreplace_peers=true\npublic_key={hex}\nendpoint={}\npersistent_keepalive_interval=25\nallowed_ip={}\nallowed_ip={}\n\n",
+        p.endpoint, p.allowed_ips[0], p.allowed_ips[1]
+    );
+    let answer = uapi::exchange(Path::new(&socket), &request).expect("uapi");
+    assert_eq!(uapi::errno(&answer), Ok(0));
+    let replaced = a.dump();
+    assert_eq!(replaced.peer_set(), expected_peers(&without_b), "the same configuration");
+    // c's entry was made anew: its counters start again and its session is a new one (the new
+    // entry's keepalive starts a handshake at once).
+    let rx_before = after.rx(c_key);
+    assert!(
+        replaced.handshake(c_key) != hs && replaced.rx(c_key) < rx_before,
+        "a device-wide replace resets c's session: {:?} (before: handshake {hs}, rx {rx_before})",
+        replaced.peer(c_key)
+    );
+}
+
+#[test]
+fn a_peer_removed_by_hand_and_a_killed_daemon_are_repaired() {
+    if !root() {
+        return;
+    }
+    let nodes = mesh(2);
+    let (exs, states) = bring_up(&nodes);
+    drop(exs);
+    let keys = keys(&nodes);
+    let a = &nodes[0];
+    let wg = a.wireguard();
+    let keeper = Keeper::start(Executor::new(Some(a.ns.path())).with_wireguard(Arc::clone(&wg)), states[0].clone());
+    wait_until("the keeper applied", Duration::from_secs(5), || keeper.stats.get().applies > 0);
+    // What the daemon does on its own (its link coming up, its IPv6 link-local address) is no
+    // drift: over more than one poll, nothing is repaired.
+    std::thread::sleep(WIREGUARD_POLL + Duration::from_secs(1));
+    assert_eq!(keeper.stats.get().drift_repairs, 0, "{:?}", keeper.stats.get());
+
+    // `wg set DEV peer B remove`: WireGuard announces nothing; the poll finds it.
+    let out = a.ns.exec(&["wg", "set", &a.dev, "peer", &keys[1], "remove"]);
+    assert!(out.status.success());
+    assert!(a.dump().peer(&keys[1]).is_none());
+    wait_until("the removed peer comes back", WIREGUARD_POLL + Duration::from_secs(5), || {
+        a.dump().peer(&keys[1]).is_some()
+    });
+    assert_eq!(a.dump().peer_set(), expected_peers(&states[0]));
+    assert!(
+        keeper.stats.get().last_differences.iter().any(|d| d.contains("missing wireguard") && d.contains(&keys[1])),
+        "{:?}",
+        keeper.stats.get()
+    );
+
+    // The MTU changed by hand: rtnetlink tells, the repair sets it back.
+    a.ns.ip(&["link", "set", &a.dev, "mtu", "1500"]);
+    wait_until("the MTU comes back", Duration::from_secs(5), || {
+        a.ns.ip(&["-o", "link", "show", &a.dev]).contains(&format!("mtu {MTU} "))
+    });
+
+    // The daemon dies: its link goes, the keep loop hears it and starts it again, whole.
+    let pids = a.ns.pids();
+    assert_eq!(pids.len(), 1, "one wireguard-go in the namespace: {pids:?}");
+    run("kill", &["-9", &pids[0]]);
+    wait_until("a new daemon", Duration::from_secs(10), || {
+        let now = a.ns.pids();
+        now.len() == 1
+            && now != pids
+            && a.ns.exec(&["wg", "show", &a.dev, "dump"]).status.success()
+            && a.dump().peer_set() == expected_peers(&states[0])
+    });
+    assert_eq!(a.dump().device[1], keys[0], "the same key");
+    wait_until("traffic again", Duration::from_secs(10), || reach(a, &nodes[1]));
+    drop(keeper);
+}
+
+#[test]
+fn the_key_survives_a_restart_and_a_lost_key_file_makes_a_new_one() {
+    if !root() {
+        return;
+    }
+    let nodes = mesh(2);
+    let (exs, states) = bring_up(&nodes);
+    drop(exs);
+    let a = &nodes[0];
+    let first = a.wireguard().public_key().to_string();
+    let key_file = a.dir.join(wireguard::key::KEY_FILE);
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(std::fs::metadata(&key_file).expect("key file").permissions().mode() & 0o777, 0o600);
+
+    // A restarted executor (same state directory): the same key, nothing to write.
+    let mut restarted = a.executor();
+    assert_eq!(a.wireguard().public_key().to_string(), first);
+    assert_eq!(apply(&mut restarted, &states[0]), 0, "no peer reconfigured");
+    assert_eq!(a.dump().device[1], first);
+
+    // The key file is lost: a new key, set on the device alone (its peers stay).
+    std::fs::remove_file(&key_file).expect("rm");
+    let wg = a.wireguard();
+    let second = wg.public_key().to_string();
+    assert_ne!(second, first);
+    let mut renewed = Executor::new(Some(a.ns.path())).with_wireguard(wg);
+    let report = renewed.apply(&states[0]).expect("apply");
+    assert_eq!(report.actions, vec![format!("wg set {} private-key <node key>", a.dev)], "{report}");
+    let d = a.dump();
+    assert_eq!(d.device[1], second);
+    assert_eq!(d.peer_set(), expected_peers(&states[0]));
+}
+
+#[test]
+fn devices_are_refused_without_a_key_or_outside_kuports_names() {
+    if !root() {
+        return;
+    }
+    let nodes = mesh(2);
+    let keys = keys(&nodes);
+    let s = state(&nodes[0], &nodes, &keys);
+    // No key given and none installed in this process.
+    let mut keyless = Executor::new(Some(nodes[0].ns.path()));
+    let e = keyless.apply(&s).expect_err("refused").to_string();
+    assert!(e.contains("holds no WireGuard key"), "{e}");
+    let mut foreign = s.clone();
+    foreign.wireguard_devices[0].name = "wg0".into();
+    foreign.addresses.clear();
+    foreign.routes.clear();
+    let e = nodes[0].executor().apply(&foreign).expect_err("refused").to_string();
+    assert!(e.contains("wireguard device wg0") && e.contains("kup-"), "{e}");
+    let mut bad_endpoint = s.clone();
+    bad_endpoint.wireguard_devices[0].peers[0].endpoint = "node-2:51820".into();
+    let e = nodes[0].executor().apply(&bad_endpoint).expect_err("refused").to_string();
+    assert!(e.contains("is not IP:port") && e.contains(&keys[1]), "{e}");
+    // Nothing was made.
+    assert!(!nodes[0].ns.ip(&["-o", "link", "show"]).contains(&nodes[0].dev));
+}
+
+#[test]
+fn the_kernel_backend_says_unsupported_here_and_auto_falls_back_to_wireguard_go() {
+    if !root() {
+        return;
+    }
+    let nodes = mesh(1);
+    let n = &nodes[0];
+    let wg = n.wireguard();
+    let path = n.ns.path();
+    let kernel = wg.backend(wireguard::BackendKind::Kernel);
+    let made = kuport_node_exec::sys::netns::run(Some(&path), || kernel.create(Some(&path), &n.dev));
+    match made {
+        // A kernel with WireGuard: the link is there; nothing more to prove on this machine.
+        Ok(()) => {
+            n.ns.ip(&["link", "del", &n.dev]);
+            println!("skipped: this kernel has WireGuard");
+            return;
+        }
+        Err(e) => assert!(matches!(e, wireguard::Error::Unsupported { .. }), "{e}"),
+    }
+    // Reading a device without the family is "no such device", not an error.
+    let read = kuport_node_exec::sys::netns::run(Some(&path), || kernel.read(&n.dev)).expect("read");
+    assert_eq!(read, None);
+    let kind = kuport_node_exec::sys::netns::run(Some(&path), || wg.create(Some(&path), &n.dev)).expect("created");
+    assert_eq!(kind, wireguard::BackendKind::Userspace);
+    assert!(n.ns.ip(&["-d", "-o", "link", "show", &n.dev]).contains(" tun "));
+    let shown = wireguard::show(&wg, Some(&path), &n.dev).expect("show").expect("a device");
+    assert!(shown.peers.is_empty() && shown.public_key.is_none(), "a new daemon has no key yet");
+    kuport_node_exec::sys::netns::run(Some(&path), || wg.backend(kind).delete(&n.dev)).expect("deleted");
+    assert!(wg.userspace_pids().is_empty(), "the daemon ended with its link");
+    assert!(!Path::new(&format!("/var/run/wireguard/{}.sock", n.dev)).exists());
+}
