@@ -7,9 +7,10 @@
 //! ones build on the objects of earlier ones (failover keeps what the first leader wrote).
 
 mod common;
-use common::{ControlPlane, bearer, node_sync, repo};
+use common::{ControlPlane, Controller, bearer, free_address, node_sync, repo, within};
 
-use std::process::{Child, Command, Stdio};
+const LOG_LEVEL: &str = "info,kube=warn";
+
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
@@ -20,55 +21,6 @@ use kuport_proto::v1::{
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-
-/// One controller process.
-struct Controller {
-    child: Child,
-    metrics: String,
-}
-
-impl Controller {
-    fn start(cp: &ControlPlane, identity: &str, address: &str) -> Self {
-        let metrics = free_address();
-        let log = std::fs::File::create(cp.dir.join(format!("{identity}.log"))).expect("log");
-        let child = Command::new(env!("CARGO_BIN_EXE_kuport-controller"))
-            .args(["run", "--listen", address, "--lease-namespace", "default", "--identity", identity])
-            .args(["--metrics-listen", &metrics])
-            .env("KUBECONFIG", &cp.kubeconfig)
-            .env("KUPORT_LOG_LEVEL", "info,kube=warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("controller");
-        Controller { child, metrics }
-    }
-
-    /// GET /metrics.
-    fn metrics(&self) -> String {
-        use std::io::{Read as _, Write as _};
-        let Ok(mut c) = std::net::TcpStream::connect(&self.metrics) else { return String::new() };
-        let _ = c.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
-        let mut out = String::new();
-        let _ = c.read_to_string(&mut out);
-        out
-    }
-
-    fn signal(&self, sig: &str) {
-        let _ = Command::new("kill").args([sig, &self.child.id().to_string()]).status();
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_address() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("address").to_string()
-}
 
 /// What the fake executors and the Debug calls present: the controller's CA and tokens.
 #[derive(Clone)]
@@ -158,18 +110,6 @@ fn facts(node: &str) -> NodeFacts {
         interfaces,
         kernel: "test".into(),
         wireguard_public_key: String::new(),
-    }
-}
-
-/// Waits for `what` to hold within `limit`; returns how long it took.
-async fn within(limit: Duration, what: &str, mut f: impl FnMut() -> Result<(), String>) -> Duration {
-    let started = Instant::now();
-    loop {
-        match f() {
-            Ok(()) => return started.elapsed(),
-            Err(e) if started.elapsed() > limit => panic!("{what}: not within {limit:?}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
     }
 }
 
@@ -346,7 +286,7 @@ async fn scenario() {
 
     // A controller: Accepted at once, Programmed only after both executors acked.
     let (a1, a2) = (free_address(), free_address());
-    let c1 = Controller::start(&cp, "c1", &a1);
+    let c1 = Controller::start(&cp, "c1", &a1, "default", &[], LOG_LEVEL);
     let game = || cp.json(&["get", "pm", "-n", "games", "game"]);
     within(Duration::from_secs(30), "game pending", || {
         let pm = game();
@@ -430,7 +370,7 @@ async fn scenario() {
 
     // Failover: a second replica; the leader is killed; the follower leads within 5 s and
     // writes nothing (same slots, same statuses, same resourceVersions).
-    let c2 = Controller::start(&cp, "c2", &a2);
+    let c2 = Controller::start(&cp, "c2", &a2, "default", &[], LOG_LEVEL);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(holder(&cp).starts_with("c1@"), "c1 still leads: {}", holder(&cp));
     // c1 writes what it kept back when its reconnect grace ends (late on a busy machine).
@@ -459,7 +399,7 @@ async fn scenario() {
     // Restart: c1 comes back as a follower, c2 shuts down gracefully (releasing the lease),
     // c1 takes over quickly and renumbers nothing, rewrites nothing.
     drop(c1);
-    let c1 = Controller::start(&cp, "c1", &a1);
+    let c1 = Controller::start(&cp, "c1", &a1, "default", &[], LOG_LEVEL);
     tokio::time::sleep(Duration::from_secs(2)).await;
     c2.signal("-TERM");
     let took = within(Duration::from_secs(5), "c1 leads after c2 stopped", || {
@@ -507,7 +447,7 @@ async fn scenario() {
     // before it froze; once it resumes it writes nothing (no status, slot claim, class row or
     // event) and sends its executors to the new leader instead of states.
     drop(c2);
-    let c2 = Controller::start(&cp, "c2", &a2);
+    let c2 = Controller::start(&cp, "c2", &a2, "default", &[], LOG_LEVEL);
     within(Duration::from_secs(10), "c2 follows", || {
         if c2.metrics().contains("kuport_leader 0") { Ok(()) } else { Err("no metrics yet".into()) }
     })

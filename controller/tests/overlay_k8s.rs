@@ -5,10 +5,10 @@
 //! peers. docs/overlay/mesh.md.
 
 mod common;
-use common::{ControlPlane, bearer, node_sync, repo};
+use common::{ControlPlane, Controller, bearer, free_address, node_sync, repo, within};
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use kuport_controller::compute::overlay::{ENDPOINT_ANNOTATION, PUBLIC_KEY_ANNOTATION, reason};
 use kuport_proto::v1::{ExecutorMessage, Hello, NodeFacts, executor_message};
@@ -30,31 +30,6 @@ fn key(b: u8) -> String {
     }
     out.push('=');
     out
-}
-
-struct Controller(Child);
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_address() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("address").to_string()
-}
-
-async fn within(limit: Duration, what: &str, mut f: impl FnMut() -> Result<(), String>) {
-    let started = Instant::now();
-    loop {
-        match f() {
-            Ok(()) => return,
-            Err(e) if started.elapsed() > limit => panic!("{what}: not within {limit:?}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    }
 }
 
 fn kuportctl(cp: &ControlPlane, address: &str, token: &str, command: &str) -> Result<String, String> {
@@ -125,17 +100,7 @@ async fn scenario() {
     cp.executor_pods(NS, &["n1", "n2", "n3"]);
 
     let address = free_address();
-    let log = std::fs::File::create(cp.dir.join("controller.log")).expect("log");
-    let child = Command::new(env!("CARGO_BIN_EXE_kuport-controller"))
-        .args(["run", "--overlay", "--listen", &address, "--lease-namespace", NS, "--identity", "c1"])
-        .args(["--metrics-listen", ""])
-        .env("KUBECONFIG", &cp.kubeconfig)
-        .env("KUPORT_LOG_LEVEL", "info,kube=warn")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("controller");
-    let _controller = Controller(child);
+    let _controller = Controller::start(&cp, "c1", &address, NS, &["--overlay"], "info,kube=warn");
     let ca = cp.ca(NS);
     let mut streams = Vec::new();
     for (i, (name, _, _)) in nodes.iter().enumerate() {

@@ -5,10 +5,10 @@
 //! docs/security.md.
 
 mod common;
-use common::{ControlPlane, bearer, node_sync, repo};
+use common::{ControlPlane, Controller, bearer, free_address, node_sync, repo, within};
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kuport_controller::report::status::RECONNECT_GRACE;
@@ -18,73 +18,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 const NS: &str = "kuport-system";
-
-struct Controller {
-    child: Child,
-    metrics: String,
-    log: std::path::PathBuf,
-}
-
-impl Controller {
-    fn start(cp: &ControlPlane, identity: &str, address: &str) -> Self {
-        let metrics = free_address();
-        let log = cp.dir.join(format!("{identity}.log"));
-        let file = std::fs::File::create(&log).expect("log");
-        let child = Command::new(env!("CARGO_BIN_EXE_kuport-controller"))
-            .args(["run", "--listen", address, "--lease-namespace", NS, "--identity", identity])
-            .args(["--metrics-listen", &metrics])
-            .env("KUBECONFIG", &cp.kubeconfig)
-            // Handshake failures are logged at debug.
-            .env("KUPORT_LOG_LEVEL", "info,kube=warn,kuport_controller::trust::tls=debug")
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("controller");
-        Controller { child, metrics, log }
-    }
-
-    fn metrics(&self) -> String {
-        use std::io::{Read as _, Write as _};
-        let Ok(mut c) = std::net::TcpStream::connect(&self.metrics) else { return String::new() };
-        let _ = c.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
-        let mut out = String::new();
-        let _ = c.read_to_string(&mut out);
-        out
-    }
-
-    /// The value of the metric line starting with `series`, 0 if absent.
-    fn counter(&self, series: &str) -> u64 {
-        let m = self.metrics();
-        m.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_address() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("address").to_string()
-}
-
-async fn within(limit: Duration, what: &str, mut f: impl FnMut() -> Result<(), String>) {
-    let started = Instant::now();
-    loop {
-        match f() {
-            Ok(()) => return,
-            Err(e) if started.elapsed() > limit => panic!("{what}: not within {limit:?}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
+/// Handshake failures are logged at debug.
+const LOG_LEVEL: &str = "info,kube=warn,kuport_controller::trust::tls=debug";
 
 /// Opens a NodeSync stream (Hello for `node`) with `token`; Ok(the first message) or the status.
 async fn sync(
@@ -210,13 +145,13 @@ async fn scenario() {
     cp.executor_pods(NS, &["worker-1", "worker-2"]);
 
     let (a1, a2) = (free_address(), free_address());
-    let c1 = Controller::start(&cp, "c1", &a1);
+    let c1 = Controller::start(&cp, "c1", &a1, NS, &[], LOG_LEVEL);
     let ca = cp.ca(NS);
     within(Duration::from_secs(20), "c1 leads", || {
         if c1.counter("kuport_leader") == 1 { Ok(()) } else { Err("not yet".into()) }
     })
     .await;
-    let c2 = Controller::start(&cp, "c2", &a2);
+    let c2 = Controller::start(&cp, "c2", &a2, NS, &[], LOG_LEVEL);
 
     // worker-1 with its own token: its state comes down.
     let w1 = cp.executor_token(NS, "worker-1");

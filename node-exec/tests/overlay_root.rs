@@ -22,7 +22,10 @@
 
 #[path = "common/host.rs"]
 mod host;
+#[path = "common/wg_dump.rs"]
+mod wg_dump;
 use host::{root, run};
+use wg_dump::{Dump, sorted};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -178,46 +181,8 @@ impl Node {
 
     fn dump(&self, dev: &str) -> Dump {
         let out = self.wg_show(dev);
-        assert!(out.status.success(), "wg show on {}: {}", self.name, String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut lines = text.lines();
-        let device: Vec<String> = lines.next().unwrap_or_default().split('\t').map(String::from).collect();
-        let peers = lines.map(|l| l.split('\t').map(String::from).collect()).collect();
-        Dump { device, peers }
+        Dump::parse(&out, self.name)
     }
-}
-
-/// `wg show dump`: [private key, public key, port, fwmark]; per peer [public key, preshared,
-/// endpoint, allowed ips, latest handshake, rx, tx, keepalive].
-#[derive(Debug)]
-struct Dump {
-    device: Vec<String>,
-    peers: Vec<Vec<String>>,
-}
-
-impl Dump {
-    fn peer(&self, key: &str) -> Option<&Vec<String>> {
-        self.peers.iter().find(|p| p[0] == key)
-    }
-
-    fn handshake(&self, key: &str) -> u64 {
-        self.peer(key).map_or(0, |p| p[4].parse().unwrap_or(0))
-    }
-
-    fn rx(&self, key: &str) -> u64 {
-        self.peer(key).map_or(0, |p| p[5].parse().unwrap_or(0))
-    }
-
-    /// (public key, endpoint, allowed IPs sorted, keepalive) per peer.
-    fn peer_set(&self) -> BTreeSet<(String, String, String, String)> {
-        self.peers.iter().map(|p| (p[0].clone(), p[2].clone(), sorted(&p[3]), p[7].clone())).collect()
-    }
-}
-
-fn sorted(list: &str) -> String {
-    let mut v: Vec<&str> = list.split(',').collect();
-    v.sort();
-    v.join(",")
 }
 
 /// The peers of a computed state's device as `wg show dump` lists them.

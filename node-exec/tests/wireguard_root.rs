@@ -8,6 +8,9 @@
 
 #[path = "common/host.rs"]
 mod host;
+#[path = "common/wg_dump.rs"]
+mod wg_dump;
+use wg_dump::{Dump, sorted};
 #[path = "common/keeper.rs"]
 mod keeper;
 use host::{root, run};
@@ -113,12 +116,7 @@ impl Node {
     /// `wg show DEV dump`, run inside the namespace: the device line and one line per peer.
     fn dump(&self) -> Dump {
         let out = self.ns.exec(&["wg", "show", &self.dev, "dump"]);
-        assert!(out.status.success(), "wg show: {}", String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut lines = text.lines();
-        let device: Vec<String> = lines.next().unwrap_or_default().split('\t').map(String::from).collect();
-        let peers = lines.map(|l| l.split('\t').map(String::from).collect()).collect();
-        Dump { device, peers }
+        Dump::parse(&out, &self.dev)
     }
 }
 
@@ -163,38 +161,6 @@ fn reach(from: &Node, to: &Node) -> bool {
     });
     let echoed = rx.recv_timeout(Duration::from_secs(3)).unwrap_or(false);
     answered.unwrap_or(false) && echoed
-}
-
-/// `wg show dump`: [private key, public key, port, fwmark]; per peer [public key, preshared,
-/// endpoint, allowed ips, latest handshake, rx, tx, keepalive].
-struct Dump {
-    device: Vec<String>,
-    peers: Vec<Vec<String>>,
-}
-
-impl Dump {
-    fn peer(&self, key: &str) -> Option<&Vec<String>> {
-        self.peers.iter().find(|p| p[0] == key)
-    }
-
-    fn handshake(&self, key: &str) -> u64 {
-        self.peer(key).map_or(0, |p| p[4].parse().unwrap_or(0))
-    }
-
-    fn rx(&self, key: &str) -> u64 {
-        self.peer(key).map_or(0, |p| p[5].parse().unwrap_or(0))
-    }
-
-    /// (public key, endpoint, allowed IPs sorted, keepalive) per peer.
-    fn peer_set(&self) -> BTreeSet<(String, String, String, String)> {
-        self.peers.iter().map(|p| (p[0].clone(), p[2].clone(), sorted(&p[3]), p[7].clone())).collect()
-    }
-}
-
-fn sorted(list: &str) -> String {
-    let mut v: Vec<&str> = list.split(',').collect();
-    v.sort();
-    v.join(",")
 }
 
 /// `n` nodes, every pair joined by a veth pair on 192.168.{i}{j}.0/24 (i < j): node i is

@@ -191,3 +191,92 @@ pub fn bearer<T>(token: &str, message: T) -> tonic::Request<T> {
     kuport_proto::channel::authorize(&mut request, token).expect("a valid token");
     request
 }
+
+/// One controller process (`kuport-controller run`) against `cp`, killed on drop; its log is
+/// `<identity>.log` in the control plane's folder (kept when a test fails).
+pub struct Controller {
+    pub child: std::process::Child,
+    metrics: String,
+    log: PathBuf,
+}
+
+impl Controller {
+    /// Replica `identity` on `address`, electing on the Lease in `lease_namespace`, with `args`
+    /// added and the log filter `log_level`.
+    pub fn start(
+        cp: &ControlPlane,
+        identity: &str,
+        address: &str,
+        lease_namespace: &str,
+        args: &[&str],
+        log_level: &str,
+    ) -> Self {
+        let metrics = free_address();
+        let log = cp.dir.join(format!("{identity}.log"));
+        let file = std::fs::File::create(&log).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_kuport-controller"))
+            .args(["run", "--listen", address, "--lease-namespace", lease_namespace, "--identity", identity])
+            .args(["--metrics-listen", &metrics])
+            .args(args)
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .env("KUPORT_LOG_LEVEL", log_level)
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("controller");
+        Controller { child, metrics, log }
+    }
+
+    /// GET /metrics.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read as _, Write as _};
+        let Ok(mut c) = std::net::TcpStream::connect(&self.metrics) else { return String::new() };
+        let _ = c.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    }
+
+    /// The value of the metric line starting with `series`, 0 if absent.
+    pub fn counter(&self, series: &str) -> u64 {
+        let m = self.metrics();
+        m.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").args([sig, &self.child.id().to_string()]).status();
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free address on 127.0.0.1.
+pub fn free_address() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("address").to_string()
+}
+
+/// Waits for `what` to hold within `limit`, checking every 100 ms; returns how long it took.
+pub async fn within(
+    limit: std::time::Duration,
+    what: &str,
+    mut f: impl FnMut() -> Result<(), String>,
+) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    loop {
+        match f() {
+            Ok(()) => return started.elapsed(),
+            Err(e) if started.elapsed() > limit => panic!("{what}: not within {limit:?}: {e}"),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+}
