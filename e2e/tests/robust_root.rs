@@ -554,8 +554,9 @@ fn a_rebuilt_link_carries_traffic_at_once() {
             .expect("replaced");
     }
     // worker-2's own entries go with the MAC change (the kernel flushes a device's neighbours);
-    // they are put back in the same batch, or its next reply would ARP and so teach edge-a the
-    // new MAC: after a real rebuild worker-2 sends nothing until edge-a's requests arrive.
+    // they are put back in the same batch, and worker-2's ARP output is dropped meanwhile, or a
+    // reply sent in between would ARP and so teach edge-a the new MAC: after a real rebuild
+    // worker-2 sends nothing until edge-a's requests arrive.
     let own = r.lab().ip("worker-2", &["-4", "neigh", "show", "nud", "permanent"]).unwrap_or_default();
     let mut batch = String::new();
     for (i, (dev, _)) in before.iter().enumerate() {
@@ -569,8 +570,14 @@ fn a_rebuilt_link_carries_traffic_at_once() {
     }
     let batch_file = r.dir.join("ablation.batch");
     std::fs::write(&batch_file, &batch).expect("written");
+    let hush = [
+        "nft",
+        "add table arp kuport-ablation; add chain arp kuport-ablation out { type filter hook output priority 0; policy drop; }",
+    ];
+    r.lab().exec("worker-2", &hush).expect("ARP output dropped");
     let broken_at = prober.now();
     r.lab().exec("worker-2", &["ip", "-batch", &batch_file.to_string_lossy()]).expect("batch");
+    r.lab().exec("worker-2", &["nft", "delete table arp kuport-ablation"]).expect("ARP output back");
     const ABLATION: Duration = Duration::from_secs(4);
     std::thread::sleep(ABLATION + TIMEOUT);
     let lost = prober.report(broken_at, broken_at + ABLATION);
