@@ -2,8 +2,8 @@
 # Runs kuport's benchmarks (issue 8; docs/performance.md has every figure and the command for
 # each one alone). Not part of e2e/test.sh: they take long and their numbers need a quiet machine.
 #   bash e2e/bench.sh                 # all, in this order
-#   bash e2e/bench.sh compute fanout  # some: apply compute fanout datapath throughput latency
-# Needs root (network namespaces, nftables) for apply, datapath, throughput and latency.
+#   bash e2e/bench.sh compute fanout  # some: apply compute fanout datapath throughput latency overlay
+# Needs root (network namespaces, nftables) for apply, datapath, throughput, latency and overlay.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . e2e/deps.sh
@@ -14,11 +14,11 @@ if ((${#extra[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${extra[@]}" >/dev/null
 fi
-all=(apply compute fanout datapath throughput latency)
+all=(apply compute fanout datapath throughput latency overlay)
 (($#)) || set -- "${all[@]}"
 for b in "$@"; do
   case $b in
-    apply) pkg=kuport-node-exec ;;
+    apply | overlay) pkg=kuport-node-exec ;;
     compute | fanout) pkg=kuport-controller ;;
     datapath | throughput | latency) pkg=kuport-lab ;;
     *) echo "unknown benchmark $b (one of: ${all[*]})" >&2; exit 2 ;;

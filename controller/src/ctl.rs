@@ -359,29 +359,67 @@ fn overlay_column(p: &Place<'_>) -> String {
 }
 
 /// `kuportctl mesh`: every member of the overlay (its key's fingerprint, endpoint, pod CIDRs,
-/// overlay address, peer count) and every refused node with each reason. What the controller
-/// decided, not what the devices do: handshakes and bytes per peer are the executor's to report
-/// (not yet).
+/// overlay address, peer count) with each peer as its executor last reported it (last
+/// handshake, bytes received and sent, the endpoint WireGuard uses), and every refused node
+/// with each reason (docs/overlay/status.md).
 pub async fn mesh<T: Transport>(client: &mut DebugClient<T>, output: Output) -> Result<String, CtlError> {
     let r = client.list_nodes(ListNodesRequest {}).await.map_err(call)?.into_inner();
     if output != Output::Text {
-        let places: std::collections::BTreeMap<&str, &[String]> =
-            r.nodes.iter().filter(|n| !n.overlay.is_empty()).map(|n| (n.node.as_str(), n.overlay.as_slice())).collect();
+        #[derive(serde::Serialize)]
+        struct Place<'a> {
+            overlay: &'a [String],
+            peers: &'a [kuport_proto::v1::PeerStatus],
+        }
+        let places: std::collections::BTreeMap<&str, Place<'_>> = r
+            .nodes
+            .iter()
+            .filter(|n| !n.overlay.is_empty())
+            .map(|n| (n.node.as_str(), Place { overlay: &n.overlay, peers: &n.peers }))
+            .collect();
         return encode(&places, output);
     }
-    Ok(mesh_text(&r))
+    Ok(mesh_text(&r, std::time::SystemTime::now()))
 }
 
-/// What `kuportctl mesh` prints for `r`.
-pub fn mesh_text(r: &ListNodesResponse) -> String {
+/// Bytes as `ip -s` would round them: B, KiB, MiB, GiB, TiB.
+fn bytes(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", units[u]) }
+}
+
+/// A handshake `at` (Unix seconds, 0: never) as an age at `now`: "never", "42s ago", "3m ago".
+fn handshake_age(at: u64, now: std::time::SystemTime) -> String {
+    if at == 0 {
+        return "never".into();
+    }
+    let now = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let age = now.saturating_sub(at);
+    match age {
+        0..120 => format!("{age}s ago"),
+        120..7200 => format!("{}m ago", age / 60),
+        _ => format!("{}h ago", age / 3600),
+    }
+}
+
+/// What `kuportctl mesh` prints for `r` at `now` (handshake ages).
+pub fn mesh_text(r: &ListNodesResponse, now: std::time::SystemTime) -> String {
     let mut t = header(r);
     let places: Vec<(&str, Place<'_>)> = r.nodes.iter().map(|n| (n.node.as_str(), Place::of(&n.overlay))).collect();
     if places.iter().all(|(_, p)| *p == Place::Off) {
         t.push_str("# the overlay is off (kuport-controller --overlay), or no Node is known yet\n");
         return t;
     }
+    // Peers are named by the member that has the key; an unknown key by its first 8 characters.
+    let names: std::collections::BTreeMap<&str, &str> =
+        places.iter().filter(|(_, p)| matches!(p, Place::Member(_))).map(|(n, p)| (p.get("publicKey"), *n)).collect();
     let _ = writeln!(t, "{:<16} {:<9} {:<22} {:<28} {:<15} PEERS", "MEMBER", "KEY", "ENDPOINT", "POD CIDRS", "ADDRESS");
-    for (node, p) in places.iter().filter(|(_, p)| matches!(p, Place::Member(_))) {
+    for (n, (node, p)) in places.iter().enumerate().filter(|(_, (_, p))| matches!(p, Place::Member(_))) {
         let key = p.get("publicKey");
         let _ = writeln!(
             t,
@@ -393,6 +431,25 @@ pub fn mesh_text(r: &ListNodesResponse) -> String {
             p.get("address"),
             p.get("peers")
         );
+        let reported = &r.nodes[n].peers;
+        if reported.is_empty() {
+            continue;
+        }
+        let _ = writeln!(t, "  {:<14} {:<10} {:<11} {:<11} ENDPOINT", "PEER", "HANDSHAKE", "RX", "TX");
+        for s in reported {
+            let peer =
+                names.get(s.public_key.as_str()).copied().unwrap_or_else(|| s.public_key.get(..8).unwrap_or("-"));
+            let endpoint = if s.endpoint.is_empty() { "-" } else { s.endpoint.as_str() };
+            let _ = writeln!(
+                t,
+                "  {:<14} {:<10} {:<11} {:<11} {}",
+                peer,
+                handshake_age(s.last_handshake_unix_seconds, now),
+                bytes(s.receive_bytes),
+                bytes(s.transmit_bytes),
+                endpoint
+            );
+        }
     }
     let mut refused = places.iter().filter_map(|(n, p)| match p {
         Place::Refused(r) => Some((n, r)),
@@ -522,7 +579,7 @@ mod tests {
 
     #[test]
     fn mesh_lists_members_with_fingerprints_and_refused_nodes_with_reasons() {
-        let t = mesh_text(&response());
+        let t = mesh_text(&response(), std::time::SystemTime::now());
         let want = "\
 MEMBER           KEY       ENDPOINT               POD CIDRS                    ADDRESS         PEERS
 a                kOzLDlGv  203.0.113.1:51820      10.42.1.0/24,fd00:42:1::/64  10.42.1.0       1
@@ -533,6 +590,35 @@ c                NoPodCIDRs       spec.podCIDRs                the Node has no p
 ";
         assert_eq!(t, want);
         let off = ListNodesResponse { leader: true, nodes: vec![NodeDebug::default()], input_error: String::new() };
-        assert!(mesh_text(&off).contains("the overlay is off"));
+        assert!(mesh_text(&off, std::time::SystemTime::now()).contains("the overlay is off"));
+    }
+
+    #[test]
+    fn mesh_shows_each_members_peers_with_handshake_age_and_bytes() {
+        use kuport_proto::v1::PeerStatus;
+        let mut r = response();
+        let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let b = "l3LKPRYYCDZBtZU+TDBSqPB9awxGnj7GcNpPnbcTfiU=";
+        r.nodes[0].peers = vec![
+            PeerStatus {
+                public_key: KEY.into(),
+                endpoint: "198.51.100.7:40211".into(),
+                last_handshake_unix_seconds: 1_000_000 - 12,
+                receive_bytes: 1_234_567,
+                transmit_bytes: 340,
+            },
+            PeerStatus { public_key: b.into(), ..Default::default() },
+        ];
+        let t = mesh_text(&r, now);
+        let want = "\
+MEMBER           KEY       ENDPOINT               POD CIDRS                    ADDRESS         PEERS
+a                kOzLDlGv  203.0.113.1:51820      10.42.1.0/24,fd00:42:1::/64  10.42.1.0       1
+  PEER           HANDSHAKE  RX          TX          ENDPOINT
+  a              12s ago    1.2 MiB     340 B       198.51.100.7:40211
+  l3LKPRYY       never      0 B         0 B         -
+";
+        assert!(t.starts_with(want), "{t}");
+        assert_eq!(handshake_age(1_000_000 - 600, now), "10m ago");
+        assert_eq!(handshake_age(1_000_000 - 3 * 3600, now), "3h ago");
     }
 }

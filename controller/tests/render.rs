@@ -21,6 +21,29 @@ fn examples_render() {
     insta::assert_snapshot!(render_text(&compute(&cluster, &Settings::default())));
 }
 
+/// The examples with the mesh on: every node a member (a pod CIDR and a key each), so the port
+/// maps' links run between overlay addresses, 50 below the devices' MTU (docs/overlay/mesh.md,
+/// "Port maps over the mesh").
+#[test]
+fn examples_render_over_the_mesh() {
+    use k8s_openapi::api::core::v1::NodeSpec;
+    use kuport_controller::compute::overlay::OverlaySettings;
+    let now: Timestamp = NOW.parse().expect("timestamp");
+    let mut cluster = load_dir(&examples(), now).expect("examples load");
+    cluster.nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for (i, n) in cluster.nodes.iter_mut().enumerate() {
+        n.spec = Some(NodeSpec { pod_cidrs: Some(vec![format!("10.42.{i}.0/24")]), ..Default::default() });
+    }
+    for f in cluster.facts.iter_mut() {
+        let i = cluster.nodes.iter().position(|n| n.metadata.name.as_deref() == Some(&f.node)).expect("a node");
+        f.wireguard_public_key = Some(format!("{}{}=", "BCDEFGHIJ".as_bytes()[i] as char, "A".repeat(42)));
+    }
+    let settings = Settings { overlay: Some(OverlaySettings::default()), ..Settings::default() };
+    let out = compute(&cluster, &settings);
+    assert!(out.overlay.values().all(|o| o.refused.is_empty()), "{:?}", out.overlay);
+    insta::assert_snapshot!(render_text(&out));
+}
+
 #[test]
 fn cli_renders_the_examples() {
     let out = Command::new(env!("CARGO_BIN_EXE_kuport-controller"))

@@ -169,6 +169,7 @@ lint() { # [VALUES]
 check "helm lint (default values)" lint
 check "helm lint (custom values)" lint "$here/custom-values.yaml"
 check "helm lint (interception enabled)" lint "" --set interception.enabled=true
+check "helm lint (overlay enabled)" lint "" --set overlay.enabled=true
 
 render default >"$work/default.yaml"
 render custom >"$work/custom.yaml"
@@ -235,6 +236,29 @@ schema_rejects() {
   grep -q "/log/level" "$work/schema.err" || { cat "$work/schema.err"; return 1; }
 }
 check "values.schema.json rejects unknown keys and bad values" schema_rejects
+
+# The overlay (values.yaml, overlay): the controller's three flags when enabled, none otherwise,
+# and the executor unchanged (the kernel backend needs only NET_ADMIN); a device name the executor
+# would not own is refused.
+controller_args() { # FILE
+  objects "$1" '{{if eq .kind "Deployment"}}{{range .spec.template.spec.containers}}{{range .args}}{{.}} {{end}}{{end}}{{end}}'
+}
+overlay() {
+  helm template "$release" "$chart" -n "$ns" --kube-version "$kube_version" --set overlay.enabled=true \
+    --set overlay.listenPort=51900 >"$work/overlay.yaml"
+  grep -q -- "--overlay --overlay-interface kup-wg --overlay-port 51900 " <<<"$(controller_args "$work/overlay.yaml")" \
+    || { controller_args "$work/overlay.yaml"; return 1; }
+  if grep -q -- "--overlay" <<<"$(controller_args "$work/default.yaml")"; then
+    echo "the overlay is on by default"
+    return 1
+  fi
+  expect_eq "the overlay leaves the executor as it is" "$(executor_view "$work/overlay.yaml")" "$(executor_view "$work/default.yaml")"
+  if helm template "$release" "$chart" --kube-version "$kube_version" --set overlay.interface=kuport-wg >/dev/null 2>&1; then
+    echo "overlay.interface=kuport-wg (not under kup-) was accepted"
+    return 1
+  fi
+}
+check "overlay.enabled passes --overlay, --overlay-interface and --overlay-port to the controller only" overlay
 
 no_wildcards() { # FILE
   local rules bad

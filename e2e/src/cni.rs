@@ -10,6 +10,10 @@
 //! - the CNI's masquerade in nftables table `ip nat` (see [`nat_ruleset`]).
 //!
 //! These are the `ip` and `tc` batch lines and the ruleset; [`crate::lab`] runs them.
+//!
+//! With `cni: bridge` (the sites topology, docs/overlay/lab.md) the node is set up as the bridge
+//! plugin with host-local IPAM sets it up instead (the [`bridge`] module): what the overlay needs
+//! of a CNI, which routes nothing between nodes itself.
 
 use std::net::Ipv4Addr;
 
@@ -120,4 +124,73 @@ pub fn tc_lines<'a>(has_qdisc: bool, pods: impl Iterator<Item = &'a PodSpec>) ->
         ));
     }
     lines
+}
+
+/// The bridge plugin with host-local IPAM from the Node's pod CIDR, as the overlay's CNI
+/// (docs/overlay/lab.md):
+///
+/// - a bridge `cni0` with the pod CIDR's first host (the gateway, [`router`]) and its prefix;
+/// - per pod a veth `veth<hash>` on the bridge whose peer is the pod's `eth0`, with the pod's
+///   address and prefix, and a default route via the gateway;
+/// - no masquerade between nodes: only pod traffic for outside every pod CIDR leaves
+///   masqueraded (the plugin's `ipMasq` would masquerade traffic to other nodes' pods too, and
+///   the overlay carries pods' real addresses).
+///
+/// kuport then runs with `--cni-host-device cni0 --cni-devices cni0 --cni-pod-devices cni0`:
+/// pods are reached through the bridge, and their packets arrive on it.
+pub mod bridge {
+    use sha2::{Digest as _, Sha256};
+
+    use crate::topology::{NodeSpec, PodSpec, router};
+
+    /// The bridge, the device kuport's rules name for the pod network.
+    pub const DEVICE: &str = "cni0";
+
+    /// The host-side device of a pod's veth: `veth` and 8 hex digits.
+    pub fn veth_name(pod: &PodSpec) -> String {
+        let hash = Sha256::digest(format!("{}/{}", pod.namespace, pod.name));
+        format!("veth{}", &hex::encode(hash)[..8])
+    }
+
+    pub fn host_lines(node: &NodeSpec) -> Vec<String> {
+        let len = node.pod_cidr.0.prefix_len();
+        vec![
+            format!("link add {DEVICE} type bridge"),
+            format!("addr add {}/{len} dev {DEVICE}", router(node)),
+            format!("link set {DEVICE} up"),
+        ]
+    }
+
+    pub fn pod_lines_on_node(pod: &PodSpec, pod_netns: &str) -> Vec<String> {
+        let veth = veth_name(pod);
+        vec![
+            format!("link add {veth} type veth peer name eth0 netns {pod_netns}"),
+            format!("link set {veth} master {DEVICE} up"),
+        ]
+    }
+
+    pub fn pod_lines(pod: &PodSpec, node: &NodeSpec) -> Vec<String> {
+        let len = node.pod_cidr.0.prefix_len();
+        vec![
+            "link set lo up".into(),
+            format!("addr add {}/{len} dev eth0", pod.address),
+            "link set eth0 up".into(),
+            format!("route add default via {}", router(node)),
+        ]
+    }
+
+    /// Pod traffic to outside the cluster's pod CIDRs leaves masqueraded; nothing else.
+    pub fn nat_ruleset(node: &NodeSpec, all_pod_cidrs: &[String]) -> String {
+        let cidr = node.pod_cidr.0.trunc();
+        let cluster = all_pod_cidrs.join(", ");
+        format!(
+            "table ip nat {{
+	chain POSTROUTING {{
+		type nat hook postrouting priority srcnat; policy accept;
+		ip saddr {cidr} ip daddr != {{ {cluster} }} oifname != \"{DEVICE}\" counter masquerade comment \"bridge plugin: pods to the outside\"
+	}}
+}}
+"
+        )
+    }
 }

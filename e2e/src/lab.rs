@@ -31,7 +31,7 @@ use crate::plane::{Plane, PlaneOptions, PlaneRecord};
 use crate::probe::{Answer, ProbeError, probe};
 use crate::process::{Lifetime, owned, signal, spawn, wait_gone};
 use crate::sys::{self, ip_batch, netns_path, tc_batch};
-use crate::topology::{NodeSpec, PodSpec, Ports, Protocol, Topology};
+use crate::topology::{ClientSpec, Cni, Nat, NatKind, NodeSpec, PodSpec, Ports, Protocol, Topology};
 
 /// How long a probe waits by default.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -180,7 +180,7 @@ impl Lab {
 
     /// The namespace of a host, checked to exist in the topology.
     pub fn netns(&self, host: &str) -> anyhow::Result<PathBuf> {
-        if !self.topology.hosts().iter().any(|(h, _)| *h == host) {
+        if !self.topology.hosts().iter().any(|(h, _)| h == host) {
             let names: Vec<_> = self.topology.hosts().iter().map(|(h, _)| h.to_string()).collect();
             bail!("no host {host:?} in this lab (hosts: {})", names.join(", "));
         }
@@ -212,7 +212,7 @@ impl Lab {
         let switch = self.switch();
         self.add_netns(switch.clone())?;
         for (host, _) in t.hosts() {
-            self.add_netns(self.netns_name(host))?;
+            self.add_netns(self.netns_name(&host))?;
         }
         let no_bridge_nf = [("net.bridge.bridge-nf-call-iptables", "0")];
         sys::sysctls(&netns_path(&switch), &no_bridge_nf)?;
@@ -223,53 +223,17 @@ impl Lab {
         }
         ip_batch(&switch, &lines)?;
 
-        let cidrs: Vec<String> = t.nodes.iter().map(|n| n.pod_cidr.0.trunc().to_string()).collect();
         for (ni, node) in t.nodes.iter().enumerate() {
-            let ns = self.netns_name(&node.name);
-            // Forwarding first, so every device made afterwards forwards too.
-            sys::sysctls(
-                &netns_path(&ns),
-                &[("net.ipv4.ip_forward", "1"), ("net.bridge.bridge-nf-call-iptables", "0")],
-            )?;
-            let u = &node.underlay;
-            let mut lines = vec![
-                "link set lo up".to_string(),
-                format!("link add name {} mtu {} type veth peer name n{ni} netns {switch}", u.interface, u.mtu),
-                format!("addr add {} dev {}", u.address, u.interface),
-                format!("link set dev {} up", u.interface),
-            ];
-            lines.extend(cni::host_lines(node));
-            for p in &node.public {
-                lines.push(format!("link add name {} type bridge", p.interface));
-                lines.push(format!("addr add {} dev {}", p.address, p.interface));
-                lines.push(format!("link set dev {} up", p.interface));
-            }
-            for (ci, c) in t.clients.iter().enumerate() {
-                for (j, a) in c.attach.iter().enumerate() {
-                    let Some((n, iface)) = a.split_once('/') else { continue };
-                    if n != node.name {
-                        continue;
-                    }
-                    let client_ns = self.netns_name(&c.name);
-                    lines.push(format!("link add lab-c{ci}-{j} type veth peer name eth{j} netns {client_ns}"));
-                    lines.push(format!("link set dev lab-c{ci}-{j} master {iface} up"));
-                    lines.push(format!("route add {}/32 dev {iface}", c.address));
-                }
-            }
-            for pod in t.pods.iter().filter(|p| p.node == node.name) {
-                lines.extend(cni::pod_lines_on_node(pod, &self.netns_name(&pod.name)));
-            }
-            ip_batch(&ns, &lines)?;
-            self.sync_tc(node)?;
-            sys::nft(&ns, &cni::nat_ruleset(node, &cidrs))?;
-            // The underlay port on the switch.
-            let net = t.networks().iter().position(|n| *n == u.network).unwrap_or_default();
-            ip_batch(&switch, &[format!("link set n{ni} mtu {} master br{net} up", u.mtu)])?;
+            self.build_node(ni, node)?;
         }
         for pod in &t.pods {
             self.pod_inside(pod)?;
         }
-        for c in &t.clients {
+        for (ci, c) in t.clients.iter().enumerate() {
+            if let Some(net) = &c.network {
+                self.build_network_client(ci, c, net)?;
+                continue;
+            }
             let mut lines = vec!["link set lo up".to_string()];
             for (j, a) in c.attach.iter().enumerate() {
                 let (n, iface) = a.split_once('/').unwrap_or_default();
@@ -293,14 +257,150 @@ impl Lab {
         Ok(())
     }
 
+    /// One node: its namespace's uplink (to the switch, or to its NAT router), CNI, public
+    /// interfaces with their clients' veths, pods' node-side devices and NAT; its router.
+    fn build_node(&self, ni: usize, node: &NodeSpec) -> anyhow::Result<()> {
+        let t = &self.topology;
+        let switch = self.switch();
+        let cidrs: Vec<String> = t.nodes.iter().map(|n| n.pod_cidr.0.trunc().to_string()).collect();
+        let ns = self.netns_name(&node.name);
+        // Forwarding first, so every device made afterwards forwards too.
+        sys::sysctls(&netns_path(&ns), &[("net.ipv4.ip_forward", "1"), ("net.bridge.bridge-nf-call-iptables", "0")])?;
+        let u = &node.underlay;
+        let net = t.networks().iter().position(|n| *n == u.network).unwrap_or_default();
+        // A node behind NAT has its router's LAN at the other end of its uplink; any other
+        // node, the switch.
+        let (peer, peer_ns) = match node.router_host() {
+            Some(router) => ("lan0".to_string(), self.netns_name(&router)),
+            None => (format!("n{ni}"), switch.clone()),
+        };
+        let mut lines = vec![
+            "link set lo up".to_string(),
+            format!("link add name {} mtu {} type veth peer name {peer} netns {peer_ns}", u.interface, u.mtu),
+            format!("addr add {} dev {}", u.address, u.interface),
+            format!("link set dev {} up", u.interface),
+        ];
+        if node.nat.is_some() {
+            lines.push(format!("route add default via {} dev {}", node.lan_gateway(), u.interface));
+        }
+        lines.extend(match t.cni {
+            Cni::Cilium => cni::host_lines(node),
+            Cni::Bridge => cni::bridge::host_lines(node),
+        });
+        for p in &node.public {
+            lines.push(format!("link add name {} type bridge", p.interface));
+            lines.push(format!("addr add {} dev {}", p.address, p.interface));
+            lines.push(format!("link set dev {} up", p.interface));
+        }
+        for (ci, c) in t.clients.iter().enumerate() {
+            for (j, a) in c.attach.iter().enumerate() {
+                let Some((n, iface)) = a.split_once('/') else { continue };
+                if n != node.name {
+                    continue;
+                }
+                let client_ns = self.netns_name(&c.name);
+                lines.push(format!("link add lab-c{ci}-{j} type veth peer name eth{j} netns {client_ns}"));
+                lines.push(format!("link set dev lab-c{ci}-{j} master {iface} up"));
+                lines.push(format!("route add {}/32 dev {iface}", c.address));
+            }
+        }
+        for pod in t.pods.iter().filter(|p| p.node == node.name) {
+            lines.extend(self.pod_lines_on_node(pod));
+        }
+        ip_batch(&ns, &lines)?;
+        match t.cni {
+            Cni::Cilium => {
+                self.sync_tc(node)?;
+                sys::nft(&ns, &cni::nat_ruleset(node, &cidrs))?;
+            }
+            Cni::Bridge => {
+                sys::nft(&ns, &cni::bridge::nat_ruleset(node, &cidrs))?;
+            }
+        }
+        match (&node.nat, node.router_host()) {
+            (Some(nat), Some(router)) => self.build_router(ni, node, nat, &router, net)?,
+            _ => {
+                // The underlay port on the switch.
+                ip_batch(&switch, &[format!("link set n{ni} mtu {} master br{net} up", u.mtu)])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A node's NAT router (docs/overlay/lab.md): `lan0` to the node, with the segment's first
+    /// host; `wan0` on the network's bridge, with the public address; the NAT in nftables.
+    fn build_router(&self, ni: usize, node: &NodeSpec, nat: &Nat, router: &str, net: usize) -> anyhow::Result<()> {
+        let ns = self.netns_name(router);
+        let switch = self.switch();
+        let u = &node.underlay;
+        sys::sysctls(&netns_path(&ns), &[("net.ipv4.ip_forward", "1")])?;
+        let lan = format!("{}/{}", node.lan_gateway(), u.address.0.prefix_len());
+        ip_batch(
+            &ns,
+            &[
+                "link set lo up".to_string(),
+                format!("link set lan0 mtu {} up", u.mtu),
+                format!("addr add {lan} dev lan0"),
+                format!("link add name wan0 mtu {} type veth peer name r{ni} netns {switch}", u.mtu),
+                format!("addr add {} dev wan0", nat.public),
+                "link set wan0 up".to_string(),
+            ],
+        )?;
+        ip_batch(&switch, &[format!("link set r{ni} mtu {} master br{net} up", u.mtu)])?;
+        sys::nft(&ns, &nat_ruleset(nat, node.underlay.address.addr()))?;
+        Ok(())
+    }
+
+    /// A client on an underlay network: its `eth0` a port of the network's bridge, its address
+    /// with the prefix of the segment it is in.
+    fn build_network_client(&self, ci: usize, c: &ClientSpec, net: &str) -> anyhow::Result<()> {
+        let t = &self.topology;
+        let switch = self.switch();
+        let index = t.networks().iter().position(|n| *n == net).ok_or_else(|| anyhow!("no network {net}"))?;
+        let segment = t.segments(net).into_iter().find(|s| s.contains(&c.address));
+        let len = segment.map_or(32, |s| s.prefix_len());
+        let client_ns = self.netns_name(&c.name);
+        ip_batch(
+            &switch,
+            &[
+                format!("link add name c{ci} type veth peer name eth0 netns {client_ns}"),
+                format!("link set c{ci} master br{index} up"),
+            ],
+        )?;
+        ip_batch(
+            &client_ns,
+            &[
+                "link set lo up".to_string(),
+                format!("addr add {}/{len} dev eth0", c.address),
+                "link set eth0 up".into(),
+            ],
+        )
+    }
+
+    /// The node-side lines of a pod, for the topology's CNI.
+    fn pod_lines_on_node(&self, pod: &PodSpec) -> Vec<String> {
+        let ns = self.netns_name(&pod.name);
+        match self.topology.cni {
+            Cni::Cilium => cni::pod_lines_on_node(pod, &ns),
+            Cni::Bridge => cni::bridge::pod_lines_on_node(pod, &ns),
+        }
+    }
+
     /// The pod's own namespace: its address, the router as default route.
     fn pod_inside(&self, pod: &PodSpec) -> anyhow::Result<()> {
         let node = self.topology.node(&pod.node).ok_or_else(|| anyhow!("pod {}: no node {}", pod.name, pod.node))?;
-        ip_batch(&self.netns_name(&pod.name), &cni::pod_lines(pod, node))
+        let lines = match self.topology.cni {
+            Cni::Cilium => cni::pod_lines(pod, node),
+            Cni::Bridge => cni::bridge::pod_lines(pod, node),
+        };
+        ip_batch(&self.netns_name(&pod.name), &lines)
     }
 
-    /// Rewrites `cilium_host`'s egress filters: one redirect per pod on the node.
+    /// Rewrites `cilium_host`'s egress filters: one redirect per pod on the node (Cilium only).
     fn sync_tc(&self, node: &NodeSpec) -> anyhow::Result<()> {
+        if self.topology.cni != Cni::Cilium {
+            return Ok(());
+        }
         let ns = self.netns_name(&node.name);
         let has_qdisc = sys::run("tc", &["-n", &ns, "qdisc", "show", "dev", "cilium_host"], None)?.contains("clsact");
         tc_batch(&ns, &cni::tc_lines(has_qdisc, self.topology.pods.iter().filter(|p| p.node == node.name)))
@@ -367,10 +467,92 @@ impl Lab {
         self.add_netns(ns)?;
         let spec = self.topology.pod(pod).cloned().ok_or_else(|| anyhow!("no pod {pod:?}"))?;
         let node_spec = self.topology.node(node).cloned().ok_or_else(|| anyhow!("no node {node}"))?;
-        ip_batch(&self.netns_name(node), &cni::pod_lines_on_node(&spec, &self.netns_name(&spec.name)))?;
+        ip_batch(&self.netns_name(node), &self.pod_lines_on_node(&spec))?;
         self.sync_tc(&node_spec)?;
         self.pod_inside(&spec)?;
         self.start_server(&spec)
+    }
+
+    /// Adds a node and its pods to the running lab (its network exists already): namespaces,
+    /// CNI, echo servers; every node's CNI NAT learns the new pod CIDR; with a control plane,
+    /// the objects are published and the node's executor starts.
+    pub fn add_node(&mut self, node: NodeSpec, pods: Vec<PodSpec>) -> anyhow::Result<()> {
+        static ADDED: AtomicUsize = AtomicUsize::new(64);
+        if !self.topology.networks().contains(&node.underlay.network.as_str()) {
+            bail!("node {}: the lab has no network {}", node.name, node.underlay.network);
+        }
+        let mut t = self.topology.clone();
+        t.nodes.push(node.clone());
+        t.pods.extend(pods.iter().cloned());
+        t.validate().map_err(|(field, reason)| anyhow!("adding node {}: field {field}: {reason}", node.name))?;
+        self.topology = t;
+        let mut hosts = vec![node.name.clone()];
+        hosts.extend(node.router_host());
+        hosts.extend(pods.iter().map(|p| p.name.clone()));
+        for h in hosts {
+            self.add_netns(self.netns_name(&h))?;
+        }
+        self.build_node(ADDED.fetch_add(1, Ordering::SeqCst), &node)?;
+        for pod in &pods {
+            self.pod_inside(pod)?;
+            self.start_server(pod)?;
+        }
+        self.refresh_nat()?;
+        if self.plane.is_some() {
+            let objects = self.objects().to_yaml();
+            let id = self.id.clone();
+            let plane = self.plane.as_mut().ok_or_else(|| anyhow!("no plane"))?;
+            plane.add_node(&id, &node);
+            plane.set_objects(objects)?;
+            plane.prepare_node(&node.name)?;
+            plane.start_executor(&node.name)?;
+        }
+        Ok(())
+    }
+
+    /// Removes a node and its pods: its executor stops and its Node goes (with a control
+    /// plane), then its processes and namespaces.
+    pub fn remove_node(&mut self, name: &str) -> anyhow::Result<()> {
+        let node = self.topology.node(name).cloned().ok_or_else(|| anyhow!("no node {name:?}"))?;
+        if let Some(plane) = self.plane.as_mut() {
+            if plane.executor_pid(name).is_some() {
+                plane.kill_executor(name)?;
+            }
+            plane.remove_node(name);
+        }
+        let pods: Vec<String> = self.topology.pods.iter().filter(|p| p.node == name).map(|p| p.name.clone()).collect();
+        self.topology.nodes.retain(|n| n.name != name);
+        self.topology.pods.retain(|p| p.node != name);
+        if self.plane.is_some() {
+            self.publish()?;
+        }
+        for pod in &pods {
+            self.stop_server(pod);
+        }
+        kill_inside(&self.netns_name(name));
+        let mut hosts = pods;
+        hosts.extend(node.router_host());
+        hosts.push(name.to_string());
+        for h in hosts {
+            let ns = self.netns_name(&h);
+            sys::netns_del(&ns)?;
+            self.namespaces.retain(|n| *n != ns);
+        }
+        self.refresh_nat()
+    }
+
+    /// Writes every node's CNI NAT table anew for the cluster's pod CIDRs as they stand.
+    fn refresh_nat(&self) -> anyhow::Result<()> {
+        let t = &self.topology;
+        let cidrs: Vec<String> = t.nodes.iter().map(|n| n.pod_cidr.0.trunc().to_string()).collect();
+        for node in &t.nodes {
+            let ruleset = match t.cni {
+                Cni::Cilium => cni::nat_ruleset(node, &cidrs),
+                Cni::Bridge => cni::bridge::nat_ruleset(node, &cidrs),
+            };
+            sys::nft(&self.netns_name(&node.name), &format!("add table ip nat\ndelete table ip nat\n{ruleset}"))?;
+        }
+        Ok(())
     }
 
     /// Sets a pod's endpoint condition (its server keeps running).
@@ -512,6 +694,13 @@ impl Lab {
             rt.shutdown_timeout(Duration::from_millis(500));
         }
         self.executors.clear();
+        // WireGuard's userspace daemons outlive their executors (docs/overlay/node.md) and hold
+        // their node's namespace: they end with it.
+        if self.topology.overlay {
+            for node in &self.topology.nodes {
+                kill_inside(&self.netns_name(&node.name));
+            }
+        }
         let mut first = None;
         // Pods and clients first, then nodes, then the switch: the reverse of creation.
         for ns in self.namespaces.drain(..).rev() {
@@ -567,4 +756,38 @@ fn kill_server(pid: u32, lab_id: &str) {
     }
     signal(pid, Signal::TERM);
     wait_gone(pid, Duration::from_secs(2));
+}
+
+/// A NAT router's ruleset: the LAN masqueraded out of `wan0`, or `node` mapped one to one onto
+/// the public address.
+fn nat_ruleset(nat: &Nat, node: Ipv4Addr) -> String {
+    let public = nat.public.addr();
+    let rules = match nat.kind {
+        NatKind::Masquerade => "\t\toifname \"wan0\" counter masquerade\n".to_string(),
+        NatKind::OneToOne => {
+            format!("\t\toifname \"wan0\" ip saddr {node} counter snat ip to {public}\n")
+        }
+    };
+    let pre = match nat.kind {
+        NatKind::Masquerade => String::new(),
+        NatKind::OneToOne => format!(
+            "\tchain pre {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tiifname \"wan0\" ip daddr {public} counter dnat ip to {node}\n\t}}\n"
+        ),
+    };
+    format!(
+        "table ip lab_nat {{\n{pre}\tchain post {{\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n{rules}\t}}\n}}\n"
+    )
+}
+
+/// Ends every process inside namespace `ns` (SIGKILL, then a short wait): only the lab starts
+/// processes in its namespaces.
+fn kill_inside(ns: &str) {
+    let Ok(out) = sys::run("ip", &["netns", "pids", ns], None) else { return };
+    let pids: Vec<u32> = out.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+    for pid in &pids {
+        signal(*pid, Signal::KILL);
+    }
+    for pid in pids {
+        wait_gone(pid, Duration::from_secs(2));
+    }
 }

@@ -1,10 +1,12 @@
 //! kuport's lab: a simulated cluster in network namespaces, and the end-to-end datapath tests.
 //!
-//! - [`topology`]: the YAML that describes nodes, pods, Services and internet clients.
+//! - [`topology`]: the YAML that describes nodes, pods, Services and internet clients, and for
+//!   the overlay's sites, nodes behind their own NAT routers.
 //! - [`objects`]: the Kubernetes objects and NodeFacts a topology stands for (pure).
 //! - [`lab`]: the topology built from namespaces, veths and bridges, with a Cilium-like CNI on
 //!   each node and an echo server in each pod.
-//! - [`cni`]: the CNI the lab emulates: Cilium's devices, routes, tc redirects and masquerade.
+//! - [`cni`]: the CNI the lab emulates: Cilium's devices, routes, tc redirects and masquerade;
+//!   or the bridge plugin with host-local IPAM, under the overlay (docs/overlay/lab.md).
 //! - [`echo`]: the pods' echo server.
 //! - [`plane`]: kuport's real processes programming the lab: controller replicas (on a
 //!   manifest folder, or on an API server) and one executor per node, each a process a test can

@@ -39,10 +39,12 @@ enum Cmd {
     /// Builds the topology, starts kuport's controller and one executor per node on the
     /// manifests, waits until every node applied its state and probes each published mapping.
     Up {
-        /// A topology file; the shipped default (e2e/topologies/default.yaml) when absent.
+        /// A topology file, or the name of a shipped one (`default`, `multi`, `sites`:
+        /// e2e/topologies/NAME.yaml); the default when absent.
         #[arg(long)]
         topology: Option<PathBuf>,
-        /// A folder of PortMapClasses and PortMaps; the shipped e2e/manifests/default/ when absent.
+        /// A folder of PortMapClasses and PortMaps; when absent, the shipped
+        /// e2e/manifests/NAME/ of a shipped topology, else e2e/manifests/default/.
         #[arg(long)]
         manifests: Option<PathBuf>,
         /// No API server: one controller reads the lab's manifest folder.
@@ -106,6 +108,16 @@ enum Cmd {
         identity: Option<String>,
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: String,
+        /// kuport's WireGuard mesh (the controller's `--overlay`).
+        #[arg(long)]
+        overlay: bool,
+        /// The CNI's devices (the controller's flags of the same names; Cilium's by default).
+        #[arg(long)]
+        cni_host_device: Option<String>,
+        #[arg(long)]
+        cni_devices: Option<String>,
+        #[arg(long)]
+        cni_pod_devices: Option<String>,
     },
     /// Runs one node's executor (started by `up`): kuport's NodeSync client and keepers.
     #[command(hide = true)]
@@ -211,7 +223,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Down => down(&dir),
         Cmd::Objects { topology } => {
             let t = match topology {
-                Some(p) => Topology::load(&p)?,
+                Some(p) => match p.to_str().filter(|_| !p.exists()).and_then(Topology::shipped) {
+                    Some(t) => t,
+                    None => Topology::load(&p)?,
+                },
                 None => Topology::default_lab(),
             };
             print!("{}", kuport_lab::objects::generate(&t).to_yaml());
@@ -221,8 +236,32 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             process::adopt_lifetime()?;
             serve(&netns, &pod, &tcp, &udp)
         }
-        Cmd::Controller { manifests, kubeconfig, identity, listen } => {
+        Cmd::Controller {
+            manifests,
+            kubeconfig,
+            identity,
+            listen,
+            overlay,
+            cni_host_device,
+            cni_devices,
+            cni_pod_devices,
+        } => {
             process::adopt_lifetime()?;
+            let mut settings = kuport_controller::compute::Settings::default();
+            if overlay {
+                use kuport_controller::compute::overlay;
+                settings.overlay =
+                    Some(overlay::OverlaySettings::new(overlay::DEFAULT_INTERFACE, overlay::DEFAULT_LISTEN_PORT)?);
+            }
+            if let Some(d) = cni_host_device {
+                settings.cni_host_device = d;
+            }
+            if let Some(d) = cni_devices {
+                settings.cni_device_wildcard = d;
+            }
+            if let Some(d) = cni_pod_devices {
+                settings.cni_pod_device_wildcard = d;
+            }
             let source = match (manifests, kubeconfig) {
                 (Some(m), _) => plane::ControllerSource::Folder(m),
                 (None, Some(kubeconfig)) => {
@@ -230,7 +269,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 (None, None) => bail!("--manifests or --kubeconfig"),
             };
-            plane::run_controller(source, &listen)?;
+            plane::run_controller(source, &listen, settings)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::NodeExec {
@@ -326,13 +365,17 @@ fn up(
         let r = load_record(dir)?;
         bail!("lab {} is up in {} already; `kuport-lab down` removes it", r.id, dir.display());
     }
-    let t = match topology {
-        Some(p) => Topology::load(p)?,
-        None => Topology::default_lab(),
+    // A shipped topology's name, unless a file of that name is there.
+    let shipped =
+        topology.and_then(|p| p.to_str()).filter(|n| !Path::new(n).exists() && Topology::shipped(n).is_some());
+    let t = match (shipped, topology) {
+        (Some(name), _) => Topology::shipped(name).ok_or_else(|| anyhow!("no shipped topology {name}"))?,
+        (None, Some(p)) => Topology::load(p)?,
+        (None, None) => Topology::default_lab(),
     };
     let m = match manifests {
         Some(p) => Manifests::from_dir(p)?,
-        None => Manifests::default_lab(),
+        None => shipped.and_then(Manifests::shipped).unwrap_or_else(Manifests::default_lab),
     };
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join(TOPOLOGY), t.to_yaml())?;
@@ -371,6 +414,11 @@ fn up(
     let result = lab.start_plane(&m, options).map(|_| ());
     save(dir, &lab)?;
     result?;
+    if t.overlay {
+        let plane = lab.plane().ok_or_else(|| anyhow!("no control plane"))?;
+        let took = plane.wait_mesh(plane::CONVERGE_TIMEOUT)?;
+        println!("the mesh is computed and applied on every node {:.2} s after start", took.as_secs_f64());
+    }
     let plane = lab.plane().ok_or_else(|| anyhow!("no control plane"))?;
     plane.wait_converged(plane::CONVERGE_TIMEOUT)?;
     let leader = plane.leader().unwrap_or_default();

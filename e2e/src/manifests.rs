@@ -19,6 +19,12 @@ const MULTI: [(&str, &str); 2] = [
     ("manifests/multi/dns.yaml", include_str!("../manifests/multi/dns.yaml")),
 ];
 
+/// The sites topology's class and the PortMaps of the home worker's pod (docs/overlay/lab.md).
+const SITES: [(&str, &str); 2] = [
+    ("manifests/sites/classes.yaml", include_str!("../manifests/sites/classes.yaml")),
+    ("manifests/sites/web.yaml", include_str!("../manifests/sites/web.yaml")),
+];
+
 #[derive(Debug, Clone, Default)]
 pub struct Manifests {
     /// What the documents hold; `now` is set when the lab computes.
@@ -34,6 +40,20 @@ impl Manifests {
 
     pub fn multi_lab() -> Manifests {
         Manifests::from_texts(&MULTI).expect("the shipped Multi manifests load")
+    }
+
+    pub fn sites_lab() -> Manifests {
+        Manifests::from_texts(&SITES).expect("the shipped sites manifests load")
+    }
+
+    /// The manifests shipped with a shipped topology (`default`, `multi`, `sites`).
+    pub fn shipped(topology: &str) -> Option<Manifests> {
+        match topology {
+            "default" => Some(Manifests::default_lab()),
+            "multi" => Some(Manifests::multi_lab()),
+            "sites" => Some(Manifests::sites_lab()),
+            _ => None,
+        }
     }
 
     /// Every *.yaml and *.yml file of `dir`, sorted by name (what `render::load_dir` reads).

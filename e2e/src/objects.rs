@@ -13,10 +13,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kuport_controller::observe::{Cluster, KnownFacts, KnownInterface};
 
-use crate::topology::{PodSpec, Topology};
+use crate::topology::{NatKind, PodSpec, Topology};
 
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The operator's endpoint override on a Node (docs/overlay/mesh.md).
+pub use kuport_controller::compute::overlay::EXTERNAL_ENDPOINT_ANNOTATION as EXTERNAL_ENDPOINT;
+/// The public key the controller publishes on each mesh member's Node.
+pub use kuport_controller::compute::overlay::PUBLIC_KEY_ANNOTATION as WIREGUARD_PUBLIC_KEY;
 /// Who manages the generated EndpointSlices (the label endpoint controllers set).
 pub const MANAGED_BY: &str = "kuport-lab";
 
@@ -52,8 +56,14 @@ pub fn generate(t: &Topology) -> Objects {
             n.public.iter().map(|p| NodeAddress { type_: "ExternalIP".into(), address: p.address.addr().to_string() }),
         );
         addresses.push(NodeAddress { type_: "Hostname".into(), address: n.name.clone() });
+        let mut metadata = meta(&n.name, None, labels);
+        // A VM behind a 1:1 NAT announces its public address (docs/overlay/mesh.md, Endpoints).
+        if let Some(nat) = n.nat.as_ref().filter(|nat| nat.kind == NatKind::OneToOne) {
+            let annotations = BTreeMap::from([(EXTERNAL_ENDPOINT.to_string(), nat.public.addr().to_string())]);
+            metadata.annotations = Some(annotations);
+        }
         out.nodes.push(Node {
-            metadata: meta(&n.name, None, labels),
+            metadata,
             spec: Some(K8sNodeSpec {
                 pod_cidr: Some(n.pod_cidr.0.trunc().to_string()),
                 pod_cidrs: Some(vec![n.pod_cidr.0.trunc().to_string()]),
@@ -266,6 +276,21 @@ mod tests {
         assert_eq!(namespaces, ["web", "apps", "games"]);
         // Deterministic.
         assert_eq!(generate(&t), o);
+    }
+
+    /// Sites: the VM behind a 1:1 NAT announces its public address; the others announce
+    /// nothing and are known by their InternalIP; every Node has its pod CIDR.
+    #[test]
+    fn sites_objects() {
+        let o = generate(&Topology::sites_lab());
+        let node = |n: &str| o.nodes.iter().find(|x| x.metadata.name.as_deref() == Some(n)).unwrap();
+        let vm = node("vm").metadata.annotations.as_ref().unwrap();
+        assert_eq!(vm[EXTERNAL_ENDPOINT], "203.0.113.30");
+        assert!(node("home").metadata.annotations.is_none() && node("cloud").metadata.annotations.is_none());
+        let home = node("home");
+        assert_eq!(home.spec.as_ref().unwrap().pod_cidrs.as_deref(), Some(&["10.42.2.0/24".to_string()][..]));
+        let addresses = home.status.as_ref().unwrap().addresses.as_ref().unwrap();
+        assert_eq!((addresses[0].type_.as_str(), addresses[0].address.as_str()), ("InternalIP", "192.168.1.10"));
     }
 
     #[test]

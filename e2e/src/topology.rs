@@ -7,6 +7,13 @@
 //! the first carries its default route, each further one only the route to that interface's
 //! address, and every node it attaches to routes the client's address back out that interface
 //! (a worker's "own internet connection").
+//!
+//! Sites (docs/overlay/lab.md): a node with `nat` sits alone on a private LAN behind its own
+//! router namespace (`<node>-nat`), whose WAN address `nat.public` is on the node's `network`;
+//! the router masquerades the LAN (`masquerade`, a home) or maps the public address one to one
+//! onto the node's (`oneToOne`, a VM with a private address). A client with a `network` sits on
+//! that network's segment (an "internet" client). With `overlay: true` the lab runs kuport's
+//! WireGuard mesh, and `cni: bridge` makes each node's pod network a bridge `cni0`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -21,6 +28,8 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_YAML: &str = include_str!("../topologies/default.yaml");
 /// Three accepting workers with a client entering at each: the Multi scenarios.
 pub const MULTI_YAML: &str = include_str!("../topologies/multi.yaml");
+/// Three sites joined only by an internet, meshed by kuport's overlay (docs/overlay/lab.md).
+pub const SITES_YAML: &str = include_str!("../topologies/sites.yaml");
 
 /// Pods may not serve more ports than this (each is one socket in the echo server).
 pub const MAX_PORTS_PER_POD: u32 = 2048;
@@ -36,6 +45,12 @@ pub enum TopologyError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Topology {
+    /// Run kuport's WireGuard mesh between the nodes (the controller's `--overlay`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overlay: bool,
+    /// The CNI the lab emulates on every node.
+    #[serde(default, skip_serializing_if = "Cni::is_default")]
+    pub cni: Cni,
     /// Namespaces with labels (for classes' namespace selectors). Namespaces that pods and
     /// Services name exist without being listed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -47,6 +62,44 @@ pub struct Topology {
     pub services: Vec<ServiceSpec>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clients: Vec<ClientSpec>,
+}
+
+/// The CNI the lab emulates (see [`crate::cni`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Cni {
+    /// Cilium's devices: `cilium_host`, `lxc*`, a tc redirect per pod.
+    #[default]
+    Cilium,
+    /// The bridge plugin with host-local IPAM: a bridge `cni0` with the pod CIDR's first
+    /// address, the pods' veths on it.
+    Bridge,
+}
+
+impl Cni {
+    fn is_default(&self) -> bool {
+        *self == Cni::Cilium
+    }
+}
+
+/// A node's own NAT router (a site of docs/overlay/lab.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Nat {
+    pub kind: NatKind,
+    /// The router's WAN address on the node's network, with the segment's prefix length.
+    pub public: Cidr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NatKind {
+    /// A home: everything from the LAN leaves masqueraded to the public address; nothing
+    /// enters unasked, so the node sends first.
+    Masquerade,
+    /// A VM with a private address: the public address is the node's, both ways. The Node
+    /// gets the annotation `kuport.wlz.li/external-endpoint` with it.
+    OneToOne,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,6 +125,30 @@ pub struct NodeSpec {
     /// Public interfaces: clients attach to them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub public: Vec<PublicInterface>,
+    /// Behind its own NAT router; absent: the underlay address is on the network itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat: Option<Nat>,
+}
+
+impl NodeSpec {
+    /// The node's router's host name (`<node>-nat`), when it has one.
+    pub fn router_host(&self) -> Option<String> {
+        self.nat.as_ref().map(|_| format!("{}-nat", self.name))
+    }
+
+    /// The router's LAN address: the first host of the node's segment.
+    pub fn lan_gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.underlay.address.0.network()) + 1)
+    }
+
+    /// Where its peers reach it: the public address of a 1:1 NAT, else the underlay address.
+    pub fn reachable_address(&self) -> Option<Ipv4Addr> {
+        match &self.nat {
+            None => Some(self.underlay.address.addr()),
+            Some(n) if n.kind == NatKind::OneToOne => Some(n.public.addr()),
+            Some(_) => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -162,7 +239,11 @@ pub struct ClientSpec {
     /// The client's one address (a /32), outside every pod CIDR.
     pub address: Ipv4Addr,
     /// `node/interface` of public interfaces; the first carries the default route.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attach: Vec<String>,
+    /// An underlay network the client sits on (inside its segment), instead of attachments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 /// An IPv4 address with a prefix length, as `100.64.0.11/16`.
@@ -284,6 +365,21 @@ impl Topology {
         Topology::parse("topologies/multi.yaml", MULTI_YAML).expect("the shipped Multi topology is valid")
     }
 
+    /// The shipped sites topology (docs/overlay/lab.md).
+    pub fn sites_lab() -> Topology {
+        Topology::parse("topologies/sites.yaml", SITES_YAML).expect("the shipped sites topology is valid")
+    }
+
+    /// A shipped topology by name (`default`, `multi`, `sites`).
+    pub fn shipped(name: &str) -> Option<Topology> {
+        match name {
+            "default" => Some(Topology::default_lab()),
+            "multi" => Some(Topology::multi_lab()),
+            "sites" => Some(Topology::sites_lab()),
+            _ => None,
+        }
+    }
+
     pub fn load(path: &Path) -> Result<Topology, TopologyError> {
         let file = path.display().to_string();
         let text =
@@ -333,12 +429,13 @@ impl Topology {
         self.clients.iter().find(|c| c.name == name)
     }
 
-    /// Every host (node, pod, client) by name: each is one network namespace.
-    pub fn hosts(&self) -> Vec<(&str, HostKind)> {
-        let nodes = self.nodes.iter().map(|n| (n.name.as_str(), HostKind::Node));
-        let pods = self.pods.iter().map(|p| (p.name.as_str(), HostKind::Pod));
-        let clients = self.clients.iter().map(|c| (c.name.as_str(), HostKind::Client));
-        nodes.chain(pods).chain(clients).collect()
+    /// Every host (node, pod, client, NAT router) by name: each is one network namespace.
+    pub fn hosts(&self) -> Vec<(String, HostKind)> {
+        let nodes = self.nodes.iter().map(|n| (n.name.clone(), HostKind::Node));
+        let pods = self.pods.iter().map(|p| (p.name.clone(), HostKind::Pod));
+        let clients = self.clients.iter().map(|c| (c.name.clone(), HostKind::Client));
+        let routers = self.nodes.iter().filter_map(|n| n.router_host().map(|r| (r, HostKind::Router)));
+        nodes.chain(pods).chain(clients).chain(routers).collect()
     }
 
     /// The underlay networks, in order of first mention.
@@ -395,6 +492,21 @@ impl Topology {
             }
             if !underlays.insert(u.address.addr()) {
                 return err(f("underlay.address"), format!("{} is another node's too", u.address.addr()));
+            }
+            if let Some(nat) = &n.nat {
+                let lan = u.address.0.trunc();
+                if n.lan_gateway() == u.address.addr() || lan.prefix_len() > 30 {
+                    return err(
+                        f("underlay.address"),
+                        format!("{}: the router takes the segment's first host", u.address),
+                    );
+                }
+                if nat.public.0.prefix_len() >= 31 || nat.public.addr() == nat.public.0.network() {
+                    return err(f("nat.public"), format!("{} is not a host address on a segment", nat.public));
+                }
+                if !underlays.insert(nat.public.addr()) {
+                    return err(f("nat.public"), format!("{} is another host's too", nat.public.addr()));
+                }
             }
             let mut ifaces = BTreeSet::from([u.interface.as_str()]);
             for (j, p) in n.public.iter().enumerate() {
@@ -463,6 +575,21 @@ impl Topology {
             if let Some((node, _)) = cidrs.iter().find(|(_, n)| n.contains(&c.address)) {
                 return err(f("address"), format!("{} is inside node {node}'s pod CIDR", c.address));
             }
+            if let Some(net) = &c.network {
+                if !self.networks().contains(&net.as_str()) {
+                    return err(f("network"), format!("no node is on network {net:?}"));
+                }
+                if !c.attach.is_empty() {
+                    return err(f("attach"), "a client on a network attaches to nothing else".into());
+                }
+                if !underlays.insert(c.address) {
+                    return err(f("address"), format!("{} is another host's too", c.address));
+                }
+                if !self.segments(net).iter().any(|s| s.contains(&c.address)) {
+                    return err(f("address"), format!("{} is outside network {net}'s segments", c.address));
+                }
+                continue;
+            }
             if c.attach.is_empty() {
                 return err(f("attach"), "a client attaches to at least one node interface".into());
             }
@@ -484,7 +611,19 @@ impl Topology {
                 return err(f("attach"), "at most 8 attachments".into());
             }
         }
+        let all = self.hosts();
+        for (i, (h, _)) in all.iter().enumerate() {
+            if all[..i].iter().any(|(o, _)| o == h) {
+                return err("nodes".into(), format!("{h:?} names two hosts (a NAT router is <node>-nat)"));
+            }
+        }
         Ok(())
+    }
+
+    /// The prefixes on network `net`: its nodes' underlays and its NAT routers' WAN addresses.
+    pub fn segments(&self, net: &str) -> Vec<Ipv4Net> {
+        let on = self.nodes.iter().filter(|n| n.underlay.network == net);
+        on.map(|n| n.nat.as_ref().map_or(n.underlay.address.0.trunc(), |nat| nat.public.0.trunc())).collect()
     }
 }
 
@@ -494,6 +633,8 @@ pub enum HostKind {
     Node,
     Pod,
     Client,
+    /// A node's NAT router.
+    Router,
 }
 
 /// The CNI's router address on a node: the first address of its pod CIDR, on `cilium_host`.
@@ -534,9 +675,13 @@ mod tests {
         assert!(!t.clients.is_empty());
         let m = Topology::multi_lab();
         assert_eq!(m.nodes.len(), 3);
+        let s = Topology::sites_lab();
+        assert!(s.overlay && s.cni == Cni::Bridge);
+        assert_eq!(s.hosts().iter().filter(|(_, k)| *k == HostKind::Router).count(), 2);
         // Round trip.
         assert_eq!(Topology::parse("x", &t.to_yaml()).unwrap(), t);
         assert_eq!(Topology::parse("x", &m.to_yaml()).unwrap(), m);
+        assert_eq!(Topology::parse("x", &s.to_yaml()).unwrap(), s);
     }
 
     fn error(text: &str) -> String {
@@ -566,6 +711,22 @@ mod tests {
         assert_eq!(e, "t.yaml: field nodes: at least one node is needed");
         let e = error(&format!("{NODE}  public: [{{interface: lxc0, address: 1.2.3.4/24}}]\n"));
         assert!(e.contains("field nodes[0].public[0].interface: \"lxc0\" is reserved"), "{e}");
+    }
+
+    #[test]
+    fn sites_errors() {
+        let nat = "nodes:\n- name: a\n  podCidr: 10.244.1.0/24\n  underlay: {address: 192.168.1.1/24}\n  nat: {kind: masquerade, public: 203.0.113.2/24}\n";
+        assert!(
+            error(nat).contains("field nodes[0].underlay.address: 192.168.1.1/24: the router takes"),
+            "{}",
+            error(nat)
+        );
+        let e = error(&format!("{NODE}clients:\n- {{name: c, address: 100.64.0.9, network: elsewhere}}\n"));
+        assert_eq!(e, "t.yaml: field clients[0].network: no node is on network \"elsewhere\"");
+        let e = error(&format!("{NODE}clients:\n- {{name: c, address: 10.9.0.9, network: underlay}}\n"));
+        assert_eq!(e, "t.yaml: field clients[0].address: 10.9.0.9 is outside network underlay's segments");
+        let two = "nodes:\n- name: a\n  podCidr: 10.244.1.0/24\n  underlay: {address: 10.1.0.2/24}\n  nat: {kind: oneToOne, public: 100.64.0.3/16}\n- name: a-nat\n  podCidr: 10.244.2.0/24\n  underlay: {address: 100.64.0.4/16}\n";
+        assert_eq!(error(two), "t.yaml: field nodes: \"a-nat\" names two hosts (a NAT router is <node>-nat)");
     }
 
     #[test]

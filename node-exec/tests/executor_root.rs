@@ -447,6 +447,23 @@ fn transitions_reach_exactly_the_new_state() {
     transition(&ns, &mut ex, &mtu);
     assert_eq!(ns.ifindex(&dev), index, "an MTU change keeps the ifindex");
 
+    // The remote and the MTU change at once, as when a link moves onto the overlay: the kernel
+    // refuses IFLA_MTU beside VXLAN data ("Cannot change mtu"), so they go in two messages.
+    c.edit("facts.yaml", "underlayAddress: 100.64.0.22", "underlayAddress: 100.64.0.32");
+    c.edit("facts.yaml", "addresses: [100.64.0.22]", "addresses: [100.64.0.32]");
+    c.edit("nodes.yaml", "address: 100.64.0.22", "address: 100.64.0.32");
+    c.edit(
+        "facts.yaml",
+        "underlayMtu: 1360\ninterfaces:\n  - name: enp1s0",
+        "underlayMtu: 1340\ninterfaces:\n  - name: enp1s0",
+    );
+    let both = c.state(node);
+    let Some(link::Kind::Vxlan(v)) = &both.links[0].kind else { panic!("vxlan") };
+    assert_eq!(v.remote, "100.64.0.32");
+    assert_ne!(both.links[0].mtu, mtu.links[0].mtu, "the MTU edit must change the link");
+    transition(&ns, &mut ex, &both);
+    assert_eq!(ns.ifindex(&dev), index, "a link retargeted with a new MTU keeps its ifindex");
+
     // The game pod moves to worker-3: its elements and the link move to a new link.
     c.edit("game.yaml", "nodeName: worker-2", "nodeName: worker-3");
     let pod_moved = c.state(node);

@@ -356,3 +356,57 @@ fn rendered_text_lists_like_our_apply() {
         assert_eq!(ours.list(&desired.name), theirs.list(&desired.name));
     }
 }
+
+/// The overlay's forward chain (docs/overlay/filter.md) with more `tcp flags` forms and the MSS
+/// clamp: our apply lists like `nft -f` of tests/data/overlay_filter.nft, reads back equal (a
+/// re-apply writes nothing, nft's own table reads back the same), and a rule deleted by hand is
+/// put back.
+#[test]
+fn overlay_filter_lists_like_nft_reapplies_without_writes_and_is_repaired() {
+    use kuport_proto::build::{accept, eq, proto, rule, tcp_flag::*, tcp_flags, tcp_mss_clamp};
+    use kuport_proto::v1::Selector as S;
+    if !root() {
+        return;
+    }
+    // The controller's table, and the other forms of `tcp flags` nft lists.
+    let mut desired = kuport_controller::compute::overlay::filter_table("kup-wg");
+    desired.chains[0].rules.extend([
+        rule(vec![tcp_flags(0, SYN | RST)], vec![accept()]),
+        rule(vec![tcp_flags(SYN, 0xff)], vec![accept()]),
+        rule(vec![eq(S::L4proto, proto(L4Proto::Tcp)), tcp_flags(SYN | ACK, SYN | ACK)], vec![accept()]),
+        rule(vec![eq(S::L4proto, proto(L4Proto::Tcp))], vec![tcp_mss_clamp()]),
+    ]);
+    let list = |ns: &Netns| ns.nft(&["-s", "list", "table", "inet", "kuport-overlay"]);
+    let (ours, theirs) = (Netns::new(), Netns::new());
+    let r = apply_table(Some(&ours.path()), &desired).expect("apply");
+    assert_eq!(r.mode, ApplyMode::Replaced);
+    theirs.nft(&["-f", &format!("{}/tests/data/overlay_filter.nft", env!("CARGO_MANIFEST_DIR"))]);
+    let want = list(&theirs);
+    assert_eq!(list(&ours), want);
+    assert_eq!(list(&ours), kuport_proto::text::nft_table(&desired), "the renderer prints what nft lists");
+
+    let again = apply_table(Some(&ours.path()), &desired).expect("re-apply");
+    assert_eq!((again.mode, again.writes, again.batches), (ApplyMode::Unchanged, 0, 0), "{:?}", again.diffs);
+    let back = read_table(Some(&ours.path()), NftFamily::Inet, "kuport-overlay").expect("read").expect("exists");
+    assert_eq!(back, normalize(&desired).expect("normalize"));
+    let theirs_back =
+        read_table(Some(&theirs.path()), NftFamily::Inet, "kuport-overlay").expect("read").expect("exists");
+    assert_eq!(theirs_back, back);
+
+    // Drift: the clamp deleted by hand comes back, and the table lists as before.
+    let handles = ours.nft(&["-a", "list", "chain", "inet", "kuport-overlay", "forward"]);
+    let handle = handles
+        .lines()
+        .find(|l| l.contains("maxseg") && l.contains("oifname"))
+        .and_then(|l| l.rsplit("# handle ").next())
+        .expect("the clamp's handle")
+        .trim()
+        .to_string();
+    ours.nft(&["delete", "rule", "inet", "kuport-overlay", "forward", "handle", &handle]);
+    assert_ne!(list(&ours), want);
+    let r = apply_table(Some(&ours.path()), &desired).expect("repair");
+    assert!(r.writes > 0, "{:?}", r.diffs);
+    assert_eq!(list(&ours), want);
+    let again = apply_table(Some(&ours.path()), &desired).expect("re-apply");
+    assert_eq!(again.writes, 0, "{:?}", again.diffs);
+}

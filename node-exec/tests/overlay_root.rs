@@ -15,7 +15,9 @@
 //!
 //! Oracles: an echo server in every pod (tests/data/overlay_echo.py) that answers with the peer
 //! address it saw; `wg show DEV dump` inside each node; `ip link`; DF datagrams of exactly the
-//! overlay MTU and one byte more. The pod CIDRs are IPv4 only: for an IPv6 pod CIDR the
+//! overlay MTU and one byte more. The overlay's filter (docs/overlay/filter.md) has an ablation
+//! each: `nft` lists the table and its counters and deletes a rule by hand, and a sink in a pod
+//! reads the SYN's MSS off its interface (tests/data/overlay_echo.py). The pod CIDRs are IPv4 only: for an IPv6 pod CIDR the
 //! controller computes IPv6 routes through the device, and the executor's route model is IPv4
 //! only, so it refuses the whole state (`node-exec/src/rtnl/model.rs`, `parse_route`).
 //! Without root it fails, unless KUPORT_SKIP_ROOT_TESTS=1.
@@ -175,8 +177,17 @@ impl Node {
     /// Runs a command inside the node's namespace with the node's own wireguard-go folder
     /// mounted where `wg` looks (`ip netns exec` gives it a mount namespace of its own).
     fn wg_show(&self, dev: &str) -> std::process::Output {
-        let script = format!("mount --bind {} /var/run/wireguard && exec wg show {dev} dump", self.sockets().display());
-        self.ns.command(&["sh", "-c", &script]).output().expect("wg show")
+        self.wg(&format!("show {dev} dump"))
+    }
+
+    /// `wg ARGS` inside the node's namespace, on its own daemon's socket.
+    fn wg(&self, args: &str) -> std::process::Output {
+        let script = format!("mount --bind {} /var/run/wireguard && exec wg {args}", self.sockets().display());
+        self.ns.command(&["sh", "-c", &script]).output().expect("wg")
+    }
+
+    fn pod_cidr(&self) -> String {
+        self.pod_cidrs()[0].clone()
     }
 
     fn dump(&self, dev: &str) -> Dump {
@@ -508,4 +519,248 @@ fn the_computed_mesh_carries_pod_traffic_between_every_pair_and_a_removed_node_l
         });
     }
     println!("done in {:?}", started.elapsed());
+}
+
+/// `nft ARGS` in `ns` (the oracle, and the hand that deletes a rule for an ablation).
+fn nft(ns: &Netns, args: &[&str]) -> String {
+    let mut all = vec!["netns", "exec", &ns.name, "nft"];
+    all.extend_from_slice(args);
+    run("ip", &all)
+}
+
+/// The overlay's table as nft lists it on a node, counters hidden.
+fn overlay_table(ns: &Netns) -> String {
+    nft(ns, &["-s", "list", "table", "inet", kuport_controller::compute::overlay::NFT_TABLE])
+}
+
+/// Deletes the one rule of the overlay's forward chain whose listing contains `what`.
+fn delete_overlay_rule(ns: &Netns, what: &str) {
+    use kuport_controller::compute::overlay::{FORWARD_CHAIN, NFT_TABLE};
+    let listing = nft(ns, &["-a", "list", "chain", "inet", NFT_TABLE, FORWARD_CHAIN]);
+    let lines: Vec<&str> = listing.lines().filter(|l| l.contains(what) && l.contains("# handle ")).collect();
+    assert_eq!(lines.len(), 1, "one rule with {what:?} in\n{listing}");
+    let handle = lines[0].rsplit("# handle ").next().expect("a handle").trim();
+    nft(ns, &["delete", "rule", "inet", NFT_TABLE, FORWARD_CHAIN, "handle", handle]);
+}
+
+/// The packets counted by the rule containing `what` in `nft list table FAMILY NAME`.
+fn counted(ns: &Netns, family: &str, table: &str, what: &str) -> u64 {
+    let listing = nft(ns, &["list", "table", family, table]);
+    let line = listing.lines().find(|l| l.contains(what)).unwrap_or_else(|| panic!("no {what:?} in\n{listing}"));
+    let packets = line.split("counter packets ").nth(1).and_then(|r| r.split_whitespace().next());
+    packets.and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no counter in {line:?}"))
+}
+
+/// A device name of this test's own (wireguard-go's sockets share one folder on the host).
+fn device_name() -> String {
+    format!("kup-o{}{}", std::process::id() % 100_000, unique() % 10)
+}
+
+impl Lab {
+    fn node(&self, name: &str) -> &Node {
+        self.nodes.iter().find(|n| n.name == name).expect("node")
+    }
+
+    /// Computes the three-node mesh and applies each node's host namespace with its executor.
+    fn up(&self, dev: &str) -> (BTreeMap<String, NetnsState>, BTreeMap<&'static str, Executor>) {
+        let out = compute(&self.cluster(&["cloud", "home", "vm"]), &settings(dev));
+        let states = host_states(&out);
+        let mut exs = BTreeMap::new();
+        for n in &self.nodes {
+            let mut ex = n.executor();
+            apply(&mut ex, &states[n.name]);
+            exs.insert(n.name, ex);
+        }
+        (states, exs)
+    }
+}
+
+/// Every member's forward chain (docs/overlay/filter.md): traffic that arrives through the
+/// device and would leave through it again is dropped, and counted, on a node that is not a
+/// relay. The path is made by hand with `wg set`: cloud sends vm's pod prefix to home, and vm
+/// accepts cloud's pod prefix from home, as a relay's peers would. With the rule, home drops
+/// every datagram and vm's pod gets nothing; with the rule deleted by hand, vm's pod answers
+/// through home, seeing cloud's pod's own address; the executor's re-apply puts the rule back.
+#[test]
+fn a_node_that_is_not_a_relay_drops_what_would_leave_the_overlay_back_into_it() {
+    if !root() {
+        return;
+    }
+    let dev = device_name();
+    let lab = Lab::new();
+    let (states, mut exs) = lab.up(&dev);
+    let (cloud, home, vm) = (lab.node("cloud"), lab.node("home"), lab.node("vm"));
+    let filter = kuport_proto::text::nft_table(&kuport_controller::compute::overlay::filter_table(&dev));
+    for n in &lab.nodes {
+        assert_eq!(overlay_table(&n.ns), filter, "{}: the computed filter, as nft lists it", n.name);
+    }
+    let _servers: Vec<Proc> = lab.nodes.iter().map(|n| serve(&n.pod)).collect();
+    let port = ECHO_PORT.to_string();
+    let answered = format!("echo {} 100", cloud.pod_v4());
+    // Directly, over vm's own peer entry.
+    until("cloud's pod reaches vm's pod", Duration::from_secs(15), || {
+        (script(&cloud.pod, &["df", &vm.pod_v4(), &port, "100"]) == answered).then_some(())
+    });
+
+    // The detour through home, by hand.
+    for (n, other) in [(cloud, vm), (vm, cloud)] {
+        let cidrs = format!("{},{}", home.pod_cidr(), other.pod_cidr());
+        let out = n.wg(&format!("set {dev} peer {} allowed-ips {cidrs}", home.key()));
+        assert!(out.status.success(), "{}: {}", n.name, String::from_utf8_lossy(&out.stderr));
+        let d = n.dump(&dev);
+        assert_eq!(d.peer(&home.key()).map(|p| sorted(&p[3])), Some(sorted(&cidrs)), "{}: {d:?}", n.name);
+        assert_eq!(d.peer(&other.key()).map(|p| p[3].clone()), Some("(none)".to_string()), "{}: {d:?}", n.name);
+    }
+    // What vm's node forwards from cloud's pod to its own (a test-only table the executor
+    // leaves alone: not under kuport's prefix).
+    nft(&vm.ns, &["add", "table", "ip", "probe"]);
+    nft(&vm.ns, &["add", "chain", "ip", "probe", "seen", "{ type filter hook forward priority -10; }"]);
+    let from_cloud = format!("ip saddr {} ip daddr {}", cloud.pod_v4(), vm.pod_v4());
+    nft(&vm.ns, &["add", "rule", "ip", "probe", "seen", &from_cloud, "counter"]);
+    let reached_vm = || counted(&vm.ns, "ip", "probe", &from_cloud);
+    let hairpin = format!("iifname \"{dev}\" oifname \"{dev}\"");
+    let dropped = || counted(&home.ns, "inet", kuport_controller::compute::overlay::NFT_TABLE, &hairpin);
+
+    let before = dropped();
+    assert_eq!(script(&cloud.pod, &["df", &vm.pod_v4(), &port, "100"]), "lost");
+    let after = dropped();
+    assert!(after >= before + 3, "home dropped each of the 3 datagrams: {before} -> {after}");
+    assert_eq!(reached_vm(), 0, "vm's pod got nothing");
+    println!("MEASURE forward drop: 3 datagrams sent, home's counter {before} -> {after}, vm's pod reached 0 times");
+
+    // The ablation: without the rule, home forwards cloud's datagram to vm and vm's answer back.
+    delete_overlay_rule(&home.ns, &hairpin);
+    let got = until("cloud's pod reaches vm's pod through home", Duration::from_secs(10), || {
+        let got = script(&cloud.pod, &["df", &vm.pod_v4(), &port, "100"]);
+        (got == answered).then_some(got)
+    });
+    assert_eq!(got, answered, "vm's pod saw cloud's pod's own address");
+    assert!(reached_vm() >= 1);
+    println!("MEASURE without the drop: vm's pod reached {} times through home", reached_vm());
+
+    // The executor names the drift, a check and repair puts the rule back, and the detour is
+    // closed again.
+    repair(home, exs.get_mut("home").expect("executor"), &states["home"]);
+    assert_eq!(overlay_table(&home.ns), filter);
+    assert_eq!(script(&cloud.pod, &["df", &vm.pod_v4(), &port, "100"]), "lost");
+}
+
+/// The drift a rule deleted by hand makes: `ex` names it in the overlay's table, and a full check
+/// and repair (what the keep loop runs once it hears the table change; here an executor that
+/// reads the kernel afresh) puts it back, after which nothing differs.
+fn repair(n: &Node, ex: &mut Executor, state: &NetnsState) {
+    let table = kuport_controller::compute::overlay::NFT_TABLE;
+    let found = ex.differences(state).expect("differences");
+    assert!(!found.is_empty() && found.iter().all(|d| d.contains(table)), "{}: {found:?}", n.name);
+    println!("{}: drift {found:?}", n.name);
+    let r = apply(&mut n.executor(), state);
+    assert!(r.writes > 0, "{}: {r}", n.name);
+    assert_eq!(ex.differences(state).expect("differences"), Vec::<String>::new(), "{}", n.name);
+    assert_eq!(apply(&mut n.executor(), state).writes, 0, "{}", n.name);
+}
+
+/// The sink's port, beside the echo servers'.
+const SINK_PORT: u16 = ECHO_PORT + 1;
+
+/// One TCP transfer of [`TCP_BYTES`] from `from`'s pod to `to`'s, time-boxed to `seconds` at
+/// the sink: (the MSS option of the SYN as `to`'s pod received it, the bytes that arrived,
+/// "eof" when all did or "timeout").
+fn transfer(from: &Node, to: &Node, seconds: &str) -> (u32, usize, String) {
+    let port = SINK_PORT.to_string();
+    let mut child = to
+        .pod
+        .command(&["timeout", "60", "python3", SCRIPT, "sink", &port, seconds])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sink");
+    use std::io::BufRead as _;
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let _sink = Proc(child);
+    let mut line = String::new();
+    out.read_line(&mut line).expect("ready");
+    assert_eq!(line.trim(), "ready");
+    let _sender = Proc(
+        from.pod
+            .command(&["timeout", "60", "python3", SCRIPT, "send", &to.pod_v4(), &port, &TCP_BYTES.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sender"),
+    );
+    line.clear();
+    out.read_line(&mut line).expect("the sink's report");
+    let f: Vec<&str> = line.split_whitespace().collect();
+    match f.as_slice() {
+        ["mss", m, "bytes", b, end] => (m.parse().expect("mss"), b.parse().expect("bytes"), end.to_string()),
+        _ => panic!("the sink said {line:?}"),
+    }
+}
+
+/// The MSS clamp (docs/overlay/filter.md) on a PMTU black hole: the pods' interfaces have MTU
+/// 1500, the overlay carries 1400, and cloud's pod never hears "fragmentation needed" (a
+/// test-only table drops it, as many internet paths do). With the clamp on both ends, a
+/// transfer of many segments from cloud's pod to home's completes and home's pod sees the SYN
+/// with the route's MTU less 40. With home's clamp deleted by hand (its SYN-ACK then offers
+/// 1460), cloud's full-size segments never arrive, though cloud still clamps its SYN; with
+/// both deleted, the SYN carries the pod's own 1460. The executors' re-apply restores it.
+#[test]
+fn the_mss_clamp_carries_tcp_through_a_pmtu_black_hole_and_without_it_tcp_stalls() {
+    if !root() {
+        return;
+    }
+    let dev = device_name();
+    let lab = Lab::new();
+    let (states, mut exs) = lab.up(&dev);
+    let (cloud, home) = (lab.node("cloud"), lab.node("home"));
+    let blackhole = "icmp type destination-unreachable icmp code frag-needed";
+    nft(&cloud.pod, &["add", "table", "ip", "blackhole"]);
+    nft(&cloud.pod, &["add", "chain", "ip", "blackhole", "in", "{ type filter hook input priority 0; }"]);
+    nft(&cloud.pod, &["add", "rule", "ip", "blackhole", "in", blackhole, "counter", "drop"]);
+    let black_holed = || counted(&cloud.pod, "ip", "blackhole", blackhole);
+    // The first handshake, by UDP.
+    let _server = serve(&home.pod);
+    let port = ECHO_PORT.to_string();
+    until("cloud's pod reaches home's pod", Duration::from_secs(15), || {
+        (script(&cloud.pod, &["df", &home.pod_v4(), &port, "100"]) == format!("echo {} 100", cloud.pod_v4()))
+            .then_some(())
+    });
+    let clamped = OVERLAY_MTU - 40;
+
+    let t = Instant::now();
+    let got = transfer(cloud, home, "20");
+    let took = t.elapsed();
+    assert_eq!(got, (clamped, TCP_BYTES, "eof".to_string()), "with the clamp");
+    assert_eq!(black_holed(), 0, "no segment was too large for the overlay");
+    println!("MEASURE with the clamp: SYN MSS {} at the receiver, {TCP_BYTES} bytes in {took:?}", got.0);
+
+    // Home's clamp gone: cloud still clamps the SYN, but home's SYN-ACK offers its pod's 1460.
+    delete_overlay_rule(&home.ns, "maxseg");
+    let got = transfer(cloud, home, "3");
+    assert_eq!((got.0, got.2.as_str()), (clamped, "timeout"), "{got:?}");
+    assert!(got.1 < 8192, "nothing beyond the first few KB: {got:?}");
+    let dropped = black_holed();
+    assert!(dropped > 0, "cloud's node answered the full-size segments with frag-needed");
+    println!(
+        "MEASURE home's clamp deleted: SYN MSS {}, {} bytes in 3 s, {dropped} frag-needed black-holed",
+        got.0, got.1
+    );
+
+    // Both gone: the SYN carries the pod's own MSS.
+    delete_overlay_rule(&cloud.ns, "maxseg");
+    let got = transfer(cloud, home, "3");
+    assert_eq!((got.0, got.2.as_str()), (1460, "timeout"), "{got:?}");
+    assert!(got.1 < 8192, "nothing beyond the first few KB: {got:?}");
+    println!(
+        "MEASURE both clamps deleted: SYN MSS {}, {} bytes in 3 s, {} frag-needed black-holed in all",
+        got.0,
+        got.1,
+        black_holed()
+    );
+
+    // The executors name the drift and put the clamp back.
+    for n in [cloud, home] {
+        repair(n, exs.get_mut(n.name).expect("executor"), &states[n.name]);
+    }
+    let got = transfer(cloud, home, "20");
+    assert_eq!(got, (clamped, TCP_BYTES, "eof".to_string()), "with the clamp restored");
 }

@@ -9,8 +9,8 @@ use std::fmt::Display;
 use crate::v1::{
     BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Counter, Hook, L4Proto, LiteralSet, MapLookup, Nat, NatKind,
     NatTarget, NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue,
-    PortRange, Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, WireguardDevice, WireguardPeer, nat,
-    nft_match, nft_statement, nft_value, redirect, set_mark,
+    PortRange, Redirect, Selector, SetLookup, SetMark, TcpFlags, TcpMssClamp, Verdict, VerdictKind, WireguardDevice,
+    WireguardPeer, nat, nft_match, nft_statement, nft_value, redirect, set_mark,
 };
 
 // ---- values ----------------------------------------------------------------------------------
@@ -117,6 +117,24 @@ pub fn in_literal(sel: Selector, mut values: Vec<NftValue>) -> NftMatch {
     NftMatch { kind: Some(nft_match::Kind::Literal(l)) }
 }
 
+/// The TCP flag bits, as nft names them (`tcp flags`).
+pub mod tcp_flag {
+    pub const FIN: u32 = 0x01;
+    pub const SYN: u32 = 0x02;
+    pub const RST: u32 = 0x04;
+    pub const PSH: u32 = 0x08;
+    pub const ACK: u32 = 0x10;
+    pub const URG: u32 = 0x20;
+    pub const ECN: u32 = 0x40;
+    pub const CWR: u32 = 0x80;
+}
+
+/// `tcp flags VALUE / MASK`: the flags under `mask` equal `value` (`tcp flags syn / syn,rst`
+/// is `tcp_flags(SYN, SYN | RST)`: a SYN or a SYN-ACK, not a reset).
+pub fn tcp_flags(value: u32, mask: u32) -> NftMatch {
+    NftMatch { kind: Some(nft_match::Kind::TcpFlags(TcpFlags { value, mask })) }
+}
+
 fn set_lookup(key: &[Selector], set: &str, negate: bool) -> NftMatch {
     let l = SetLookup { key: selectors(key), set: set.to_string(), negate };
     NftMatch { kind: Some(nft_match::Kind::Lookup(l)) }
@@ -195,6 +213,11 @@ pub fn meta_mark_set(from: set_mark::From) -> NftStatement {
 /// `ct mark set FROM`.
 pub fn ct_mark_set(from: set_mark::From) -> NftStatement {
     statement(nft_statement::Kind::CtMarkSet(SetMark { from: Some(from) }))
+}
+
+/// `tcp option maxseg size set rt mtu`: the MSS option clamped to the route's MTU.
+pub fn tcp_mss_clamp() -> NftStatement {
+    statement(nft_statement::Kind::TcpMssClamp(TcpMssClamp {}))
 }
 
 // ---- rules, chains, tables -------------------------------------------------------------------

@@ -45,6 +45,11 @@ fn inet() {
     insta::assert_snapshot!(nft_table(&inet_table()));
 }
 
+#[test]
+fn overlay_filter() {
+    insta::assert_snapshot!(nft_table(&overlay_filter_table()));
+}
+
 fn host_netns() -> NetnsState {
     NetnsState {
         target: kuport_proto::netns::host(),

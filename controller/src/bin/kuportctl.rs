@@ -44,9 +44,9 @@ enum Command {
     Node { name: String },
     /// Every node: executor connected, desired and acknowledged versions, drift, overlay, last error.
     Nodes,
-    /// The overlay: every member (key fingerprint, endpoint, pod CIDRs, address, peer count) and
-    /// every refused node with its reasons. As computed; per-peer handshakes and bytes are not
-    /// reported yet (they will come from the executors).
+    /// The overlay: every member (key fingerprint, endpoint, pod CIDRs, address, peer count)
+    /// with each peer's last handshake, bytes received and sent and endpoint as its executor
+    /// reported them, and every refused node with its reasons.
     Mesh,
     /// Why a PortMap is or is not programmed, and where.
     Portmap {

@@ -115,12 +115,20 @@ impl Outputs {
 }
 
 pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
-    let view = View::new(cluster, settings.cni_vxlan_port);
+    let mut view = View::new(cluster, settings.cni_vxlan_port);
     let mut numbers = numbers::Numbers::default();
     let mut out = Outputs::default();
+    // The mesh first: port maps' links between members ride on it.
+    let mesh = settings.overlay.as_ref().map(|o| overlay::compute(&view, cluster, o));
+    for (name, place) in mesh.iter().flat_map(|m| &m.nodes) {
+        if let (Some(address), true) = (place.address, place.refused.is_empty())
+            && let Some(node) = view.nodes.get_mut(name)
+        {
+            node.overlay = Some((address, place.mtu));
+        }
+    }
     let mut hosts = portmap::compute(&view, cluster, settings, &mut numbers, &mut out);
-    if let Some(o) = &settings.overlay {
-        let mesh = overlay::compute(&view, cluster, o);
+    if let Some(mesh) = mesh {
         for (node, part) in mesh.netns {
             merge(hosts.entry(node).or_default(), part);
         }

@@ -37,6 +37,9 @@ pub struct KnownNode {
     pub remembered: BTreeMap<String, Vec<String>>,
     /// Class interfaces the rows say the node has (true) or lacks (false), for the same reason.
     pub remembered_interfaces: BTreeMap<String, bool>,
+    /// The node's overlay address and device MTU when it is a mesh member with an address:
+    /// links between two members ride on the mesh (docs/overlay/mesh.md, "Port maps over the mesh").
+    pub overlay: Option<(Ipv4Addr, u32)>,
 }
 
 impl KnownNode {
@@ -82,6 +85,7 @@ static UNKNOWN_NODE: KnownNode = KnownNode {
     remembered: BTreeMap::new(),
     remembered_interfaces: BTreeMap::new(),
     refused: Vec::new(),
+    overlay: None,
 };
 
 pub struct View<'a> {

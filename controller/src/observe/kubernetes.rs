@@ -55,6 +55,7 @@ impl Stores {
             pods: self.selected_pods(),
             facts: Vec::new(),
             refused_facts: Default::default(),
+            overlay_observed: Default::default(),
             now: Timestamp::now(),
         }
     }

@@ -11,7 +11,7 @@ pub mod index;
 pub mod kubernetes;
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -36,7 +36,32 @@ pub struct Cluster {
     /// Per node, why its executor's latest report was refused ([`facts::check`]); its
     /// previous facts, if any, are in `facts`.
     pub refused_facts: BTreeMap<String, facts::Refused>,
+    /// What the executors observe of the overlay's peers, for its endpoint choice
+    /// (docs/overlay/status.md); empty from a folder or before any report.
+    pub overlay_observed: OverlayObserved,
     pub now: Timestamp,
+}
+
+/// What the leader learns of the mesh at run time, from the executors' streams.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OverlayObserved {
+    /// Per reporting node, its latest PeerReport: per peer public key, what its WireGuard
+    /// holds.
+    pub reports: BTreeMap<String, BTreeMap<String, ObservedPeer>>,
+    /// Per node, the address its executor's NodeSync stream comes from.
+    pub connect_addresses: BTreeMap<String, IpAddr>,
+    /// Per node, per peer public key, the endpoint its last published state gave that peer:
+    /// a peer with a live session keeps it.
+    pub last_endpoints: BTreeMap<String, BTreeMap<String, SocketAddr>>,
+}
+
+/// One peer in a node's PeerReport.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObservedPeer {
+    /// Where WireGuard sends to it now: learned from its packets while its session lives.
+    pub endpoint: Option<SocketAddr>,
+    /// The last completed handshake, on the controller's clock; None: never.
+    pub last_handshake: Option<Timestamp>,
 }
 
 /// What the computation knows of a node from its executor's reports (the wire's `NodeFacts`,

@@ -64,6 +64,7 @@ fn node_debug(v: NodeSnapshot, with_state: bool, overlay: Option<&NodeOverlay>) 
         last_drift: v.last_drift,
         facts: v.facts,
         since_seconds: v.since.as_secs(),
+        peers: v.peers,
     }
 }
 

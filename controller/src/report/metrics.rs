@@ -2,6 +2,7 @@
 //! time, served as text on --metrics-listen at /metrics.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -19,6 +20,14 @@ use crate::stream::hub::NodeSnapshot;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabel {
     pub node: String,
+}
+
+/// A WireGuard peer as a node reports it: `node` reports, `peer` is the peer's node (its key's
+/// first 8 characters when no member has the key).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    pub node: String,
+    pub peer: String,
 }
 
 /// What a write to the API server was.
@@ -75,6 +84,12 @@ pub struct Metrics {
     /// Drift repairs executors reported (the sum of their counters).
     drift_repairs: Gauge,
     leader: Gauge,
+    /// Per connected member and peer, WireGuard's counters as its executor last reported them
+    /// (docs/overlay/status.md); they start again when a peer entry is made anew.
+    peer_receive_bytes: Family<PeerLabels, Counter>,
+    peer_transmit_bytes: Family<PeerLabels, Counter>,
+    /// Seconds since the peer's last handshake; +Inf for none ever.
+    peer_handshake_age: Family<PeerLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -95,6 +110,9 @@ impl Default for Metrics {
         let node_in_sync = Family::<NodeLabel, Gauge>::default();
         let drift_repairs = Gauge::default();
         let leader = Gauge::default();
+        let peer_receive_bytes = Family::<PeerLabels, Counter>::default();
+        let peer_transmit_bytes = Family::<PeerLabels, Counter>::default();
+        let peer_handshake_age = Family::<PeerLabels, Gauge<f64, AtomicU64>>::default();
         registry.register("reconciles", "Full recomputes of every node state and status", reconciles.clone());
         registry.register("reconcile_seconds", "Time of one recompute", reconcile_seconds.clone());
         registry.register("nacks", "States an executor refused", nacks.clone());
@@ -122,6 +140,21 @@ impl Default for Metrics {
         registry.register("node_in_sync", "1 when the node acknowledged its desired version", node_in_sync.clone());
         registry.register("drift_repairs_reported", "Drift repairs executors reported", drift_repairs.clone());
         registry.register("leader", "1 while this replica leads", leader.clone());
+        registry.register(
+            "overlay_peer_receive_bytes",
+            "Bytes a node's WireGuard received from a peer, as its executor reported",
+            peer_receive_bytes.clone(),
+        );
+        registry.register(
+            "overlay_peer_transmit_bytes",
+            "Bytes a node's WireGuard sent to a peer, as its executor reported",
+            peer_transmit_bytes.clone(),
+        );
+        registry.register(
+            "overlay_peer_last_handshake_age_seconds",
+            "Seconds since a node's last WireGuard handshake with a peer (+Inf: never)",
+            peer_handshake_age.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -139,6 +172,9 @@ impl Default for Metrics {
             node_in_sync,
             drift_repairs,
             leader,
+            peer_receive_bytes,
+            peer_transmit_bytes,
+            peer_handshake_age,
         }
     }
 }
@@ -180,6 +216,16 @@ impl Metrics {
         }
         self.drift_repairs.set(nodes.iter().map(|n| i64::try_from(n.drift_repairs).unwrap_or(i64::MAX)).sum());
         self.leader.set(i64::from(hub.leadership().borrow().leads()));
+        // Rebuilt at every scrape: a node that disconnected or left the mesh has no series.
+        self.peer_receive_bytes.clear();
+        self.peer_transmit_bytes.clear();
+        self.peer_handshake_age.clear();
+        for p in hub.peer_series(k8s_openapi::jiff::Timestamp::now()) {
+            let labels = PeerLabels { node: p.node, peer: p.peer };
+            self.peer_receive_bytes.get_or_create(&labels).inc_by(p.receive_bytes);
+            self.peer_transmit_bytes.get_or_create(&labels).inc_by(p.transmit_bytes);
+            self.peer_handshake_age.get_or_create(&labels).set(p.handshake_age.map_or(f64::INFINITY, |a| a as f64));
+        }
         let mut text = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
             tracing::warn!(error = %e, "encoding metrics");

@@ -4,22 +4,26 @@
 //! [`compute`] and publishes each node's state, stamped with the leader's term and a sequence
 //! number, on that node's channel. Only nodes whose version changed get a new message.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kuport_proto::v1::{
-    Applied, DesiredState, ExecutorMessage, Hello, NodeFacts as WireFacts, NodeState, ObjectError, executor_message,
+    Applied, DesiredState, ExecutorMessage, Hello, NodeFacts as WireFacts, NodeState, ObjectError, PeerStatus,
+    executor_message,
 };
 use tokio::sync::{Notify, watch};
 
 use super::leader::Leadership;
+use super::peers::{self, Digest, Reported};
 use crate::api::{PortMapClassStatus, PortMapStatus};
+use crate::compute::overlay::members::{self, ROTATE_EVERY_SECONDS};
 use crate::compute::portmap::{MapKey, admission};
 use crate::compute::{ObjectKey, Outputs, Settings, compute, relevant_facts};
 use crate::observe::facts::{self, Refused};
-use crate::observe::{Cluster, KnownFacts};
+use crate::observe::{Cluster, KnownFacts, OverlayObserved};
 use crate::report::metrics::Metrics;
 
 /// A recompute waits for this much quiet after the last change...
@@ -62,6 +66,13 @@ struct NodeEntry {
     facts: Option<(WireFacts, KnownFacts)>,
     /// Why the latest report was refused; None once one passes.
     refused_facts: Option<Refused>,
+    /// The latest peer report that passed [`peers::check`] (docs/overlay/status.md); dropped
+    /// when the node leaves the mesh.
+    peers: Option<Reported>,
+    /// What of it the last compute read.
+    peer_digest: Digest,
+    /// The address the executor's latest stream came from.
+    connect_address: Option<IpAddr>,
 }
 
 impl NodeEntry {
@@ -78,6 +89,9 @@ impl NodeEntry {
             last_drift: Vec::new(),
             facts: None,
             refused_facts: None,
+            peers: None,
+            peer_digest: Digest::new(),
+            connect_address: None,
         }
     }
 
@@ -99,6 +113,21 @@ pub struct NodeSnapshot {
     pub drift_repairs: u64,
     pub last_drift: Vec<String>,
     pub facts: Option<WireFacts>,
+    /// The executor's latest peer report, handshakes on the controller's clock.
+    pub peers: Vec<PeerStatus>,
+}
+
+/// One peer of one node, for the metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerSeries {
+    /// The reporting node.
+    pub node: String,
+    /// The peer's node, or its key's first 8 characters when no member has the key.
+    pub peer: String,
+    pub receive_bytes: u64,
+    pub transmit_bytes: u64,
+    /// Seconds since its last handshake; None: never.
+    pub handshake_age: Option<u64>,
 }
 
 /// Per node, the (term, sequence) of its first state holding an object as now computed.
@@ -124,6 +153,11 @@ struct Inner {
     /// state or a later one of the term has it, whatever else changed on the node since.
     holds_since: BTreeMap<ObjectKey, (u64, HeldSince)>,
     computes: u64,
+    /// The mesh members' public keys, as last computed: only peer reports about them count.
+    member_keys: BTreeSet<String>,
+    /// The keys of the members with more than one endpoint candidate, as last computed: only
+    /// they rotate while silent.
+    rotating: BTreeSet<String>,
 }
 
 /// Shared by the source, the recompute loop and every gRPC session.
@@ -206,6 +240,13 @@ impl Hub {
     /// An executor said Hello: registers its session (superseding any older one of the node,
     /// whose messages are dropped from now on) and returns the node's state channel.
     pub fn connect(&self, hello: &Hello) -> Session {
+        self.connect_from(hello, None)
+    }
+
+    /// [`Hub::connect`] for a stream that comes from `from`: with the overlay on, that
+    /// address is one of the node's endpoint candidates (docs/overlay/status.md).
+    pub fn connect_from(&self, hello: &Hello, from: Option<SocketAddr>) -> Session {
+        let overlay = self.settings.overlay.is_some();
         let mut inner = self.lock();
         inner.next_session += 1;
         let session = inner.next_session;
@@ -218,11 +259,16 @@ impl Hub {
         if let Some(a) = &hello.applied {
             entry.acked = Some(a.clone());
         }
+        let from = from.map(|a| a.ip().to_canonical());
+        let moved = from.is_some() && entry.connect_address != from;
+        if from.is_some() {
+            entry.connect_address = from;
+        }
         let desired = entry.tx.subscribe();
         let newest = entry.newest.subscribe();
         let new_node = inner.inputs.is_some() && !inner.outputs.node_states.contains_key(&hello.node);
         drop(inner);
-        if new_node {
+        if new_node || (overlay && moved) {
             // Publish at least an empty state for a node the inputs do not name.
             self.changed.notify_one();
         }
@@ -294,6 +340,17 @@ impl Hub {
                 entry.drift_repairs = d.repairs;
                 entry.last_drift = d.differences;
             }
+            // Not facts: only a peer turning silent or live, or a live peer's packets coming
+            // from elsewhere, recomputes (docs/overlay/status.md).
+            Some(executor_message::Message::Peers(r)) => match peers::check(&r, Timestamp::now()) {
+                Ok(checked) => {
+                    let digest = peers::digest(&checked.observed, &inner.member_keys, Timestamp::now());
+                    recompute = self.settings.overlay.is_some() && digest != entry.peer_digest;
+                    entry.peer_digest = digest;
+                    entry.peers = Some(checked);
+                }
+                Err(e) => tracing::warn!(%node, error = %e, "executor peer report refused"),
+            },
             Some(executor_message::Message::Hello(_)) | None => {}
         }
         drop(guard);
@@ -346,15 +403,65 @@ impl Hub {
         self.lock().computes
     }
 
+    /// Every connected member's peers as last reported, for the metrics: peers named by the
+    /// mesh (by their key), handshake ages at `now`.
+    pub fn peer_series(&self, now: Timestamp) -> Vec<PeerSeries> {
+        let inner = self.lock();
+        let names: BTreeMap<&str, &str> =
+            inner.outputs.overlay.iter().filter_map(|(n, o)| Some((o.public_key.as_deref()?, n.as_str()))).collect();
+        let mut out = Vec::new();
+        for (node, e) in &inner.nodes {
+            let Some(r) = e.peers.as_ref().filter(|_| e.session.is_some()) else { continue };
+            for p in &r.statuses {
+                let peer = names
+                    .get(p.public_key.as_str())
+                    .map_or_else(|| p.public_key.get(..8).unwrap_or(&p.public_key).to_string(), |n| n.to_string());
+                let handshake_age = (p.last_handshake_unix_seconds != 0)
+                    .then(|| u64::try_from(now.as_second()).unwrap_or(0).saturating_sub(p.last_handshake_unix_seconds));
+                out.push(PeerSeries {
+                    node: node.clone(),
+                    peer,
+                    receive_bytes: p.receive_bytes,
+                    transmit_bytes: p.transmit_bytes,
+                    handshake_age,
+                });
+            }
+        }
+        out
+    }
+
+    /// Whether a silent peer's endpoint may move at `now` (docs/overlay/status.md): some
+    /// member's report has a silent peer with more than one candidate, or a peer turned silent
+    /// or live by time alone since the last compute. Records the new digests.
+    fn rotation_due(&self, now: Timestamp) -> bool {
+        let mut guard = self.lock();
+        let inner = &mut *guard;
+        let mut due = false;
+        for e in inner.nodes.values_mut() {
+            let Some(r) = &e.peers else { continue };
+            let d = peers::digest(&r.observed, &inner.member_keys, now);
+            due |= peers::any_rotating(&d, &inner.rotating) || d != e.peer_digest;
+            e.peer_digest = d;
+        }
+        due
+    }
+
     /// Recomputes whenever something changed, debounced, until the process ends. With a
     /// `gate`, each result is published only once the gate passed it (the Kubernetes source
     /// writes slot claims first); a closed gate retries after [`GATE_RETRY`].
     pub async fn recompute_loop(self: Arc<Self>, gate: Option<Arc<dyn Gate>>) {
         let mut leadership = self.leadership.clone();
+        let overlay = self.settings.overlay.is_some();
         loop {
             tokio::select! {
                 _ = self.changed.notified() => {}
                 r = leadership.changed() => if r.is_err() { return },
+                // Right after each rotation period begins: silent peers move on.
+                _ = tokio::time::sleep(until_next_rotation(Timestamp::now())), if overlay => {
+                    if !self.rotation_due(Timestamp::now()) {
+                        continue;
+                    }
+                }
             }
             let first = tokio::time::Instant::now();
             loop {
@@ -426,10 +533,24 @@ impl Hub {
                     cluster.refused_facts.insert(node.clone(), r.clone());
                 }
             }
+            if let Some(o) = &self.settings.overlay {
+                cluster.overlay_observed = observed(&inner, &o.interface);
+            }
             (cluster, self.leadership.borrow().term)
         };
         cluster.now = Timestamp::now();
         let outputs = Arc::new(compute(&cluster, &self.settings));
+        if let Some(o) = &self.settings.overlay {
+            // Which peers rotate while silent: judged again, which is cheap beside the compute.
+            let judged = members::judge(&cluster, o);
+            let rotating = judged
+                .candidates
+                .iter()
+                .filter(|(_, c)| c.len() > 1)
+                .filter_map(|(n, _)| Some(judged.members.get(n)?.public_key.clone()))
+                .collect();
+            self.lock().rotating = rotating;
+        }
         self.metrics.observe_reconcile(started.elapsed());
         tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "computed");
         Some(Computed { outputs, term })
@@ -483,6 +604,14 @@ impl Hub {
             since.insert(key.clone(), (tracked.fingerprint, nodes));
         }
         inner.holds_since = since;
+        // Peer reports count for members only; a node that left the mesh loses its series.
+        inner.member_keys = out.overlay.values().filter_map(|o| o.public_key.clone()).collect();
+        for (name, e) in inner.nodes.iter_mut() {
+            if out.overlay.get(name).is_none_or(|o| o.public_key.is_none()) {
+                e.peers = None;
+                e.peer_digest.clear();
+            }
+        }
         inner.outputs = out;
         drop(inner);
         self.status_dirty.notify_one();
@@ -498,6 +627,45 @@ impl Hub {
     pub fn request_recompute(&self) {
         self.changed.notify_one();
     }
+}
+
+/// How long until the next rotation period begins at `now`, and a little: a compute right
+/// after it sees the new period.
+fn until_next_rotation(now: Timestamp) -> Duration {
+    let period = Duration::from_secs(ROTATE_EVERY_SECONDS.unsigned_abs());
+    let into =
+        Duration::from_nanos(u64::try_from(now.as_nanosecond().rem_euclid(period.as_nanos() as i128)).unwrap_or(0));
+    period.saturating_sub(into) + Duration::from_millis(50)
+}
+
+/// What the endpoint choice reads of the hub (docs/overlay/status.md): every node's latest
+/// peer report, the address each executor's stream came from, and the endpoint each node's
+/// published state gives each peer of device `interface`.
+fn observed(inner: &Inner, interface: &str) -> OverlayObserved {
+    let mut o = OverlayObserved::default();
+    for (node, e) in &inner.nodes {
+        if let Some(r) = &e.peers {
+            o.reports.insert(node.clone(), r.observed.clone());
+        }
+        if let Some(a) = e.connect_address {
+            o.connect_addresses.insert(node.clone(), a);
+        }
+        let Some(desired) = e.desired() else { continue };
+        let Some(state) = desired.state.as_ref() else { continue };
+        let endpoints: BTreeMap<String, SocketAddr> = state
+            .netns
+            .iter()
+            .filter(|ns| ns.is_host())
+            .flat_map(|ns| &ns.wireguard_devices)
+            .filter(|d| d.name == interface)
+            .flat_map(|d| &d.peers)
+            .filter_map(|p| Some((p.public_key.clone(), p.endpoint.parse().ok()?)))
+            .collect();
+        if !endpoints.is_empty() {
+            o.last_endpoints.insert(node.clone(), endpoints);
+        }
+    }
+    o
 }
 
 /// A compute's result, not yet published.
@@ -532,5 +700,6 @@ fn snapshot(node: &str, e: &NodeEntry) -> NodeSnapshot {
         drift_repairs: e.drift_repairs,
         last_drift: e.last_drift.clone(),
         facts: e.facts.as_ref().map(|(f, _)| f.clone()),
+        peers: e.peers.as_ref().map(|r| r.statuses.clone()).unwrap_or_default(),
     }
 }

@@ -128,7 +128,7 @@ impl NodeSync for SyncService {
         // The only node this stream speaks for: every message after Hello is taken as this
         // node's (a second Hello is ignored), see [`Hub::receive`].
         let node = hello.node.clone();
-        let super::hub::Session { id: session, mut desired, mut newest } = hub.connect(&hello);
+        let super::hub::Session { id: session, mut desired, mut newest } = hub.connect_from(&hello, peer);
         let mut closing = hub.closing();
         let proven_node = proven.as_ref().map(|p| p.node.as_str()).unwrap_or("(insecure: not proven)");
         tracing::info!(claimed = %node, proven = proven_node, session, version = %hello.executor_version, "executor connected");

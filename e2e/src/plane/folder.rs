@@ -116,6 +116,7 @@ pub fn remove_files(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(MANIFESTS));
     let _ = std::fs::remove_file(dir.join(format!(".{MANIFESTS}.tmp")));
     let _ = std::fs::remove_dir_all(dir.join(STORES));
+    let _ = std::fs::remove_dir_all(dir.join(super::WIREGUARD_SOCKETS));
     let _ = std::fs::remove_file(dir.join(super::trust::CA_FILE));
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {

@@ -34,7 +34,7 @@ use crate::apiserver;
 use crate::manifests::Manifests;
 use crate::process::Proc;
 use crate::sys::netns_path;
-use crate::topology::Topology;
+use crate::topology::{Cni, NodeSpec, Topology};
 
 pub mod debug;
 pub mod folder;
@@ -117,6 +117,17 @@ struct NodeRun {
     underlay: String,
 }
 
+/// The controller's settings a topology asks for: the mesh, and the bridge CNI's devices.
+#[derive(Debug, Clone, Copy, Default)]
+struct Flavour {
+    overlay: bool,
+    cni: Cni,
+}
+
+/// The folder under the plane's where each node's wireguard-go sockets live (its executor's
+/// private `/var/run/wireguard`).
+pub const WIREGUARD_SOCKETS: &str = "wireguard";
+
 /// One controller replica: its address (kept across restarts) and process.
 #[derive(Debug)]
 struct Replica {
@@ -136,6 +147,7 @@ pub struct Plane {
     /// The token refresher (Kubernetes source).
     kubelet: Option<Proc>,
     nodes: BTreeMap<String, NodeRun>,
+    flavour: Flavour,
     objects: String,
     user: Vec<(String, String)>,
     rt: tokio::runtime::Runtime,
@@ -184,6 +196,7 @@ impl Plane {
             executors: BTreeMap::new(),
             kubelet: None,
             nodes,
+            flavour: Flavour { overlay: topology.overlay, cni: topology.cni },
             objects,
             user: Vec::new(),
             rt,
@@ -331,9 +344,56 @@ impl Plane {
         self.dir().join(MANIFESTS)
     }
 
-    /// An executor's stored-state folder.
+    /// An executor's stored-state folder (with its WireGuard key, `wireguard.key`).
     pub fn store(&self, node: &str) -> PathBuf {
         self.dir().join(STORES).join(node)
+    }
+
+    /// The folder mounted on `/var/run/wireguard` for `node`'s executor and its wireguard-go
+    /// daemons (overlay topologies): `wg` finds the node's sockets there.
+    pub fn wireguard_sockets(&self, node: &str) -> PathBuf {
+        self.dir().join(WIREGUARD_SOCKETS).join(node)
+    }
+
+    /// Whether the controller runs the overlay (`--overlay`).
+    pub fn overlay(&self) -> bool {
+        self.flavour.overlay
+    }
+
+    /// Waits until every node's executor applied a state whose WireGuard device peers with
+    /// every other node: the mesh is computed whole (the keys are in). How long it took.
+    pub fn wait_mesh(&self, timeout: Duration) -> anyhow::Result<Duration> {
+        let started = std::time::Instant::now();
+        let nodes = self.node_names();
+        loop {
+            let whole = nodes.iter().all(|n| {
+                let Ok(Some(stored)) = self.stored(n) else { return false };
+                let host = stored.state.as_ref().and_then(|s| s.netns.iter().find(|ns| ns.is_host()));
+                host.is_some_and(|h| h.wireguard_devices.iter().any(|d| d.peers.len() + 1 == nodes.len()))
+            });
+            if whole && self.wait_converged(timeout).is_ok() {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > timeout {
+                anyhow::bail!("the mesh did not form within {:.1} s", timeout.as_secs_f64());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Adds a node the topology did not have (its namespace exists): its executor can then be
+    /// started. The objects are the caller's to publish.
+    pub(crate) fn add_node(&mut self, lab_id: &str, node: &NodeSpec) {
+        let run = NodeRun {
+            netns: netns_path(&format!("{lab_id}-{}", node.name)),
+            underlay: node.underlay.interface.clone(),
+        };
+        self.nodes.insert(node.name.clone(), run);
+    }
+
+    /// Forgets a node (its executor stopped first).
+    pub(crate) fn remove_node(&mut self, node: &str) {
+        self.nodes.remove(node);
     }
 
     /// Whether the plane's gRPC is TLS with tokens (the Kubernetes source) or plain text.

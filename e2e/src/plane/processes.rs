@@ -12,6 +12,7 @@ use rustix::process::Signal;
 
 use super::{Plane, Replica, trust};
 use crate::process::{Lifetime, kill, owned, signal, spawn, tail};
+use crate::topology::Cni;
 
 /// The token refresher's log.
 pub const KUBELET_LOG: &str = "kubelet.log";
@@ -55,6 +56,13 @@ impl Plane {
             None => cmd.arg("--manifests").arg(self.manifests_dir()),
             Some(k) => cmd.arg("--kubeconfig").arg(&k.controller).arg("--identity").arg(self.identity(i)),
         };
+        if self.flavour.overlay {
+            cmd.arg("--overlay");
+        }
+        if self.flavour.cni == Cni::Bridge {
+            let dev = crate::cni::bridge::DEVICE;
+            cmd.args(["--cni-host-device", dev, "--cni-devices", dev, "--cni-pod-devices", dev]);
+        }
         let log = self.dir().join(controller_log(i));
         let (proc, line) = spawn(cmd, append(&log)?, self.lifetime(), true)?;
         let line = line.unwrap_or_default();
@@ -106,6 +114,17 @@ impl Plane {
             anyhow::Ok(())
         })?;
         nodes.iter().try_for_each(|n| self.refresh_token(n).map(|_| ()))
+    }
+
+    /// With the Kubernetes source: a node added after the start gets its executor's Pod and
+    /// token (its Node registered first).
+    pub(crate) fn prepare_node(&mut self, node: &str) -> anyhow::Result<()> {
+        if !self.secure() {
+            return Ok(());
+        }
+        let client = self.kube()?;
+        self.rt.block_on(trust::ensure_pod(&client, node))?;
+        self.refresh_token(node).map(|_| ())
     }
 
     /// Mints `node`'s executor token anew into its token file, as a kubelet refreshing the
@@ -161,7 +180,23 @@ impl Plane {
         let store = self.store(node);
         std::fs::create_dir_all(&store).with_context(|| format!("creating {}", store.display()))?;
         let (first, max) = self.options.backoff;
-        let mut cmd = Command::new(&self.options.bin);
+        let mut cmd = match self.flavour.overlay {
+            false => Command::new(&self.options.bin),
+            true => {
+                // wireguard-go's socket folder is fixed and shared by every namespace: the
+                // executor (and the daemons it starts) get a private mount namespace with the
+                // node's own folder there. unshare and sh exec in place: the pid stays the
+                // executor's.
+                let sockets = self.wireguard_sockets(node);
+                std::fs::create_dir_all(&sockets).with_context(|| format!("creating {}", sockets.display()))?;
+                let mut c = Command::new("unshare");
+                c.args(["--mount", "--propagation", "private", "sh", "-c"])
+                    .arg("mkdir -p /var/run/wireguard && mount --bind \"$0\" /var/run/wireguard && exec \"$@\"")
+                    .arg(&sockets)
+                    .arg(&self.options.bin);
+                c
+            }
+        };
         let controllers: Vec<String> = self.replicas.iter().map(|r| self.url(r.address)).collect();
         cmd.arg("node-exec")
             .arg("--controller")

@@ -44,7 +44,11 @@ pub enum ControllerSource {
 
 /// `kuport-lab controller`: kuport's controller (standalone on a folder, or a replica on the
 /// API server) serving on `listen`; prints `listening ADDR` once bound. Until SIGTERM.
-pub fn run_controller(source: ControllerSource, listen: &str) -> anyhow::Result<()> {
+pub fn run_controller(
+    source: ControllerSource,
+    listen: &str,
+    settings: kuport_controller::compute::Settings,
+) -> anyhow::Result<()> {
     use std::io::Write as _;
     init_logs();
     let rt = runtime()?;
@@ -57,15 +61,14 @@ pub fn run_controller(source: ControllerSource, listen: &str) -> anyhow::Result<
         out.flush()?;
         match source {
             ControllerSource::Folder(manifests) => {
-                let cfg =
-                    kuport_controller::serve::Standalone { manifests, settings: Default::default(), advertise: None };
+                let cfg = kuport_controller::serve::Standalone { manifests, settings, advertise: None };
                 kuport_controller::serve::run_standalone(cfg, listener, terminated()).await
             }
             ControllerSource::Kubernetes { kubeconfig, identity } => {
                 let client = apiserver::client(&kubeconfig).await?;
                 let cfg = kuport_controller::serve::Kubernetes {
                     metrics: None,
-                    settings: Default::default(),
+                    settings,
                     lease_namespace: apiserver::LEASE_NAMESPACE.into(),
                     lease_name: apiserver::LEASE_NAME.into(),
                     identity,

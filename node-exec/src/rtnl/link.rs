@@ -211,9 +211,10 @@ fn create(s: &mut Session, spec: &LinkSpec) {
     s.write(Op::Add, spec.to_string(), req);
 }
 
-/// One RTM_NEWLINK on the existing ifindex carrying only what differs: the kernel's vxlan
+/// RTM_NEWLINK on the existing ifindex carrying only what differs: the kernel's vxlan
 /// changelink takes a new local, remote and ttl in place (and refuses any port attribute, so
-/// none is sent).
+/// none is sent). It also refuses IFLA_MTU next to VXLAN data ("Cannot change mtu"), so a new
+/// MTU with new VXLAN data goes in a message of its own, after it.
 fn change(s: &mut Session, ch: &LinkChange) {
     let mut msg = LinkMessage::default();
     msg.header.index = ch.index;
@@ -221,7 +222,8 @@ fn change(s: &mut Session, ch: &LinkChange) {
         msg.header.flags |= LinkFlags::Up;
         msg.header.change_mask |= LinkFlags::Up;
     }
-    if let Some(mtu) = ch.mtu {
+    let data_changes = ch.local.is_some() || ch.remote.is_some() || ch.ttl.is_some();
+    if let Some(mtu) = ch.mtu.filter(|_| !data_changes) {
         msg.attributes.push(LinkAttribute::Mtu(mtu));
     }
     if let Some(mac) = ch.mac {
@@ -245,7 +247,14 @@ fn change(s: &mut Session, ch: &LinkChange) {
     }
     let object = format!("{} ({})", ch.spec, ch.how.join(", "));
     let req = s.handle().link().change(msg).execute();
-    s.write(Op::Change, object, req);
+    s.write(Op::Change, object.clone(), req);
+    if let Some(mtu) = ch.mtu.filter(|_| data_changes) {
+        let mut msg = LinkMessage::default();
+        msg.header.index = ch.index;
+        msg.attributes.push(LinkAttribute::Mtu(mtu));
+        let req = s.handle().link().change(msg).execute();
+        s.write(Op::Change, object, req);
+    }
 }
 
 fn mac_text(mac: Option<&[u8]>) -> String {

@@ -4,13 +4,13 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use kuport_proto::channel::{self, ChannelError};
 use kuport_proto::v1::node_sync_client::NodeSyncClient;
 use kuport_proto::v1::{
     Ack, ControllerMessage, DesiredState, DriftReport, ExecutorMessage, Hello, NetnsState, NodeFacts, NodeState,
-    ObjectError, controller_message, executor_message,
+    ObjectError, PeerReport, PeerStatus, controller_message, executor_message,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -23,6 +23,9 @@ pub const MAX_MESSAGE: usize = 256 * 1024 * 1024;
 /// At most this many refused objects or drift differences go up in one message: the
 /// controller accepts 4 MiB from an executor (docs/security.md), and the first ones say enough.
 pub const MAX_REPORTED: usize = 1000;
+/// At most this many peers go up in one report (the controller refuses more: 100 bytes each,
+/// well within its 4 MiB).
+pub const MAX_REPORTED_PEERS: usize = 10_000;
 /// How often drift counters are looked at for a report.
 const DRIFT_POLL: Duration = Duration::from_millis(200);
 /// How long link and address changes are collected before the facts are read again.
@@ -111,6 +114,27 @@ pub trait NodeApplier: Send {
     fn tend(&mut self) -> impl Future<Output = ()> + Send {
         std::future::ready(())
     }
+    /// Every WireGuard peer of the node's devices as WireGuard holds it now, sorted by public
+    /// key (docs/overlay/status.md); empty without devices.
+    fn peers(&self) -> impl Future<Output = Vec<PeerStatus>> + Send {
+        std::future::ready(Vec::new())
+    }
+}
+
+/// The peer report to send, if `current` differs from what this stream carried last (`sent`,
+/// None: nothing yet), and records it as sent. Nothing is sent for a node that never had
+/// peers. Bytes change under traffic, so a busy mesh reports at most once per poll.
+fn peer_report(current: Vec<PeerStatus>, sent: &mut Option<Vec<PeerStatus>>, now: SystemTime) -> Option<PeerReport> {
+    let unchanged = match sent.as_ref() {
+        None => current.is_empty(),
+        Some(last) => *last == current,
+    };
+    if unchanged {
+        return None;
+    }
+    *sent = Some(current.clone());
+    let read_unix_seconds = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    Some(PeerReport { peers: current.into_iter().take(MAX_REPORTED_PEERS).collect(), read_unix_seconds })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +163,8 @@ enum Next {
 /// then connects, applies what arrives and reconnects forever. Nothing is torn down on exit.
 pub async fn run<A: NodeApplier, F: Future<Output = ()>>(cfg: Config, mut applier: A, stop: F) {
     let mut fence = Fence::default();
+    // The key first: the stored state's WireGuard devices need it.
+    let public_key = cfg.state_dir.as_deref().and_then(wireguard_key);
     if let Some(dir) = &cfg.state_dir {
         match store::load(dir) {
             Ok(Some(mut stored)) => {
@@ -157,7 +183,6 @@ pub async fn run<A: NodeApplier, F: Future<Output = ()>>(cfg: Config, mut applie
             Err(e) => tracing::warn!(error = %e, "ignoring the stored state"),
         }
     }
-    let public_key = cfg.state_dir.as_deref().and_then(wireguard_key);
     let facts = watch_facts(cfg.netns.clone(), cfg.underlay_interface.clone(), public_key);
     let configured = cfg.addresses();
     let mut turn = 0usize;
@@ -378,7 +403,13 @@ async fn session<A: NodeApplier>(
     // The controller learns the running total on every connect (it may be a new one).
     let mut reported = 0;
     let mut drift_tick = tokio::time::interval(DRIFT_POLL);
+    // The peers' status goes up after each apply and on the executor's WireGuard poll, when it
+    // changed; a new stream (perhaps a new leader) gets it afresh.
+    let mut peers_sent: Option<Vec<PeerStatus>> = None;
+    let mut peer_tick = tokio::time::interval(crate::executor::WIREGUARD_POLL);
+    peer_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let mut read_peers = false;
         tokio::select! {
             msg = inbound.message() => {
                 let msg = msg.map_err(stream_err).map_err(connected)?;
@@ -398,6 +429,7 @@ async fn session<A: NodeApplier>(
                         {
                             return Err(connected(SyncError::Ended { address: address.to_string() }));
                         }
+                        read_peers = true;
                     }
                 }
             }
@@ -418,6 +450,10 @@ async fn session<A: NodeApplier>(
                     let _ = tx.send(send(executor_message::Message::Drift(DriftReport { repairs, differences }))).await;
                 }
             }
+            _ = peer_tick.tick() => read_peers = true,
+        }
+        if read_peers && let Some(report) = peer_report(applier.peers().await, &mut peers_sent, SystemTime::now()) {
+            let _ = tx.send(send(executor_message::Message::Peers(report))).await;
         }
     }
 }
@@ -502,6 +538,27 @@ mod tests {
         let e = endpoint_for(&cfg, "https://a:1").unwrap_err().to_string();
         assert!(e.contains("CA file /nonexistent/ca.crt"), "{e}");
         assert!(endpoint_for(&cfg, "http://a:1").is_ok());
+    }
+
+    #[test]
+    fn peers_are_reported_only_when_they_changed() {
+        let peer = |rx: u64| PeerStatus {
+            public_key: "k".into(),
+            endpoint: "192.0.2.1:51820".into(),
+            last_handshake_unix_seconds: 100,
+            receive_bytes: rx,
+            transmit_bytes: 7,
+        };
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut sent = None;
+        assert_eq!(peer_report(vec![], &mut sent, now), None, "a node without peers reports nothing");
+        let first = peer_report(vec![peer(1)], &mut sent, now).expect("the first status");
+        assert_eq!((first.peers, first.read_unix_seconds), (vec![peer(1)], 1000));
+        assert_eq!(peer_report(vec![peer(1)], &mut sent, now), None, "unchanged");
+        assert!(peer_report(vec![peer(2)], &mut sent, now).is_some(), "bytes moved");
+        let gone = peer_report(vec![], &mut sent, now).expect("the peers went");
+        assert!(gone.peers.is_empty());
+        assert_eq!(peer_report(vec![], &mut sent, now), None);
     }
 
     #[test]

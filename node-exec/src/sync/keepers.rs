@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kuport_proto::v1::{NetnsRef, NetnsState, NodeState, ObjectError, PodRef, netns_ref};
+use kuport_proto::v1::{NetnsRef, NetnsState, NodeState, ObjectError, PeerStatus, PodRef, netns_ref};
 
 use super::client::NodeApplier;
 use crate::executor::{ExecError, Keeper, Stats, drop_elsewhere, spawn_keeper, spawn_keeper_held};
@@ -167,6 +167,28 @@ impl NodeKeepers {
     }
 }
 
+/// Every peer of `devices` in `netns` as WireGuard holds it now, by public key: what the
+/// client reports (docs/overlay/status.md). A device that cannot be read is left out (logged).
+fn peer_status(netns: Option<&std::path::Path>, devices: &[String]) -> Vec<PeerStatus> {
+    let Some(wg) = crate::wireguard::installed() else { return Vec::new() };
+    let mut out = Vec::new();
+    for name in devices {
+        match crate::wireguard::show(&wg, netns, name) {
+            Ok(Some(device)) => out.extend(device.peers.iter().map(|p| PeerStatus {
+                public_key: p.public_key.to_string(),
+                endpoint: p.endpoint.map(|e| e.to_string()).unwrap_or_default(),
+                last_handshake_unix_seconds: p.last_handshake.map_or(0, |d| d.as_secs()),
+                receive_bytes: p.rx_bytes,
+                transmit_bytes: p.tx_bytes,
+            })),
+            Ok(None) => {}
+            Err(e) => tracing::debug!(device = %name, error = %e, "reading WireGuard peers"),
+        }
+    }
+    out.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+    out
+}
+
 fn namespace(key: &str) -> String {
     format!("network namespace {key:?}")
 }
@@ -271,5 +293,20 @@ impl NodeApplier for NodeKeepers {
 
     async fn tend(&mut self) {
         self.restarted().await;
+    }
+
+    async fn peers(&self) -> Vec<PeerStatus> {
+        // The overlay's devices are in the host namespace's state.
+        let devices: Vec<String> = self
+            .kept
+            .values()
+            .filter_map(|k| k.state.as_ref().filter(|s| s.is_host()))
+            .flat_map(|s| s.wireguard_devices.iter().map(|d| d.name.clone()))
+            .collect();
+        if devices.is_empty() {
+            return Vec::new();
+        }
+        let netns = self.host_netns.clone();
+        tokio::task::spawn_blocking(move || peer_status(netns.as_deref(), &devices)).await.unwrap_or_default()
     }
 }

@@ -1,4 +1,5 @@
-//! `wg show DEV dump` (wireguard-tools, the oracle) parsed, for root tests.
+//! `wg show DEV dump` (wireguard-tools, the oracle) parsed, for root tests (node-exec's and the
+//! lab's `e2e/tests/overlay_root.rs`).
 #![allow(dead_code)] // each test uses part of it
 
 use std::collections::BTreeSet;
@@ -34,6 +35,15 @@ impl Dump {
         self.peer(key).map_or(0, |p| p[5].parse().unwrap_or(0))
     }
 
+    /// (received, transmitted) bytes.
+    pub fn bytes(&self, key: &str) -> (u64, u64) {
+        self.peer(key).map_or((0, 0), |p| (p[5].parse().unwrap_or(0), p[6].parse().unwrap_or(0)))
+    }
+
+    pub fn keys(&self) -> BTreeSet<String> {
+        self.peers.iter().map(|p| p[0].clone()).collect()
+    }
+
     /// (public key, endpoint, allowed IPs sorted, keepalive) per peer.
     pub fn peer_set(&self) -> BTreeSet<(String, String, String, String)> {
         self.peers.iter().map(|p| (p[0].clone(), p[2].clone(), sorted(&p[3]), p[7].clone())).collect()
@@ -42,7 +52,7 @@ impl Dump {
 
 /// A comma-separated list, sorted.
 pub fn sorted(list: &str) -> String {
-    let mut v: Vec<&str> = list.split(',').collect();
+    let mut v: Vec<&str> = list.split(',').filter(|s| !s.is_empty()).collect();
     v.sort();
     v.join(",")
 }

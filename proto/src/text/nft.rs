@@ -11,7 +11,7 @@ use super::normalize::{
 use crate::v1::{
     BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Hook, L4Proto, LiteralSet, MapLookup, Nat, NatKind, NftChain,
     NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue, PortRange, Selector,
-    SetLookup, SetMark, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value, redirect, set_mark,
+    SetLookup, SetMark, TcpFlags, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value, redirect, set_mark,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -260,6 +260,7 @@ fn match_text(table: &NftTable, ctx: Option<Proto>, m: &NftMatch) -> String {
         Some(nft_match::Kind::Compare(c)) => compare_text(ctx, c),
         Some(nft_match::Kind::Lookup(l)) => lookup_text(table, ctx, l),
         Some(nft_match::Kind::Literal(l)) => literal_text(ctx, l),
+        Some(nft_match::Kind::TcpFlags(f)) => tcp_flags_text(f),
         None => "<invalid match>".into(),
     }
 }
@@ -286,6 +287,37 @@ fn literal_text(ctx: Option<Proto>, l: &LiteralSet) -> String {
         return format!("{} {op}<invalid empty literal set>", selector_text(l.selector, ctx));
     }
     format!("{} {op}{{ {} }}", selector_text(l.selector, ctx), values.join(", "))
+}
+
+/// `tcp flags ...` in the form nft 1.0.6 lists the flags byte under a mask: a full mask is a
+/// plain equality (one flag by name, more as hex), a zero value is `! MASK`, a single flag that
+/// must be set is spelled out as `& F == F`, anything else is `VALUE / MASK`.
+fn tcp_flags_text(f: &TcpFlags) -> String {
+    let (value, mask) = (f.value, f.mask);
+    if mask == 0 || mask > 0xff || value & !mask != 0 {
+        return format!("tcp flags <invalid tcp flags {value:#x} / {mask:#x}>");
+    }
+    if mask == 0xff {
+        return if value.count_ones() == 1 {
+            format!("tcp flags == {}", tcp_flag_names(value))
+        } else {
+            format!("tcp flags == {value:#x}")
+        };
+    }
+    if value == 0 {
+        return format!("tcp flags ! {}", tcp_flag_names(mask));
+    }
+    if value == mask && value.count_ones() == 1 {
+        let f = tcp_flag_names(value);
+        return format!("tcp flags & {f} == {f}");
+    }
+    format!("tcp flags {} / {}", tcp_flag_names(value), tcp_flag_names(mask))
+}
+
+/// The set bits of a flags byte by name, lowest first, comma-separated (nft's `syn,rst`).
+fn tcp_flag_names(bits: u32) -> String {
+    const NAMES: [&str; 8] = ["fin", "syn", "rst", "psh", "ack", "urg", "ecn", "cwr"];
+    NAMES.iter().enumerate().filter(|(i, _)| bits & (1 << i) != 0).map(|(_, n)| *n).collect::<Vec<_>>().join(",")
 }
 
 fn compare_text(ctx: Option<Proto>, c: &Compare) -> String {
@@ -359,6 +391,7 @@ fn statement_text(table: &NftTable, family: NftFamily, ctx: Option<Proto>, s: &N
             format!("ct mark set {}", set_mark_text(table, ctx, m))
         }
         Some(nft_statement::Kind::Verdict(v)) => verdict_text(v),
+        Some(nft_statement::Kind::TcpMssClamp(_)) => "tcp option maxseg size set rt mtu".into(),
         None => "<invalid statement>".into(),
     }
 }
@@ -536,6 +569,21 @@ mod tests {
         assert_eq!(literal_text(None, &l), "meta l4proto != { tcp, udp }");
         l.values.clear();
         assert_eq!(literal_text(None, &l), "meta l4proto != <invalid empty literal set>");
+    }
+
+    #[test]
+    fn tcp_flags_list_as_nft_lists_them() {
+        let t = |value, mask| tcp_flags_text(&TcpFlags { value, mask });
+        assert_eq!(t(0x02, 0x06), "tcp flags syn / syn,rst");
+        assert_eq!(t(0x12, 0x12), "tcp flags syn,ack / syn,ack");
+        assert_eq!(t(0x02, 0x02), "tcp flags & syn == syn");
+        assert_eq!(t(0x00, 0x06), "tcp flags ! syn,rst");
+        assert_eq!(t(0x02, 0xff), "tcp flags == syn");
+        assert_eq!(t(0x12, 0xff), "tcp flags == 0x12");
+        assert_eq!(t(0x00, 0xff), "tcp flags == 0x0");
+        assert_eq!(t(0x02, 0x7f), "tcp flags syn / fin,syn,rst,psh,ack,urg,ecn");
+        assert_eq!(t(0x02, 0), "tcp flags <invalid tcp flags 0x2 / 0x0>");
+        assert_eq!(t(0x04, 0x02), "tcp flags <invalid tcp flags 0x4 / 0x2>");
     }
 
     #[test]

@@ -15,6 +15,9 @@
 //!   match, a nat map key or a mark map key consumes it as its dependency (nft's
 //!   "dependency kill", [`listing`]). `tcp`/`udp` selectors get that dependency implicitly
 //!   ([`kernel_form`]).
+//! - `tcp flags` is a TCP header field like `tcp dport`: it gets `meta l4proto tcp` as its
+//!   dependency and consumes one given before it. Its value and mask list in one of four forms
+//!   (`super::nft`'s `tcp_flags_text`).
 //! - An equality on a source port directly followed (in header order) by one on a destination
 //!   port is merged into one 32-bit compare; it lists as `tcp sport S tcp dport D` under a
 //!   protocol context and as the raw `@th,0,32 0x...` without one.
@@ -212,13 +215,18 @@ fn l4proto_eq(c: &Compare) -> Option<Proto> {
     }
 }
 
+/// A `tcp flags` match: a TCP header field, with `meta l4proto tcp` as its dependency.
+fn is_tcp_flags(m: &NftMatch) -> bool {
+    matches!(m.kind, Some(nft_match::Kind::TcpFlags(_)))
+}
+
 /// The selectors a match reads.
 fn match_selectors(m: &NftMatch) -> &[i32] {
     match &m.kind {
         Some(nft_match::Kind::Compare(c)) => std::slice::from_ref(&c.selector),
         Some(nft_match::Kind::Lookup(l)) => &l.key,
         Some(nft_match::Kind::Literal(l)) => std::slice::from_ref(&l.selector),
-        None => &[],
+        Some(nft_match::Kind::TcpFlags(_)) | None => &[],
     }
 }
 
@@ -246,6 +254,8 @@ fn evaluate(rule: &NftRule) -> Vec<KStmt<'_>> {
             && let Some(p) = l4proto_eq(c)
         {
             ctx = Some(p);
+        } else if is_tcp_flags(m) {
+            need(&[Selector::TcpDport as i32], &mut ctx, &mut out);
         } else {
             need(match_selectors(m), &mut ctx, &mut out);
         }
@@ -337,7 +347,7 @@ pub(super) fn listing<'k, 'a>(kernel: &'k [KStmt<'a>]) -> Vec<Listed<'k, 'a>> {
                 {
                     ctx = Some(p);
                     pending = Some(out.len());
-                } else if match_selectors(m).iter().any(|s| is_transport(*s)) {
+                } else if is_tcp_flags(m) || match_selectors(m).iter().any(|s| is_transport(*s)) {
                     kill(&mut out, &mut pending);
                 }
             }

@@ -670,6 +670,42 @@ pub fn inet_table() -> NftTable {
     )
 }
 
+/// The overlay's forward chain (docs/overlay/filter.md) and the other forms of `tcp flags`:
+/// each value and mask lists in one of nft's four spellings; `tcp flags` consumes an explicit
+/// `meta l4proto tcp`, the MSS clamp does not.
+pub fn overlay_filter_table() -> NftTable {
+    use kuport_proto::build::{tcp_flag::*, tcp_flags, tcp_mss_clamp};
+    let wg = || ifname("kup-wg");
+    let m = |ms: Vec<NftMatch>| rule(ms, vec![accept()]);
+    table(
+        NftFamily::Inet,
+        "kuport-overlay",
+        vec![],
+        vec![base_chain(
+            "forward",
+            ChainType::Filter,
+            Hook::Forward,
+            0,
+            ChainPolicy::Accept,
+            vec![
+                rule(vec![eq(S::Oifname, wg()), tcp_flags(SYN, SYN | RST)], vec![tcp_mss_clamp()]),
+                rule(vec![eq(S::Iifname, wg()), eq(S::Oifname, wg())], vec![counter(), drop()]),
+                m(vec![tcp_flags(0, SYN | RST)]),
+                m(vec![tcp_flags(SYN, 0xff)]),
+                m(vec![tcp_flags(SYN | ACK, 0xff)]),
+                m(vec![tcp_flags(0, 0xff)]),
+                m(vec![tcp_flags(SYN, SYN)]),
+                m(vec![eq(S::L4proto, proto(Tcp)), tcp_flags(SYN | ACK, SYN | ACK)]),
+                m(vec![tcp_flags(SYN, 0x7f), eq(S::TcpDport, port(80))]),
+                m(vec![tcp_flags(FIN | PSH | URG | ECN | CWR, 0xfd)]),
+                rule(vec![], vec![tcp_mss_clamp()]),
+                rule(vec![eq(S::L4proto, proto(Tcp))], vec![tcp_mss_clamp()]),
+                rule(vec![eq(S::TcpDport, port(443))], vec![counter(), tcp_mss_clamp(), accept()]),
+            ],
+        )],
+    )
+}
+
 /// Models whose listing nft would not list the same way again, so no round trip can hold:
 /// only the second of two `meta l4proto tcp` matches is consumed as the dependency, but the
 /// listed `meta l4proto tcp tcp dport 80` loads as one match whose dependency is consumed.
@@ -695,6 +731,7 @@ pub fn loadable_tables() -> Vec<NftTable> {
         sets_table(),
         ip6_table(),
         inet_table(),
+        overlay_filter_table(),
         table(IP, "nothing", vec![], vec![]),
     ]
 }

@@ -8,10 +8,19 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
 
 use super::{EXTERNAL_ENDPOINT_ANNOTATION, OverlaySettings, Refusal, reason};
 use crate::observe::facts;
-use crate::observe::{Cluster, KnownFacts};
+use crate::observe::{Cluster, KnownFacts, ObservedPeer};
+
+/// A silent peer's endpoint moves to its next candidate this often (seconds): the overlay
+/// note's figure, a little under its 25 s keepalive, so that every candidate gets a keepalive's
+/// handshake attempt before the next one (docs/overlay/status.md).
+pub const ROTATE_EVERY_SECONDS: i64 = 20;
+/// A peer whose last handshake is older than this (seconds), or that never had one, is
+/// silent: WireGuard's REJECT_AFTER_TIME, after which its session is gone.
+pub const SESSION_LIFE_SECONDS: i64 = 180;
 
 /// The field a refusal names, as `kubectl explain` and the executor's report spell them.
 pub const FIELD_KEY: &str = "wireguardPublicKey";
@@ -40,6 +49,101 @@ pub struct Judged {
     pub members: BTreeMap<String, Member>,
     /// Every node with a Node object that is not a member, with why (at least one reason).
     pub refused: BTreeMap<String, Vec<Refusal>>,
+    /// Per member, every endpoint it may be reached at, in the order tried
+    /// ([`candidates`]).
+    pub candidates: BTreeMap<String, Vec<SocketAddr>>,
+}
+
+/// The endpoint member `node`'s state gives its peer `peer` ([`choose`] among the peer's
+/// [`Judged::candidates`]).
+pub fn endpoint_for(
+    cluster: &Cluster,
+    members: &BTreeMap<String, Member>,
+    candidates: &BTreeMap<String, Vec<SocketAddr>>,
+    node: &str,
+    peer: &str,
+) -> Option<SocketAddr> {
+    let m = members.get(peer)?;
+    choose(cluster, node, &m.public_key, candidates.get(peer).map_or(&[][..], Vec::as_slice))
+}
+
+/// Whether a peer as a node reported it is silent at `now`: no handshake within
+/// [`SESSION_LIFE_SECONDS`], or none ever.
+pub fn silent(p: &ObservedPeer, now: Timestamp) -> bool {
+    p.last_handshake.is_none_or(|t| now.as_second().saturating_sub(t.as_second()) >= SESSION_LIFE_SECONDS)
+}
+
+/// The candidate a silent peer gets at `now`: the next one every [`ROTATE_EVERY_SECONDS`],
+/// the same on every replica and every recompute within one period.
+pub fn rotation(candidates: &[SocketAddr], now: Timestamp) -> Option<SocketAddr> {
+    let n = i64::try_from(candidates.len()).ok().filter(|n| *n > 0)?;
+    let slot = now.as_second().div_euclid(ROTATE_EVERY_SECONDS).rem_euclid(n);
+    candidates.get(usize::try_from(slot).ok()?).copied()
+}
+
+/// The endpoint `node`'s state gives the peer whose key is `key` (docs/overlay/status.md):
+/// - the node's latest report says the peer is [`silent`]: its candidate of the moment
+///   ([`rotation`]);
+/// - the report says its session lives: what the node's last state gave it (WireGuard keeps
+///   the endpoint it learned anyway), else what the report shows (a new leader has no last
+///   state), else the first candidate;
+/// - no report names the peer yet: the first candidate, the endpoint the peer announces.
+pub fn choose(cluster: &Cluster, node: &str, key: &str, candidates: &[SocketAddr]) -> Option<SocketAddr> {
+    let observed = &cluster.overlay_observed;
+    let first = candidates.first().copied();
+    match observed.reports.get(node).and_then(|r| r.get(key)) {
+        None => first,
+        Some(p) if silent(p, cluster.now) => rotation(candidates, cluster.now),
+        Some(p) => observed.last_endpoints.get(node).and_then(|l| l.get(key)).copied().or(p.endpoint).or(first),
+    }
+}
+
+/// Every member's endpoint candidates, in this order, each once:
+/// 1. the endpoint it announces ([`Member::endpoint`]);
+/// 2. the endpoints other members' WireGuard learned for it from its packets (their reports
+///    of a live session with it: where its packets come from, NAT-mapped), in address order;
+/// 3. the address its executor's stream reaches the controller from, at its announced port
+///    (else the listen port).
+pub fn candidates(
+    cluster: &Cluster,
+    members: &BTreeMap<String, Member>,
+    listen_port: u16,
+) -> BTreeMap<String, Vec<SocketAddr>> {
+    let observed = &cluster.overlay_observed;
+    let by_key: BTreeMap<&str, &str> = members.iter().map(|(n, m)| (m.public_key.as_str(), n.as_str())).collect();
+    let mut seen: BTreeMap<&str, Vec<SocketAddr>> = BTreeMap::new();
+    for (reporter, peers) in &observed.reports {
+        if !members.contains_key(reporter) {
+            continue;
+        }
+        for (key, p) in peers {
+            let Some(peer) = by_key.get(key.as_str()).filter(|n| **n != reporter) else { continue };
+            if let Some(e) = p.endpoint.filter(|e| !silent(p, cluster.now) && usable(e.ip()) && e.port() != 0) {
+                seen.entry(peer).or_default().push(e);
+            }
+        }
+    }
+    members
+        .iter()
+        .map(|(name, m)| {
+            let mut out: Vec<SocketAddr> = m.endpoint.into_iter().collect();
+            let mut learned = seen.remove(name.as_str()).unwrap_or_default();
+            learned.sort();
+            let port = m.endpoint.map_or(listen_port, |e| e.port());
+            let connect = observed
+                .connect_addresses
+                .get(name)
+                .map(|ip| ip.to_canonical())
+                .filter(|ip| usable(*ip))
+                .map(|ip| SocketAddr::new(ip, port));
+            for e in learned.into_iter().chain(connect) {
+                if !out.contains(&e) {
+                    out.push(e);
+                }
+            }
+            (name.clone(), out)
+        })
+        .collect()
 }
 
 /// Judges every Node (by name; input order does not matter).
@@ -67,6 +171,7 @@ pub fn judge(cluster: &Cluster, settings: &OverlaySettings) -> Judged {
         }
     }
     refuse_clashes(&mut out);
+    out.candidates = candidates(cluster, &out.members, settings.listen_port);
     out
 }
 
@@ -229,4 +334,164 @@ fn overlaps(members: &BTreeMap<String, Member>) -> Vec<(Owned<'_>, Owned<'_>)> {
         open.push((net, node));
     }
     found
+}
+
+#[cfg(test)]
+mod rotation_tests {
+    use std::collections::BTreeMap;
+    use std::net::SocketAddr;
+
+    use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::compute::{Settings, compute};
+    use crate::observe::{Cluster, KnownFacts, ObservedPeer};
+
+    const CLOUD: &str = "kOzLDlGv6e2AmDVfmJC7dRGCU8vMC9RcrxDBB4Y+uiM=";
+    const HOME: &str = "l3LKPRYYCDZBtZU+TDBSqPB9awxGnj7GcNpPnbcTfiU=";
+    const VM: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    /// A multiple of 20 s: rotation slot 50,000,000.
+    const T0: i64 = 1_000_000_000;
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).expect("timestamp")
+    }
+
+    fn ep(s: &str) -> SocketAddr {
+        s.parse().expect("endpoint")
+    }
+
+    fn node(name: &str, addresses: &[(&str, &str)], pod_cidr: &str) -> Node {
+        Node {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            spec: Some(NodeSpec { pod_cidrs: Some(vec![pod_cidr.into()]), ..Default::default() }),
+            status: Some(NodeStatus {
+                addresses: Some(
+                    addresses.iter().map(|(t, a)| NodeAddress { type_: (*t).into(), address: (*a).into() }).collect(),
+                ),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// The sites: a cloud node with an ExternalIP, a home worker behind NAT with only
+    /// its InternalIP, a VM with only a private InternalIP.
+    fn sites(now: i64) -> Cluster {
+        let facts = |n: &str, k: &str| KnownFacts {
+            node: n.into(),
+            wireguard_public_key: Some(k.into()),
+            ..Default::default()
+        };
+        Cluster {
+            nodes: vec![
+                node("cloud", &[("InternalIP", "10.0.0.5"), ("ExternalIP", "203.0.113.7")], "10.42.0.0/24"),
+                node("home", &[("InternalIP", "192.168.1.10")], "10.42.1.0/24"),
+                node("vm", &[("InternalIP", "172.31.5.4")], "10.42.2.0/24"),
+            ],
+            facts: vec![facts("cloud", CLOUD), facts("home", HOME), facts("vm", VM)],
+            now: at(now),
+            ..Default::default()
+        }
+    }
+
+    fn live(endpoint: &str, now: i64) -> ObservedPeer {
+        ObservedPeer { endpoint: Some(ep(endpoint)), last_handshake: Some(at(now - 30)) }
+    }
+
+    fn silent_peer(endpoint: Option<&str>) -> ObservedPeer {
+        ObservedPeer { endpoint: endpoint.map(ep), last_handshake: None }
+    }
+
+    /// The endpoint `node`'s computed state gives the peer with `key`.
+    fn endpoint(c: &Cluster, node: &str, key: &str) -> Option<SocketAddr> {
+        let settings = Settings { overlay: Some(OverlaySettings::default()), ..Settings::default() };
+        let out = compute(c, &settings);
+        let state = out.node_states.get(node).expect("a state");
+        let peer = state
+            .netns
+            .iter()
+            .flat_map(|ns| &ns.wireguard_devices)
+            .flat_map(|d| &d.peers)
+            .find(|p| p.public_key == key)
+            .expect("the peer");
+        (!peer.endpoint.is_empty()).then(|| ep(&peer.endpoint))
+    }
+
+    #[test]
+    fn candidates_are_the_announced_then_the_observed_then_the_connect_address_each_once() {
+        let mut c = sites(T0);
+        let o = &mut c.overlay_observed;
+        // cloud and vm both see home's packets from its NAT's mappings; vm's silent view of
+        // home is only what we set, not where packets come from.
+        o.reports.insert("cloud".into(), BTreeMap::from([(HOME.into(), live("198.51.100.20:40002", T0))]));
+        o.reports.insert(
+            "vm".into(),
+            BTreeMap::from([
+                (HOME.into(), live("198.51.100.20:40001", T0)),
+                (CLOUD.into(), live("203.0.113.7:51820", T0)),
+            ]),
+        );
+        o.reports.insert("home".into(), BTreeMap::from([(VM.into(), silent_peer(Some("198.51.100.99:1")))]));
+        o.connect_addresses.insert("home".into(), "::ffff:198.51.100.20".parse().expect("ip"));
+        o.connect_addresses.insert("cloud".into(), "203.0.113.7".parse().expect("ip"));
+        o.connect_addresses.insert("vm".into(), "127.0.0.1".parse().expect("ip"));
+        let judged = judge(&c, &OverlaySettings::default());
+        assert_eq!(
+            judged.candidates["home"],
+            [ep("192.168.1.10:51820"), ep("198.51.100.20:40001"), ep("198.51.100.20:40002"), ep("198.51.100.20:51820")]
+        );
+        assert_eq!(judged.candidates["cloud"], [ep("203.0.113.7:51820")], "deduplicated");
+        assert_eq!(judged.candidates["vm"], [ep("172.31.5.4:51820")], "no silent view, no loopback");
+    }
+
+    #[test]
+    fn a_silent_peer_rotates_through_its_candidates_every_20_s_and_cycles() {
+        let at_time = |now: i64, handshake: Option<i64>| {
+            let mut c = sites(now);
+            let o = &mut c.overlay_observed;
+            let home_sees_vm = ObservedPeer { endpoint: None, last_handshake: handshake.map(at) };
+            o.reports.insert("home".into(), BTreeMap::from([(VM.into(), home_sees_vm)]));
+            // cloud sees vm's packets from its 1:1 NAT's public address.
+            o.reports.insert("cloud".into(), BTreeMap::from([(VM.into(), live("198.51.100.4:51820", now))]));
+            endpoint(&c, "home", VM)
+        };
+        let (a, b) = (Some(ep("172.31.5.4:51820")), Some(ep("198.51.100.4:51820")));
+        // Slot 50,000,000 is even: the first candidate, then the next, then the first again.
+        assert_eq!(at_time(T0, None), a);
+        assert_eq!(at_time(T0 + 19, None), a, "within one period it stays");
+        assert_eq!(at_time(T0 + 20, None), b);
+        assert_eq!(at_time(T0 + 40, None), a);
+        // A handshake 180 s ago is as silent as none; 179 s ago it is live and not rotated.
+        assert_eq!(at_time(T0 + 20, Some(T0 + 20 - 180)), b);
+        assert_eq!(at_time(T0 + 20, Some(T0 + 20 - 179)), a, "live, no last state, no endpoint held: the first");
+        // cloud's live peer vm, with no report of home: the announced endpoint.
+        let c = sites(T0 + 20);
+        assert_eq!(endpoint(&c, "cloud", VM), a);
+    }
+
+    #[test]
+    fn a_live_peer_keeps_what_its_last_state_said() {
+        for now in [T0, T0 + 20, T0 + 40] {
+            let mut c = sites(now);
+            let o = &mut c.overlay_observed;
+            o.reports.insert("home".into(), BTreeMap::from([(CLOUD.into(), live("203.0.113.7:51820", now))]));
+            o.reports.insert("vm".into(), BTreeMap::from([(CLOUD.into(), live("203.0.113.70:4000", now))]));
+            o.last_endpoints.insert("home".into(), BTreeMap::from([(CLOUD.into(), ep("203.0.113.70:4000"))]));
+            assert_eq!(endpoint(&c, "home", CLOUD), Some(ep("203.0.113.70:4000")), "at {now}");
+            // No last state (a new leader): what WireGuard holds.
+            c.overlay_observed.last_endpoints.clear();
+            assert_eq!(endpoint(&c, "home", CLOUD), Some(ep("203.0.113.7:51820")), "at {now}");
+        }
+    }
+
+    #[test]
+    fn rotation_with_no_candidate_is_none_and_slots_are_euclidean() {
+        assert_eq!(rotation(&[], at(T0)), None);
+        let two = [ep("192.0.2.1:1"), ep("192.0.2.2:1")];
+        assert_eq!(rotation(&two, at(-20)), Some(two[1]), "before 1970 too");
+        assert_eq!(rotation(&two, at(-1)), Some(two[1]));
+        assert_eq!(rotation(&two, at(0)), Some(two[0]));
+    }
 }

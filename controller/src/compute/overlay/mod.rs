@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 
 use ipnet::IpNet;
-use kuport_proto::v1::{Address, NetnsState, Route, Sysctl};
+use kuport_proto::v1::{
+    Address, ChainPolicy, ChainType, Hook, NetnsState, NftFamily, NftRule, NftTable, Route, Sysctl,
+};
 
 use crate::compute::numbers::MAIN_TABLE;
 use crate::observe::Cluster;
@@ -44,6 +46,12 @@ pub const PUBLIC_KEY_ANNOTATION: &str = "kuport.wlz.li/wireguard-public-key";
 pub const ENDPOINT_ANNOTATION: &str = "kuport.wlz.li/wireguard-endpoint";
 /// Every annotation the controller publishes on a Node (and removes when it leaves the mesh).
 pub const PUBLISHED_ANNOTATIONS: [&str; 2] = [PUBLIC_KEY_ANNOTATION, ENDPOINT_ANNOTATION];
+
+/// The overlay's own nftables table on every member: inet, so that IPv6 pod traffic is held to
+/// the same rules. Under the executor's table prefix (`kuport_proto::owned`), so it owns it.
+pub const NFT_TABLE: &str = "kuport-overlay";
+/// Its forward chain (docs/overlay/filter.md).
+pub const FORWARD_CHAIN: &str = "forward";
 
 const IPV4_FORWARDING: &str = "net.ipv4.ip_forward";
 const IPV6_FORWARDING: &str = "net.ipv6.conf.all.forwarding";
@@ -175,14 +183,20 @@ pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Me
         let mtu = view.node(name).mtu().saturating_sub(if v6 { OVERHEAD_IPV6 } else { OVERHEAD_IPV4 });
         let peers = others
             .iter()
-            .map(|(_, m)| {
+            .map(|(other, m)| {
                 // The peer's overlay address lies in its first pod CIDR: its pod CIDRs cover it.
-                kuport_proto::build::wireguard_peer(&m.public_key, m.endpoint, &m.pod_cidrs, KEEPALIVE_SECONDS)
+                // Its endpoint: a candidate, rotating while silent (docs/overlay/status.md).
+                let endpoint = members::endpoint_for(cluster, &judged.members, &judged.candidates, name, other);
+                kuport_proto::build::wireguard_peer(&m.public_key, endpoint, &m.pod_cidrs, KEEPALIVE_SECONDS)
             })
             .collect();
         let device = kuport_proto::build::wireguard_device(&settings.interface, mtu, settings.listen_port, peers);
         let address = overlay_address(&me.pod_cidrs);
-        let mut ns = NetnsState { wireguard_devices: vec![device], ..Default::default() };
+        let mut ns = NetnsState {
+            wireguard_devices: vec![device],
+            nft_tables: vec![filter_table(&settings.interface)],
+            ..Default::default()
+        };
         ns.sysctls.push(Sysctl { key: IPV4_FORWARDING.into(), value: "1".into() });
         if me.pod_cidrs.iter().any(|c| matches!(c, IpNet::V6(_))) {
             ns.sysctls.push(Sysctl { key: IPV6_FORWARDING.into(), value: "1".into() });
@@ -219,6 +233,32 @@ pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Me
         );
     }
     mesh
+}
+
+/// The overlay's table on a member (docs/overlay/filter.md): one forward chain that
+///
+/// 1. clamps the MSS of every SYN and SYN-ACK leaving through the device to the route's MTU, so
+///    that pods whose interfaces keep a larger MTU (often 1500) open TCP connections whose
+///    segments fit the overlay, with no reliance on ICMP making it back to the sender;
+/// 2. drops, with a counter, whatever would leave through the device after arriving through
+///    it: a node that is not a relay never forwards one peer's traffic to another. The relay
+///    issue puts a relay's accept (between pod addresses) between these two rules.
+///
+/// The clamp comes first because it ends nothing, and so that a relay's accepted SYNs are
+/// clamped too.
+pub fn filter_table(interface: &str) -> NftTable {
+    use kuport_proto::build::{base_chain, counter, drop, eq, ifname, rule, table, tcp_flag, tcp_flags, tcp_mss_clamp};
+    use kuport_proto::v1::Selector;
+    let dev = || ifname(interface);
+    let rules: Vec<NftRule> = vec![
+        rule(
+            vec![eq(Selector::Oifname, dev()), tcp_flags(tcp_flag::SYN, tcp_flag::SYN | tcp_flag::RST)],
+            vec![tcp_mss_clamp()],
+        ),
+        rule(vec![eq(Selector::Iifname, dev()), eq(Selector::Oifname, dev())], vec![counter(), drop()]),
+    ];
+    let forward = base_chain(FORWARD_CHAIN, ChainType::Filter, Hook::Forward, 0, ChainPolicy::Accept, rules);
+    table(NftFamily::Inet, NFT_TABLE, vec![], vec![forward])
 }
 
 /// The annotations the controller publishes on each member's Node (report::status writes them),

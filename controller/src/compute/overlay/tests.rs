@@ -12,6 +12,7 @@ use super::*;
 use crate::compute::testkit::World;
 use crate::compute::{Outputs, Settings, compute};
 use crate::observe::KnownFacts;
+use kuport_proto::v1::link::Kind::Vxlan;
 
 /// A key as `wg` prints it: 32 bytes in base64.
 fn key(seed: u8) -> String {
@@ -145,12 +146,29 @@ fn the_overlay_adds_to_port_maps_state_and_changes_nothing_of_it() {
         assert_eq!(off.classes, with.classes, "{name}");
         for (node, state) in &with.node_states {
             let mut s = state.clone();
+            let before = &off.node_states[node];
             for ns in &mut s.netns {
                 ns.wireguard_devices.clear();
+                ns.nft_tables.retain(|t| t.name != super::NFT_TABLE);
                 ns.routes.retain(|r| r.dev != DEFAULT_INTERFACE);
                 ns.addresses.retain(|a| a.dev != DEFAULT_INTERFACE);
             }
-            let before = &off.node_states[node];
+            // Links ride on the mesh: between overlay addresses, 50 below the device's MTU, the
+            // loop guard's destination with them; otherwise they are the same links.
+            let device_mtu: BTreeMap<String, u32> =
+                with.overlay.values().filter_map(|o| Some((o.address?.to_string(), o.mtu))).collect();
+            for (link, old) in s.netns[0].links.iter_mut().zip(&before.netns[0].links) {
+                let Some(Vxlan(v)) = &mut link.kind else { continue };
+                let (Some(a), Some(b)) = (device_mtu.get(&v.local), device_mtu.get(&v.remote)) else {
+                    panic!("{name}/{node}: a link off the mesh: {v:?}");
+                };
+                assert_eq!(link.mtu, a.min(b) - 50, "{name}/{node}: {}", link.name);
+                let Some(Vxlan(o)) = &old.kind else { continue };
+                (v.local, v.remote, link.mtu) = (o.local.clone(), o.remote.clone(), old.mtu);
+            }
+            for (rule, old) in s.netns[0].ip_rules.iter_mut().zip(&before.netns[0].ip_rules) {
+                rule.to = old.to.clone();
+            }
             // Forwarding is the one thing both may set.
             s.netns[0].sysctls = before.netns[0].sysctls.clone();
             kuport_proto::canonicalize(&mut s);
@@ -423,10 +441,15 @@ proptest! {
             let devices: Vec<_> = state.netns.iter().flat_map(|s| &s.wireguard_devices).collect();
             if !key_of.contains_key(n.as_str()) {
                 prop_assert!(devices.is_empty(), "refused {} has a device", n);
+                prop_assert!(state.netns.iter().all(|s| s.nft_tables.iter().all(|t| t.name != super::NFT_TABLE)));
                 prop_assert!(!out.overlay[n].refused.is_empty());
                 continue;
             }
             prop_assert_eq!(devices.len(), 1);
+            // The overlay's filter on every member, for its device.
+            let filter: Vec<_> =
+                state.netns[0].nft_tables.iter().filter(|t| t.name == super::NFT_TABLE).cloned().collect();
+            prop_assert_eq!(filter, vec![super::filter_table(DEFAULT_INTERFACE)]);
             let mut taken: Vec<((u128, u128), String)> =
                 out.overlay[n].pod_cidrs.iter().map(|c| (ranges(&c.to_string()), n.clone())).collect();
             for p in &devices[0].peers {

@@ -91,19 +91,26 @@ impl LinkEnd {
     pub fn new(view: &View, key: &LinkKey, numbers: &LinkNumbers, node: &str) -> Option<Self> {
         let peer = key.peer_of(node);
         let (me, them) = (view.node(node), view.node(peer));
-        let mtu = match them.underlay_mtu {
-            Some(p) => me.mtu().min(p),
-            None => me.mtu(),
-        }
-        .saturating_sub(VXLAN_OVERHEAD);
+        // Both ends in the mesh: the link rides on it, between overlay addresses; else on the
+        // underlay. Both ends see the same pair, so they agree.
+        let (local_underlay, peer_underlay, outer_mtu) = match (me.overlay, them.overlay) {
+            (Some((mine, my_mtu)), Some((theirs, their_mtu))) => (mine, theirs, my_mtu.min(their_mtu)),
+            _ => {
+                let mtu = match them.underlay_mtu {
+                    Some(p) => me.mtu().min(p),
+                    None => me.mtu(),
+                };
+                (me.underlay?, them.underlay?, mtu)
+            }
+        };
         Some(LinkEnd {
             device: device_name(&key.class, peer),
             numbers: numbers.clone(),
-            local_underlay: me.underlay?,
-            peer_underlay: them.underlay?,
+            local_underlay,
+            peer_underlay,
             address: numbers.address_of(key, node),
             peer_address: numbers.address_of(key, peer),
-            mtu,
+            mtu: outer_mtu.saturating_sub(VXLAN_OVERHEAD),
             mac: mac_text(link_mac(&key.class, node, peer)),
             peer_mac: mac_text(link_mac(&key.class, peer, node)),
         })

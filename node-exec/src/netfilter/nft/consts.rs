@@ -215,6 +215,25 @@ pub const NFTA_REDIR_REG_PROTO_MIN: u16 = 1;
 pub const NFTA_REDIR_REG_PROTO_MAX: u16 = 2;
 pub const NFTA_REDIR_FLAGS: u16 = 3;
 
+pub const NFTA_RT_DREG: u16 = 1;
+pub const NFTA_RT_KEY: u16 = 2;
+/// rt key: the MSS the packet's route carries (its MTU less the IP and TCP headers).
+pub const NFT_RT_TCPMSS: u32 = 3;
+
+pub const NFTA_EXTHDR_DREG: u16 = 1;
+pub const NFTA_EXTHDR_TYPE: u16 = 2;
+pub const NFTA_EXTHDR_OFFSET: u16 = 3;
+pub const NFTA_EXTHDR_LEN: u16 = 4;
+pub const NFTA_EXTHDR_FLAGS: u16 = 5;
+pub const NFTA_EXTHDR_OP: u16 = 6;
+pub const NFTA_EXTHDR_SREG: u16 = 7;
+/// exthdr op: a TCP option.
+pub const NFT_EXTHDR_OP_TCPOPT: u32 = 1;
+/// The TCP option kind of the MSS, and where its 2-byte value sits in the option.
+pub const TCPOPT_MAXSEG: u8 = 2;
+pub const TCPOPT_MAXSEG_OFFSET: u32 = 2;
+pub const TCPOPT_MAXSEG_LEN: u32 = 2;
+
 // --- packet layout ------------------------------------------------------------------------
 /// Offsets of the addresses in the IPv4 and IPv6 headers, and of the ports in TCP/UDP.
 pub const IPV4_SADDR_OFFSET: u32 = 12;
@@ -223,6 +242,8 @@ pub const IPV6_SADDR_OFFSET: u32 = 8;
 pub const IPV6_DADDR_OFFSET: u32 = 24;
 pub const TH_SPORT_OFFSET: u32 = 0;
 pub const TH_DPORT_OFFSET: u32 = 2;
+/// The TCP header's flags byte.
+pub const TCP_FLAGS_OFFSET: u32 = 13;
 /// IP protocol numbers.
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;

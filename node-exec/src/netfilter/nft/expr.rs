@@ -97,6 +97,20 @@ pub(crate) enum Expr {
         flags: Option<u32>,
     },
     Counter,
+    /// A routing key into a register (`rt mtu`: the route's TCP MSS).
+    Rt {
+        key: u32,
+        dreg: u32,
+    },
+    /// A write into an extension header (`tcp option maxseg size set ...`): `len` bytes at
+    /// `offset` inside the option of kind `ty`.
+    ExthdrSet {
+        op: u32,
+        ty: u8,
+        offset: u32,
+        len: u32,
+        sreg: u32,
+    },
 }
 
 impl Expr {
@@ -114,6 +128,8 @@ impl Expr {
             Expr::Nat { .. } => "nat",
             Expr::Redir { .. } => "redir",
             Expr::Counter => "counter",
+            Expr::Rt { .. } => "rt",
+            Expr::ExthdrSet { .. } => "exthdr",
         }
     }
 
@@ -224,6 +240,17 @@ impl Expr {
                 put_opt(w, NFTA_REDIR_FLAGS, *flags);
             }
             Expr::Counter => {}
+            Expr::Rt { key, dreg } => {
+                w.put_u32(NFTA_RT_KEY, *key);
+                w.put_u32(NFTA_RT_DREG, *dreg);
+            }
+            Expr::ExthdrSet { op, ty, offset, len, sreg } => {
+                w.put_u32(NFTA_EXTHDR_SREG, *sreg);
+                w.put(NFTA_EXTHDR_TYPE, &[*ty]);
+                w.put_u32(NFTA_EXTHDR_OFFSET, *offset);
+                w.put_u32(NFTA_EXTHDR_LEN, *len);
+                w.put_u32(NFTA_EXTHDR_OP, *op);
+            }
         }
         w.end(data);
         w.end(elem);
@@ -327,6 +354,24 @@ impl Expr {
                 }
             }
             "counter" => Expr::Counter,
+            "rt" => Expr::Rt { key: u(NFTA_RT_KEY)?, dreg: u(NFTA_RT_DREG)? },
+            "exthdr" => {
+                // A read (into a register) or flags (a presence test) is outside kuport's rules.
+                if find(d, NFTA_EXTHDR_DREG).is_some() || opt(NFTA_EXTHDR_FLAGS)?.is_some_and(|f| f != 0) {
+                    return Err(unsupported("exthdr read"));
+                }
+                let ty = match need(d, NFTA_EXTHDR_TYPE, "exthdr")?.data {
+                    [t] => *t,
+                    _ => return Err(decode_err("exthdr: a type that is not one byte".into())),
+                };
+                Expr::ExthdrSet {
+                    op: opt(NFTA_EXTHDR_OP)?.unwrap_or(0),
+                    ty,
+                    offset: u(NFTA_EXTHDR_OFFSET)?,
+                    len: u(NFTA_EXTHDR_LEN)?,
+                    sreg: u(NFTA_EXTHDR_SREG)?,
+                }
+            }
             other => return Err(unsupported(&format!("expression {other:?}"))),
         })
     }

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use kuport_proto::v1::{
-    CmpOp, Compare, MapLookup, NatKind, NftFamily, NftRule, NftStatement, NftType, Selector, VerdictKind, nat,
-    nft_match, nft_statement, nft_value::Value, redirect, set_mark,
+    CmpOp, Compare, MapLookup, NatKind, NftFamily, NftRule, NftStatement, NftType, Selector, TcpFlags, VerdictKind,
+    nat, nft_match, nft_statement, nft_value::Value, redirect, set_mark,
 };
 
 use crate::netfilter::nft::NftError;
@@ -80,6 +80,27 @@ pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec
                 kuport_proto::canonical::sort_values(&mut values);
                 out.push(Expr::Literal { sreg: NFT_REG_1, key, values, negate: l.negate, set_id: None });
             }
+            nft_match::Kind::TcpFlags(f) => {
+                let (value, mask) = tcp_flags(object, f)?;
+                dep(&mut out, &mut l4, Some(IPPROTO_TCP));
+                out.push(Expr::Payload {
+                    base: NFT_PAYLOAD_TRANSPORT_HEADER,
+                    offset: TCP_FLAGS_OFFSET,
+                    len: 1,
+                    dreg: NFT_REG_1,
+                });
+                // nft compares the whole byte without a bitwise.
+                if mask != 0xff {
+                    out.push(Expr::Bitwise {
+                        sreg: NFT_REG_1,
+                        dreg: NFT_REG_1,
+                        len: 1,
+                        mask: vec![mask],
+                        xor: vec![0],
+                    });
+                }
+                out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![value] });
+            }
             nft_match::Kind::Lookup(l) => {
                 let set = set_ref(ctx, object, &l.set)?;
                 if !set.data.is_empty() {
@@ -100,6 +121,19 @@ pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec
         compile_statement(&mut out, &mut l4, ctx, object, s)?;
     }
     Ok(out)
+}
+
+/// A `tcp flags` match's (value, mask) as bytes: a mask of 1 to 0xff and a value inside it.
+fn tcp_flags(object: &str, f: &TcpFlags) -> Result<(u8, u8), NftError> {
+    let mask = u8::try_from(f.mask).ok().filter(|m| *m != 0);
+    let value = u8::try_from(f.value).ok();
+    match (value, mask) {
+        (Some(v), Some(m)) if v & !m == 0 => Ok((v, m)),
+        _ => Err(invalid(
+            object,
+            format!("tcp flags {:#x} / {:#x}: a mask of 1 to 0xff and a value inside it", f.value, f.mask),
+        )),
+    }
 }
 
 fn check_family(object: &str, ctx: &RuleCtx, s: Selector) -> Result<(), NftError> {
@@ -410,6 +444,20 @@ fn compile_statement(
                 Expr::CtSet { key: NFT_CT_MARK, sreg: r1 }
             } else {
                 Expr::MetaSet { key: NFT_META_MARK, sreg: r1 }
+            });
+        }
+        nft_statement::Kind::TcpMssClamp(_) => {
+            // What nft sends for `tcp option maxseg size set rt mtu`: the route's MSS, in
+            // network order, written over the option's value. No protocol dependency: the
+            // kernel leaves a packet that is not TCP, or has no MSS option, alone.
+            out.push(Expr::Rt { key: NFT_RT_TCPMSS, dreg: r1 });
+            out.push(Expr::Byteorder { sreg: r1, dreg: r1, op: NFT_BYTEORDER_HTON, len: 2, size: 2 });
+            out.push(Expr::ExthdrSet {
+                op: NFT_EXTHDR_OP_TCPOPT,
+                ty: TCPOPT_MAXSEG,
+                offset: TCPOPT_MAXSEG_OFFSET,
+                len: TCPOPT_MAXSEG_LEN,
+                sreg: r1,
             });
         }
         nft_statement::Kind::Verdict(v) => {

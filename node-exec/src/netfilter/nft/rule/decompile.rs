@@ -2,8 +2,8 @@
 
 use kuport_proto::v1::{
     CmpOp, Compare, Counter, LiteralSet, MapLookup, Nat, NatKind, NatTarget, NftFamily, NftMatch, NftRule,
-    NftStatement, NftType, NftValue, PortRange, Redirect, Selector, SetLookup, SetMark, Verdict, VerdictKind, nat,
-    nft_match, nft_statement, nft_value::Value, redirect, set_mark,
+    NftStatement, NftType, NftValue, PortRange, Redirect, Selector, SetLookup, SetMark, TcpFlags, TcpMssClamp, Verdict,
+    VerdictKind, nat, nft_match, nft_statement, nft_value::Value, redirect, set_mark,
 };
 
 use crate::netfilter::nft::NftError;
@@ -39,6 +39,34 @@ pub(crate) fn decompile(exprs: &[Expr], object: &str) -> Result<NftRule, NftErro
             // Implied by the set's interval flag; recomputed by compile.
             Expr::Byteorder { .. } => {}
             Expr::Immediate { dreg, data: Imm::Value(v) } => pending.push(Pending::Imm { reg: *dreg, data: v.clone() }),
+            Expr::Cmp { .. } | Expr::Range { .. } | Expr::Bitwise { .. } if is_tcp_flags_load(&pending) => {
+                if !rule.statements.is_empty() {
+                    return Err(shape(object, "a match after a statement"));
+                }
+                let (f, used) = decompile_tcp_flags(object, &exprs[i - 1..])?;
+                i += used - 1;
+                pending.clear();
+                rule.matches.push(NftMatch { kind: Some(nft_match::Kind::TcpFlags(f)) });
+            }
+            Expr::Rt { key: NFT_RT_TCPMSS, dreg } => {
+                // `tcp option maxseg size set rt mtu`, exactly as compile writes it.
+                let r = *dreg;
+                match (exprs.get(i), exprs.get(i + 1)) {
+                    (
+                        Some(Expr::Byteorder { sreg, dreg, op: NFT_BYTEORDER_HTON, len: 2, size: 2 }),
+                        Some(Expr::ExthdrSet {
+                            op: NFT_EXTHDR_OP_TCPOPT,
+                            ty: TCPOPT_MAXSEG,
+                            offset: TCPOPT_MAXSEG_OFFSET,
+                            len: TCPOPT_MAXSEG_LEN,
+                            sreg: to,
+                        }),
+                    ) if *sreg == r && *dreg == r && *to == r && pending.is_empty() => {}
+                    _ => return Err(shape(object, "rt mtu not written into the MSS option")),
+                }
+                i += 2;
+                rule.statements.push(NftStatement { kind: Some(nft_statement::Kind::TcpMssClamp(TcpMssClamp {})) });
+            }
             Expr::Cmp { .. } | Expr::Range { .. } | Expr::Bitwise { .. } => {
                 if !rule.statements.is_empty() {
                     return Err(shape(object, "a match after a statement"));
@@ -348,6 +376,35 @@ fn decompile_compare(object: &str, pending: &[Pending], rest: &[Expr]) -> Result
     Ok((c, used))
 }
 
+/// A load of the TCP flags byte waits.
+fn is_tcp_flags_load(pending: &[Pending]) -> bool {
+    matches!(
+        pending,
+        [Pending::Load { slot: 0, src: Source::Payload(NFT_PAYLOAD_TRANSPORT_HEADER, TCP_FLAGS_OFFSET), len: 1 }]
+    )
+}
+
+/// Decompiles `[bitwise] cmp eq` after a load of the TCP flags byte; returns how many
+/// expressions from `rest` it consumed.
+fn decompile_tcp_flags(object: &str, rest: &[Expr]) -> Result<(TcpFlags, usize), NftError> {
+    let byte = |b: &[u8]| -> Result<u32, NftError> {
+        match b {
+            [x] => Ok(u32::from(*x)),
+            _ => Err(shape(object, "tcp flags of a bad length")),
+        }
+    };
+    match rest {
+        [Expr::Bitwise { len: 1, mask, xor, .. }, Expr::Cmp { op: NFT_CMP_EQ, data, .. }, ..]
+            if xor.iter().all(|b| *b == 0) =>
+        {
+            let (value, mask) = (byte(data)?, byte(mask)?);
+            Ok((TcpFlags { value, mask }, 2))
+        }
+        [Expr::Cmp { op: NFT_CMP_EQ, data, .. }, ..] => Ok((TcpFlags { value: byte(data)?, mask: 0xff }, 1)),
+        _ => Err(shape(object, "an unknown tcp flags shape")),
+    }
+}
+
 /// `meta l4proto tcp` directly followed by a `th` port compare is nft's dependency of
 /// `tcp dport`: fold it back.
 fn fold_l4_dependencies(matches: &mut Vec<NftMatch>) {
@@ -362,6 +419,12 @@ fn fold_l4_dependencies(matches: &mut Vec<NftMatch>) {
             }
             _ => None,
         };
+        if proto == Some(IPPROTO_TCP) && matches!(matches[i + 1].kind, Some(nft_match::Kind::TcpFlags(_))) {
+            // `tcp flags`'s own dependency.
+            matches.remove(i);
+            i += 1;
+            continue;
+        }
         let folded = match (&matches[i + 1].kind, proto) {
             (Some(nft_match::Kind::Compare(c)), Some(p)) => {
                 let s = Selector::try_from(c.selector).ok();
