@@ -514,6 +514,7 @@ mod tests {
             mtu: 1420,
             peers: vec!["b".into()],
             refused: Vec::new(),
+            ..Default::default()
         };
         let refusal = |field: &str, reason, message: &str| Refusal {
             node: "c".into(),
@@ -606,6 +607,7 @@ c                NoPodCIDRs       spec.podCIDRs                the Node has no p
                 last_handshake_unix_seconds: 1_000_000 - 12,
                 receive_bytes: 1_234_567,
                 transmit_bytes: 340,
+                ..Default::default()
             },
             PeerStatus { public_key: b.into(), ..Default::default() },
         ];

@@ -121,6 +121,7 @@ fn peer(key: &str, endpoint: &str, handshake: Option<u64>, rx: u64, tx: u64) -> 
         last_handshake_unix_seconds: handshake.map_or(0, |ago| unix_now() - ago),
         receive_bytes: rx,
         transmit_bytes: tx,
+        ..Default::default()
     }
 }
 

@@ -9,6 +9,8 @@ mod common {
     include!("common/example.rs");
 }
 
+include!("data/overlay_relay.rs");
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -406,6 +408,71 @@ fn overlay_filter_lists_like_nft_reapplies_without_writes_and_is_repaired() {
     assert_ne!(list(&ours), want);
     let r = apply_table(Some(&ours.path()), &desired).expect("repair");
     assert!(r.writes > 0, "{:?}", r.diffs);
+    assert_eq!(list(&ours), want);
+    let again = apply_table(Some(&ours.path()), &desired).expect("re-apply");
+    assert_eq!(again.writes, 0, "{:?}", again.diffs);
+}
+
+/// A relay's forward chain (docs/overlay/filter.md) and the other address shapes of an inet
+/// table: our apply lists like `nft -f` of tests/data/overlay_relay.nft and as the renderer
+/// prints it, holds nft's own expressions (the `meta nfproto` dependency included), reads back
+/// equal (a re-apply writes nothing, nft's own table reads back the same), and a relay accept
+/// deleted by hand is put back.
+#[test]
+fn relay_accepts_list_like_nft_reapply_without_writes_and_are_repaired() {
+    if !root() {
+        return;
+    }
+    let desired = overlay_relay_table();
+    let list = |ns: &Netns| ns.nft(&["-s", "list", "table", "inet", "kuport-overlay"]);
+    let (ours, theirs) = (Netns::new(), Netns::new());
+    let r = apply_table(Some(&ours.path()), &desired).expect("apply");
+    assert_eq!(r.mode, ApplyMode::Replaced);
+    theirs.nft(&["-f", &format!("{}/tests/data/overlay_relay.nft", env!("CARGO_MANIFEST_DIR"))]);
+    let want = list(&theirs);
+    assert_eq!(list(&ours), want);
+    assert_eq!(list(&ours), kuport_proto::text::nft_table(&desired), "the renderer prints what nft lists");
+    // The kernel holds the same expressions, dependencies and all: one `meta nfproto` per rule
+    // with addresses (the two relay accepts and the six rules of `selectors`).
+    let exprs = |ns: &Netns| ns.nft(&["--debug=netlink", "list", "table", "inet", "kuport-overlay"]);
+    let held = exprs(&ours);
+    assert_eq!(held, exprs(&theirs));
+    assert_eq!(held.matches("[ meta load nfproto => reg 1 ]").count(), 8, "{held}");
+
+    let again = apply_table(Some(&ours.path()), &desired).expect("re-apply");
+    assert_eq!((again.mode, again.writes, again.batches), (ApplyMode::Unchanged, 0, 0), "{:?}", again.diffs);
+    let back = read_table(Some(&ours.path()), NftFamily::Inet, "kuport-overlay").expect("read").expect("exists");
+    assert_eq!(back, normalize(&desired).expect("normalize"));
+    let theirs_back =
+        read_table(Some(&theirs.path()), NftFamily::Inet, "kuport-overlay").expect("read").expect("exists");
+    assert_eq!(theirs_back, back);
+
+    // Drift: the IPv4 relay accept deleted by hand comes back, and the table lists as before.
+    let handles = ours.nft(&["-a", "list", "chain", "inet", "kuport-overlay", "forward"]);
+    let handle = handles
+        .lines()
+        .find(|l| l.contains("ip saddr @relay_v4"))
+        .and_then(|l| l.rsplit("# handle ").next())
+        .expect("the relay accept's handle")
+        .trim()
+        .to_string();
+    ours.nft(&["delete", "rule", "inet", "kuport-overlay", "forward", "handle", &handle]);
+    assert_ne!(list(&ours), want);
+    let r = apply_table(Some(&ours.path()), &desired).expect("repair");
+    assert!(r.writes > 0, "{:?}", r.diffs);
+    assert!(r.diffs.iter().any(|d| d.to_string().contains("forward")), "{:?}", r.diffs);
+    assert_eq!(list(&ours), want);
+    let again = apply_table(Some(&ours.path()), &desired).expect("re-apply");
+    assert_eq!(again.writes, 0, "{:?}", again.diffs);
+
+    // A `meta nfproto` that guards no address (a hand-made rule) does not read as kuport's: the
+    // read names it, and the apply rebuilds the table.
+    ours.nft(&["add", "rule", "inet", "kuport-overlay", "selectors", "meta", "nfproto", "ipv4", "accept"]);
+    let err = read_table(Some(&ours.path()), NftFamily::Inet, "kuport-overlay").expect_err("unreadable");
+    assert!(err.to_string().contains("meta nfproto"), "{err}");
+    let r = apply_table(Some(&ours.path()), &desired).expect("rebuild");
+    assert_eq!(r.mode, ApplyMode::Replaced, "{:?}", r.diffs);
+    assert!(r.diffs.iter().any(|d| d.to_string().contains("unreadable")), "{:?}", r.diffs);
     assert_eq!(list(&ours), want);
     let again = apply_table(Some(&ours.path()), &desired).expect("re-apply");
     assert_eq!(again.writes, 0, "{:?}", again.diffs);

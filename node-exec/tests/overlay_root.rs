@@ -97,17 +97,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        for pid in self.pids() {
-            let _ = Command::new("kill").arg(&pid).status();
-        }
-        let start = Instant::now();
-        while !self.pids().is_empty() && start.elapsed() < Duration::from_secs(2) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        for pid in self.pids() {
-            let _ = Command::new("kill").args(["-9", &pid]).status();
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        host::remove_netns(&self.name);
     }
 }
 

@@ -14,7 +14,7 @@ mod host;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use host::{root, run};
 use kuport_node_exec::sync::{self, NodeKeepers};
@@ -25,22 +25,9 @@ use kuport_proto::v1::{
 /// A scratch namespace; on drop its processes (the wireguard-go daemon, by pid) end and it goes.
 struct Netns(String);
 
-impl Netns {
-    fn pids(&self) -> Vec<String> {
-        run("ip", &["netns", "pids", &self.0]).split_whitespace().map(String::from).collect()
-    }
-}
-
 impl Drop for Netns {
     fn drop(&mut self) {
-        for pid in self.pids() {
-            let _ = Command::new("kill").arg(&pid).status();
-        }
-        let start = Instant::now();
-        while !self.pids().is_empty() && start.elapsed() < Duration::from_secs(2) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        host::remove_netns(&self.0);
     }
 }
 

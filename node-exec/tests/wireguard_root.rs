@@ -76,14 +76,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        for pid in self.pids() {
-            let _ = Command::new("kill").arg(&pid).status();
-        }
-        let start = Instant::now();
-        while !self.pids().is_empty() && start.elapsed() < Duration::from_secs(2) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        host::remove_netns(&self.name);
     }
 }
 
@@ -211,6 +204,7 @@ fn state(node: &Node, all: &[Node], keys: &[String]) -> NetnsState {
             endpoint: format!("{}:{PORT}", underlay(node, peer, peer)),
             allowed_ips: vec![format!("{}/32", peer.overlay()), peer.pods()],
             persistent_keepalive_seconds: KEEPALIVE,
+            ..Default::default()
         })
         .collect();
     let mut s = NetnsState {

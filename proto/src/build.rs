@@ -269,5 +269,6 @@ pub fn wireguard_peer<P: Display>(
         endpoint: endpoint.map(|e| e.to_string()).unwrap_or_default(),
         allowed_ips: allowed_ips.iter().map(ToString::to_string).collect(),
         persistent_keepalive_seconds: u32::from(keepalive_seconds),
+        probe_address: String::new(),
     }
 }

@@ -50,6 +50,11 @@ fn overlay_filter() {
     insta::assert_snapshot!(nft_table(&overlay_filter_table()));
 }
 
+#[test]
+fn overlay_relay() {
+    insta::assert_snapshot!(nft_table(&overlay_relay_table()));
+}
+
 fn host_netns() -> NetnsState {
     NetnsState {
         target: kuport_proto::netns::host(),

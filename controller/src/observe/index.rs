@@ -213,10 +213,12 @@ pub fn node_inputs(node: &Node) -> NodeInputs<'_> {
                 .as_ref()
                 .and_then(|a| a.get(crate::compute::overlay::EXTERNAL_ENDPOINT_ANNOTATION)),
         ),
+        // Who may relay (docs/overlay/relays.md).
+        [crate::compute::overlay::relays::CONTROL_PLANE_LABEL, crate::compute::overlay::relays::RELAY_LABEL]
+            .map(|k| node.metadata.labels.as_ref().and_then(|l| l.get(k))),
         // Not read by the computation: a change (someone removed them) wakes the status
         // writer, which puts back what it publishes.
-        crate::compute::overlay::PUBLISHED_ANNOTATIONS
-            .map(|k| node.metadata.annotations.as_ref().and_then(|a| a.get(k))),
+        crate::compute::overlay::WRITTEN_ANNOTATIONS.map(|k| node.metadata.annotations.as_ref().and_then(|a| a.get(k))),
     )
 }
 
@@ -226,6 +228,7 @@ pub type NodeInputs<'a> = (
     Vec<(&'a str, &'a str)>,
     (Option<&'a [String]>, Option<&'a str>, Option<&'a String>),
     [Option<&'a String>; 2],
+    [Option<&'a String>; 4],
 );
 
 fn node_ready(node: &Node) -> bool {

@@ -16,6 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
+use kuport_proto::v1::Reach;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{Intercept, PortMap, PortMapClass};
@@ -37,7 +38,8 @@ pub struct Cluster {
     /// previous facts, if any, are in `facts`.
     pub refused_facts: BTreeMap<String, facts::Refused>,
     /// What the executors observe of the overlay's peers, for its endpoint choice
-    /// (docs/overlay/status.md); empty from a folder or before any report.
+    /// (docs/overlay/status.md) and its relays (docs/overlay/relays.md); empty from a folder or
+    /// before any report.
     pub overlay_observed: OverlayObserved,
     pub now: Timestamp,
 }
@@ -62,6 +64,9 @@ pub struct ObservedPeer {
     pub endpoint: Option<SocketAddr>,
     /// The last completed handshake, on the controller's clock; None: never.
     pub last_handshake: Option<Timestamp>,
+    /// Whether the direct path to it works, as the node's probes find: an unreachable one makes
+    /// the pair relayed (docs/overlay/relays.md).
+    pub reach: Reach,
 }
 
 /// What the computation knows of a node from its executor's reports (the wire's `NodeFacts`,

@@ -327,7 +327,7 @@ fn annotation_patch(
     want: Option<&BTreeMap<String, String>>,
 ) -> Option<serde_json::Map<String, serde_json::Value>> {
     let mut change = serde_json::Map::new();
-    for key in overlay::PUBLISHED_ANNOTATIONS {
+    for key in overlay::WRITTEN_ANNOTATIONS {
         let (h, w) = (have.and_then(|a| a.get(key)), want.and_then(|a| a.get(key)));
         if h != w {
             change.insert(key.to_string(), w.map_or(serde_json::Value::Null, |v| v.clone().into()));
@@ -405,6 +405,14 @@ mod tests {
         assert_eq!(serde_json::Value::Object(patch), serde_json::json!({ key: null, endpoint: null }));
         assert_eq!(annotation_patch(Some(&fresh), None), None, "never had them");
         assert_eq!(annotation_patch(None, None), None);
+        // The routes (docs/overlay/relays.md): written when they change, alone.
+        let routes = overlay::ROUTES_ANNOTATION;
+        let mut relayed = want.clone();
+        relayed.insert(routes.into(), r#"{"b":"via r"}"#.into());
+        let patch = annotation_patch(Some(&done), Some(&relayed)).expect("a patch");
+        assert_eq!(serde_json::Value::Object(patch), serde_json::json!({ routes: r#"{"b":"via r"}"# }));
+        done.extend(relayed.clone());
+        assert_eq!(annotation_patch(Some(&done), Some(&relayed)), None);
     }
 
     #[test]

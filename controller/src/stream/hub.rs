@@ -703,3 +703,102 @@ fn snapshot(node: &str, e: &NodeEntry) -> NodeSnapshot {
         peers: e.peers.as_ref().map(|r| r.statuses.clone()).unwrap_or_default(),
     }
 }
+
+/// A change of a peer's reach recomputes, and relays the pair (docs/overlay/relays.md); a report
+/// that changes only bytes does not.
+#[cfg(test)]
+mod reach_tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kuport_proto::v1::{ExecutorMessage, Hello, PeerReport, PeerStatus, Reach, executor_message};
+
+    use super::*;
+    use crate::compute::overlay::OverlaySettings;
+    use crate::compute::overlay::relays::{CONTROL_PLANE_LABEL, PeerRoute};
+    use crate::stream::leader;
+
+    const CLOUD: &str = "kOzLDlGv6e2AmDVfmJC7dRGCU8vMC9RcrxDBB4Y+uiM=";
+    const HOME_A: &str = "l3LKPRYYCDZBtZU+TDBSqPB9awxGnj7GcNpPnbcTfiU=";
+    const HOME_B: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+    fn node(name: &str, ip: &str, pod_cidr: &str, relay: bool) -> Node {
+        let labels = relay.then(|| [(CONTROL_PLANE_LABEL.to_string(), String::new())].into());
+        Node {
+            metadata: ObjectMeta { name: Some(name.into()), labels, ..Default::default() },
+            spec: Some(NodeSpec { pod_cidrs: Some(vec![pod_cidr.into()]), ..Default::default() }),
+            status: Some(NodeStatus {
+                addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: ip.into() }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn report(peers: &[(&str, u64, Reach)]) -> ExecutorMessage {
+        let peers = peers
+            .iter()
+            .map(|(key, rx, reach)| PeerStatus {
+                public_key: (*key).into(),
+                receive_bytes: *rx,
+                reach: *reach as i32,
+                ..Default::default()
+            })
+            .collect();
+        ExecutorMessage { message: Some(executor_message::Message::Peers(PeerReport { peers, read_unix_seconds: 0 })) }
+    }
+
+    /// Whether the hub asked for a recompute since the last call (a stored permit).
+    async fn asked(hub: &Hub) -> bool {
+        tokio::time::timeout(Duration::from_millis(50), hub.changed.notified()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_change_of_reach_recomputes_and_relays_the_pair_and_bytes_alone_do_not() {
+        let (_tx, rx) = leader::standalone("127.0.0.1:1".into());
+        let settings = Settings { overlay: Some(OverlaySettings::default()), ..Settings::default() };
+        let hub = Hub::new(settings, rx, true);
+        let facts = |n: &str, k: &str| KnownFacts {
+            node: n.into(),
+            wireguard_public_key: Some(k.into()),
+            ..Default::default()
+        };
+        hub.set_inputs(Cluster {
+            nodes: vec![
+                node("cloud", "203.0.113.10", "10.42.0.0/24", true),
+                node("home-a", "10.99.0.2", "10.42.1.0/24", false),
+                node("home-b", "10.99.0.2", "10.42.2.0/24", false),
+            ],
+            facts: vec![facts("cloud", CLOUD), facts("home-a", HOME_A), facts("home-b", HOME_B)],
+            ..Default::default()
+        });
+        hub.recompute();
+        for n in ["cloud", "home-a", "home-b"] {
+            let _ = hub.connect(&Hello { node: n.into(), executor_version: "test".into(), applied: None });
+        }
+        let _ = asked(&hub).await;
+        let route = |hub: &Hub| hub.outputs().0.overlay["home-a"].routes["home-b"].clone();
+
+        hub.receive("home-a", report(&[(CLOUD, 1, Reach::Direct), (HOME_B, 1, Reach::Unknown)]));
+        assert!(asked(&hub).await, "a first report");
+        hub.receive("home-a", report(&[(CLOUD, 9, Reach::Direct), (HOME_B, 9, Reach::Unknown)]));
+        assert!(!asked(&hub).await, "bytes alone");
+        hub.receive("home-a", report(&[(CLOUD, 9, Reach::Direct), (HOME_B, 9, Reach::Unreachable)]));
+        assert!(asked(&hub).await, "home-b turned unreachable");
+        hub.recompute();
+        assert_eq!(route(&hub), PeerRoute::Via("cloud".into()));
+        let desired = hub.node("home-a").and_then(|n| n.desired).expect("a state");
+        let state = desired.state.as_ref().expect("a state");
+        let peer = state.netns[0].wireguard_devices[0].peers.iter().find(|p| p.public_key == HOME_B).expect("home-b");
+        assert_eq!(
+            (peer.allowed_ips.as_slice(), peer.probe_address.as_str()),
+            (&["10.42.2.0/32".to_string()][..], "10.42.2.0")
+        );
+        hub.receive("home-a", report(&[(CLOUD, 20, Reach::Direct), (HOME_B, 20, Reach::Unreachable)]));
+        assert!(!asked(&hub).await, "bytes alone, relayed");
+        hub.receive("home-a", report(&[(CLOUD, 20, Reach::Direct), (HOME_B, 20, Reach::Direct)]));
+        assert!(asked(&hub).await, "home-b reachable again");
+        hub.recompute();
+        assert_eq!(route(&hub), PeerRoute::Direct);
+    }
+}

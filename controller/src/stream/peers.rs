@@ -1,12 +1,13 @@
 //! The executors' peer reports (docs/overlay/status.md): what each node's WireGuard holds of
 //! its peers, checked and moved to the controller's clock as they arrive, and the little of it
-//! that changes a computed state (which peers are silent, where live ones' packets come from).
+//! that changes a computed state (which peers are silent, where live ones' packets come from,
+//! which are reachable directly).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use k8s_openapi::jiff::Timestamp;
-use kuport_proto::v1::{PeerReport, PeerStatus};
+use kuport_proto::v1::{PeerReport, PeerStatus, Reach};
 
 use crate::compute::overlay::members;
 use crate::observe::ObservedPeer;
@@ -26,9 +27,10 @@ pub struct Reported {
 }
 
 /// What of a report a computed state depends on, per peer key: silent, or live and where
-/// WireGuard sends to it. A report that changes only bytes or handshake times leaves it alone
-/// and recomputes nothing.
-pub type Digest = BTreeMap<String, (bool, Option<SocketAddr>)>;
+/// WireGuard sends to it; and whether the direct path works (its reach: an unreachable peer makes
+/// the pair relayed, docs/overlay/relays.md). A report that changes only bytes or handshake
+/// times leaves it alone and recomputes nothing.
+pub type Digest = BTreeMap<String, (bool, Option<SocketAddr>, Reach)>;
 
 /// Checks `report` (received at `now`): at most [`MAX_PEERS`], keys of 32 bytes of base64 each
 /// once, endpoints that parse. Handshakes move to the controller's clock by the difference of
@@ -57,7 +59,9 @@ pub fn check(report: &PeerReport, now: Timestamp) -> Result<Reported, String> {
             Err(_) => Some(now_s),
         };
         let last_handshake = handshake.and_then(|t| Timestamp::from_second(t).ok());
-        if out.observed.insert(p.public_key.clone(), ObservedPeer { endpoint, last_handshake }).is_some() {
+        // A value this controller does not know (a newer executor's) is no news: unknown.
+        let reach = Reach::try_from(p.reach).unwrap_or(Reach::Unknown);
+        if out.observed.insert(p.public_key.clone(), ObservedPeer { endpoint, last_handshake, reach }).is_some() {
             return Err(format!("peers[{i}].publicKey: {} is listed twice", p.public_key));
         }
         out.statuses.push(PeerStatus {
@@ -76,7 +80,7 @@ pub fn digest(observed: &BTreeMap<String, ObservedPeer>, keys: &BTreeSet<String>
         .filter(|(k, _)| keys.contains(*k))
         .map(|(k, p)| {
             let silent = members::silent(p, now);
-            (k.clone(), (silent, if silent { None } else { p.endpoint }))
+            (k.clone(), (silent, if silent { None } else { p.endpoint }, p.reach))
         })
         .collect()
 }
@@ -85,7 +89,7 @@ pub fn digest(observed: &BTreeMap<String, ObservedPeer>, keys: &BTreeSet<String>
 /// the rotation then needs a recompute every period. A silent peer with one candidate gets
 /// the same endpoint in every period.
 pub fn any_rotating(d: &Digest, rotating: &BTreeSet<String>) -> bool {
-    d.iter().any(|(k, (silent, _))| *silent && rotating.contains(k))
+    d.iter().any(|(k, (silent, _, _))| *silent && rotating.contains(k))
 }
 
 #[cfg(test)]
@@ -101,6 +105,7 @@ mod tests {
             last_handshake_unix_seconds: handshake,
             receive_bytes: 10,
             transmit_bytes: 20,
+            ..Default::default()
         }
     }
 
@@ -157,6 +162,7 @@ mod tests {
                     last_handshake_unix_seconds,
                     receive_bytes,
                     transmit_bytes: 0,
+                    ..Default::default()
                 })
                 .collect();
             if let Ok(c) = check(&PeerReport { peers, read_unix_seconds: read }, at(now)) {
@@ -184,5 +190,24 @@ mod tests {
         assert!(!any_rotating(&of(0, "192.0.2.1:1", 1), &BTreeSet::new()), "one candidate: nothing moves");
         assert_eq!(of(0, "192.0.2.1:1", 1), of(0, "192.0.2.9:1", 1), "a silent peer's endpoint is ours");
         assert!(digest(&BTreeMap::from([(KEY.into(), ObservedPeer::default())]), &BTreeSet::new(), at(0)).is_empty());
+    }
+
+    /// A change of a peer's reach recomputes (it may relay the pair, docs/overlay/relays.md);
+    /// bytes beside the same reach still do not; an unknown value is no news.
+    #[test]
+    fn the_digest_changes_with_reach() {
+        let keys = BTreeSet::from([KEY.to_string()]);
+        let of = |reach: i32, rx: u64| {
+            let p = PeerStatus { receive_bytes: rx, reach, ..status(990, "192.0.2.1:1") };
+            let c = check(&PeerReport { peers: vec![p], read_unix_seconds: 1_000 }, at(1_000)).expect("valid");
+            (c.observed[KEY].reach, digest(&c.observed, &keys, at(1_000)))
+        };
+        let (direct, unreachable, unknown) = (Reach::Direct as i32, Reach::Unreachable as i32, Reach::Unknown as i32);
+        assert_eq!(of(direct, 1).0, Reach::Direct);
+        assert_eq!(of(unreachable, 1).0, Reach::Unreachable);
+        assert_eq!(of(99, 1).0, Reach::Unknown, "a value from a newer executor");
+        assert_ne!(of(direct, 1).1, of(unreachable, 1).1);
+        assert_ne!(of(direct, 1).1, of(unknown, 1).1);
+        assert_eq!(of(unreachable, 1).1, of(unreachable, 99).1, "bytes alone");
     }
 }

@@ -119,6 +119,12 @@ pub trait NodeApplier: Send {
     fn peers(&self) -> impl Future<Output = Vec<PeerStatus>> + Send {
         std::future::ready(Vec::new())
     }
+    /// Called every probe tick (`wireguard::reach::TICK`): sends the reach probes that are due
+    /// and reads the peers' counters (docs/overlay/reach.md). True when some peer's reach
+    /// changed, so that its report goes up at once rather than at the next poll.
+    fn probe(&mut self) -> impl Future<Output = bool> + Send {
+        std::future::ready(false)
+    }
 }
 
 /// The peer report to send, if `current` differs from what this stream carried last (`sent`,
@@ -408,6 +414,8 @@ async fn session<A: NodeApplier>(
     let mut peers_sent: Option<Vec<PeerStatus>> = None;
     let mut peer_tick = tokio::time::interval(crate::executor::WIREGUARD_POLL);
     peer_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut probe_tick = tokio::time::interval(crate::wireguard::reach::TICK);
+    probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let mut read_peers = false;
         tokio::select! {
@@ -451,6 +459,7 @@ async fn session<A: NodeApplier>(
                 }
             }
             _ = peer_tick.tick() => read_peers = true,
+            _ = probe_tick.tick() => read_peers = applier.probe().await,
         }
         if read_peers && let Some(report) = peer_report(applier.peers().await, &mut peers_sent, SystemTime::now()) {
             let _ = tx.send(send(executor_message::Message::Peers(report))).await;
@@ -548,6 +557,7 @@ mod tests {
             last_handshake_unix_seconds: 100,
             receive_bytes: rx,
             transmit_bytes: 7,
+            ..Default::default()
         };
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
         let mut sent = None;

@@ -14,13 +14,14 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kuport_proto::v1::{NetnsRef, NetnsState, NodeState, ObjectError, PeerStatus, PodRef, netns_ref};
 
 use super::client::NodeApplier;
 use crate::executor::{ExecError, Keeper, Stats, drop_elsewhere, spawn_keeper, spawn_keeper_held};
 use crate::podns::{self, Held, NsId, OwnerIds};
+use crate::wireguard::reach::{self, Prober, Targets};
 
 pub struct NodeKeepers {
     /// Where the host entry is applied; None: this process's namespace.
@@ -33,6 +34,8 @@ pub struct NodeKeepers {
     forgotten_repairs: u64,
     /// The container runtime's CRI socket pods are asked of first.
     cri: Option<PathBuf>,
+    /// Whether each WireGuard peer's direct path works (docs/overlay/reach.md).
+    prober: Arc<Mutex<Prober>>,
 }
 
 struct Kept {
@@ -54,7 +57,8 @@ impl Kept {
 impl NodeKeepers {
     pub fn new(host_netns: Option<PathBuf>) -> Self {
         let host_ids = podns::host_ids(host_netns.as_deref());
-        NodeKeepers { host_netns, host_ids, kept: BTreeMap::new(), forgotten_repairs: 0, cri: None }
+        let prober = Arc::new(Mutex::new(Prober::new(host_netns.clone())));
+        NodeKeepers { host_netns, host_ids, kept: BTreeMap::new(), forgotten_repairs: 0, cri: None, prober }
     }
 
     /// Asks the container runtime at `socket` for pods' namespaces (docs/intercept/table.md,
@@ -121,6 +125,14 @@ impl NodeKeepers {
 }
 
 impl NodeKeepers {
+    /// The WireGuard devices of the host namespace's applied state: the overlay's.
+    fn host_devices(&self) -> impl Iterator<Item = &kuport_proto::v1::WireguardDevice> {
+        self.kept
+            .values()
+            .filter_map(|k| k.state.as_ref().filter(|s| s.is_host()))
+            .flat_map(|s| s.wireguard_devices.iter())
+    }
+
     /// Programs the new sandbox of each restarted pod: a pod keeper that ended (its namespace
     /// went) while it held a state is started again on the namespace that now holds the pod's
     /// address, with that state, without waiting for the controller (whose state did not
@@ -167,11 +179,13 @@ impl NodeKeepers {
     }
 }
 
-/// Every peer of `devices` in `netns` as WireGuard holds it now, by public key: what the
-/// client reports (docs/overlay/status.md). A device that cannot be read is left out (logged).
-fn peer_status(netns: Option<&std::path::Path>, devices: &[String]) -> Vec<PeerStatus> {
+/// Every peer of `devices` in `netns` as WireGuard holds it now, by public key, with its reach
+/// as `prober` found it: what the client reports (docs/overlay/status.md,
+/// docs/overlay/reach.md). A device that cannot be read is left out (logged).
+fn peer_status(netns: Option<&std::path::Path>, devices: &[String], prober: &Mutex<Prober>) -> Vec<PeerStatus> {
     let Some(wg) = crate::wireguard::installed() else { return Vec::new() };
     let mut out = Vec::new();
+    let prober = prober.lock().unwrap_or_else(|e| e.into_inner());
     for name in devices {
         match crate::wireguard::show(&wg, netns, name) {
             Ok(Some(device)) => out.extend(device.peers.iter().map(|p| PeerStatus {
@@ -180,6 +194,7 @@ fn peer_status(netns: Option<&std::path::Path>, devices: &[String]) -> Vec<PeerS
                 last_handshake_unix_seconds: p.last_handshake.map_or(0, |d| d.as_secs()),
                 receive_bytes: p.rx_bytes,
                 transmit_bytes: p.tx_bytes,
+                reach: prober.reach(name, &p.public_key.to_string()) as i32,
             })),
             Ok(None) => {}
             Err(e) => tracing::debug!(device = %name, error = %e, "reading WireGuard peers"),
@@ -296,17 +311,35 @@ impl NodeApplier for NodeKeepers {
     }
 
     async fn peers(&self) -> Vec<PeerStatus> {
-        // The overlay's devices are in the host namespace's state.
-        let devices: Vec<String> = self
-            .kept
-            .values()
-            .filter_map(|k| k.state.as_ref().filter(|s| s.is_host()))
-            .flat_map(|s| s.wireguard_devices.iter().map(|d| d.name.clone()))
-            .collect();
+        let devices: Vec<String> = self.host_devices().map(|d| d.name.clone()).collect();
         if devices.is_empty() {
             return Vec::new();
         }
         let netns = self.host_netns.clone();
-        tokio::task::spawn_blocking(move || peer_status(netns.as_deref(), &devices)).await.unwrap_or_default()
+        let prober = Arc::clone(&self.prober);
+        tokio::task::spawn_blocking(move || peer_status(netns.as_deref(), &devices, &prober)).await.unwrap_or_default()
+    }
+
+    async fn probe(&mut self) -> bool {
+        let targets: Vec<Targets> = self
+            .host_devices()
+            .map(|d| Targets {
+                device: d.name.clone(),
+                peers: d
+                    .peers
+                    .iter()
+                    .filter_map(|p| reach::probe_address(&p.probe_address).map(|a| (p.public_key.clone(), a)))
+                    .collect(),
+            })
+            .filter(|t| !t.peers.is_empty())
+            .collect();
+        let prober = Arc::clone(&self.prober);
+        if targets.is_empty() && prober.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            return false;
+        }
+        let Some(wg) = crate::wireguard::installed() else { return false };
+        tokio::task::spawn_blocking(move || prober.lock().unwrap_or_else(|e| e.into_inner()).round(&wg, &targets))
+            .await
+            .unwrap_or(false)
     }
 }

@@ -5,6 +5,8 @@
 //! namespace, supervised, configured over its UAPI socket, [`uapi`]). The executor picks the
 //! kernel when its link type exists.
 //!
+//! [`reach`] watches whether each peer's direct path works (docs/overlay/reach.md).
+//!
 //! Every change goes to a device peer by peer: peers that differ are added, updated in only
 //! what differs, or removed; nothing is ever replaced device-wide, so an untouched peer keeps
 //! its session.
@@ -12,6 +14,7 @@
 pub mod kernel;
 pub mod key;
 pub mod model;
+pub mod reach;
 pub mod uapi;
 pub mod userspace;
 

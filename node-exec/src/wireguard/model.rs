@@ -436,6 +436,7 @@ mod tests {
             endpoint: ep.into(),
             allowed_ips: ips.iter().map(|s| s.to_string()).collect(),
             persistent_keepalive_seconds: 25,
+            ..Default::default()
         };
         let state = |name: &str, peers| v1::NetnsState {
             wireguard_devices: vec![v1::WireguardDevice { name: name.into(), peers, ..Default::default() }],

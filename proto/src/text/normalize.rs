@@ -18,6 +18,10 @@
 //! - `tcp flags` is a TCP header field like `tcp dport`: it gets `meta l4proto tcp` as its
 //!   dependency and consumes one given before it. Its value and mask list in one of four forms
 //!   (`super::nft`'s `tcp_flags_text`).
+//! - In an `inet` table an address selector (`ip saddr`, `ip6 daddr`, in a compare, a set key
+//!   or a nat source) gets `meta nfproto ipv4|ipv6` as its dependency, once per rule, before the
+//!   first address load. nft never lists it, so the renderer prints nothing for it
+//!   (docs/overlay/filter.md). nft refuses `ip` and `ip6` selectors in one rule.
 //! - An equality on a source port directly followed (in header order) by one on a destination
 //!   port is merged into one 32-bit compare; it lists as `tcp sport S tcp dport D` under a
 //!   protocol context and as the raw `@th,0,32 0x...` without one.

@@ -706,6 +706,70 @@ pub fn overlay_filter_table() -> NftTable {
     )
 }
 
+/// A relay's forward chain (docs/overlay/filter.md): the accept between peers of the relay's
+/// prefixes, for each family, between the MSS clamp and the drop; then the other address shapes
+/// of an inet table. nft gives each an implicit `meta nfproto` and never lists it.
+pub fn overlay_relay_table() -> NftTable {
+    use kuport_proto::build::{in_literal, tcp_flag::*, tcp_flags, tcp_mss_clamp};
+    let wg = || ifname("kup-wg");
+    let on_wg = || vec![eq(S::Iifname, wg()), eq(S::Oifname, wg())];
+    let relay = |saddr: Selector, daddr: Selector, set: &str| {
+        let mut m = on_wg();
+        m.extend([lookup(&[saddr], set), lookup(&[daddr], set)]);
+        rule(m, vec![counter(), accept()])
+    };
+    let a = |ms: Vec<NftMatch>| rule(ms, vec![accept()]);
+    let prefixes = |ps: &[&str]| ps.iter().map(|p| member(vec![addr(p)])).collect::<Vec<_>>();
+    table(
+        NftFamily::Inet,
+        "kuport-overlay",
+        vec![
+            set(
+                "relay_v4",
+                &[T::Ipv4Addr],
+                &[],
+                true,
+                false,
+                prefixes(&["10.42.2.0/24", "10.42.1.0/24", "10.42.3.0/24"]),
+            ),
+            set("relay_v6", &[T::Ipv6Addr], &[], true, false, prefixes(&["fd00:42:1::/64", "fd00:42:2::/64"])),
+            set("svc4", &[T::Ipv4Addr, T::InetService], &[], false, false, vec![]),
+            set("svc6", &[T::InetService, T::Ipv6Addr], &[], false, false, vec![]),
+        ],
+        vec![
+            base_chain(
+                "forward",
+                ChainType::Filter,
+                Hook::Forward,
+                0,
+                ChainPolicy::Accept,
+                vec![
+                    rule(vec![eq(S::Oifname, wg()), tcp_flags(SYN, SYN | RST)], vec![tcp_mss_clamp()]),
+                    relay(S::IpSaddr, S::IpDaddr, "relay_v4"),
+                    relay(S::Ip6Saddr, S::Ip6Daddr, "relay_v6"),
+                    rule(on_wg(), vec![counter(), drop()]),
+                ],
+            ),
+            chain(
+                "selectors",
+                vec![
+                    a(vec![eq(S::IpSaddr, addr("10.42.0.0/16"))]),
+                    a(vec![eq(S::Ip6Daddr, addr("fd00::/64"))]),
+                    rule(vec![eq(S::IpSaddr, addr("10.42.0.1")), ne(S::IpDaddr, addr("10.42.1.0/25"))], vec![drop()]),
+                    a(vec![ne(S::IpSaddr, addr("10.0.0.0/8"))]),
+                    a(vec![eq(S::Ip6Saddr, addr("fd00::/60")), eq(S::Ip6Daddr, addr("fd00::1"))]),
+                    a(vec![eq(S::TcpDport, port(80)), eq(S::Ip6Saddr, addr("fd00::1"))]),
+                    a(vec![eq(S::L4proto, proto(Tcp)), eq(S::IpSaddr, addr("1.2.3.4")), eq(S::ThDport, port(80))]),
+                    a(vec![lookup(&[S::IpDaddr, S::TcpDport], "svc4")]),
+                    a(vec![lookup(&[S::TcpDport, S::Ip6Daddr], "svc6")]),
+                    a(vec![eq(S::Iifname, wg()), in_literal(S::Ip6Saddr, vec![addr("fd00::2"), addr("fd00::1")])]),
+                    a(vec![not_lookup(&[S::IpSaddr], "relay_v4")]),
+                ],
+            ),
+        ],
+    )
+}
+
 /// Models whose listing nft would not list the same way again, so no round trip can hold:
 /// only the second of two `meta l4proto tcp` matches is consumed as the dependency, but the
 /// listed `meta l4proto tcp tcp dport 80` loads as one match whose dependency is consumed.
@@ -732,6 +796,7 @@ pub fn loadable_tables() -> Vec<NftTable> {
         ip6_table(),
         inet_table(),
         overlay_filter_table(),
+        overlay_relay_table(),
         table(IP, "nothing", vec![], vec![]),
     ]
 }

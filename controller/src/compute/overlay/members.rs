@@ -41,6 +41,8 @@ pub struct Member {
     pub pod_cidrs: Vec<IpNet>,
     /// Where peers send first; None when the Node has no usable address (it sends first).
     pub endpoint: Option<SocketAddr>,
+    /// A relay candidate, by its labels ([`super::relays::is_candidate`]).
+    pub relay: bool,
 }
 
 /// What [`judge`] decides, per node name.
@@ -163,7 +165,8 @@ pub fn judge(cluster: &Cluster, settings: &OverlaySettings) -> Judged {
         let endpoint = endpoint(name, node, settings.listen_port, &mut why);
         match (key, why.is_empty()) {
             (Some(public_key), true) => {
-                out.members.insert(name.to_string(), Member { public_key, pod_cidrs, endpoint });
+                let relay = super::relays::is_candidate(node.metadata.labels.as_ref());
+                out.members.insert(name.to_string(), Member { public_key, pod_cidrs, endpoint, relay });
             }
             _ => {
                 out.refused.insert(name.to_string(), why);
@@ -397,11 +400,11 @@ mod rotation_tests {
     }
 
     fn live(endpoint: &str, now: i64) -> ObservedPeer {
-        ObservedPeer { endpoint: Some(ep(endpoint)), last_handshake: Some(at(now - 30)) }
+        ObservedPeer { endpoint: Some(ep(endpoint)), last_handshake: Some(at(now - 30)), ..Default::default() }
     }
 
     fn silent_peer(endpoint: Option<&str>) -> ObservedPeer {
-        ObservedPeer { endpoint: endpoint.map(ep), last_handshake: None }
+        ObservedPeer { endpoint: endpoint.map(ep), last_handshake: None, ..Default::default() }
     }
 
     /// The endpoint `node`'s computed state gives the peer with `key`.
@@ -451,7 +454,7 @@ mod rotation_tests {
         let at_time = |now: i64, handshake: Option<i64>| {
             let mut c = sites(now);
             let o = &mut c.overlay_observed;
-            let home_sees_vm = ObservedPeer { endpoint: None, last_handshake: handshake.map(at) };
+            let home_sees_vm = ObservedPeer { endpoint: None, last_handshake: handshake.map(at), ..Default::default() };
             o.reports.insert("home".into(), BTreeMap::from([(VM.into(), home_sees_vm)]));
             // cloud sees vm's packets from its 1:1 NAT's public address.
             o.reports.insert("cloud".into(), BTreeMap::from([(VM.into(), live("198.51.100.4:51820", now))]));

@@ -5,11 +5,13 @@
 //! 1. [`members`]: which nodes are in the mesh (a valid public key from the node's own stream,
 //!    pod CIDRs that overlap no one's, an endpoint that parses), and why the others are not.
 //! 2. [`compute`]: every member's device, one peer per other member, its overlay address, the
-//!    routes of the other members' pod CIDRs through the device, and its MTU.
+//!    routes of the other members' pod CIDRs through the device, and its MTU; with [`relays`],
+//!    which pairs go through a relay and which one (docs/overlay/relays.md).
 //!
 //! The executor's half (keys, the device, peer-by-peer changes) is docs/overlay/node.md.
 
 pub mod members;
+pub mod relays;
 #[cfg(test)]
 mod tests;
 
@@ -18,7 +20,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use ipnet::IpNet;
 use kuport_proto::v1::{
-    Address, ChainPolicy, ChainType, Hook, NetnsState, NftFamily, NftRule, NftTable, Route, Sysctl,
+    Address, ChainPolicy, ChainType, Hook, NetnsState, NftFamily, NftRule, NftSet, NftTable, NftType, Route, Sysctl,
 };
 
 use crate::compute::numbers::MAIN_TABLE;
@@ -44,14 +46,29 @@ pub const PUBLIC_KEY_ANNOTATION: &str = "kuport.wlz.li/wireguard-public-key";
 /// Published likewise: the endpoint its peers dial, as computed. A key of its own, so the
 /// controller never reads back what it wrote as an override.
 pub const ENDPOINT_ANNOTATION: &str = "kuport.wlz.li/wireguard-endpoint";
-/// Every annotation the controller publishes on a Node (and removes when it leaves the mesh).
+/// The annotations a Node watch compares (`observe::index::node_inputs`), so that one removed
+/// by hand wakes the status writer.
 pub const PUBLISHED_ANNOTATIONS: [&str; 2] = [PUBLIC_KEY_ANNOTATION, ENDPOINT_ANNOTATION];
+/// Published likewise: how the member's pod traffic reaches each peer, a compact JSON object of
+/// peer name to `direct`, `via RELAY` or `unreachable` (docs/overlay/relays.md).
+pub const ROUTES_ANNOTATION: &str = "kuport.wlz.li/wireguard-routes";
+/// Published likewise: what the member's own executor last reported of each peer, a compact JSON
+/// object of peer name to its state (`direct`, `unreachable` or `unknown`) and the endpoint its
+/// WireGuard holds (docs/overlay/relays.md).
+pub const PEERS_ANNOTATION: &str = "kuport.wlz.li/wireguard-peers";
+/// Every annotation the controller writes on a Node (and removes when it leaves the mesh).
+pub const WRITTEN_ANNOTATIONS: [&str; 4] =
+    [PUBLIC_KEY_ANNOTATION, ENDPOINT_ANNOTATION, PEERS_ANNOTATION, ROUTES_ANNOTATION];
 
 /// The overlay's own nftables table on every member: inet, so that IPv6 pod traffic is held to
 /// the same rules. Under the executor's table prefix (`kuport_proto::owned`), so it owns it.
 pub const NFT_TABLE: &str = "kuport-overlay";
 /// Its forward chain (docs/overlay/filter.md).
 pub const FORWARD_CHAIN: &str = "forward";
+/// On a relay, the members' IPv4 pod CIDRs, between which it forwards (docs/overlay/relays.md).
+pub const RELAY_SET_V4: &str = "relay_v4";
+/// Their IPv6 pod CIDRs, when some member has one.
+pub const RELAY_SET_V6: &str = "relay_v6";
 
 const IPV4_FORWARDING: &str = "net.ipv4.ip_forward";
 const IPV6_FORWARDING: &str = "net.ipv6.conf.all.forwarding";
@@ -142,6 +159,20 @@ pub struct NodeOverlay {
     pub peers: Vec<String>,
     /// Empty for a member.
     pub refused: Vec<Refusal>,
+    /// A relay candidate ([`relays::is_candidate`]).
+    pub relay: bool,
+    /// Per peer, how this member's pod traffic reaches it.
+    pub routes: BTreeMap<String, relays::PeerRoute>,
+    /// Per peer, what this member's executor last reported of it.
+    pub seen: BTreeMap<String, PeerSeen>,
+}
+
+/// What a member's executor last reported of one peer: unknown, with no endpoint, until a
+/// report names it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerSeen {
+    pub reach: kuport_proto::v1::Reach,
+    pub endpoint: Option<SocketAddr>,
 }
 
 /// What the overlay decides.
@@ -172,6 +203,11 @@ fn same_family(a: &IpNet, b: &IpNet) -> bool {
 /// Every member's device and peers, and every Node's place in the mesh.
 pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Mesh {
     let judged = members::judge(cluster, settings);
+    let candidates: std::collections::BTreeSet<String> =
+        judged.members.iter().filter(|(_, m)| m.relay).map(|(n, _)| n.clone()).collect();
+    let routes = relays::decide(&candidates, &relays::broken(cluster, &judged.members));
+    let mut relayed_cidrs: Vec<IpNet> = judged.members.values().flat_map(|m| m.pod_cidrs.iter().copied()).collect();
+    relayed_cidrs.sort();
     let mut mesh = Mesh::default();
     for (name, why) in judged.refused {
         mesh.nodes.insert(name, NodeOverlay { refused: why, ..Default::default() });
@@ -181,20 +217,29 @@ pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Me
         // One MTU for the device: the outer header is IPv6 if any path may be.
         let v6 = me.endpoint.iter().chain(others.iter().filter_map(|(_, m)| m.endpoint.as_ref())).any(|e| e.is_ipv6());
         let mtu = view.node(name).mtu().saturating_sub(if v6 { OVERHEAD_IPV6 } else { OVERHEAD_IPV4 });
+        let entries = relays::entries(name, &judged.members, &routes);
         let peers = others
             .iter()
             .map(|(other, m)| {
-                // The peer's overlay address lies in its first pod CIDR: its pod CIDRs cover it.
-                // Its endpoint: a candidate, rotating while silent (docs/overlay/status.md).
+                // Its pod CIDRs, or for a relayed peer its overlay address only, and what it
+                // relays (docs/overlay/relays.md). Its endpoint: a candidate, rotating while
+                // silent (docs/overlay/status.md).
                 let endpoint = members::endpoint_for(cluster, &judged.members, &judged.candidates, name, other);
-                kuport_proto::build::wireguard_peer(&m.public_key, endpoint, &m.pod_cidrs, KEEPALIVE_SECONDS)
+                let e = entries.get(other.as_str()).cloned().unwrap_or_default();
+                let mut p = kuport_proto::build::wireguard_peer(&m.public_key, endpoint, &e.allowed_ips, e.keepalive);
+                p.probe_address = e.probe.map(|a| a.to_string()).unwrap_or_default();
+                p
             })
             .collect();
         let device = kuport_proto::build::wireguard_device(&settings.interface, mtu, settings.listen_port, peers);
         let address = overlay_address(&me.pod_cidrs);
         let mut ns = NetnsState {
             wireguard_devices: vec![device],
-            nft_tables: vec![filter_table(&settings.interface)],
+            nft_tables: vec![if me.relay {
+                relay_filter_table(&settings.interface, &relayed_cidrs)
+            } else {
+                filter_table(&settings.interface)
+            }],
             ..Default::default()
         };
         ns.sysctls.push(Sysctl { key: IPV4_FORWARDING.into(), value: "1".into() });
@@ -229,6 +274,19 @@ pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Me
                 mtu,
                 peers: others.iter().map(|(n, _)| (*n).clone()).collect(),
                 refused: Vec::new(),
+                relay: me.relay,
+                routes: others.iter().map(|(n, _)| ((*n).clone(), routes.route(name, n))).collect(),
+                seen: others
+                    .iter()
+                    .map(|(n, m)| {
+                        let p = cluster.overlay_observed.reports.get(name.as_str()).and_then(|r| r.get(&m.public_key));
+                        let seen = PeerSeen {
+                            reach: p.map_or(kuport_proto::v1::Reach::Unknown, |p| p.reach),
+                            endpoint: p.and_then(|p| p.endpoint),
+                        };
+                        ((*n).clone(), seen)
+                    })
+                    .collect(),
             },
         );
     }
@@ -241,30 +299,72 @@ pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Me
 ///    that pods whose interfaces keep a larger MTU (often 1500) open TCP connections whose
 ///    segments fit the overlay, with no reliance on ICMP making it back to the sender;
 /// 2. drops, with a counter, whatever would leave through the device after arriving through
-///    it: a node that is not a relay never forwards one peer's traffic to another. The relay
-///    issue puts a relay's accept (between pod addresses) between these two rules.
+///    it: a node that is not a relay never forwards one peer's traffic to another. A relay's
+///    accept (between pod addresses) goes between these two rules ([`relay_filter_table`]).
 ///
 /// The clamp comes first because it ends nothing, and so that a relay's accepted SYNs are
 /// clamped too.
 pub fn filter_table(interface: &str) -> NftTable {
-    use kuport_proto::build::{base_chain, counter, drop, eq, ifname, rule, table, tcp_flag, tcp_flags, tcp_mss_clamp};
+    forward_table(interface, None)
+}
+
+/// The overlay's table on a relay candidate (docs/overlay/relays.md): [`filter_table`] with,
+/// between the clamp and the drop, an accept of what goes from one peer to another between
+/// members' pod CIDRs (`pod_cidrs`, every member's): an interval set per family,
+/// [`RELAY_SET_V4`], and [`RELAY_SET_V6`] when some pod CIDR is IPv6. Anything else from the
+/// device back into it is still dropped: a relay is no open forwarder.
+pub fn relay_filter_table(interface: &str, pod_cidrs: &[IpNet]) -> NftTable {
+    forward_table(interface, Some(pod_cidrs))
+}
+
+fn forward_table(interface: &str, relay: Option<&[IpNet]>) -> NftTable {
+    use kuport_proto::build::{
+        accept, addr, base_chain, counter, drop, eq, ifname, lookup, member, rule, set, table, tcp_flag, tcp_flags,
+        tcp_mss_clamp,
+    };
     use kuport_proto::v1::Selector;
     let dev = || ifname(interface);
-    let rules: Vec<NftRule> = vec![
-        rule(
-            vec![eq(Selector::Oifname, dev()), tcp_flags(tcp_flag::SYN, tcp_flag::SYN | tcp_flag::RST)],
-            vec![tcp_mss_clamp()],
-        ),
-        rule(vec![eq(Selector::Iifname, dev()), eq(Selector::Oifname, dev())], vec![counter(), drop()]),
-    ];
+    let mut rules: Vec<NftRule> = vec![rule(
+        vec![eq(Selector::Oifname, dev()), tcp_flags(tcp_flag::SYN, tcp_flag::SYN | tcp_flag::RST)],
+        vec![tcp_mss_clamp()],
+    )];
+    let mut sets: Vec<NftSet> = Vec::new();
+    if let Some(cidrs) = relay {
+        let v6 = cidrs.iter().any(|c| matches!(c, IpNet::V6(_)));
+        let families = [
+            (RELAY_SET_V4, NftType::Ipv4Addr, Selector::IpSaddr, Selector::IpDaddr, true),
+            (RELAY_SET_V6, NftType::Ipv6Addr, Selector::Ip6Saddr, Selector::Ip6Daddr, v6),
+        ];
+        for (name, ty, saddr, daddr, wanted) in families {
+            if !wanted {
+                continue;
+            }
+            let elements = cidrs
+                .iter()
+                .filter(|c| matches!(c, IpNet::V6(_)) == (ty == NftType::Ipv6Addr))
+                .map(|c| member(vec![addr(c)]))
+                .collect();
+            sets.push(NftSet { interval: true, ..set(name, &[ty], &[], elements) });
+            rules.push(rule(
+                vec![
+                    eq(Selector::Iifname, dev()),
+                    eq(Selector::Oifname, dev()),
+                    lookup(&[saddr], name),
+                    lookup(&[daddr], name),
+                ],
+                vec![counter(), accept()],
+            ));
+        }
+    }
+    rules.push(rule(vec![eq(Selector::Iifname, dev()), eq(Selector::Oifname, dev())], vec![counter(), drop()]));
     let forward = base_chain(FORWARD_CHAIN, ChainType::Filter, Hook::Forward, 0, ChainPolicy::Accept, rules);
-    table(NftFamily::Inet, NFT_TABLE, vec![], vec![forward])
+    table(NftFamily::Inet, NFT_TABLE, sets, vec![forward])
 }
 
 /// The annotations the controller publishes on each member's Node (report::status writes them),
-/// so that `kubectl get node -o yaml` shows its key and the endpoint its peers dial. A member
-/// without a usable address has no endpoint annotation. Non-members get none (their published
-/// ones are removed).
+/// so that `kubectl get node -o yaml` shows its key, the endpoint its peers dial, and how its
+/// pod traffic reaches each peer ([`ROUTES_ANNOTATION`]). A member without a usable address has
+/// no endpoint annotation. Non-members get none (their published ones are removed).
 pub fn annotations(nodes: &BTreeMap<String, NodeOverlay>) -> BTreeMap<String, BTreeMap<String, String>> {
     nodes
         .iter()
@@ -274,33 +374,75 @@ pub fn annotations(nodes: &BTreeMap<String, NodeOverlay>) -> BTreeMap<String, BT
             if let Some(e) = o.endpoint {
                 a.insert(ENDPOINT_ANNOTATION.to_string(), e.to_string());
             }
+            a.insert(ROUTES_ANNOTATION.to_string(), routes_json(&o.routes));
+            a.insert(PEERS_ANNOTATION.to_string(), peers_json(&o.seen));
             Some((n.clone(), a))
         })
         .collect()
+}
+
+/// The [`ROUTES_ANNOTATION`]'s value: `{"cloud":"direct","home-b":"via cloud"}`, in name order.
+pub fn routes_json(routes: &BTreeMap<String, relays::PeerRoute>) -> String {
+    let text: BTreeMap<&str, String> = routes.iter().map(|(p, r)| (p.as_str(), r.to_string())).collect();
+    serde_json::to_string(&text).unwrap_or_default()
+}
+
+/// The [`PEERS_ANNOTATION`]'s value:
+/// `{"cloud":{"endpoint":"203.0.113.7:51820","state":"direct"},"home-b":{"state":"unknown"}}`.
+pub fn peers_json(seen: &BTreeMap<String, PeerSeen>) -> String {
+    use kuport_proto::v1::Reach;
+    let text: serde_json::Map<String, serde_json::Value> = seen
+        .iter()
+        .map(|(p, s)| {
+            let state = match s.reach {
+                Reach::Direct => "direct",
+                Reach::Unreachable => "unreachable",
+                Reach::Unknown => "unknown",
+            };
+            let mut v = serde_json::Map::new();
+            if let Some(e) = s.endpoint {
+                v.insert("endpoint".into(), e.to_string().into());
+            }
+            v.insert("state".into(), state.into());
+            (p.clone(), v.into())
+        })
+        .collect();
+    serde_json::Value::Object(text).to_string()
 }
 
 /// The first of a member's [`debug_lines`].
 pub const DEBUG_MEMBER: &str = "member";
 
 /// The node's lines for the Debug service (NodeDebug.overlay in sync.proto): a member's
-/// [`DEBUG_MEMBER`], then "name: value" lines; a refused node's "field: Reason: message" lines.
+/// [`DEBUG_MEMBER`], then "name: value" lines (with `relay: candidate` on a relay candidate, and
+/// `routes: PEER=ROUTE,...` once routes are computed); a refused node's "field: Reason: message"
+/// lines.
 pub fn debug_lines(o: &NodeOverlay) -> Vec<String> {
     if !o.refused.is_empty() {
         return o.refused.iter().map(|r| format!("{}: {}: {}", r.field, r.reason, r.message)).collect();
     }
     let or_dash = |v: Option<String>| v.filter(|v| !v.is_empty()).unwrap_or_else(|| "-".into());
     let cidrs: Vec<String> = o.pod_cidrs.iter().map(ToString::to_string).collect();
-    vec![
+    let mut lines = vec![
         DEBUG_MEMBER.to_string(),
         format!("address: {}", or_dash(o.address.map(|a| a.to_string()))),
         format!("endpoint: {}", or_dash(o.endpoint.map(|e| e.to_string()))),
         format!("podCIDRs: {}", or_dash(Some(cidrs.join(",")))),
         format!("publicKey: {}", or_dash(o.public_key.clone())),
         format!("peers: {}", o.peers.len()),
-    ]
+    ];
+    if o.relay {
+        lines.push("relay: candidate".into());
+    }
+    if !o.routes.is_empty() {
+        let routes: Vec<String> = o.routes.iter().map(|(p, r)| format!("{p}={r}")).collect();
+        lines.push(format!("routes: {}", routes.join(",")));
+    }
+    lines
 }
 
-/// One line per node for goldens and tools: members with address, endpoint, MTU and peers;
+/// One line per node for goldens and tools: members with address, endpoint, MTU and peers (a
+/// relay candidate marked `relay`, and the routes that are not direct: `routes b=via r`);
 /// refused nodes with every reason.
 pub fn summary(nodes: &BTreeMap<String, NodeOverlay>) -> String {
     use std::fmt::Write as _;
@@ -309,12 +451,25 @@ pub fn summary(nodes: &BTreeMap<String, NodeOverlay>) -> String {
         if o.refused.is_empty() {
             let address = o.address.map_or("-".to_string(), |a| a.to_string());
             let endpoint = o.endpoint.map_or("-".to_string(), |e| e.to_string());
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "{n}: member address {address} endpoint {endpoint} mtu {} peers {}",
                 o.mtu,
                 if o.peers.is_empty() { "-".to_string() } else { o.peers.join(",") }
             );
+            if o.relay {
+                out.push_str(" relay");
+            }
+            let not_direct: Vec<String> = o
+                .routes
+                .iter()
+                .filter(|(_, r)| **r != relays::PeerRoute::Direct)
+                .map(|(p, r)| format!("{p}={r}"))
+                .collect();
+            if !not_direct.is_empty() {
+                let _ = write!(out, " routes {}", not_direct.join(","));
+            }
+            out.push('\n');
         }
         for r in &o.refused {
             let _ = writeln!(out, "{n}: refused {r}");

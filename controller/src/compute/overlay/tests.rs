@@ -1,5 +1,6 @@
 //! The overlay's mesh: goldens of a three-site mesh, every refusal, and properties over random
-//! clusters (docs/overlay/mesh.md).
+//! clusters (docs/overlay/mesh.md); relays over random reach matrices and the golden of two
+//! homes relayed through a cloud node (docs/overlay/relays.md).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,11 +9,15 @@ use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use proptest::prelude::*;
 
+use k8s_openapi::jiff::Timestamp;
+use kuport_proto::v1::Reach;
+use kuport_proto::v1::link::Kind::Vxlan;
+
+use super::relays::{CONTROL_PLANE_LABEL, PeerRoute, RELAY_LABEL};
 use super::*;
 use crate::compute::testkit::World;
 use crate::compute::{Outputs, Settings, compute};
-use crate::observe::KnownFacts;
-use kuport_proto::v1::link::Kind::Vxlan;
+use crate::observe::{KnownFacts, ObservedPeer};
 
 /// A key as `wg` prints it: 32 bytes in base64.
 fn key(seed: u8) -> String {
@@ -544,7 +549,7 @@ wireguardPublicKey: "{}"
 /// What the Kubernetes source digests of a Node changes with what the mesh reads, and not with
 /// a heartbeat.
 #[test]
-fn a_node_watch_recomputes_for_pod_cidrs_addresses_and_the_endpoint_annotation() {
+fn a_node_watch_recomputes_for_pod_cidrs_addresses_the_endpoint_annotation_and_relay_labels() {
     use crate::observe::index::node_inputs;
     let digest = |n: &Node| format!("{:?}", node_inputs(n));
     let base = node("vm", &[("InternalIP", "172.31.5.4")], &["10.42.2.0/24"], &[]);
@@ -565,7 +570,273 @@ fn a_node_watch_recomputes_for_pod_cidrs_addresses_and_the_endpoint_annotation()
         node("vm", &[("InternalIP", "172.31.5.4")], &["10.42.2.0/24"], &[(PUBLIC_KEY_ANNOTATION, "x")]),
         node("vm", &[("InternalIP", "172.31.5.4")], &["10.42.2.0/24"], &[(ENDPOINT_ANNOTATION, "x")]),
     ];
-    for c in changed {
+    let mut relay = base.clone();
+    relay.metadata.labels = Some([(relays::RELAY_LABEL.into(), "true".into())].into());
+    let mut control_plane = base.clone();
+    control_plane.metadata.labels = Some([(relays::CONTROL_PLANE_LABEL.into(), String::new())].into());
+    let mut routes = base.clone();
+    routes.metadata.annotations = Some([(WRITTEN_ANNOTATIONS[2].into(), "x".into())].into());
+    for c in changed.into_iter().chain([relay, control_plane, routes]) {
         assert_ne!(digest(&c), digest(&base), "{c:?}");
     }
+    let mut other_label = base.clone();
+    other_label.metadata.labels = Some([("topology.kubernetes.io/zone".into(), "a".into())].into());
+    assert_eq!(digest(&other_label), digest(&base), "a label the mesh does not read");
+}
+
+// ---- relays (docs/overlay/relays.md) ---------------------------------------------------------
+
+fn label(n: &mut Node, k: &str, v: &str) {
+    n.metadata.labels.get_or_insert_default().insert(k.into(), v.into());
+}
+
+/// `node`'s report of its peer with key `peer_key`: live at `endpoint`, or never heard from,
+/// with `reach`.
+fn report(w: &mut World, node: &str, peer_key: String, endpoint: Option<&str>, reach: Reach) {
+    let now = w.c.now;
+    let p = ObservedPeer {
+        endpoint: endpoint.map(|e| e.parse().expect("endpoint")),
+        last_handshake: endpoint.map(|_| Timestamp::from_second(now.as_second() - 10).expect("time")),
+        reach,
+    };
+    w.c.overlay_observed.reports.entry(node.into()).or_default().insert(peer_key, p);
+}
+
+/// The issue's scenario: a cloud node with a public address (a control-plane node, so a
+/// relay) and two homes behind their own NATs, on the same LAN prefix, that report each other
+/// unreachable. Both reach the cloud.
+fn homes() -> World {
+    let mut w = World::new();
+    let mut cloud = node("cloud", &[("ExternalIP", "203.0.113.10")], &["10.42.0.0/24"], &[]);
+    label(&mut cloud, CONTROL_PLANE_LABEL, "");
+    w.c.nodes = vec![
+        cloud,
+        node("home-a", &[("InternalIP", "10.99.0.2")], &["10.42.1.0/24"], &[]),
+        node("home-b", &[("InternalIP", "10.99.0.2")], &["10.42.2.0/24"], &[]),
+    ];
+    w.c.facts = vec![
+        facts("cloud", Some(key(1)), Some(1500)),
+        facts("home-a", Some(key(2)), Some(1500)),
+        facts("home-b", Some(key(3)), Some(1500)),
+    ];
+    report(&mut w, "cloud", key(2), Some("198.51.100.10:51820"), Reach::Direct);
+    report(&mut w, "cloud", key(3), Some("192.0.2.10:51820"), Reach::Direct);
+    report(&mut w, "home-a", key(1), Some("203.0.113.10:51820"), Reach::Direct);
+    report(&mut w, "home-a", key(3), None, Reach::Unreachable);
+    report(&mut w, "home-b", key(1), Some("203.0.113.10:51820"), Reach::Direct);
+    report(&mut w, "home-b", key(2), None, Reach::Unreachable);
+    w
+}
+
+/// Every member's peers as the renderer does not show them: probe address and keepalive.
+fn probes(out: &Outputs) -> String {
+    let mut t = String::from("=== probes\n");
+    for (n, s) in &out.node_states {
+        for p in s.netns.iter().flat_map(|ns| &ns.wireguard_devices).flat_map(|d| &d.peers) {
+            t.push_str(&format!(
+                "{n}: peer {} probe {} keepalive {} allowed-ips {}\n",
+                &p.public_key[..8],
+                p.probe_address,
+                p.persistent_keepalive_seconds,
+                p.allowed_ips.join(",")
+            ));
+        }
+    }
+    t
+}
+
+#[test]
+fn golden_relayed_homes() {
+    let out = run(&homes());
+    assert_eq!(out.overlay["home-a"].routes["home-b"], PeerRoute::Via("cloud".into()));
+    // The Debug service's lines (kuportctl reads them as "name: value").
+    let lines = debug_lines(&out.overlay["home-a"]);
+    assert_eq!(lines.last().map(String::as_str), Some("routes: cloud=direct,home-b=via cloud"));
+    assert!(debug_lines(&out.overlay["cloud"]).iter().any(|l| l == "relay: candidate"));
+    // What home-a's executor reported, on its Node.
+    assert_eq!(
+        annotations(&out.overlay)["home-a"][PEERS_ANNOTATION],
+        r#"{"cloud":{"endpoint":"203.0.113.10:51820","state":"direct"},"home-b":{"state":"unreachable"}}"#
+    );
+    insta::assert_snapshot!("relayed_homes", format!("{}{}", text(&out), probes(&out)));
+}
+
+/// The scenario's transitions: a port forward (neither reports the other unreachable) makes the
+/// pair direct; without the relay (its label says false) the pair is unreachable on its direct
+/// entry; one side's report alone relays it.
+#[test]
+fn the_homes_go_direct_without_reports_and_stay_on_the_direct_entry_without_a_relay() {
+    let route = |w: &World| run(w).overlay["home-a"].routes["home-b"].clone();
+    assert_eq!(route(&homes()), PeerRoute::Via("cloud".into()));
+    let mut w = homes();
+    report(&mut w, "home-a", key(3), Some("192.0.2.10:51820"), Reach::Direct);
+    assert_eq!(route(&w), PeerRoute::Via("cloud".into()), "home-b still reports home-a unreachable");
+    report(&mut w, "home-b", key(2), Some("198.51.100.10:51820"), Reach::Unknown);
+    assert_eq!(route(&w), PeerRoute::Direct, "unknown is no news");
+    let out = run(&w);
+    assert_eq!(annotations(&out.overlay)["home-a"][ROUTES_ANNOTATION], r#"{"cloud":"direct","home-b":"direct"}"#);
+    let mut w = homes();
+    label(&mut w.c.nodes[0], RELAY_LABEL, "false");
+    let out = run(&w);
+    assert_eq!(out.overlay["home-b"].routes["home-a"], PeerRoute::Unreachable);
+    assert!(!out.overlay["cloud"].relay);
+    assert_eq!(out.node_states["cloud"].netns[0].nft_tables, vec![filter_table(DEFAULT_INTERFACE)]);
+    let a = &out.node_states["home-a"].netns[0].wireguard_devices[0];
+    let b = a.peers.iter().find(|p| p.public_key == key(3)).expect("home-b");
+    assert_eq!((b.allowed_ips.as_slice(), b.persistent_keepalive_seconds), (&["10.42.2.0/24".to_string()][..], 0));
+    // A home labelled a relay relays nothing between the homes: it is one of the pair.
+    label(&mut w.c.nodes[1], RELAY_LABEL, "true");
+    assert_eq!(run(&w).overlay["home-b"].routes["home-a"], PeerRoute::Unreachable);
+}
+
+fn reach_of(i: u8) -> Reach {
+    match i {
+        0 => Reach::Unknown,
+        1 => Reach::Direct,
+        _ => Reach::Unreachable,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Random reach matrices over up to 8 members, some of them relays, maybe one dual-stack
+    /// and one IPv6-only:
+    /// - both sides of every pair agree on its route;
+    /// - a pair is relayed or unreachable iff one side reports the other unreachable, and
+    ///   unreachable only when no relay both reach directly exists;
+    /// - a relayed pair's relay is a candidate, neither side of the pair, reached directly by
+    ///   both (neither pair with it broken);
+    /// - on every node, no two peers' allowed IPs overlap, except a relayed peer's overlay /32
+    ///   inside its pod CIDR on the relay's entry;
+    /// - every member's pod CIDRs sit on exactly one peer entry of every other member: the
+    ///   peer's own (direct or unreachable), or the relay's, which holds them on its own entry
+    ///   of the peer;
+    /// - every entry probes its peer's overlay address; relays have the relay accept, the
+    ///   others only the drop.
+    #[test]
+    fn relayed_routes_agree_and_every_pod_cidr_is_on_exactly_one_entry(
+        n in 2usize..=8,
+        relay in prop::collection::vec(prop::bool::weighted(0.4), 8),
+        matrix in prop::collection::vec(prop::collection::vec(0u8..3, 8), 8),
+        v6 in any::<bool>(),
+    ) {
+        let mut w = World::new();
+        let names: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            let v4 = format!("10.42.{i}.0/24");
+            let six = format!("fd00:42:{i}::/64");
+            // With v6: n0 dual-stack, n1 IPv6 only (no overlay address, so no probe address).
+            let cidrs: Vec<&str> = match (v6, i) {
+                (true, 0) => vec![&v4, &six],
+                (true, 1) => vec![&six],
+                _ => vec![&v4],
+            };
+            let mut nd = node(name, &[("InternalIP", &format!("100.64.0.{}", i + 1))], &cidrs, &[]);
+            if relay[i] {
+                label(&mut nd, if i % 2 == 0 { CONTROL_PLANE_LABEL } else { RELAY_LABEL }, "true");
+            }
+            w.c.nodes.push(nd);
+            w.c.facts.push(facts(name, Some(key(i as u8)), None));
+        }
+        for i in 0..n {
+            for j in (0..n).filter(|j| *j != i) {
+                report(&mut w, &names[i], key(j as u8), None, reach_of(matrix[i][j]));
+            }
+        }
+        let broken = |i: usize, j: usize| matrix[i][j] == 2 || matrix[j][i] == 2;
+        let out = run(&w);
+        let idx = |s: &str| names.iter().position(|x| x == s).expect("a member");
+        let o = |i: usize| &out.overlay[&names[i]];
+        for i in 0..n {
+            prop_assert_eq!(o(i).relay, relay[i]);
+            let want = if relay[i] {
+                let cidrs: Vec<IpNet> = (0..n).flat_map(|k| o(k).pod_cidrs.clone()).collect();
+                super::relay_filter_table(DEFAULT_INTERFACE, &cidrs)
+            } else {
+                super::filter_table(DEFAULT_INTERFACE)
+            };
+            let ns = kuport_proto::v1::NetnsState { nft_tables: vec![want], ..Default::default() };
+            let mut want_state = kuport_proto::v1::NodeState { netns: vec![ns], ..Default::default() };
+            kuport_proto::canonicalize(&mut want_state);
+            prop_assert_eq!(&out.node_states[&names[i]].netns[0].nft_tables, &want_state.netns[0].nft_tables);
+            for j in (0..n).filter(|j| *j != i) {
+                let r = &o(i).routes[&names[j]];
+                prop_assert_eq!(r, &o(j).routes[&names[i]], "{} and {} disagree", i, j);
+                let common = (0..n).any(|k| k != i && k != j && relay[k] && !broken(i, k) && !broken(j, k));
+                match r {
+                    PeerRoute::Direct => prop_assert!(!broken(i, j)),
+                    PeerRoute::Unreachable => prop_assert!(broken(i, j) && !common),
+                    PeerRoute::Via(via) => {
+                        let k = idx(via);
+                        prop_assert!(broken(i, j) && relay[k] && k != i && k != j);
+                        prop_assert!(!broken(i, k) && !broken(j, k), "{} is not reached directly by both", via);
+                    }
+                }
+            }
+        }
+        // Per node: entries by peer.
+        let entries = |i: usize| -> BTreeMap<usize, kuport_proto::v1::WireguardPeer> {
+            out.node_states[&names[i]].netns[0].wireguard_devices[0]
+                .peers
+                .iter()
+                .map(|p| ((0..n).find(|k| key(*k as u8) == p.public_key).expect("a member's key"), p.clone()))
+                .collect()
+        };
+        for i in 0..n {
+            let es = entries(i);
+            prop_assert_eq!(es.len(), n - 1);
+            let mut taken: Vec<((u128, u128), usize)> = Vec::new();
+            for (j, p) in &es {
+                prop_assert_eq!(&p.probe_address, &o(*j).address.map(|a| a.to_string()).unwrap_or_default());
+                let relayed = matches!(o(i).routes[&names[*j]], PeerRoute::Via(_));
+                let direct = o(i).routes[&names[*j]] == PeerRoute::Direct;
+                prop_assert_eq!(p.persistent_keepalive_seconds, if direct { 25 } else { 0 });
+                for a in &p.allowed_ips {
+                    if relayed && *a == format!("{}/32", p.probe_address) {
+                        continue;
+                    }
+                    let r = ranges(a);
+                    for (t, owner) in &taken {
+                        prop_assert!(r.1 < t.0 || t.1 < r.0, "n{}: {} of n{} overlaps n{}'s", i, a, j, owner);
+                    }
+                    taken.push((r, *j));
+                }
+            }
+            for j in (0..n).filter(|j| *j != i) {
+                for c in o(j).pod_cidrs.iter().map(ToString::to_string) {
+                    let holders: Vec<usize> =
+                        es.iter().filter(|(_, p)| p.allowed_ips.contains(&c)).map(|(k, _)| *k).collect();
+                    prop_assert_eq!(holders.len(), 1, "n{}: {} of n{} on {:?}", i, c, j, holders);
+                    match &o(i).routes[&names[j]] {
+                        PeerRoute::Via(via) => {
+                            let k = idx(via);
+                            prop_assert_eq!(holders[0], k);
+                            prop_assert!(entries(k)[&j].allowed_ips.contains(&c), "the relay holds n{}'s {}", j, c);
+                        }
+                        _ => prop_assert_eq!(holders[0], j),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A relay's table: an interval set of the members' IPv4 pod CIDRs and its accept, and the IPv6
+/// ones only when some member has an IPv6 pod CIDR. This text was loaded with `nft -f` (1.0.6) by
+/// hand and lists back identically with `nft -s` (docs/overlay/relays.md).
+#[test]
+fn a_relay_gets_relay_v6_only_when_some_pod_cidr_is_ipv6() {
+    let cidrs: Vec<IpNet> =
+        ["10.42.0.0/24", "10.42.1.0/24", "fd00:42::/64"].iter().map(|c| c.parse().expect("cidr")).collect();
+    let text = |cidrs: &[IpNet]| kuport_proto::text::nft_table(&relay_filter_table(DEFAULT_INTERFACE, cidrs));
+    let v4 = r#"iifname "kup-wg" oifname "kup-wg" ip saddr @relay_v4 ip daddr @relay_v4 counter accept"#;
+    let v6 = r#"iifname "kup-wg" oifname "kup-wg" ip6 saddr @relay_v6 ip6 daddr @relay_v6 counter accept"#;
+    let drop = r#"iifname "kup-wg" oifname "kup-wg" counter drop"#;
+    let both = text(&cidrs);
+    let order: Vec<usize> = ["maxseg", v4, v6, drop].iter().map(|l| both.find(l).expect("a rule")).collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "clamp, accepts, drop: {both}");
+    assert!(both.contains("elements = { fd00:42::/64 }"), "{both}");
+    let only_v4 = text(&cidrs[..2]);
+    assert!(only_v4.contains(v4) && !only_v4.contains("relay_v6"), "{only_v4}");
 }

@@ -144,6 +144,9 @@ pub const NFT_META_IIFNAME: u32 = 6;
 pub const NFT_META_OIFNAME: u32 = 7;
 pub const NFT_META_SKUID: u32 = 10;
 pub const NFT_META_SKGID: u32 = 11;
+/// The packet's network family (NFPROTO_IPV4/IPV6, one byte): nft's dependency of an address
+/// selector in an inet table (docs/overlay/filter.md).
+pub const NFT_META_NFPROTO: u32 = 15;
 pub const NFT_META_L4PROTO: u32 = 16;
 
 pub const NFTA_CT_DREG: u16 = 1;

@@ -211,6 +211,7 @@ pub(crate) fn elements(payload: &[u8], set: &mut NftSet) -> Result<(), NftError>
 /// A rule of a GETRULE answer: (table, chain, rule).
 pub(crate) fn rule(
     payload: &[u8],
+    family: kuport_proto::v1::NftFamily,
     index_in_chain: impl Fn(&str) -> usize,
 ) -> Result<(String, String, kuport_proto::v1::NftRule), NftError> {
     let a = parse(payload)?;
@@ -221,7 +222,7 @@ pub(crate) fn rule(
         Some(l) => decode_list(l)?,
         None => Vec::new(),
     };
-    let r = decompile(&exprs, &object)?;
+    let r = decompile(&exprs, family, &object)?;
     Ok((table, chain, r))
 }
 

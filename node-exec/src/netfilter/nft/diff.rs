@@ -44,6 +44,9 @@ pub enum NftDiff {
         chain: String,
         index: usize,
     },
+    /// The table holds something the decoder refuses (an expression outside kuport's
+    /// vocabulary, or one of its own in another shape): it is not kuport's table.
+    Unreadable(String),
 }
 
 impl NftDiff {
@@ -69,6 +72,7 @@ impl fmt::Display for NftDiff {
             NftDiff::MissingRule { chain, index } => write!(f, "{} missing", rule_name(chain, *index)),
             NftDiff::ExtraRule { chain, index } => write!(f, "{} not desired", rule_name(chain, *index)),
             NftDiff::ChangedRule { chain, index } => write!(f, "{} changed", rule_name(chain, *index)),
+            NftDiff::Unreadable(what) => write!(f, "table unreadable: {what}"),
         }
     }
 }

@@ -197,20 +197,34 @@ pub(crate) fn successor(b: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// The rbtree elements of `e`: its start, then its exclusive end unless it reaches the top.
-fn put_interval(w: &mut AttrWriter, set: &NftSet, ty: NftType, e: &NftElement) -> Result<(), NftError> {
+/// Opens the next element of a message's element list. libnftnl numbers the list's nests
+/// 1, 2, 3, ... where the kernel's dumps say NFTA_LIST_ELEM each time; the kernel reads either.
+/// The number stays inside the attribute type's 14 bits (a message carries at most
+/// [`MAX_ELEMS_BYTES`], far fewer elements than that).
+fn element_nest(w: &mut AttrWriter, n: &mut u16) -> usize {
+    *n = if *n >= 0x3fff { 1 } else { *n + 1 };
+    w.begin(*n)
+}
+
+/// An interval bound as libnftnl writes it: the flags before the key.
+fn put_bound(w: &mut AttrWriter, n: &mut u16, key: &[u8], end: bool) {
+    let el = element_nest(w, n);
+    if end {
+        w.put_u32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
+    }
+    w.put_data(NFTA_SET_ELEM_KEY, key);
+    w.end(el);
+}
+
+fn put_interval(w: &mut AttrWriter, n: &mut u16, set: &NftSet, ty: NftType, e: &NftElement) -> Result<(), NftError> {
     let object = format!("element {} of set {}", element_name(e), set.name);
     let [v] = &e.key[..] else {
         return Err(invalid(&object, format!("key has {} components, the set 1", e.key.len())));
     };
     let (start, last) = encode_component(&object, ty, v, true, false)?;
-    let el = w.begin(NFTA_LIST_ELEM);
-    w.put_data(NFTA_SET_ELEM_KEY, &start);
-    w.end(el);
+    put_bound(w, n, &start, false);
     if let Some(end) = successor(&last) {
-        let el = w.begin(NFTA_LIST_ELEM);
-        w.put_data(NFTA_SET_ELEM_KEY, &end);
-        w.put_u32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
-        w.end(el);
+        put_bound(w, n, &end, true);
     }
     Ok(())
 }
@@ -319,6 +333,7 @@ pub(crate) fn element_name(e: &NftElement) -> String {
 /// Encodes one element into `w` as a list element.
 fn put_element(
     w: &mut AttrWriter,
+    n: &mut u16,
     set: &NftSet,
     key: &[(NftType, TypeInfo)],
     data: &[(NftType, TypeInfo)],
@@ -351,7 +366,7 @@ fn put_element(
         }
         d.extend(s);
     }
-    let el = w.begin(NFTA_LIST_ELEM);
+    let el = element_nest(w, n);
     w.put_data(NFTA_SET_ELEM_KEY, &start);
     if set.interval {
         w.put_data(NFTA_SET_ELEM_KEY_END, &end);
@@ -386,6 +401,7 @@ pub(crate) fn set_elements(
             w.put_u32(NFTA_SET_ELEM_LIST_SET_ID, id);
         }
         let list = w.begin(NFTA_SET_ELEM_LIST_ELEMENTS);
+        let mut n = 0;
         let first = i;
         let single = single_interval(set);
         // nft starts a new single-field interval set with an end at zero when no interval
@@ -393,17 +409,14 @@ pub(crate) fn set_elements(
         if single && i == 0 && ty == NFT_MSG_NEWSETELEM && set_id.is_some() {
             let (start, _) = encode_component(&object, key[0].0, &elements[0].key[0], true, false)?;
             if start.iter().any(|b| *b != 0) {
-                let el = w.begin(NFTA_LIST_ELEM);
-                w.put_data(NFTA_SET_ELEM_KEY, &vec![0; start.len()]);
-                w.put_u32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
-                w.end(el);
+                put_bound(&mut w, &mut n, &vec![0; start.len()], true);
             }
         }
         while i < elements.len() && w.buf.len() < MAX_ELEMS_BYTES {
             if single {
-                put_interval(&mut w, set, key[0].0, elements[i])?;
+                put_interval(&mut w, &mut n, set, key[0].0, elements[i])?;
             } else {
-                put_element(&mut w, set, &key, &data, elements[i])?;
+                put_element(&mut w, &mut n, set, &key, &data, elements[i])?;
             }
             i += 1;
         }

@@ -54,6 +54,10 @@ pub(crate) enum Expr {
         len: u32,
         mask: Vec<u8>,
         xor: Vec<u8>,
+        /// Whether NFTA_BITWISE_OP (boolean) is sent: nft sends it for an `&` of the rule
+        /// (`tcp flags`, a mark's mask), not for the mask of an address prefix. The kernel's
+        /// dumps always hold it.
+        with_op: bool,
     },
     Byteorder {
         sreg: u32,
@@ -172,10 +176,12 @@ impl Expr {
                 w.put_data(NFTA_RANGE_FROM_DATA, from);
                 w.put_data(NFTA_RANGE_TO_DATA, to);
             }
-            Expr::Bitwise { sreg, dreg, len, mask, xor } => {
+            Expr::Bitwise { sreg, dreg, len, mask, xor, with_op } => {
                 w.put_u32(NFTA_BITWISE_SREG, *sreg);
                 w.put_u32(NFTA_BITWISE_DREG, *dreg);
-                w.put_u32(NFTA_BITWISE_OP, NFT_BITWISE_BOOL);
+                if *with_op {
+                    w.put_u32(NFTA_BITWISE_OP, NFT_BITWISE_BOOL);
+                }
                 w.put_u32(NFTA_BITWISE_LEN, *len);
                 w.put_data(NFTA_BITWISE_MASK, mask);
                 w.put_data(NFTA_BITWISE_XOR, xor);
@@ -291,10 +297,12 @@ impl Expr {
                 to: val(NFTA_RANGE_TO_DATA)?,
             },
             "bitwise" => {
-                if opt(NFTA_BITWISE_OP)?.unwrap_or(NFT_BITWISE_BOOL) != NFT_BITWISE_BOOL {
+                let op = opt(NFTA_BITWISE_OP)?;
+                if op.unwrap_or(NFT_BITWISE_BOOL) != NFT_BITWISE_BOOL {
                     return Err(unsupported("bitwise shift"));
                 }
                 Expr::Bitwise {
+                    with_op: op.is_some(),
                     sreg: u(NFTA_BITWISE_SREG)?,
                     dreg: u(NFTA_BITWISE_DREG)?,
                     len: u(NFTA_BITWISE_LEN)?,

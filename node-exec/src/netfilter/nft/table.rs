@@ -90,7 +90,7 @@ pub fn normalize(table: &NftTable) -> Result<NftTable, NftError> {
     for c in &mut t.chains {
         for (i, r) in c.rules.iter_mut().enumerate() {
             let object = rule_name(&c.name, i);
-            *r = decompile(&compile(r, &ctx, &object)?, &object)?;
+            *r = decompile(&compile(r, &ctx, &object)?, ctx.family, &object)?;
         }
     }
     let mut t = canonical(t);
@@ -208,7 +208,7 @@ fn read_once(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<
     }
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for p in sock.request(NFT_MSG_GETRULE, fam, &name_attr(NFTA_RULE_TABLE, name), true)? {
-        let (t, chain, r) = decode::rule(&p, |c| counts.get(c).copied().unwrap_or(0))?;
+        let (t, chain, r) = decode::rule(&p, family, |c| counts.get(c).copied().unwrap_or(0))?;
         if t != name {
             continue;
         }
@@ -246,7 +246,8 @@ pub fn apply_table(netns: Option<&Path>, desired: &NftTable) -> Result<ApplyRepo
 /// Makes table `desired` exist exactly as given. Only that table is read or written.
 ///
 /// The kernel's table is read back and compared first: when it already matches, nothing is
-/// written. When only set/map elements differ, they are removed/added in place, in
+/// written. A table that does not decode (something outside kuport's vocabulary or shapes,
+/// written by hand) is rebuilt. When only set/map elements differ, they are removed/added in place, in
 /// transactions of at most `max_ops_per_batch` elements (an element whose data changes is
 /// deleted and re-added in the same transaction, so it never disappears). Otherwise the
 /// table is rebuilt: one transaction adds, deletes and re-adds the table with its chains,
@@ -273,8 +274,17 @@ pub fn apply_table_with(
 pub(crate) fn apply_normal(sock: &mut Socket, want: &NftTable, opts: &ApplyOptions) -> Result<ApplyReport, NftError> {
     let fam = family_code(want.family)?;
     let family = NftFamily::try_from(want.family).unwrap_or(NftFamily::Unspecified);
-    let have = read_with(sock, family, &want.name)?;
-    let diffs = diff(want, have.as_ref());
+    // A table that does not decode is not kuport's table as it wrote it (a hand-made change
+    // outside the model's vocabulary or shapes): it is rebuilt whole.
+    let (have, unreadable) = match read_with(sock, family, &want.name) {
+        Ok(have) => (have, None),
+        Err(NftError::Decode { what }) => (None, Some(what)),
+        Err(e) => return Err(e),
+    };
+    let diffs = match &unreadable {
+        Some(what) => vec![NftDiff::Unreadable(what.clone())],
+        None => diff(want, have.as_ref()),
+    };
     let budget = opts.max_ops_per_batch.max(1);
     let mut report =
         ApplyReport { mode: ApplyMode::Unchanged, writes: 0, batches: 0, diffs: diffs.clone(), compared: 0 };
@@ -289,7 +299,7 @@ pub(crate) fn apply_normal(sock: &mut Socket, want: &NftTable, opts: &ApplyOptio
         _ => {
             report.mode = ApplyMode::Replaced;
             // Read just now: an absent table is created without the delete (below).
-            replace_batches_at(fam, want, budget, 0, have.is_none())?.0
+            replace_batches_at(fam, want, budget, 0, have.is_none() && unreadable.is_none())?.0
         }
     };
     send(sock, &batches, &mut report)?;

@@ -310,6 +310,24 @@ pub(crate) fn sel_info(sel: Selector) -> Option<SelInfo> {
     })
 }
 
+/// The network family (NFPROTO_IPV4 or NFPROTO_IPV6) of an address selector.
+pub(crate) fn addr_family(sel: Selector) -> Option<u8> {
+    match sel {
+        Selector::IpSaddr | Selector::IpDaddr => Some(NFPROTO_IPV4),
+        Selector::Ip6Saddr | Selector::Ip6Daddr => Some(NFPROTO_IPV6),
+        _ => None,
+    }
+}
+
+/// The network family of a load from an address field: the whole address or, for a compare
+/// with a byte-aligned prefix, its first bytes (each address field starts at its own offset).
+pub(crate) fn addr_family_of_source(src: Source) -> Option<u8> {
+    [Selector::IpSaddr, Selector::IpDaddr, Selector::Ip6Saddr, Selector::Ip6Daddr]
+        .into_iter()
+        .find(|s| sel_info(*s).is_some_and(|i| i.source == src))
+        .and_then(addr_family)
+}
+
 /// The selector a load reads, when it is one of kuport's (transport ports decode as th).
 pub(crate) fn sel_of_source(src: Source, len: u32) -> Option<Selector> {
     use Selector as S;

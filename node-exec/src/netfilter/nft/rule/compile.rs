@@ -48,23 +48,33 @@ fn sel(object: &str, s: i32) -> Result<(Selector, SelInfo), NftError> {
     Ok((s, i))
 }
 
+/// The protocols a rule's earlier expressions already guarantee, so that nft's dependencies
+/// are emitted once, where nft emits them.
+#[derive(Debug, Default)]
+struct Deps {
+    /// The transport protocol an earlier `meta l4proto == P` guarantees.
+    l4: Option<u8>,
+    /// The network family an earlier `meta nfproto == F` guarantees (inet tables only).
+    l3: Option<u8>,
+}
+
 /// Compiles a rule.
 pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec<Expr>, NftError> {
     let mut out = Vec::new();
-    // The transport protocol an earlier `meta l4proto == P` already guarantees.
-    let mut l4: Option<u8> = None;
+    let mut deps = Deps::default();
     for m in &rule.matches {
         match m.kind.as_ref().ok_or_else(|| invalid(object, "empty match"))? {
             nft_match::Kind::Compare(c) => {
                 let (s, info) = sel(object, c.selector)?;
                 check_family(object, ctx, s)?;
-                dep(&mut out, &mut l4, info.l4dep);
+                dep(&mut out, &mut deps.l4, info.l4dep);
+                nfproto_dep(&mut out, &mut deps.l3, ctx, object, s)?;
                 compile_compare(&mut out, object, c, s, info)?;
                 if s == Selector::L4proto
                     && c.op == CmpOp::Eq as i32
                     && let Some(Value::Proto(p)) = c.value.as_ref().and_then(value_of)
                 {
-                    l4 = Some(proto_byte(object, *p)?);
+                    deps.l4 = Some(proto_byte(object, *p)?);
                 }
             }
             nft_match::Kind::Literal(l) => {
@@ -74,7 +84,8 @@ pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec
                 if l.values.is_empty() {
                     return Err(invalid(object, "an empty literal set"));
                 }
-                dep(&mut out, &mut l4, info.l4dep);
+                dep(&mut out, &mut deps.l4, info.l4dep);
+                nfproto_dep(&mut out, &mut deps.l3, ctx, object, s)?;
                 out.push(load(info.source, info.len, NFT_REG_1));
                 let mut values = l.values.clone();
                 kuport_proto::canonical::sort_values(&mut values);
@@ -82,7 +93,7 @@ pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec
             }
             nft_match::Kind::TcpFlags(f) => {
                 let (value, mask) = tcp_flags(object, f)?;
-                dep(&mut out, &mut l4, Some(IPPROTO_TCP));
+                dep(&mut out, &mut deps.l4, Some(IPPROTO_TCP));
                 out.push(Expr::Payload {
                     base: NFT_PAYLOAD_TRANSPORT_HEADER,
                     offset: TCP_FLAGS_OFFSET,
@@ -97,6 +108,7 @@ pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec
                         len: 1,
                         mask: vec![mask],
                         xor: vec![0],
+                        with_op: true,
                     });
                 }
                 out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![value] });
@@ -106,7 +118,7 @@ pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec
                 if !set.data.is_empty() {
                     return Err(invalid(object, format!("@{} is a map, not a set", l.set)));
                 }
-                key_loads(&mut out, &mut l4, ctx, object, &l.key, set)?;
+                key_loads(&mut out, &mut deps, ctx, object, &l.key, set)?;
                 out.push(Expr::Lookup {
                     sreg: NFT_REG_1,
                     dreg: None,
@@ -118,7 +130,7 @@ pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec
         }
     }
     for s in &rule.statements {
-        compile_statement(&mut out, &mut l4, ctx, object, s)?;
+        compile_statement(&mut out, &mut deps, ctx, object, s)?;
     }
     Ok(out)
 }
@@ -137,16 +149,35 @@ fn tcp_flags(object: &str, f: &TcpFlags) -> Result<(u8, u8), NftError> {
 }
 
 fn check_family(object: &str, ctx: &RuleCtx, s: Selector) -> Result<(), NftError> {
-    let v4 = matches!(s, Selector::IpSaddr | Selector::IpDaddr);
-    let v6 = matches!(s, Selector::Ip6Saddr | Selector::Ip6Daddr);
-    match ctx.family {
-        NftFamily::Ip if v6 => Err(invalid(object, "ip6 selector in an ip table")),
-        NftFamily::Ip6 if v4 => Err(invalid(object, "ip selector in an ip6 table")),
-        // nft adds a `meta nfproto` dependency there, which this codec does not model yet.
-        NftFamily::Inet if v4 || v6 => {
-            Err(NftError::Unsupported { object: object.to_string(), what: "address selectors in inet tables".into() })
-        }
+    match (ctx.family, addr_family(s)) {
+        (NftFamily::Ip, Some(NFPROTO_IPV6)) => Err(invalid(object, "ip6 selector in an ip table")),
+        (NftFamily::Ip6, Some(NFPROTO_IPV4)) => Err(invalid(object, "ip selector in an ip6 table")),
         _ => Ok(()),
+    }
+}
+
+/// nft's network dependency: in an inet table, `meta nfproto ipv4|ipv6` before the first load
+/// of an address field, once per rule (docs/overlay/filter.md). nft refuses an ip and an ip6
+/// selector in one rule ("conflicting protocols"), and so does this.
+fn nfproto_dep(
+    out: &mut Vec<Expr>,
+    l3: &mut Option<u8>,
+    ctx: &RuleCtx,
+    object: &str,
+    s: Selector,
+) -> Result<(), NftError> {
+    let Some(f) = addr_family(s).filter(|_| ctx.family == NftFamily::Inet) else {
+        return Ok(());
+    };
+    match *l3 {
+        Some(have) if have == f => Ok(()),
+        Some(_) => Err(invalid(object, "ip and ip6 selectors in one rule (nft: conflicting protocols)")),
+        None => {
+            out.push(Expr::Meta { key: NFT_META_NFPROTO, dreg: NFT_REG_1 });
+            out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![f] });
+            *l3 = Some(f);
+            Ok(())
+        }
     }
 }
 
@@ -165,10 +196,11 @@ fn set_ref<'a>(ctx: &'a RuleCtx, object: &str, name: &str) -> Result<&'a SetRef,
     ctx.sets.get(name).ok_or_else(|| invalid(object, format!("set @{name} does not exist")))
 }
 
-/// Loads a concatenation into consecutive register words, as a set key.
+/// Loads a concatenation into consecutive register words, as a set key. Every component's
+/// dependencies come first, in component order, as nft emits them.
 fn key_loads(
     out: &mut Vec<Expr>,
-    l4: &mut Option<u8>,
+    deps: &mut Deps,
     ctx: &RuleCtx,
     object: &str,
     keys: &[i32],
@@ -183,7 +215,8 @@ fn key_loads(
         if info.ty != Some(*ty) {
             return Err(invalid(object, format!("{} does not give a {}", s.as_str_name(), ty.as_str_name())));
         }
-        dep(out, l4, info.l4dep);
+        dep(out, &mut deps.l4, info.l4dep);
+        nfproto_dep(out, &mut deps.l3, ctx, object, *s)?;
     }
     let concat_interval = set.interval && keys.len() > 1;
     let mut slot = 0;
@@ -200,7 +233,7 @@ fn key_loads(
 
 fn map_lookup<'a>(
     out: &mut Vec<Expr>,
-    l4: &mut Option<u8>,
+    deps: &mut Deps,
     ctx: &'a RuleCtx,
     object: &str,
     m: &MapLookup,
@@ -209,7 +242,7 @@ fn map_lookup<'a>(
     if set.data.is_empty() {
         return Err(invalid(object, format!("@{} is a set, not a map", m.map)));
     }
-    key_loads(out, l4, ctx, object, &m.key, set)?;
+    key_loads(out, deps, ctx, object, &m.key, set)?;
     out.push(Expr::Lookup { sreg: NFT_REG_1, dreg: Some(NFT_REG_1), set: m.map.clone(), set_id: set.id, flags: 0 });
     Ok(set)
 }
@@ -269,7 +302,14 @@ fn compile_compare(out: &mut Vec<Expr>, object: &str, c: &Compare, s: Selector, 
                 out.push(Expr::Cmp { sreg: r1, op, data: b[..n].to_vec() });
             } else {
                 out.push(load(info.source, info.len, r1));
-                out.push(Expr::Bitwise { sreg: r1, dreg: r1, len: info.len, mask, xor: vec![0; b.len()] });
+                out.push(Expr::Bitwise {
+                    sreg: r1,
+                    dreg: r1,
+                    len: info.len,
+                    mask,
+                    xor: vec![0; b.len()],
+                    with_op: false,
+                });
                 out.push(Expr::Cmp { sreg: r1, op, data: b });
             }
         }
@@ -299,6 +339,7 @@ fn compile_compare(out: &mut Vec<Expr>, object: &str, c: &Compare, s: Selector, 
                     len: 4,
                     mask: c.mask.to_ne_bytes().to_vec(),
                     xor: vec![0; 4],
+                    with_op: true,
                 });
             }
             out.push(Expr::Cmp { sreg: r1, op, data: m.to_ne_bytes().to_vec() });
@@ -322,7 +363,7 @@ fn nat_family(object: &str, ctx: &RuleCtx, f: i32) -> Result<u32, NftError> {
 
 fn compile_statement(
     out: &mut Vec<Expr>,
-    l4: &mut Option<u8>,
+    deps: &mut Deps,
     ctx: &RuleCtx,
     object: &str,
     s: &NftStatement,
@@ -373,10 +414,12 @@ fn compile_statement(
                             format!("nat to {} needs an address of the nat family", s.as_str_name()),
                         ));
                     }
+                    check_family(object, ctx, s)?;
+                    nfproto_dep(out, &mut deps.l3, ctx, object, s)?;
                     out.push(load(info.source, info.len, r1));
                 }
                 nat::To::Map(m) => {
-                    let set = map_lookup(out, l4, ctx, object, m)?;
+                    let set = map_lookup(out, deps, ctx, object, m)?;
                     let want_addr = if addr_len == 4 { NftType::Ipv4Addr } else { NftType::Ipv6Addr };
                     match set.data.as_slice() {
                         [a] if *a == want_addr => {}
@@ -408,7 +451,7 @@ fn compile_statement(
                     });
                 }
                 redirect::To::Map(m) => {
-                    let set = map_lookup(out, l4, ctx, object, m)?;
+                    let set = map_lookup(out, deps, ctx, object, m)?;
                     if set.data != [NftType::InetService] {
                         return Err(invalid(object, format!("@{} does not map to a port", m.map)));
                     }
@@ -427,7 +470,7 @@ fn compile_statement(
                     out.push(Expr::Immediate { dreg: r1, data: Imm::Value(v.to_ne_bytes().to_vec()) })
                 }
                 set_mark::From::Map(map) => {
-                    let set = map_lookup(out, l4, ctx, object, map)?;
+                    let set = map_lookup(out, deps, ctx, object, map)?;
                     if set.data != [NftType::Mark] {
                         return Err(invalid(object, format!("@{} does not map to a mark", map.map)));
                     }

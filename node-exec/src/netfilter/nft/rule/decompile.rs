@@ -22,19 +22,101 @@ enum Pending {
     Imm { reg: u32, data: Vec<u8> },
 }
 
-/// Decompiles a rule's expressions.
-pub(crate) fn decompile(exprs: &[Expr], object: &str) -> Result<NftRule, NftError> {
+/// nft's network dependency in an inet table (`meta nfproto ipv4|ipv6` before the rule's
+/// first address load), as the decompiler meets it.
+#[derive(Debug, Default)]
+struct Nfproto {
+    /// The family the dependency guarantees from where it stands.
+    family: Option<u8>,
+    /// Read, and no address load has used it yet.
+    unused: bool,
+}
+
+impl Nfproto {
+    /// Absorbs `meta load nfproto => reg R; cmp eq reg R F` at the head of `rest`, exactly as
+    /// compile writes it; anything else is refused, so a hand-made change reads as a
+    /// difference instead of as kuport's rule.
+    fn absorb(&mut self, object: &str, table: NftFamily, pending: &[Pending], rest: &[Expr]) -> Result<(), NftError> {
+        let f = match rest {
+            [Expr::Meta { key: NFT_META_NFPROTO, dreg }, Expr::Cmp { sreg, op: NFT_CMP_EQ, data }, ..]
+                if sreg == dreg =>
+            {
+                match data.as_slice() {
+                    [f @ (NFPROTO_IPV4 | NFPROTO_IPV6)] => *f,
+                    _ => return Err(shape(object, "meta nfproto of an unknown family")),
+                }
+            }
+            _ => return Err(shape(object, "a meta nfproto that is not an address's dependency")),
+        };
+        if table != NftFamily::Inet {
+            return Err(shape(object, "meta nfproto outside an inet table"));
+        }
+        if self.family.is_some() {
+            return Err(shape(object, "a second meta nfproto"));
+        }
+        if !pending.is_empty() {
+            return Err(shape(object, "meta nfproto between a load and its use"));
+        }
+        *self = Nfproto { family: Some(f), unused: true };
+        Ok(())
+    }
+
+    /// Checks a load from an address field against the table and the dependency before it.
+    fn address(&mut self, object: &str, table: NftFamily, f: u8) -> Result<(), NftError> {
+        let ok = match table {
+            NftFamily::Ip => f == NFPROTO_IPV4,
+            NftFamily::Ip6 => f == NFPROTO_IPV6,
+            NftFamily::Inet => self.family == Some(f),
+            NftFamily::Unspecified => false,
+        };
+        if !ok {
+            let why = match (table, self.family) {
+                (NftFamily::Inet, None) => "an address load without its meta nfproto dependency",
+                (NftFamily::Inet, Some(_)) => "an address load of the other family than its meta nfproto",
+                _ => "an address load of the other family than the table",
+            };
+            return Err(shape(object, why));
+        }
+        self.unused = false;
+        Ok(())
+    }
+}
+
+/// Whether the match is `meta l4proto == P`, which nft may emit as a dependency between a
+/// `meta nfproto` and the address load that needs it (`ip daddr . tcp dport @s`).
+fn is_l4proto_eq(m: Option<&NftMatch>) -> bool {
+    matches!(
+        m.and_then(|m| m.kind.as_ref()),
+        Some(nft_match::Kind::Compare(c)) if c.selector == Selector::L4proto as i32 && c.op == CmpOp::Eq as i32
+    )
+}
+
+/// Decompiles a rule's expressions, read from a table of `table`'s family.
+pub(crate) fn decompile(exprs: &[Expr], table: NftFamily, object: &str) -> Result<NftRule, NftError> {
     let mut rule = NftRule::default();
     let mut pending: Vec<Pending> = Vec::new();
+    let mut nfproto = Nfproto::default();
+    // The `meta l4proto` match read between a `meta nfproto` and its address load: the
+    // dependency of a tcp/udp component of the key being loaded.
+    let mut window_l4: Option<usize> = None;
     let mut i = 0;
     while i < exprs.len() {
         let e = &exprs[i];
         i += 1;
+        let before = (rule.matches.len(), rule.statements.len());
         match e {
+            Expr::Meta { key: NFT_META_NFPROTO, .. } => {
+                nfproto.absorb(object, table, &pending, &exprs[i - 1..])?;
+                i += 1;
+            }
             Expr::Meta { key, dreg } => pending.push(load_pending(object, Source::Meta(*key), 0, *dreg, e)?),
             Expr::Ct { key, dreg } => pending.push(load_pending(object, Source::Ct(*key), 0, *dreg, e)?),
             Expr::Payload { base, offset, len, dreg } => {
-                pending.push(load_pending(object, Source::Payload(*base, *offset), *len, *dreg, e)?)
+                let src = Source::Payload(*base, *offset);
+                if let Some(f) = addr_family_of_source(src) {
+                    nfproto.address(object, table, f)?;
+                }
+                pending.push(load_pending(object, src, *len, *dreg, e)?)
             }
             // Implied by the set's interval flag; recomputed by compile.
             Expr::Byteorder { .. } => {}
@@ -95,7 +177,8 @@ pub(crate) fn decompile(exprs: &[Expr], object: &str) -> Result<NftRule, NftErro
                 if !rule.statements.is_empty() {
                     return Err(shape(object, "a match after a statement"));
                 }
-                let key = take_keys(object, &mut pending)?;
+                let mut key = take_keys(object, &mut pending)?;
+                fold_key_dependency(&mut rule.matches, &mut window_l4, &mut key);
                 rule.matches.push(NftMatch {
                     kind: Some(nft_match::Kind::Lookup(SetLookup {
                         key,
@@ -105,7 +188,8 @@ pub(crate) fn decompile(exprs: &[Expr], object: &str) -> Result<NftRule, NftErro
                 });
             }
             Expr::Lookup { dreg: Some(_), set, .. } => {
-                let key = take_keys(object, &mut pending)?;
+                let mut key = take_keys(object, &mut pending)?;
+                fold_key_dependency(&mut rule.matches, &mut window_l4, &mut key);
                 let map = MapLookup { key, map: set.clone() };
                 let next = exprs.get(i).ok_or_else(|| shape(object, "a map lookup without a consumer"))?;
                 i += 1;
@@ -220,9 +304,22 @@ pub(crate) fn decompile(exprs: &[Expr], object: &str) -> Result<NftRule, NftErro
             }
             other => return Err(shape(object, &format!("unexpected expression {other:?}"))),
         }
+        // What a `meta nfproto` may precede before the address load that uses it: only another
+        // dependency.
+        let after = (rule.matches.len(), rule.statements.len());
+        if nfproto.unused && after != before {
+            if after == (before.0 + 1, before.1) && is_l4proto_eq(rule.matches.last()) {
+                window_l4 = Some(before.0);
+            } else {
+                return Err(shape(object, "a meta nfproto that no address load follows"));
+            }
+        }
     }
     if !pending.is_empty() {
         return Err(shape(object, "a load nobody reads"));
+    }
+    if nfproto.unused {
+        return Err(shape(object, "a meta nfproto that no address load follows"));
     }
     fold_l4_dependencies(&mut rule.matches);
     Ok(rule)
@@ -287,6 +384,38 @@ fn take_keys(object: &str, pending: &mut Vec<Pending>) -> Result<Vec<i32>, NftEr
         return Err(shape(object, "a lookup without a key"));
     }
     Ok(keys)
+}
+
+/// nft emits the dependencies of a concatenation's components in component order, so in an inet
+/// table `ip daddr . tcp dport @s` reads `meta nfproto ipv4`, `meta l4proto tcp`, then the
+/// loads. That `meta l4proto` (the last match, read in the window) belongs to the key's first
+/// transport port: fold it back into `tcp dport`, so that the normal form compiles to nft's
+/// order again.
+fn fold_key_dependency(matches: &mut Vec<NftMatch>, window_l4: &mut Option<usize>, key: &mut [i32]) {
+    let Some(at) = window_l4.take() else { return };
+    if at + 1 != matches.len() {
+        return;
+    }
+    let proto = match matches[at].kind.as_ref() {
+        Some(nft_match::Kind::Compare(c)) => match c.value.as_ref().and_then(value_of) {
+            Some(Value::Proto(p)) => proto_byte("", *p).ok(),
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(k) = key.iter_mut().find(|k| matches!(Selector::try_from(**k), Ok(Selector::ThSport | Selector::ThDport)))
+    else {
+        return;
+    };
+    let folded = match (Selector::try_from(*k), proto) {
+        (Ok(Selector::ThSport), Some(IPPROTO_TCP)) => Selector::TcpSport,
+        (Ok(Selector::ThDport), Some(IPPROTO_TCP)) => Selector::TcpDport,
+        (Ok(Selector::ThSport), Some(IPPROTO_UDP)) => Selector::UdpSport,
+        (Ok(Selector::ThDport), Some(IPPROTO_UDP)) => Selector::UdpDport,
+        _ => return,
+    };
+    *k = folded as i32;
+    matches.remove(at);
 }
 
 /// Decompiles `load [bitwise] cmp`, `load cmp(gte) cmp(lte)` or `load range`; returns how
