@@ -24,6 +24,9 @@
 
 #[path = "common/host.rs"]
 mod host;
+#[path = "common/netns.rs"]
+mod netns;
+use netns::Netns;
 #[path = "common/wg_dump.rs"]
 mod wg_dump;
 use host::{root, run};
@@ -59,31 +62,7 @@ fn unique() -> usize {
     N.fetch_add(1, Ordering::SeqCst)
 }
 
-/// A scratch namespace; on drop its processes (wireguard-go daemons, echo servers) are ended by
-/// pid and it is deleted.
-struct Netns {
-    name: String,
-}
-
 impl Netns {
-    fn new(what: &str) -> Self {
-        let name = format!("kuport-ov-{}-{}-{what}", std::process::id(), unique());
-        run("ip", &["netns", "add", &name]);
-        let ns = Netns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/var/run/netns/{}", self.name))
-    }
-
-    fn ip(&self, args: &[&str]) -> String {
-        let mut all = vec!["-n", &self.name];
-        all.extend_from_slice(args);
-        run("ip", &all)
-    }
-
     fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.name]).args(args);
@@ -92,12 +71,6 @@ impl Netns {
 
     fn pids(&self) -> Vec<String> {
         run("ip", &["netns", "pids", &self.name]).split_whitespace().map(String::from).collect()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        host::remove_netns(&self.name);
     }
 }
 
@@ -211,7 +184,7 @@ struct Lab {
 
 impl Lab {
     fn new() -> Self {
-        let underlay = Netns::new("ul");
+        let underlay = Netns::new("ov", "ul");
         underlay.ip(&["link", "add", "br0", "type", "bridge"]);
         underlay.ip(&["link", "set", "br0", "up"]);
         let test = unique();
@@ -233,7 +206,7 @@ impl Lab {
                 std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
                 let options = Options { wireguard_go: wrapper, socket_dir: sockets, ..Options::default() };
                 let wg = Arc::new(Wireguard::load(&dir.0, options).expect("the node's key"));
-                let node = Node { name, index, pod: Netns::new(&format!("{name}-pod")), ns: Netns::new(name), dir, wg };
+                let node = Node { name, index, pod: Netns::new("ov", &format!("{name}-pod")), ns: Netns::new("ov", name), dir, wg };
                 // The underlay: eth0 on the node, n{i} on the bridge.
                 let port = format!("n{index}");
                 run(

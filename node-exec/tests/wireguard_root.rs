@@ -8,6 +8,9 @@
 
 #[path = "common/host.rs"]
 mod host;
+#[path = "common/netns.rs"]
+mod netns;
+use netns::Netns;
 #[path = "common/wg_dump.rs"]
 mod wg_dump;
 use wg_dump::{Dump, sorted};
@@ -38,31 +41,7 @@ fn unique() -> usize {
     N.fetch_add(1, Ordering::SeqCst)
 }
 
-/// A scratch namespace; on drop its processes (the wireguard-go daemons the executor started in
-/// it, by pid) are ended and it is deleted.
-struct Netns {
-    name: String,
-}
-
 impl Netns {
-    fn new() -> Self {
-        let name = format!("kuport-wg-{}-{}", std::process::id(), unique());
-        run("ip", &["netns", "add", &name]);
-        let ns = Netns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/var/run/netns/{}", self.name))
-    }
-
-    fn ip(&self, args: &[&str]) -> String {
-        let mut all = vec!["-n", &self.name];
-        all.extend_from_slice(args);
-        run("ip", &all)
-    }
-
     fn exec(&self, args: &[&str]) -> std::process::Output {
         let mut all = vec!["netns", "exec", &self.name];
         all.extend_from_slice(args);
@@ -71,12 +50,6 @@ impl Netns {
 
     fn pids(&self) -> Vec<String> {
         run("ip", &["netns", "pids", &self.name]).split_whitespace().map(String::from).collect()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        host::remove_netns(&self.name);
     }
 }
 
@@ -163,7 +136,7 @@ fn mesh(n: u8) -> Vec<Node> {
     let test = unique();
     let nodes: Vec<Node> = (1..=n)
         .map(|index| Node {
-            ns: Netns::new(),
+            ns: Netns::new("wg", ""),
             dir: std::env::temp_dir().join(format!("kuport-wg-{}-{test}-{index}", std::process::id())),
             dev: format!("kup-w{tag}{test}{index}"),
             index,
