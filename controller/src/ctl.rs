@@ -6,6 +6,7 @@
 //! or the kubeconfig's, which RBAC then judges on every call (docs/security.md). `http://` is the
 //! insecure folder mode: plain text.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -359,26 +360,45 @@ fn overlay_column(p: &Place<'_>) -> String {
 }
 
 /// `kuportctl mesh`: every member of the overlay (its key's fingerprint, endpoint, pod CIDRs,
-/// overlay address, peer count) with each peer as its executor last reported it (last
-/// handshake, bytes received and sent, the endpoint WireGuard uses), and every refused node
-/// with each reason (docs/overlay/status.md).
+/// overlay address, peer count, `relay` on a relay candidate) as a tree: under it each peer,
+/// its route (direct, via RELAY, unreachable; docs/overlay/relays.md) and what its executor
+/// last reported of it (reach, last handshake, bytes received and sent, the endpoint WireGuard
+/// uses); then every refused node with each reason (docs/overlay/status.md).
 pub async fn mesh<T: Transport>(client: &mut DebugClient<T>, output: Output) -> Result<String, CtlError> {
     let r = client.list_nodes(ListNodesRequest {}).await.map_err(call)?.into_inner();
     if output != Output::Text {
-        #[derive(serde::Serialize)]
-        struct Place<'a> {
-            overlay: &'a [String],
-            peers: &'a [kuport_proto::v1::PeerStatus],
-        }
-        let places: std::collections::BTreeMap<&str, Place<'_>> = r
-            .nodes
-            .iter()
-            .filter(|n| !n.overlay.is_empty())
-            .map(|n| (n.node.as_str(), Place { overlay: &n.overlay, peers: &n.peers }))
-            .collect();
-        return encode(&places, output);
+        return encode(&mesh_places(&r), output);
     }
     Ok(mesh_text(&r, std::time::SystemTime::now()))
+}
+
+/// One node of `kuportctl mesh -o json|yaml`: its overlay lines, its routes by peer, and its
+/// peers as reported.
+#[derive(Debug, serde::Serialize)]
+pub struct MeshPlace<'a> {
+    pub overlay: &'a [String],
+    pub routes: std::collections::BTreeMap<&'a str, &'a str>,
+    pub peers: &'a [kuport_proto::v1::PeerStatus],
+}
+
+/// What `kuportctl mesh -o json|yaml` prints for `r`: every node in the overlay, by name.
+pub fn mesh_places(r: &ListNodesResponse) -> std::collections::BTreeMap<&str, MeshPlace<'_>> {
+    r.nodes
+        .iter()
+        .filter(|n| !n.overlay.is_empty())
+        .map(|n| {
+            let routes = routes(&Place::of(&n.overlay));
+            (n.node.as_str(), MeshPlace { overlay: &n.overlay, routes, peers: &n.peers })
+        })
+        .collect()
+}
+
+/// A member's routes from its `routes: PEER=ROUTE,...` line (`overlay::debug_lines`).
+fn routes<'a>(p: &Place<'a>) -> std::collections::BTreeMap<&'a str, &'a str> {
+    match p.get("routes") {
+        "-" => Default::default(),
+        line => line.split(',').filter_map(|r| r.split_once('=')).collect(),
+    }
 }
 
 /// Bytes as `ip -s` would round them: B, KiB, MiB, GiB, TiB.
@@ -407,6 +427,16 @@ fn handshake_age(at: u64, now: std::time::SystemTime) -> String {
     }
 }
 
+/// A reported reach as the annotation `kuport.wlz.li/wireguard-peers` spells it.
+fn reach(r: i32) -> &'static str {
+    use kuport_proto::v1::Reach;
+    match Reach::try_from(r).unwrap_or(Reach::Unknown) {
+        Reach::Direct => "direct",
+        Reach::Unreachable => "unreachable",
+        Reach::Unknown => "unknown",
+    }
+}
+
 /// What `kuportctl mesh` prints for `r` at `now` (handshake ages).
 pub fn mesh_text(r: &ListNodesResponse, now: std::time::SystemTime) -> String {
     let mut t = header(r);
@@ -421,9 +451,10 @@ pub fn mesh_text(r: &ListNodesResponse, now: std::time::SystemTime) -> String {
     let _ = writeln!(t, "{:<16} {:<9} {:<22} {:<28} {:<15} PEERS", "MEMBER", "KEY", "ENDPOINT", "POD CIDRS", "ADDRESS");
     for (n, (node, p)) in places.iter().enumerate().filter(|(_, (_, p))| matches!(p, Place::Member(_))) {
         let key = p.get("publicKey");
+        let relay = if p.get("relay") == "candidate" { " relay" } else { "" };
         let _ = writeln!(
             t,
-            "{:<16} {:<9} {:<22} {:<28} {:<15} {}",
+            "{:<16} {:<9} {:<22} {:<28} {:<15} {}{relay}",
             node,
             key.get(..8).unwrap_or(key),
             p.get("endpoint"),
@@ -431,24 +462,37 @@ pub fn mesh_text(r: &ListNodesResponse, now: std::time::SystemTime) -> String {
             p.get("address"),
             p.get("peers")
         );
-        let reported = &r.nodes[n].peers;
-        if reported.is_empty() {
+        // Every peer the compute routes, then any key reported that no member has.
+        let routes = routes(p);
+        fn name_of<'a>(names: &BTreeMap<&'a str, &'a str>, s: &'a kuport_proto::v1::PeerStatus) -> &'a str {
+            names.get(s.public_key.as_str()).copied().unwrap_or_else(|| s.public_key.get(..8).unwrap_or("-"))
+        }
+        let reported: std::collections::BTreeMap<&str, &kuport_proto::v1::PeerStatus> =
+            r.nodes[n].peers.iter().map(|s| (name_of(&names, s), s)).collect();
+        let mut peers: Vec<&str> = routes.keys().copied().collect();
+        peers.extend(reported.keys().filter(|k| !routes.contains_key(*k)));
+        if peers.is_empty() {
             continue;
         }
-        let _ = writeln!(t, "  {:<14} {:<10} {:<11} {:<11} ENDPOINT", "PEER", "HANDSHAKE", "RX", "TX");
-        for s in reported {
-            let peer =
-                names.get(s.public_key.as_str()).copied().unwrap_or_else(|| s.public_key.get(..8).unwrap_or("-"));
-            let endpoint = if s.endpoint.is_empty() { "-" } else { s.endpoint.as_str() };
-            let _ = writeln!(
-                t,
-                "  {:<14} {:<10} {:<11} {:<11} {}",
-                peer,
-                handshake_age(s.last_handshake_unix_seconds, now),
-                bytes(s.receive_bytes),
-                bytes(s.transmit_bytes),
-                endpoint
-            );
+        let _ = writeln!(
+            t,
+            "  {:<14} {:<16} {:<12} {:<10} {:<11} {:<11} ENDPOINT",
+            "PEER", "ROUTE", "REACH", "HANDSHAKE", "RX", "TX"
+        );
+        for peer in peers {
+            let route = routes.get(peer).copied().unwrap_or("-");
+            let line = match reported.get(peer) {
+                Some(s) => format!(
+                    "{:<12} {:<10} {:<11} {:<11} {}",
+                    reach(s.reach),
+                    handshake_age(s.last_handshake_unix_seconds, now),
+                    bytes(s.receive_bytes),
+                    bytes(s.transmit_bytes),
+                    if s.endpoint.is_empty() { "-" } else { s.endpoint.as_str() }
+                ),
+                None => format!("{:<12} {:<10} {:<11} {:<11} -", "unreported", "-", "-", "-"),
+            };
+            let _ = writeln!(t, "  {peer:<14} {route:<16} {line}");
         }
     }
     let mut refused = places.iter().filter_map(|(n, p)| match p {
@@ -615,12 +659,95 @@ c                NoPodCIDRs       spec.podCIDRs                the Node has no p
         let want = "\
 MEMBER           KEY       ENDPOINT               POD CIDRS                    ADDRESS         PEERS
 a                kOzLDlGv  203.0.113.1:51820      10.42.1.0/24,fd00:42:1::/64  10.42.1.0       1
-  PEER           HANDSHAKE  RX          TX          ENDPOINT
-  a              12s ago    1.2 MiB     340 B       198.51.100.7:40211
-  l3LKPRYY       never      0 B         0 B         -
+  PEER           ROUTE            REACH        HANDSHAKE  RX          TX          ENDPOINT
+  a              -                unknown      12s ago    1.2 MiB     340 B       198.51.100.7:40211
+  l3LKPRYY       -                unknown      never      0 B         0 B         -
 ";
         assert!(t.starts_with(want), "{t}");
         assert_eq!(handshake_age(1_000_000 - 600, now), "10m ago");
         assert_eq!(handshake_age(1_000_000 - 3 * 3600, now), "3h ago");
+    }
+
+    /// The issue's homes relayed through cloud: a tree of each member's peers with routes.
+    fn homes() -> ListNodesResponse {
+        use crate::compute::overlay::relays::PeerRoute;
+        use kuport_proto::v1::{PeerStatus, Reach};
+        let keys = [
+            ("cloud", KEY),
+            ("home-a", "l3LKPRYYCDZBtZU+TDBSqPB9awxGnj7GcNpPnbcTfiU="),
+            ("home-b", "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="),
+        ];
+        let via = PeerRoute::Via("cloud".into());
+        let member = |i: usize, relay: bool, routes: Vec<(&str, PeerRoute)>| NodeOverlay {
+            public_key: Some(keys[i].1.into()),
+            endpoint: Some(format!("203.0.113.{}:51820", 10 + i).parse().expect("endpoint")),
+            pod_cidrs: vec![format!("10.42.{i}.0/24").parse().expect("cidr")],
+            address: Some(format!("10.42.{i}.0").parse().expect("address")),
+            mtu: 1420,
+            peers: routes.iter().map(|(p, _)| p.to_string()).collect(),
+            relay,
+            routes: routes.into_iter().map(|(p, r)| (p.to_string(), r)).collect(),
+            ..Default::default()
+        };
+        let status = |i: usize, reach: Reach, rx: u64| PeerStatus {
+            public_key: keys[i].1.into(),
+            endpoint: format!("203.0.113.{}:51820", 10 + i),
+            last_handshake_unix_seconds: 1_000_000 - 5,
+            receive_bytes: rx,
+            transmit_bytes: rx / 2,
+            reach: reach as i32,
+        };
+        let row = |node: &str, o: &NodeOverlay, peers: Vec<PeerStatus>| NodeDebug {
+            node: node.into(),
+            overlay: debug_lines(o),
+            peers,
+            ..Default::default()
+        };
+        let cloud = member(0, true, vec![("home-a", PeerRoute::Direct), ("home-b", PeerRoute::Direct)]);
+        let home_a = member(1, false, vec![("cloud", PeerRoute::Direct), ("home-b", via.clone())]);
+        let home_b = member(2, false, vec![("cloud", PeerRoute::Direct), ("home-a", via)]);
+        ListNodesResponse {
+            leader: true,
+            nodes: vec![
+                row("cloud", &cloud, vec![status(1, Reach::Direct, 4096), status(2, Reach::Direct, 2048)]),
+                row(
+                    "home-a",
+                    &home_a,
+                    vec![
+                        status(0, Reach::Direct, 4096),
+                        PeerStatus { reach: Reach::Unreachable as i32, ..status(2, Reach::Direct, 0) },
+                    ],
+                ),
+                row("home-b", &home_b, Vec::new()),
+            ],
+            input_error: String::new(),
+        }
+    }
+
+    #[test]
+    fn mesh_is_a_tree_of_each_members_peers_with_their_routes() {
+        let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let t = mesh_text(&homes(), now);
+        let want = "\
+MEMBER           KEY       ENDPOINT               POD CIDRS                    ADDRESS         PEERS
+cloud            kOzLDlGv  203.0.113.10:51820     10.42.0.0/24                 10.42.0.0       2 relay
+  PEER           ROUTE            REACH        HANDSHAKE  RX          TX          ENDPOINT
+  home-a         direct           direct       5s ago     4.0 KiB     2.0 KiB     203.0.113.11:51820
+  home-b         direct           direct       5s ago     2.0 KiB     1.0 KiB     203.0.113.12:51820
+home-a           l3LKPRYY  203.0.113.11:51820     10.42.1.0/24                 10.42.1.0       2
+  PEER           ROUTE            REACH        HANDSHAKE  RX          TX          ENDPOINT
+  cloud          direct           direct       5s ago     4.0 KiB     2.0 KiB     203.0.113.10:51820
+  home-b         via cloud        unreachable  5s ago     0 B         0 B         203.0.113.12:51820
+home-b           AAECAwQF  203.0.113.12:51820     10.42.2.0/24                 10.42.2.0       2
+  PEER           ROUTE            REACH        HANDSHAKE  RX          TX          ENDPOINT
+  cloud          direct           unreported   -          -           -           -
+  home-a         via cloud        unreported   -          -           -           -
+";
+        assert_eq!(t, want, "{t}");
+        // JSON and YAML carry the routes by peer.
+        let json = serde_json::to_value(mesh_places(&homes())).expect("json");
+        assert_eq!(json["home-a"]["routes"], serde_json::json!({ "cloud": "direct", "home-b": "via cloud" }));
+        assert_eq!(json["cloud"]["routes"]["home-b"], "direct");
+        assert_eq!(json["home-b"]["peers"], serde_json::json!([]));
     }
 }

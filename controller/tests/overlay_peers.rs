@@ -16,14 +16,11 @@ use kuport_controller::compute::Settings;
 use kuport_controller::compute::overlay::OverlaySettings;
 use kuport_controller::observe::Cluster;
 use kuport_controller::stream::{Hub, leader};
-use kuport_proto::v1::node_sync_client::NodeSyncClient;
-use kuport_proto::v1::{
-    ExecutorMessage, Hello, NodeFacts, PeerReport, PeerStatus, controller_message, executor_message,
-};
+use kuport_proto::v1::{ExecutorMessage, Hello, PeerReport, PeerStatus, controller_message, executor_message};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 mod common;
+use common::executor::{metrics, wireguard_peers};
 
 const CLOUD: &str = "kOzLDlGv6e2AmDVfmJC7dRGCU8vMC9RcrxDBB4Y+uiM=";
 const HOME: &str = "l3LKPRYYCDZBtZU+TDBSqPB9awxGnj7GcNpPnbcTfiU=";
@@ -77,30 +74,14 @@ struct Fake {
 
 impl Fake {
     async fn connect(address: &str, node: &str, key: &str, states: States) -> Fake {
-        let mut client = loop {
-            if let Ok(c) = NodeSyncClient::connect(format!("http://{address}")).await {
-                break c;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let (tx, rx) = mpsc::channel(8);
         let hello = Hello { node: node.into(), executor_version: "test".into(), applied: None };
-        tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await.expect("send");
-        let facts = NodeFacts { wireguard_public_key: key.into(), kernel: "test".into(), ..Default::default() };
-        tx.send(ExecutorMessage { message: Some(executor_message::Message::Facts(facts)) }).await.expect("send");
-        let mut inbound = client.sync(ReceiverStream::new(rx)).await.expect("sync").into_inner();
+        let (tx, mut inbound) = common::executor::connect(address, hello, key, None).await;
         let name = node.to_string();
         let task = tokio::spawn(async move {
             while let Ok(Some(m)) = inbound.message().await {
                 let Some(controller_message::Message::State(ds)) = m.message else { continue };
-                let peers: BTreeMap<String, String> = ds
-                    .state
-                    .iter()
-                    .flat_map(|s| &s.netns)
-                    .flat_map(|ns| &ns.wireguard_devices)
-                    .flat_map(|d| &d.peers)
-                    .map(|p| (p.public_key.clone(), p.endpoint.clone()))
-                    .collect();
+                let peers: BTreeMap<String, String> =
+                    wireguard_peers(&ds).map(|p| (p.public_key.clone(), p.endpoint.clone())).collect();
                 states.lock().expect("states").insert(name.clone(), peers);
             }
         });
@@ -108,7 +89,7 @@ impl Fake {
     }
 
     async fn report(&self, peers: Vec<PeerStatus>) {
-        let r = PeerReport { peers, read_unix_seconds: unix_now() };
+        let r = PeerReport { peers, read_unix_seconds: unix_now(), relayed_bytes: 0 };
         self.tx.send(ExecutorMessage { message: Some(executor_message::Message::Peers(r)) }).await.expect("send");
     }
 }
@@ -123,15 +104,6 @@ fn peer(key: &str, endpoint: &str, handshake: Option<u64>, rx: u64, tx: u64) -> 
         transmit_bytes: tx,
         ..Default::default()
     }
-}
-
-fn metrics(address: &str) -> String {
-    use std::io::{Read as _, Write as _};
-    let Ok(mut c) = std::net::TcpStream::connect(address) else { return String::new() };
-    let _ = c.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
-    let mut out = String::new();
-    let _ = c.read_to_string(&mut out);
-    out
 }
 
 /// The endpoint `node`'s latest state gives the peer with `key`.
@@ -276,12 +248,15 @@ async fn peer_reports_feed_metrics_mesh_and_the_endpoint_rotation() {
         assert_eq!(hub.computes(), computes, "a report of bytes alone recomputes nothing");
     }
 
-    // cloud's executor goes: its series go with it.
+    // cloud's executor goes: the series of its report go with it (its routes, computed, stay).
     drop(cloud.tx);
     cloud.task.abort();
     common::within(Duration::from_secs(10), "cloud's series leave /metrics", || {
         let m = metrics(&metrics_address);
-        let mine = |l: &&str| l.starts_with("kuport_overlay_peer_") && l.contains("{node=\"cloud\"");
+        let reported = ["receive_bytes", "transmit_bytes", "last_handshake"];
+        let mine = |l: &&str| {
+            reported.iter().any(|r| l.starts_with(&format!("kuport_overlay_peer_{r}"))) && l.contains("{node=\"cloud\"")
+        };
         match m.lines().find(mine) {
             Some(l) => Err(l.to_string()),
             None => Ok(()),

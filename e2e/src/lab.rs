@@ -764,12 +764,13 @@ fn nat_ruleset(nat: &Nat, node: Ipv4Addr) -> String {
     let public = nat.public.addr();
     let rules = match nat.kind {
         NatKind::Masquerade => "\t\toifname \"wan0\" counter masquerade\n".to_string(),
+        NatKind::Symmetric => "\t\toifname \"wan0\" counter masquerade random\n".to_string(),
         NatKind::OneToOne => {
             format!("\t\toifname \"wan0\" ip saddr {node} counter snat ip to {public}\n")
         }
     };
     let pre = match nat.kind {
-        NatKind::Masquerade => String::new(),
+        NatKind::Masquerade | NatKind::Symmetric => String::new(),
         NatKind::OneToOne => format!(
             "\tchain pre {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\t\tiifname \"wan0\" ip daddr {public} counter dnat ip to {node}\n\t}}\n"
         ),

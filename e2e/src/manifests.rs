@@ -52,6 +52,7 @@ impl Manifests {
             "default" => Some(Manifests::default_lab()),
             "multi" => Some(Manifests::multi_lab()),
             "sites" => Some(Manifests::sites_lab()),
+            "homes" => Some(Manifests::from_texts(&[]).expect("no manifests load")),
             _ => None,
         }
     }

@@ -30,6 +30,7 @@ pub const DEFAULT_YAML: &str = include_str!("../topologies/default.yaml");
 pub const MULTI_YAML: &str = include_str!("../topologies/multi.yaml");
 /// Three sites joined only by an internet, meshed by kuport's overlay (docs/overlay/lab.md).
 pub const SITES_YAML: &str = include_str!("../topologies/sites.yaml");
+pub const HOMES_YAML: &str = include_str!("../topologies/homes.yaml");
 
 /// Pods may not serve more ports than this (each is one socket in the echo server).
 pub const MAX_PORTS_PER_POD: u32 = 2048;
@@ -97,6 +98,11 @@ pub enum NatKind {
     /// A home: everything from the LAN leaves masqueraded to the public address; nothing
     /// enters unasked, so the node sends first.
     Masquerade,
+    /// A home behind a router that gives every flow a random port of its own (`masquerade
+    /// random`: endpoint-dependent mapping, as carrier-grade NAT does). Where one peer sees the
+    /// node's packets come from tells no other peer anything, so no hole can be punched: two
+    /// such homes reach each other only through a relay (docs/overlay/relays.md).
+    Symmetric,
     /// A VM with a private address: the public address is the node's, both ways. The Node
     /// gets the annotation `kuport.wlz.li/external-endpoint` with it.
     OneToOne,
@@ -370,12 +376,19 @@ impl Topology {
         Topology::parse("topologies/sites.yaml", SITES_YAML).expect("the shipped sites topology is valid")
     }
 
-    /// A shipped topology by name (`default`, `multi`, `sites`).
+    /// The shipped homes topology: two homes that reach each other only through a relay
+    /// (docs/overlay/relays.md, "The lab").
+    pub fn homes_lab() -> Topology {
+        Topology::parse("topologies/homes.yaml", HOMES_YAML).expect("the shipped homes topology is valid")
+    }
+
+    /// A shipped topology by name (`default`, `multi`, `sites`, `homes`).
     pub fn shipped(name: &str) -> Option<Topology> {
         match name {
             "default" => Some(Topology::default_lab()),
             "multi" => Some(Topology::multi_lab()),
             "sites" => Some(Topology::sites_lab()),
+            "homes" => Some(Topology::homes_lab()),
             _ => None,
         }
     }

@@ -371,7 +371,8 @@ fn overlay_filter_lists_like_nft_reapplies_without_writes_and_is_repaired() {
         return;
     }
     // The controller's table, and the other forms of `tcp flags` nft lists.
-    let mut desired = kuport_controller::compute::overlay::filter_table("kup-wg");
+    let cidrs: Vec<ipnet::IpNet> = ["10.42.1.0/24", "10.42.2.0/24"].map(|c| c.parse().expect("a CIDR")).to_vec();
+    let mut desired = kuport_controller::compute::overlay::filter_table("kup-wg", &cidrs);
     desired.chains[0].rules.extend([
         rule(vec![tcp_flags(0, SYN | RST)], vec![accept()]),
         rule(vec![tcp_flags(SYN, 0xff)], vec![accept()]),

@@ -27,35 +27,35 @@ mod host;
 #[path = "common/netns.rs"]
 mod netns;
 use netns::Netns;
+#[path = "common/echo.rs"]
+mod echo;
+#[path = "common/member.rs"]
+mod member;
 #[path = "common/wg_dump.rs"]
 mod wg_dump;
+use echo::{ECHO_PORT, Proc, SCRIPT, script, serve, until};
 use host::{root, run};
+use member::{Member, Underlay, apply};
 use wg_dump::{Dump, sorted};
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kuport_controller::compute::overlay::{EXTERNAL_ENDPOINT_ANNOTATION, OverlaySettings};
 use kuport_controller::compute::{Outputs, Settings, compute, testkit};
-use kuport_controller::observe::{Cluster, KnownFacts};
+use kuport_controller::observe::Cluster;
 use kuport_node_exec::executor::Executor;
-use kuport_node_exec::wireguard::{Options, Wireguard};
 use kuport_proto::v1::NetnsState;
 
 /// The underlay's MTU on every node, reported as a fact: the overlay's is 60 less.
 const UNDERLAY_MTU: u32 = 1460;
 const OVERLAY_MTU: u32 = UNDERLAY_MTU - 60;
 const LISTEN_PORT: u16 = 51820;
-/// The pods' echo port.
-const ECHO_PORT: u16 = 7777;
 /// Bytes each TCP client sends: many segments of the pod's 1500-byte MTU, more than the overlay
 /// carries, so path MTU discovery across the mesh is part of the test.
 const TCP_BYTES: usize = 200_000;
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/overlay_echo.py");
 
 fn unique() -> usize {
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -63,99 +63,21 @@ fn unique() -> usize {
 }
 
 impl Netns {
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name]).args(args);
-        c
-    }
-
     fn pids(&self) -> Vec<String> {
         run("ip", &["netns", "pids", &self.name]).split_whitespace().map(String::from).collect()
     }
 }
 
-/// A child process ended on drop.
-struct Proc(Child);
+/// One simulated node (tests/common/member.rs): its namespace, its pod's, its state directory
+/// (key, wireguard-go's private socket folder and the wrapper that gives the daemon that folder)
+/// and its WireGuard.
+type Node = Member;
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// One simulated node: its namespace, its pod's, its state directory (key, wireguard-go's
-/// private socket folder and the wrapper that gives the daemon that folder) and its WireGuard.
-/// Fields drop in order: the pod, then the node (its daemon), then the directory.
-struct Node {
-    name: &'static str,
-    index: u8,
-    pod: Netns,
-    ns: Netns,
-    dir: Dir,
-    wg: Arc<Wireguard>,
-}
-
-/// A directory removed on drop.
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Node {
-    fn sockets(&self) -> PathBuf {
-        self.dir.0.join("sockets")
-    }
-
-    fn key(&self) -> String {
-        self.wg.public_key().to_string()
-    }
-
-    fn executor(&self) -> Executor {
-        Executor::new(Some(self.ns.path())).with_wireguard(Arc::clone(&self.wg))
-    }
-
-    fn underlay(&self) -> String {
-        format!("192.168.77.{}", self.index)
-    }
-
+impl Member {
     /// IPv4 only: the executor's routes are IPv4 only, and it refuses a whole state with the
     /// IPv6 routes the controller computes for IPv6 pod CIDRs (reported with issue 16).
     fn pod_cidrs(&self) -> [String; 1] {
-        [format!("10.42.{}.0/24", self.index)]
-    }
-
-    fn pod_v4(&self) -> String {
-        format!("10.42.{}.2", self.index)
-    }
-
-    /// The overlay address the controller derives: the first address of the IPv4 pod CIDR.
-    fn overlay(&self) -> String {
-        format!("10.42.{}.0", self.index)
-    }
-
-    /// Runs a command inside the node's namespace with the node's own wireguard-go folder
-    /// mounted where `wg` looks (`ip netns exec` gives it a mount namespace of its own).
-    fn wg_show(&self, dev: &str) -> std::process::Output {
-        self.wg(&format!("show {dev} dump"))
-    }
-
-    /// `wg ARGS` inside the node's namespace, on its own daemon's socket.
-    fn wg(&self, args: &str) -> std::process::Output {
-        let script = format!("mount --bind {} /var/run/wireguard && exec wg {args}", self.sockets().display());
-        self.ns.command(&["sh", "-c", &script]).output().expect("wg")
-    }
-
-    fn pod_cidr(&self) -> String {
-        self.pod_cidrs()[0].clone()
-    }
-
-    fn dump(&self, dev: &str) -> Dump {
-        let out = self.wg_show(dev);
-        Dump::parse(&out, self.name)
+        [self.pod_cidr()]
     }
 }
 
@@ -179,56 +101,16 @@ fn computed_peers(s: &NetnsState) -> BTreeSet<(String, String, String, String)> 
 struct Lab {
     nodes: Vec<Node>,
     /// Dropped last: the nodes' veths go with their namespaces.
-    _underlay: Netns,
+    _underlay: Underlay,
 }
 
 impl Lab {
     fn new() -> Self {
-        let underlay = Netns::new("ov", "ul");
-        underlay.ip(&["link", "add", "br0", "type", "bridge"]);
-        underlay.ip(&["link", "set", "br0", "up"]);
-        let test = unique();
+        let underlay = Underlay::new("ov", "192.168.77", UNDERLAY_MTU);
+        let test = unique().to_string();
         let nodes = [(1u8, "cloud"), (2, "home"), (3, "vm")]
             .into_iter()
-            .map(|(index, name)| {
-                let dir = Dir(std::env::temp_dir().join(format!("kuport-ov-{}-{test}-{name}", std::process::id())));
-                let sockets = dir.0.join("sockets");
-                std::fs::create_dir_all(&sockets).expect("socket folder");
-                // wireguard-go in a private mount namespace whose /var/run/wireguard is this
-                // node's folder; the executor talks to the sockets there (Options::socket_dir).
-                let wrapper = dir.0.join("wireguard-go");
-                let script = format!(
-                    "#!/bin/sh\nexec unshare --mount --propagation private sh -c 'mkdir -p /var/run/wireguard && mount --bind \"$0\" /var/run/wireguard && exec wireguard-go \"$@\"' {} \"$@\"\n",
-                    sockets.display()
-                );
-                std::fs::write(&wrapper, script).expect("wrapper");
-                use std::os::unix::fs::PermissionsExt as _;
-                std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-                let options = Options { wireguard_go: wrapper, socket_dir: sockets, ..Options::default() };
-                let wg = Arc::new(Wireguard::load(&dir.0, options).expect("the node's key"));
-                let node = Node { name, index, pod: Netns::new("ov", &format!("{name}-pod")), ns: Netns::new("ov", name), dir, wg };
-                // The underlay: eth0 on the node, n{i} on the bridge.
-                let port = format!("n{index}");
-                run(
-                    "ip",
-                    &["link", "add", "eth0", "netns", &node.ns.name, "type", "veth", "peer", "name", &port, "netns", &underlay.name],
-                );
-                underlay.ip(&["link", "set", &port, "master", "br0", "mtu", &UNDERLAY_MTU.to_string(), "up"]);
-                node.ns.ip(&["link", "set", "eth0", "mtu", &UNDERLAY_MTU.to_string(), "up"]);
-                node.ns.ip(&["addr", "add", &format!("{}/24", node.underlay()), "dev", "eth0"]);
-                // The pod, as the bridge CNI with host-local IPAM would make it.
-                run(
-                    "ip",
-                    &["link", "add", "pod0", "netns", &node.ns.name, "type", "veth", "peer", "name", "eth0", "netns", &node.pod.name],
-                );
-                let i = index;
-                node.ns.ip(&["addr", "add", &format!("10.42.{i}.1/24"), "dev", "pod0"]);
-                node.ns.ip(&["link", "set", "pod0", "up"]);
-                node.pod.ip(&["addr", "add", &format!("{}/24", node.pod_v4()), "dev", "eth0"]);
-                node.pod.ip(&["link", "set", "eth0", "up"]);
-                node.pod.ip(&["route", "add", "default", "via", &format!("10.42.{i}.1")]);
-                node
-            })
+            .map(|member| underlay.member(&test, member, false))
             .collect();
         Lab { nodes, _underlay: underlay }
     }
@@ -265,13 +147,7 @@ impl Lab {
                 "status": {"addresses": addresses},
             });
             c.nodes.push(serde_json::from_value(node).expect("a Node"));
-            c.facts.push(KnownFacts {
-                node: n.name.into(),
-                underlay_address: None,
-                underlay_mtu: Some(UNDERLAY_MTU),
-                interfaces: None,
-                wireguard_public_key: Some(n.key()),
-            });
+            c.facts.push(n.facts());
         }
         c
     }
@@ -290,43 +166,6 @@ fn host_states(out: &Outputs) -> BTreeMap<String, NetnsState> {
             (n.clone(), host)
         })
         .collect()
-}
-
-fn apply(ex: &mut Executor, s: &NetnsState) -> kuport_node_exec::executor::Report {
-    ex.apply(s).unwrap_or_else(|e| panic!("apply: {e}"))
-}
-
-/// Runs the echo script in `ns` with `args` (under `timeout`) and returns its stdout.
-fn script(ns: &Netns, args: &[&str]) -> String {
-    let mut all = vec!["timeout", "20", "python3", SCRIPT];
-    all.extend_from_slice(args);
-    let out = ns.command(&all).output().expect("python3");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn serve(pod: &Netns) -> Proc {
-    let mut child = pod
-        .command(&["python3", SCRIPT, "serve", &ECHO_PORT.to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("echo server");
-    let mut line = String::new();
-    use std::io::BufRead as _;
-    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("ready");
-    assert_eq!(line.trim(), "ready");
-    Proc(child)
-}
-
-/// Retries `f` until it returns Some, for at most `within`.
-fn until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < within, "{what} within {within:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -484,34 +323,9 @@ fn the_computed_mesh_carries_pod_traffic_between_every_pair_and_a_removed_node_l
     println!("done in {:?}", started.elapsed());
 }
 
-/// `nft ARGS` in `ns` (the oracle, and the hand that deletes a rule for an ablation).
-fn nft(ns: &Netns, args: &[&str]) -> String {
-    let mut all = vec!["netns", "exec", &ns.name, "nft"];
-    all.extend_from_slice(args);
-    run("ip", &all)
-}
-
 /// The overlay's table as nft lists it on a node, counters hidden.
 fn overlay_table(ns: &Netns) -> String {
-    nft(ns, &["-s", "list", "table", "inet", kuport_controller::compute::overlay::NFT_TABLE])
-}
-
-/// Deletes the one rule of the overlay's forward chain whose listing contains `what`.
-fn delete_overlay_rule(ns: &Netns, what: &str) {
-    use kuport_controller::compute::overlay::{FORWARD_CHAIN, NFT_TABLE};
-    let listing = nft(ns, &["-a", "list", "chain", "inet", NFT_TABLE, FORWARD_CHAIN]);
-    let lines: Vec<&str> = listing.lines().filter(|l| l.contains(what) && l.contains("# handle ")).collect();
-    assert_eq!(lines.len(), 1, "one rule with {what:?} in\n{listing}");
-    let handle = lines[0].rsplit("# handle ").next().expect("a handle").trim();
-    nft(ns, &["delete", "rule", "inet", NFT_TABLE, FORWARD_CHAIN, "handle", handle]);
-}
-
-/// The packets counted by the rule containing `what` in `nft list table FAMILY NAME`.
-fn counted(ns: &Netns, family: &str, table: &str, what: &str) -> u64 {
-    let listing = nft(ns, &["list", "table", family, table]);
-    let line = listing.lines().find(|l| l.contains(what)).unwrap_or_else(|| panic!("no {what:?} in\n{listing}"));
-    let packets = line.split("counter packets ").nth(1).and_then(|r| r.split_whitespace().next());
-    packets.and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no counter in {line:?}"))
+    ns.nft(&["-s", "list", "table", "inet", kuport_controller::compute::overlay::NFT_TABLE])
 }
 
 /// A device name of this test's own (wireguard-go's sockets share one folder on the host).
@@ -553,7 +367,9 @@ fn a_node_that_is_not_a_relay_drops_what_would_leave_the_overlay_back_into_it() 
     let lab = Lab::new();
     let (states, mut exs) = lab.up(&dev);
     let (cloud, home, vm) = (lab.node("cloud"), lab.node("home"), lab.node("vm"));
-    let filter = kuport_proto::text::nft_table(&kuport_controller::compute::overlay::filter_table(&dev));
+    let mut cidrs: Vec<ipnet::IpNet> = lab.nodes.iter().map(|n| n.pod_cidr().parse().expect("a pod CIDR")).collect();
+    cidrs.sort();
+    let filter = kuport_proto::text::nft_table(&kuport_controller::compute::overlay::filter_table(&dev, &cidrs));
     for n in &lab.nodes {
         assert_eq!(overlay_table(&n.ns), filter, "{}: the computed filter, as nft lists it", n.name);
     }
@@ -568,21 +384,20 @@ fn a_node_that_is_not_a_relay_drops_what_would_leave_the_overlay_back_into_it() 
     // The detour through home, by hand.
     for (n, other) in [(cloud, vm), (vm, cloud)] {
         let cidrs = format!("{},{}", home.pod_cidr(), other.pod_cidr());
-        let out = n.wg(&format!("set {dev} peer {} allowed-ips {cidrs}", home.key()));
-        assert!(out.status.success(), "{}: {}", n.name, String::from_utf8_lossy(&out.stderr));
+        n.wg(&format!("set {dev} peer {} allowed-ips {cidrs}", home.key()));
         let d = n.dump(&dev);
         assert_eq!(d.peer(&home.key()).map(|p| sorted(&p[3])), Some(sorted(&cidrs)), "{}: {d:?}", n.name);
         assert_eq!(d.peer(&other.key()).map(|p| p[3].clone()), Some("(none)".to_string()), "{}: {d:?}", n.name);
     }
     // What vm's node forwards from cloud's pod to its own (a test-only table the executor
     // leaves alone: not under kuport's prefix).
-    nft(&vm.ns, &["add", "table", "ip", "probe"]);
-    nft(&vm.ns, &["add", "chain", "ip", "probe", "seen", "{ type filter hook forward priority -10; }"]);
+    vm.ns.nft(&["add", "table", "ip", "probe"]);
+    vm.ns.nft(&["add", "chain", "ip", "probe", "seen", "{ type filter hook forward priority -10; }"]);
     let from_cloud = format!("ip saddr {} ip daddr {}", cloud.pod_v4(), vm.pod_v4());
-    nft(&vm.ns, &["add", "rule", "ip", "probe", "seen", &from_cloud, "counter"]);
-    let reached_vm = || counted(&vm.ns, "ip", "probe", &from_cloud);
+    vm.ns.nft(&["add", "rule", "ip", "probe", "seen", &from_cloud, "counter"]);
+    let reached_vm = || vm.ns.counted("ip", "probe", &from_cloud);
     let hairpin = format!("iifname \"{dev}\" oifname \"{dev}\"");
-    let dropped = || counted(&home.ns, "inet", kuport_controller::compute::overlay::NFT_TABLE, &hairpin);
+    let dropped = || home.ns.counted("inet", kuport_controller::compute::overlay::NFT_TABLE, &hairpin);
 
     let before = dropped();
     assert_eq!(script(&cloud.pod, &["df", &vm.pod_v4(), &port, "100"]), "lost");
@@ -592,7 +407,7 @@ fn a_node_that_is_not_a_relay_drops_what_would_leave_the_overlay_back_into_it() 
     println!("MEASURE forward drop: 3 datagrams sent, home's counter {before} -> {after}, vm's pod reached 0 times");
 
     // The ablation: without the rule, home forwards cloud's datagram to vm and vm's answer back.
-    delete_overlay_rule(&home.ns, &hairpin);
+    home.ns.delete_forward_rule(&hairpin);
     let got = until("cloud's pod reaches vm's pod through home", Duration::from_secs(10), || {
         let got = script(&cloud.pod, &["df", &vm.pod_v4(), &port, "100"]);
         (got == answered).then_some(got)
@@ -676,10 +491,10 @@ fn the_mss_clamp_carries_tcp_through_a_pmtu_black_hole_and_without_it_tcp_stalls
     let (states, mut exs) = lab.up(&dev);
     let (cloud, home) = (lab.node("cloud"), lab.node("home"));
     let blackhole = "icmp type destination-unreachable icmp code frag-needed";
-    nft(&cloud.pod, &["add", "table", "ip", "blackhole"]);
-    nft(&cloud.pod, &["add", "chain", "ip", "blackhole", "in", "{ type filter hook input priority 0; }"]);
-    nft(&cloud.pod, &["add", "rule", "ip", "blackhole", "in", blackhole, "counter", "drop"]);
-    let black_holed = || counted(&cloud.pod, "ip", "blackhole", blackhole);
+    cloud.pod.nft(&["add", "table", "ip", "blackhole"]);
+    cloud.pod.nft(&["add", "chain", "ip", "blackhole", "in", "{ type filter hook input priority 0; }"]);
+    cloud.pod.nft(&["add", "rule", "ip", "blackhole", "in", blackhole, "counter", "drop"]);
+    let black_holed = || cloud.pod.counted("ip", "blackhole", blackhole);
     // The first handshake, by UDP.
     let _server = serve(&home.pod);
     let port = ECHO_PORT.to_string();
@@ -697,7 +512,7 @@ fn the_mss_clamp_carries_tcp_through_a_pmtu_black_hole_and_without_it_tcp_stalls
     println!("MEASURE with the clamp: SYN MSS {} at the receiver, {TCP_BYTES} bytes in {took:?}", got.0);
 
     // Home's clamp gone: cloud still clamps the SYN, but home's SYN-ACK offers its pod's 1460.
-    delete_overlay_rule(&home.ns, "maxseg");
+    home.ns.delete_forward_rule("maxseg");
     let got = transfer(cloud, home, "3");
     assert_eq!((got.0, got.2.as_str()), (clamped, "timeout"), "{got:?}");
     assert!(got.1 < 8192, "nothing beyond the first few KB: {got:?}");
@@ -709,7 +524,7 @@ fn the_mss_clamp_carries_tcp_through_a_pmtu_black_hole_and_without_it_tcp_stalls
     );
 
     // Both gone: the SYN carries the pod's own MSS.
-    delete_overlay_rule(&cloud.ns, "maxseg");
+    cloud.ns.delete_forward_rule("maxseg");
     let got = transfer(cloud, home, "3");
     assert_eq!((got.0, got.2.as_str()), (1460, "timeout"), "{got:?}");
     assert!(got.1 < 8192, "nothing beyond the first few KB: {got:?}");

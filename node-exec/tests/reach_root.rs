@@ -18,10 +18,13 @@
 mod fake;
 #[path = "common/host.rs"]
 mod host;
+#[path = "common/wg_dump.rs"]
+mod wg_dump;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use host::{root, run};
@@ -122,6 +125,10 @@ fn state(
     }
 }
 
+/// The drift repairs a's executor reported, the latest total: the reset of an entry must not
+/// look like drift to the keeper (the entry is made again exactly as the state has it).
+static DRIFT_REPAIRS: AtomicU64 = AtomicU64::new(0);
+
 /// Waits for a peer report whose one peer has reach `want`; how long it took and the report.
 async fn reach(seen: &mut UnboundedReceiver<ExecutorMessage>, want: Reach, within: Duration) -> (Duration, PeerReport) {
     let start = Instant::now();
@@ -138,6 +145,10 @@ async fn reach(seen: &mut UnboundedReceiver<ExecutorMessage>, want: Reach, withi
             Ok(Some(ExecutorMessage { message: Some(executor_message::Message::Ack(a)) })) => {
                 assert!(a.ok, "the state applies: {:?}", a.errors);
             }
+            Ok(Some(ExecutorMessage { message: Some(executor_message::Message::Drift(d)) })) => {
+                println!("drift: {d:?}");
+                DRIFT_REPAIRS.store(d.repairs, Ordering::SeqCst);
+            }
             Ok(Some(_)) => {}
             other => panic!("no report with reach {want:?} within {within:?}: {other:?}"),
         }
@@ -153,32 +164,45 @@ struct Pair {
     executor: tokio::task::JoinHandle<()>,
     devs: (String, String),
     _ex_b: Executor,
+    key_a: String,
     // Dropped last, in this order: the namespaces (their daemons), then the folder.
     a: Netns,
     b: Netns,
     _dir: Dir,
+    /// One pair at a time: a's WireGuard key is the process's ([`Pair::new`]).
+    _serial: tokio::sync::MutexGuard<'static, ()>,
 }
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl Pair {
     async fn new(keepalive: u16) -> Self {
+        let serial = SERIAL.lock().await;
+        // Unique per test: the tests of this file run at once.
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::SeqCst) % 10;
         let pid = std::process::id();
-        let a = Netns::new(format!("kuport-reach-a-{pid}"));
-        let b = Netns::new(format!("kuport-reach-b-{pid}"));
+        let a = Netns::new(format!("kuport-reach-a-{pid}-{n}"));
+        let b = Netns::new(format!("kuport-reach-b-{pid}-{n}"));
         run("ip", &["-n", &a.0, "link", "add", "u0", "type", "veth", "peer", "name", "u1", "netns", &b.0]);
         run("ip", &["-n", &a.0, "addr", "add", "192.0.2.1/24", "dev", "u0"]);
         run("ip", &["-n", &a.0, "link", "set", "u0", "up"]);
         run("ip", &["-n", &b.0, "addr", "add", "192.0.2.2/24", "dev", "u1"]);
         run("ip", &["-n", &b.0, "link", "set", "u1", "up"]);
-        let dir = Dir(std::env::temp_dir().join(format!("kuport-reach-root-{pid}")));
+        let dir = Dir(std::env::temp_dir().join(format!("kuport-reach-root-{pid}-{n}")));
         let _ = std::fs::remove_dir_all(&dir.0);
         let (dir_a, dir_b) = (dir.0.join("a"), dir.0.join("b"));
         std::fs::create_dir_all(&dir_a).expect("state dir");
         std::fs::create_dir_all(&dir_b).expect("state dir");
         // Unique: wireguard-go's UAPI sockets share one folder across namespaces.
-        let (dev_a, dev_b) = (format!("kup-ra{}", pid % 1_000_000), format!("kup-rb{}", pid % 1_000_000));
+        let (dev_a, dev_b) = (format!("kup-ra{n}{}", pid % 1_000_000), format!("kup-rb{n}{}", pid % 1_000_000));
 
-        // a's key made now, so b's state can name it; the sync client loads the same file.
-        let key_a = Wireguard::load(&dir_a, Options::default()).expect("a's key").public_key().to_string();
+        // a's key made now, so b's state can name it; the sync client loads the same file. The
+        // key is installed once per process: a later test's a keeps the first one's.
+        let key_a = match kuport_node_exec::wireguard::installed() {
+            Some(wg) => wg.public_key().to_string(),
+            None => Wireguard::load(&dir_a, Options::default()).expect("a's key").public_key().to_string(),
+        };
         let wg_b = Arc::new(Wireguard::load(&dir_b, Options::default()).expect("b's key"));
         let key_b = wg_b.public_key().to_string();
 
@@ -199,7 +223,43 @@ impl Pair {
         let executor = tokio::spawn(sync::run(cfg, NodeKeepers::new(Some(a.path())), async {
             let _ = stopped.await;
         }));
-        Pair { seen, started, key_b, stop, executor, devs: (dev_a, dev_b), _ex_b: ex_b, a, b, _dir: dir }
+        Pair {
+            seen,
+            started,
+            key_b,
+            stop,
+            executor,
+            devs: (dev_a, dev_b),
+            _ex_b: ex_b,
+            key_a,
+            a,
+            b,
+            _dir: dir,
+            _serial: serial,
+        }
+    }
+
+    /// a's entry for b as `wg show dump` prints it.
+    fn a_dump(&self) -> wg_dump::Dump {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.a.0, "wg", "show", &self.devs.0, "dump"])
+            .output()
+            .expect("wg show");
+        wg_dump::Dump::parse(&out, "a")
+    }
+
+    /// b's entry for a made anew by hand with `wg` (removed, then added as b's state has it), as
+    /// b's own executor does once it finds a unreachable: no session, so b's WireGuard retries
+    /// nothing.
+    fn reset_b(&self) {
+        let wg = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", self.b.0.as_str(), "wg", "set", self.devs.1.as_str(), "peer"];
+            all.push(&self.key_a);
+            all.extend_from_slice(args);
+            run("ip", &all)
+        };
+        wg(&["remove"]);
+        wg(&["endpoint", "192.0.2.1:51820", "allowed-ips", "10.42.1.0/24", "persistent-keepalive", "off"]);
     }
 
     fn restore(&self) {
@@ -254,6 +314,80 @@ async fn a_cut_direct_path_is_reported_unreachable_and_its_return_direct() {
     p.end().await;
 }
 
+/// The reset (docs/overlay/reach.md): with the keepalive off (a non-direct pair's entry), at the
+/// end of a's turn of probes the executor makes a's entry for b anew, and then nothing at all
+/// goes from a toward b through b's turn: WireGuard's handshake retries after the probes are
+/// gone with the old entry. A path restored in that quiet is found at a's next turn, at most
+/// a turn (40 s) after the reset, not after the 155 s of the quiet without a reset.
+/// Oracles: `wg show dump` on a (handshake and counters back to 0; tx stays 0) and the cut's
+/// nft counter on b (what reaches b from a).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_entry_sends_nothing_in_the_quiet_and_a_path_restored_then_is_direct_within_one_cycle() {
+    if !root() {
+        return;
+    }
+    let mut p = Pair::new(0).await;
+    reach(&mut p.seen, Reach::Direct, Duration::from_secs(30)).await;
+    let before = p.a_dump();
+    let entry = before.peer_set();
+    assert!(before.handshake(&p.key_b) > 0, "a live session first: {before:?}");
+
+    p.b.nft(CUT_COUNTED);
+    let cut = Instant::now();
+    let (broke, _) = reach(&mut p.seen, Reach::Unreachable, Duration::from_secs(30)).await;
+    // The reset: a's entry has no session and its counters start again.
+    let reset = loop {
+        let d = p.a_dump();
+        if d.handshake(&p.key_b) == 0 && d.bytes(&p.key_b) == (0, 0) {
+            break cut.elapsed();
+        }
+        // At the end of a's turn (docs/overlay/reach.md, "Turns"): at most a turn after the break.
+        assert!(cut.elapsed() < Duration::from_secs(60), "no reset within 60 s of the cut: {d:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let reset_at = Instant::now();
+    assert_eq!(p.a_dump().peer_set(), entry, "made again exactly as the state has it");
+    // b's side too, so that only a's next burst can find the path (b's own handshake retries
+    // would otherwise find it as soon as it is restored).
+    p.reset_b();
+    // The quiet: 25 s of it, nothing from a on the wire, nothing sent by a's entry.
+    let counted_at_reset = counted(&p.b);
+    while reset_at.elapsed() < Duration::from_secs(25) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(counted(&p.b), counted_at_reset, "a sent toward b {:?} after the reset", reset_at.elapsed());
+        assert_eq!(
+            p.a_dump().bytes(&p.key_b).1,
+            0,
+            "a's entry sent something {:?} after the reset",
+            reset_at.elapsed()
+        );
+        while let Ok(m) = p.seen.try_recv() {
+            if let Some(executor_message::Message::Drift(d)) = m.message {
+                DRIFT_REPAIRS.store(d.repairs, Ordering::SeqCst);
+            }
+        }
+    }
+    // Restored in the quiet: a's next turn finds it.
+    p.restore();
+    let restored = reset_at.elapsed();
+    let (back, _) = reach(&mut p.seen, Reach::Direct, Duration::from_secs(60)).await;
+    let cycle = reset_at.elapsed();
+    println!(
+        "MEASURE reach reset: unreachable {:.1} s after the cut, the entry reset {:.1} s after the cut; nothing on the wire for {:.0} s; restored {:.1} s after the reset, direct {:.1} s later ({:.1} s after the reset); drift repairs {}",
+        broke.as_secs_f64(),
+        reset.as_secs_f64(),
+        restored.as_secs_f64(),
+        restored.as_secs_f64(),
+        back.as_secs_f64(),
+        cycle.as_secs_f64(),
+        DRIFT_REPAIRS.load(Ordering::SeqCst)
+    );
+    // Generous: a's next turn starts 40 s after the reset.
+    assert!(cycle < Duration::from_secs(60), "direct {cycle:?} after the reset");
+    assert_eq!(DRIFT_REPAIRS.load(Ordering::SeqCst), 0, "the reset is no drift to the keeper");
+    p.end().await;
+}
+
 /// The packets b's input counted from a (the cut's counter), per second.
 fn counted(b: &Netns) -> u64 {
     let out = run("ip", &["netns", "exec", &b.0, "nft", "list", "chain", "inet", "reachcut", "in"]);
@@ -262,10 +396,12 @@ fn counted(b: &Netns) -> u64 {
 
 /// With the keepalive off (what the controller sets on an unreachable direct entry), an
 /// unreachable entry goes silent on the wire for longer than a NAT's 30 s UDP timeout between
-/// bursts: the probes and the retries WireGuard makes after them stop. Takes about 4 minutes,
-/// hence ignored by default: `cargo test -p kuport-node-exec --test reach_root -- --ignored`.
+/// bursts: the executor resets the entry after each burst, so neither the probes nor the
+/// retries WireGuard would make after them go out. Prints the packets a sent, second by second,
+/// so the cycle can be read off. Takes about 2.5 minutes, hence ignored by default:
+/// `cargo test -p kuport-node-exec --test reach_root -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "about 4 minutes: the quiet gap between bursts, on the wire"]
+#[ignore = "about 2.5 minutes: the quiet gaps between bursts, on the wire"]
 async fn an_unreachable_entry_goes_quiet_on_the_wire_for_longer_than_a_nat_timeout() {
     if !root() {
         return;
@@ -277,7 +413,7 @@ async fn an_unreachable_entry_goes_quiet_on_the_wire_for_longer_than_a_nat_timeo
     // Every second, what reached b from a: the longest run without a packet.
     let start = Instant::now();
     let (mut last, mut last_change, mut longest, mut trace) = (counted(&p.b), Instant::now(), Duration::ZERO, vec![]);
-    while start.elapsed() < Duration::from_secs(200) {
+    while start.elapsed() < Duration::from_secs(130) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let n = counted(&p.b);
         if n != last {

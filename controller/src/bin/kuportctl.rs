@@ -44,9 +44,10 @@ enum Command {
     Node { name: String },
     /// Every node: executor connected, desired and acknowledged versions, drift, overlay, last error.
     Nodes,
-    /// The overlay: every member (key fingerprint, endpoint, pod CIDRs, address, peer count)
-    /// with each peer's last handshake, bytes received and sent and endpoint as its executor
-    /// reported them, and every refused node with its reasons.
+    /// The overlay as a tree: every member (key fingerprint, endpoint, pod CIDRs, address, peer
+    /// count, relay candidate) with its peers under it, each with its route (direct, via RELAY,
+    /// unreachable) and its reach, last handshake, bytes and endpoint as the member's executor
+    /// reported them; then every refused node with its reasons.
     Mesh,
     /// Why a PortMap is or is not programmed, and where.
     Portmap {

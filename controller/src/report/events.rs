@@ -1,17 +1,19 @@
 //! Events: what an operator should see in `kubectl describe` when a PortMap's status changes
 //! (a new refusal, a change of serving node), or when a class status row newly says that an
 //! executor's report was refused, or when an Intercept's status changes (Accepted turning
-//! False, a pod refused, Programmed turning True), or when a Node is refused from the overlay;
-//! decided from the old and new status (or refusals) alone.
+//! False, a pod refused, Programmed turning True), or when a Node is refused from the overlay,
+//! or when a member's route to a peer changes (relayed, direct, unreachable); decided from the
+//! old and new status (or refusals, or routes) alone.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kube::runtime::events::{Event, EventType};
 
 use crate::api::{InterceptStatus, PortMapClassStatus, PortMapStatus};
 use crate::compute::intercept::pods::{self as intercept, reason as intercept_reason};
 use crate::compute::overlay::members::REPORT_REFUSED;
-use crate::compute::overlay::{Refusal, reason as overlay_reason};
+use crate::compute::overlay::relays::PeerRoute;
+use crate::compute::overlay::{NodeOverlay, Refusal, reason as overlay_reason};
 use crate::compute::portmap::status::reason;
 use crate::observe::facts::reason as facts_reason;
 
@@ -118,6 +120,83 @@ pub fn of_overlay_refusal(before: &BTreeSet<Said>, refused: &[Refusal]) -> Vec<E
 /// What [`of_overlay_refusal`] remembers of `refused`.
 pub fn said(refused: &[Refusal]) -> BTreeSet<Said> {
     refused.iter().map(|r| (r.field.clone(), r.reason)).collect()
+}
+
+/// The reasons of the events on a member's Node when its route to a peer changes
+/// (docs/overlay/status.md, "Events").
+pub mod route_reason {
+    /// The pair goes through a relay now (or through another relay than before).
+    pub const RELAYED: &str = "OverlayRelayed";
+    /// The pair goes directly again.
+    pub const DIRECT: &str = "OverlayDirect";
+    /// A side reports the other unreachable and no relay both reach: its pod traffic is lost.
+    pub const UNREACHABLE: &str = "OverlayUnreachable";
+}
+
+/// The events member `node`'s routes warrant when they go from `before` (peer to route, as its
+/// stored `kuport.wlz.li/wireguard-routes` annotation says; None: it has none, as for a new
+/// member) to what `nodes` computed: one per peer whose route changed, naming the peer, the new
+/// route and who reports whom unreachable. A peer missing from `before` counts as direct, so a
+/// new member's direct pairs are no event. On a member's Node only, the peer's Node as the
+/// related object: the recorder folds events by regarding, reason and related.
+pub fn of_route_change(
+    node: &str,
+    before: Option<&BTreeMap<String, String>>,
+    nodes: &BTreeMap<String, NodeOverlay>,
+) -> Vec<Event> {
+    use kuport_proto::v1::Reach;
+    let Some(me) = nodes.get(node).filter(|o| o.public_key.is_some()) else { return Vec::new() };
+    let direct = PeerRoute::Direct.to_string();
+    let mut events = Vec::new();
+    for (peer, route) in &me.routes {
+        let was = before.and_then(|b| b.get(peer)).unwrap_or(&direct);
+        let now = route.to_string();
+        if *was == now {
+            continue;
+        }
+        let reports = |a: &str, b: &str| {
+            let seen = nodes.get(a).and_then(|o| o.seen.get(b));
+            seen.is_some_and(|s| s.reach == Reach::Unreachable).then(|| format!("{a} reports {b} unreachable"))
+        };
+        let why: Vec<String> = [reports(node, peer), reports(peer, node)].into_iter().flatten().collect();
+        let why = if why.is_empty() { "no side reports the other unreachable".to_string() } else { why.join(" and ") };
+        let (type_, reason, note) = match route {
+            PeerRoute::Via(_) if *was == direct => {
+                (EventType::Normal, route_reason::RELAYED, format!("{peer} {now}: {why}"))
+            }
+            PeerRoute::Via(_) => (EventType::Normal, route_reason::RELAYED, format!("{peer} {now} (was {was}): {why}")),
+            PeerRoute::Direct => (
+                EventType::Normal,
+                route_reason::DIRECT,
+                format!("{peer} direct (was {was}): neither side reports the other unreachable"),
+            ),
+            PeerRoute::Unreachable => (
+                EventType::Warning,
+                route_reason::UNREACHABLE,
+                format!("{peer} unreachable (was {was}): {why}, and no relay both reach directly"),
+            ),
+        };
+        events.push(Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: "Route".into(),
+            secondary: Some(k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(peer.clone()),
+                ..Default::default()
+            }),
+        });
+    }
+    events
+}
+
+/// A stored `kuport.wlz.li/wireguard-routes` annotation read back: None when absent or not a
+/// JSON object of strings (then every route counts as direct before).
+pub fn stored_routes(annotations: Option<&BTreeMap<String, String>>) -> Option<BTreeMap<String, String>> {
+    let text = annotations?.get(crate::compute::overlay::ROUTES_ANNOTATION)?;
+    serde_json::from_str(text).ok()
 }
 
 /// At most this many pod events per Intercept status write: the status lists every pod.
@@ -259,6 +338,75 @@ mod tests {
         let events = of_overlay_refusal(&before, &[bad_report, no_cidrs]);
         assert_eq!(events.len(), 1, "a refused report is");
         assert_eq!(events[0].reason, overlay_reason::NO_PUBLIC_KEY);
+    }
+
+    #[test]
+    fn a_route_change_gets_one_event_per_peer_on_the_member_and_none_when_unchanged() {
+        use crate::compute::overlay::PeerSeen;
+        use kuport_proto::v1::Reach;
+        let member = |routes: &[(&str, PeerRoute)], seen: &[(&str, Reach)]| NodeOverlay {
+            public_key: Some("K".into()),
+            routes: routes.iter().map(|(p, r)| (p.to_string(), r.clone())).collect(),
+            seen: seen.iter().map(|(p, r)| (p.to_string(), PeerSeen { reach: *r, endpoint: None })).collect(),
+            ..Default::default()
+        };
+        let via = PeerRoute::Via("cloud".into());
+        let relayed = BTreeMap::from([
+            (
+                "home-a".to_string(),
+                member(&[("cloud", PeerRoute::Direct), ("home-b", via.clone())], &[("home-b", Reach::Unreachable)]),
+            ),
+            (
+                "home-b".to_string(),
+                member(&[("cloud", PeerRoute::Direct), ("home-a", via.clone())], &[("home-a", Reach::Unknown)]),
+            ),
+        ]);
+        let stored = |text: &str| {
+            stored_routes(Some(&BTreeMap::from([(
+                crate::compute::overlay::ROUTES_ANNOTATION.to_string(),
+                text.to_string(),
+            )])))
+        };
+        let was_direct = stored(r#"{"cloud":"direct","home-b":"direct"}"#);
+        let events = of_route_change("home-a", was_direct.as_ref(), &relayed);
+        assert_eq!(events.len(), 1);
+        assert_eq!((events[0].type_, events[0].reason.as_str()), (EventType::Normal, route_reason::RELAYED));
+        assert_eq!(events[0].note.as_deref(), Some("home-b via cloud: home-a reports home-b unreachable"));
+        assert_eq!(events[0].secondary.as_ref().and_then(|o| o.name.as_deref()), Some("home-b"));
+        // The other member's Node gets its own, naming its peer: the reporter is still home-a.
+        let events = of_route_change("home-b", None, &relayed);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].note.as_deref(), Some("home-a via cloud: home-a reports home-b unreachable"));
+        // Unchanged (as a recompute finds it again): nothing.
+        let was_relayed = stored(r#"{"cloud":"direct","home-b":"via cloud"}"#);
+        assert!(of_route_change("home-a", was_relayed.as_ref(), &relayed).is_empty());
+        // Direct again.
+        let direct = BTreeMap::from([(
+            "home-a".to_string(),
+            member(&[("cloud", PeerRoute::Direct), ("home-b", PeerRoute::Direct)], &[]),
+        )]);
+        let events = of_route_change("home-a", was_relayed.as_ref(), &direct);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].reason, route_reason::DIRECT);
+        assert_eq!(
+            events[0].note.as_deref(),
+            Some("home-b direct (was via cloud): neither side reports the other unreachable")
+        );
+        assert!(of_route_change("home-a", None, &direct).is_empty(), "a new member's direct pairs");
+        // Unreachable with no relay: a Warning.
+        let lost = BTreeMap::from([(
+            "home-a".to_string(),
+            member(&[("home-b", PeerRoute::Unreachable)], &[("home-b", Reach::Unreachable)]),
+        )]);
+        let events = of_route_change("home-a", was_relayed.as_ref(), &lost);
+        assert_eq!((events[0].type_, events[0].reason.as_str()), (EventType::Warning, route_reason::UNREACHABLE));
+        assert_eq!(
+            events[0].note.as_deref(),
+            Some(
+                "home-b unreachable (was via cloud): home-a reports home-b unreachable, and no relay both reach directly"
+            )
+        );
+        assert_eq!(stored(""), None, "not JSON: as if absent");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+use crate::compute::overlay::relays::PeerRoute;
 use crate::stream::Hub;
 use crate::stream::hub::NodeSnapshot;
 
@@ -28,6 +29,14 @@ pub struct NodeLabel {
 pub struct PeerLabels {
     pub node: String,
     pub peer: String,
+}
+
+/// A relayed peer: `node`'s pod traffic to `peer` goes through `via` (docs/overlay/relays.md).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RelayLabels {
+    pub node: String,
+    pub peer: String,
+    pub via: String,
 }
 
 /// What a write to the API server was.
@@ -90,6 +99,12 @@ pub struct Metrics {
     peer_transmit_bytes: Family<PeerLabels, Counter>,
     /// Seconds since the peer's last handshake; +Inf for none ever.
     peer_handshake_age: Family<PeerLabels, Gauge<f64, AtomicU64>>,
+    /// Per member and peer, the route as last computed (docs/overlay/relays.md): 1 when
+    /// direct; a relayed peer has a `peer_relayed` series naming its relay instead.
+    peer_direct: Family<PeerLabels, Gauge>,
+    peer_relayed: Family<RelayLabels, Gauge>,
+    /// Per connected relay candidate, what its relay rule's counter says it relayed.
+    relayed_bytes: Family<NodeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -113,6 +128,9 @@ impl Default for Metrics {
         let peer_receive_bytes = Family::<PeerLabels, Counter>::default();
         let peer_transmit_bytes = Family::<PeerLabels, Counter>::default();
         let peer_handshake_age = Family::<PeerLabels, Gauge<f64, AtomicU64>>::default();
+        let peer_direct = Family::<PeerLabels, Gauge>::default();
+        let peer_relayed = Family::<RelayLabels, Gauge>::default();
+        let relayed_bytes = Family::<NodeLabel, Counter>::default();
         registry.register("reconciles", "Full recomputes of every node state and status", reconciles.clone());
         registry.register("reconcile_seconds", "Time of one recompute", reconcile_seconds.clone());
         registry.register("nacks", "States an executor refused", nacks.clone());
@@ -155,6 +173,21 @@ impl Default for Metrics {
             "Seconds since a node's last WireGuard handshake with a peer (+Inf: never)",
             peer_handshake_age.clone(),
         );
+        registry.register(
+            "overlay_peer_direct",
+            "1 when a member's pod traffic to a peer goes directly, as last computed; 0 when relayed or unreachable",
+            peer_direct.clone(),
+        );
+        registry.register(
+            "overlay_peer_relayed",
+            "1 for each peer a member's pod traffic reaches through a relay (via: the relay's node)",
+            peer_relayed.clone(),
+        );
+        registry.register(
+            "overlay_relayed_bytes",
+            "Bytes a relay candidate forwarded between two of its WireGuard peers, as its executor reported",
+            relayed_bytes.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -175,6 +208,9 @@ impl Default for Metrics {
             peer_receive_bytes,
             peer_transmit_bytes,
             peer_handshake_age,
+            peer_direct,
+            peer_relayed,
+            relayed_bytes,
         }
     }
 }
@@ -225,6 +261,21 @@ impl Metrics {
             self.peer_receive_bytes.get_or_create(&labels).inc_by(p.receive_bytes);
             self.peer_transmit_bytes.get_or_create(&labels).inc_by(p.transmit_bytes);
             self.peer_handshake_age.get_or_create(&labels).set(p.handshake_age.map_or(f64::INFINITY, |a| a as f64));
+        }
+        self.peer_direct.clear();
+        self.peer_relayed.clear();
+        for r in hub.route_series() {
+            let direct = r.route == PeerRoute::Direct;
+            self.peer_direct
+                .get_or_create(&PeerLabels { node: r.node.clone(), peer: r.peer.clone() })
+                .set(i64::from(direct));
+            if let PeerRoute::Via(via) = r.route {
+                self.peer_relayed.get_or_create(&RelayLabels { node: r.node, peer: r.peer, via }).set(1);
+            }
+        }
+        self.relayed_bytes.clear();
+        for (node, bytes) in hub.relayed_bytes() {
+            self.relayed_bytes.get_or_create(&NodeLabel { node }).inc_by(bytes);
         }
         let mut text = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {

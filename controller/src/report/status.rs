@@ -205,8 +205,11 @@ impl Writer {
 
     /// With the overlay on: publishes each member's annotations on its Node and removes them from
     /// every other Node the compute judged (a merge patch of only those keys, when they
-    /// differ), and a Warning event on a Node for each new reason it is refused.
-    async fn write_nodes(&self) {
+    /// differ), with an event on a member's Node for each peer whose route changed, and a
+    /// Warning event on a Node for each new reason it is refused. `young`: this term's
+    /// reconnect grace has not ended, so a Node is written only once it and its peers were
+    /// served in this term ([`settled`]): a failover writes nothing that did not change.
+    async fn write_nodes(&self, young: bool) {
         if self.hub.settings().overlay.is_none() {
             return;
         }
@@ -219,11 +222,30 @@ impl Writer {
                 return;
             }
             let Some(node) = self.stores.node(name) else { continue };
+            if young && !settled(name, place, |n| self.hub.served_this_term(n)) {
+                continue;
+            }
             if let Some(change) = annotation_patch(node.metadata.annotations.as_ref(), wanted.get(name)) {
+                let before = events::stored_routes(node.metadata.annotations.as_ref());
                 let patch = Patch::Merge(serde_json::json!({ "metadata": { "annotations": change } }));
                 self.hub.metrics().api_write(WriteKind::NodeAnnotations);
                 match api.patch(name, &params, &patch).await {
-                    Ok(_) => tracing::info!(node = %name, "overlay annotations written"),
+                    Ok(_) => {
+                        tracing::info!(node = %name, "overlay annotations written");
+                        // Only once the routes' change is stored: a failed write is tried again
+                        // and would say it twice.
+                        let reference = node.object_ref(&());
+                        for e in events::of_route_change(name, before.as_ref(), &out.overlay) {
+                            if !self.leading() {
+                                return;
+                            }
+                            tracing::info!(node = %name, reason = %e.reason, note = e.note.as_deref().unwrap_or(""), "overlay route changed");
+                            self.hub.metrics().api_write(WriteKind::Event);
+                            if let Err(err) = self.recorder.publish(&e, &reference).await {
+                                tracing::warn!(node = %name, error = %err, "publishing an event");
+                            }
+                        }
+                    }
                     Err(e) => tracing::warn!(node = %name, error = %e, "writing the overlay annotations"),
                 }
             }
@@ -305,7 +327,7 @@ impl Writer {
                 let young = grace_end.is_some_and(|t| tokio::time::Instant::now() < t);
                 self.write_port_maps(young).await;
                 self.write_intercepts(young).await;
-                self.write_nodes().await;
+                self.write_nodes(young).await;
             }
         }
     }
@@ -318,6 +340,14 @@ impl Gate for Writer {
     ) -> Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
         Box::pin(async move { !self.leading() || self.write_classes(&outputs).await })
     }
+}
+
+/// Whether node `name`'s overlay annotations may be written while this term is young: it and
+/// every peer were `served` in this term, so what was computed for them reads their
+/// executors' reports (docs/overlay/status.md, "A new leader"). Before that, a new leader's
+/// routes and peer states would say direct and unknown for a moment.
+fn settled(name: &str, place: &overlay::NodeOverlay, served: impl Fn(&str) -> bool) -> bool {
+    served(name) && place.peers.iter().all(|p| served(p))
 }
 
 /// The merge patch of a Node's annotations that takes the published keys from `have` to `want`
@@ -413,6 +443,17 @@ mod tests {
         assert_eq!(serde_json::Value::Object(patch), serde_json::json!({ routes: r#"{"b":"via r"}"# }));
         done.extend(relayed.clone());
         assert_eq!(annotation_patch(Some(&done), Some(&relayed)), None);
+    }
+
+    #[test]
+    fn a_young_term_writes_a_node_once_it_and_its_peers_were_served() {
+        let place = overlay::NodeOverlay { peers: vec!["cloud".into(), "home-b".into()], ..Default::default() };
+        let served = |names: &'static [&'static str]| move |n: &str| names.contains(&n);
+        assert!(!settled("home-a", &place, served(&["cloud", "home-b"])), "itself");
+        assert!(!settled("home-a", &place, served(&["home-a", "cloud"])), "a peer");
+        assert!(settled("home-a", &place, served(&["home-a", "cloud", "home-b"])));
+        let refused = overlay::NodeOverlay::default();
+        assert!(settled("off", &refused, served(&["off"])), "a node with no peers: itself only");
     }
 
     #[test]

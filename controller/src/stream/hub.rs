@@ -20,6 +20,8 @@ use super::leader::Leadership;
 use super::peers::{self, Digest, Reported};
 use crate::api::{PortMapClassStatus, PortMapStatus};
 use crate::compute::overlay::members::{self, ROTATE_EVERY_SECONDS};
+use crate::compute::overlay::reason as overlay_reason;
+use crate::compute::overlay::relays::PeerRoute;
 use crate::compute::portmap::{MapKey, admission};
 use crate::compute::{ObjectKey, Outputs, Settings, compute, relevant_facts};
 use crate::observe::facts::{self, Refused};
@@ -37,12 +39,34 @@ pub type DesiredRx = watch::Receiver<Option<Arc<DesiredState>>>;
 /// The id of a node's newest session: changes when a newer stream says Hello for the node.
 pub type NewestRx = watch::Receiver<u64>;
 
+/// How long a node's first state after this replica began leading waits for its executor's
+/// first peer report (docs/overlay/status.md, "A new leader"): an executor without WireGuard
+/// peers, or one too old to report on Hello, then gets its state anyway.
+pub const FIRST_STATE_HOLD: Duration = Duration::from_secs(2);
+
 /// What [`Hub::connect`] gives a new session.
 #[derive(Debug)]
 pub struct Session {
     pub id: u64,
     pub desired: DesiredRx,
     pub newest: NewestRx,
+    /// true while the session must not send a state yet ([`FIRST_STATE_HOLD`]).
+    pub held: watch::Receiver<bool>,
+    /// When the hold ends anyway; None: not held.
+    pub hold_until: Option<Instant>,
+}
+
+/// Where a node's first state of this term is (docs/overlay/status.md, "A new leader").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// States go out as they are computed.
+    Free,
+    /// Held until this session's first peer report (`reported`) and the keys of every Node
+    /// that carries a published one (its peers, as the last leader computed them)...
+    Waiting { session: u64, reported: bool },
+    /// ...and then until a compute that read them is published: one that began after `after`
+    /// computes had begun.
+    Compute { session: u64, after: u64 },
 }
 
 /// What the controller knows of one node and its executor.
@@ -73,6 +97,12 @@ struct NodeEntry {
     peer_digest: Digest,
     /// The address the executor's latest stream came from.
     connect_address: Option<IpAddr>,
+    /// Whether the node's first state of this term waits ([`Hold`]); `held` tells the session.
+    hold: Hold,
+    held: watch::Sender<bool>,
+    /// The leadership term whose states this node was last let have: its executor's report
+    /// (if any) is in what this term computed. A new term holds its first state again.
+    served_term: u64,
 }
 
 impl NodeEntry {
@@ -92,7 +122,17 @@ impl NodeEntry {
             peers: None,
             peer_digest: Digest::new(),
             connect_address: None,
+            hold: Hold::Free,
+            held: watch::channel(false).0,
+            served_term: 0,
         }
+    }
+
+    /// Lets the node's session send states: this term's states now read its report.
+    fn release(&mut self, term: u64) {
+        self.hold = Hold::Free;
+        self.served_term = term;
+        self.held.send_replace(false);
     }
 
     fn desired(&self) -> Option<Arc<DesiredState>> {
@@ -115,6 +155,14 @@ pub struct NodeSnapshot {
     pub facts: Option<WireFacts>,
     /// The executor's latest peer report, handshakes on the controller's clock.
     pub peers: Vec<PeerStatus>,
+}
+
+/// One member's route to one peer as last computed, for the metrics (docs/overlay/relays.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteSeries {
+    pub node: String,
+    pub peer: String,
+    pub route: PeerRoute,
 }
 
 /// One peer of one node, for the metrics.
@@ -158,6 +206,9 @@ struct Inner {
     /// The keys of the members with more than one endpoint candidate, as last computed: only
     /// they rotate while silent.
     rotating: BTreeSet<String>,
+    /// Computes begun (each numbered when it reads the inputs): a held state waits for one
+    /// numbered after its report ([`Hold::Compute`]).
+    reads: u64,
 }
 
 /// Shared by the source, the recompute loop and every gRPC session.
@@ -264,15 +315,57 @@ impl Hub {
         if from.is_some() {
             entry.connect_address = from;
         }
+        // The first state after this replica began leading waits for the executor's report
+        // (docs/overlay/status.md, "A new leader"): computed without it, a relayed pair would
+        // be direct for a moment. Only with the overlay on, for an executor that holds a state
+        // (so perhaps peers), and not for a node this term's compute knows is no member.
+        let term = self.leadership.borrow().term;
+        let place = inner.outputs.overlay.get(&hello.node);
+        let not_member = place.is_some_and(|o| {
+            o.public_key.is_none() && o.refused.iter().all(|r| r.reason != overlay_reason::NO_PUBLIC_KEY)
+        });
+        let entry = inner.nodes.entry(hello.node.clone()).or_insert_with(NodeEntry::new);
+        let hold = overlay && hello.applied.is_some() && entry.served_term != term && !not_member;
+        if hold {
+            entry.hold = Hold::Waiting { session, reported: false };
+            entry.held.send_replace(true);
+        } else {
+            entry.release(term);
+        }
         let desired = entry.tx.subscribe();
         let newest = entry.newest.subscribe();
+        let held = entry.held.subscribe();
         let new_node = inner.inputs.is_some() && !inner.outputs.node_states.contains_key(&hello.node);
         drop(inner);
         if new_node || (overlay && moved) {
             // Publish at least an empty state for a node the inputs do not name.
             self.changed.notify_one();
         }
-        Session { id: session, desired, newest }
+        let hold_until = hold.then(|| Instant::now() + FIRST_STATE_HOLD);
+        Session { id: session, desired, newest, held, hold_until }
+    }
+
+    /// Ends the hold of `session`'s first state ([`FIRST_STATE_HOLD`] passed): it goes out
+    /// as computed now.
+    pub fn release_hold(&self, node: &str, session: u64) {
+        let term = self.leadership.borrow().term;
+        let mut inner = self.lock();
+        if let Some(e) = inner.nodes.get_mut(node)
+            && matches!(e.hold, Hold::Waiting { session: s, .. } | Hold::Compute { session: s, .. } if s == session)
+        {
+            tracing::info!(%node, session, "no peer report in time: the first state goes out");
+            e.release(term);
+        }
+        drop(inner);
+        self.status_dirty.notify_one();
+    }
+
+    /// Whether what this term computed for `node` reads its executor's report, if it has one:
+    /// the node's state was let go in this term (docs/overlay/status.md, "A new leader"). The
+    /// status writer waits for it before it writes a member's overlay annotations.
+    pub fn served_this_term(&self, node: &str) -> bool {
+        let term = self.leadership.borrow().term;
+        self.lock().nodes.get(node).is_some_and(|e| e.served_term == term)
     }
 
     /// The session ended (a newer session of the same node is left alone).
@@ -306,6 +399,9 @@ impl Hub {
             return false;
         }
         let mut recompute = false;
+        // A report or a key may be the last a held first state waits for.
+        let news =
+            matches!(message.message, Some(executor_message::Message::Facts(_) | executor_message::Message::Peers(_)));
         match message.message {
             // Facts are taken from this stream for its Hello's node only: `node` is that name,
             // and the report carries none of its own (docs/security.md).
@@ -348,10 +444,16 @@ impl Hub {
                     recompute = self.settings.overlay.is_some() && digest != entry.peer_digest;
                     entry.peer_digest = digest;
                     entry.peers = Some(checked);
+                    if entry.hold == (Hold::Waiting { session, reported: false }) {
+                        entry.hold = Hold::Waiting { session, reported: true };
+                    }
                 }
                 Err(e) => tracing::warn!(%node, error = %e, "executor peer report refused"),
             },
             Some(executor_message::Message::Hello(_)) | None => {}
+        }
+        if news {
+            recompute |= advance_holds(inner);
         }
         drop(guard);
         if recompute {
@@ -428,6 +530,29 @@ impl Hub {
             }
         }
         out
+    }
+
+    /// Every member's route to each peer, as last computed (docs/overlay/relays.md).
+    pub fn route_series(&self) -> Vec<RouteSeries> {
+        let inner = self.lock();
+        let mut out = Vec::new();
+        for (node, o) in inner.outputs.overlay.iter().filter(|(_, o)| o.public_key.is_some()) {
+            for (peer, route) in &o.routes {
+                out.push(RouteSeries { node: node.clone(), peer: peer.clone(), route: route.clone() });
+            }
+        }
+        out
+    }
+
+    /// Per connected relay candidate, the bytes it relayed as its executor last reported them.
+    pub fn relayed_bytes(&self) -> Vec<(String, u64)> {
+        let inner = self.lock();
+        inner
+            .nodes
+            .iter()
+            .filter(|(n, e)| e.session.is_some() && inner.outputs.overlay.get(*n).is_some_and(|o| o.relay))
+            .filter_map(|(n, e)| Some((n.clone(), e.peers.as_ref()?.relayed_bytes)))
+            .collect()
     }
 
     /// Whether a silent peer's endpoint may move at `now` (docs/overlay/status.md): some
@@ -507,8 +632,12 @@ impl Hub {
     /// statuses. None before the first inputs.
     pub fn compute_now(&self) -> Option<Computed> {
         let started = Instant::now();
-        let (mut cluster, term) = {
-            let inner = self.lock();
+        let (mut cluster, term, read) = {
+            let mut guard = self.lock();
+            guard.inputs.as_ref()?;
+            guard.reads += 1;
+            let inner = &*guard;
+            let read = inner.reads;
             let inputs = inner.inputs.as_ref()?;
             let mut cluster = Cluster::clone(inputs);
             if self.feed_back_status {
@@ -534,9 +663,9 @@ impl Hub {
                 }
             }
             if let Some(o) = &self.settings.overlay {
-                cluster.overlay_observed = observed(&inner, &o.interface);
+                cluster.overlay_observed = observed(inner, &o.interface);
             }
-            (cluster, self.leadership.borrow().term)
+            (cluster, self.leadership.borrow().term, read)
         };
         cluster.now = Timestamp::now();
         let outputs = Arc::new(compute(&cluster, &self.settings));
@@ -553,12 +682,12 @@ impl Hub {
         }
         self.metrics.observe_reconcile(started.elapsed());
         tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "computed");
-        Some(Computed { outputs, term })
+        Some(Computed { outputs, term, read })
     }
 
     /// Makes `c` the current outputs and sends every node whose state changed its new state.
     pub fn publish(&self, c: Computed) {
-        let Computed { outputs: out, term } = c;
+        let Computed { outputs: out, term, read } = c;
         let mut inner = self.lock();
         inner.computes += 1;
         inner.class_status = out.classes.clone();
@@ -612,6 +741,14 @@ impl Hub {
                 e.peer_digest.clear();
             }
         }
+        // Held first states that this compute read the report of go out now.
+        for e in inner.nodes.values_mut() {
+            if let Hold::Compute { after, .. } = e.hold
+                && read > after
+            {
+                e.release(term);
+            }
+        }
         inner.outputs = out;
         drop(inner);
         self.status_dirty.notify_one();
@@ -627,6 +764,36 @@ impl Hub {
     pub fn request_recompute(&self) {
         self.changed.notify_one();
     }
+}
+
+/// Moves every held first state whose executor reported on to wait for the next compute, once
+/// every Node that carries a published key (`kuport.wlz.li/wireguard-public-key`, written by
+/// the last leader) has had its executor's key reported here: without them, that state would
+/// lack those peers. The annotation is only a hint of whom to wait for; keys still come from
+/// the executors alone. true: a compute is needed.
+fn advance_holds(inner: &mut Inner) -> bool {
+    use crate::compute::overlay::PUBLIC_KEY_ANNOTATION;
+    if !inner.nodes.values().any(|e| matches!(e.hold, Hold::Waiting { reported: true, .. })) {
+        return false;
+    }
+    let inputs = inner.inputs.clone();
+    let keyed = inputs
+        .iter()
+        .flat_map(|c| &c.nodes)
+        .filter(|n| n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(PUBLIC_KEY_ANNOTATION)));
+    let known = |name: &str| {
+        inner.nodes.get(name).and_then(|e| e.facts.as_ref()).is_some_and(|(_, f)| f.wireguard_public_key.is_some())
+    };
+    if !keyed.filter_map(|n| n.metadata.name.as_deref()).all(known) {
+        return false;
+    }
+    let after = inner.reads;
+    for e in inner.nodes.values_mut() {
+        if let Hold::Waiting { session, reported: true } = e.hold {
+            e.hold = Hold::Compute { session, after };
+        }
+    }
+    true
 }
 
 /// How long until the next rotation period begins at `now`, and a little: a compute right
@@ -673,6 +840,8 @@ fn observed(inner: &Inner, interface: &str) -> OverlayObserved {
 pub struct Computed {
     pub outputs: Arc<Outputs>,
     pub term: u64,
+    /// Its number among the computes begun ([`Hold::Compute`]).
+    read: u64,
 }
 
 /// What must happen before node states are published (the Kubernetes source writes the
@@ -745,17 +914,20 @@ mod reach_tests {
                 ..Default::default()
             })
             .collect();
-        ExecutorMessage { message: Some(executor_message::Message::Peers(PeerReport { peers, read_unix_seconds: 0 })) }
+        ExecutorMessage {
+            message: Some(executor_message::Message::Peers(PeerReport {
+                peers,
+                read_unix_seconds: 0,
+                relayed_bytes: 0,
+            })),
+        }
     }
 
-    /// Whether the hub asked for a recompute since the last call (a stored permit).
-    async fn asked(hub: &Hub) -> bool {
-        tokio::time::timeout(Duration::from_millis(50), hub.changed.notified()).await.is_ok()
-    }
-
-    #[tokio::test]
-    async fn a_change_of_reach_recomputes_and_relays_the_pair_and_bytes_alone_do_not() {
-        let (_tx, rx) = leader::standalone("127.0.0.1:1".into());
+    /// A hub with the overlay on, given the homes scenario (cloud labelled control-plane, two
+    /// homes behind the same LAN address, each with its executor's key) and computed once. The
+    /// leadership sender keeps the hub the leader while it lives.
+    fn homes() -> (watch::Sender<Leadership>, Arc<Hub>) {
+        let (tx, rx) = leader::standalone("127.0.0.1:1".into());
         let settings = Settings { overlay: Some(OverlaySettings::default()), ..Settings::default() };
         let hub = Hub::new(settings, rx, true);
         let facts = |n: &str, k: &str| KnownFacts {
@@ -773,6 +945,17 @@ mod reach_tests {
             ..Default::default()
         });
         hub.recompute();
+        (tx, hub)
+    }
+
+    /// Whether the hub asked for a recompute since the last call (a stored permit).
+    async fn asked(hub: &Hub) -> bool {
+        tokio::time::timeout(Duration::from_millis(50), hub.changed.notified()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_change_of_reach_recomputes_and_relays_the_pair_and_bytes_alone_do_not() {
+        let (_tx, hub) = homes();
         for n in ["cloud", "home-a", "home-b"] {
             let _ = hub.connect(&Hello { node: n.into(), executor_version: "test".into(), applied: None });
         }
@@ -800,5 +983,62 @@ mod reach_tests {
         assert!(asked(&hub).await, "home-b reachable again");
         hub.recompute();
         assert_eq!(route(&hub), PeerRoute::Direct);
+    }
+
+    /// A new leader (docs/overlay/status.md, "A new leader"): its first compute ran before any
+    /// report, so it has every pair direct. home-a's first state waits for home-a's report after
+    /// Hello and goes out relayed; a report that changes nothing computed still asks for the
+    /// compute that lets it go; the timeout lets an executor that sends none have its state.
+    #[tokio::test]
+    async fn a_new_leaders_first_state_waits_for_the_report_and_goes_out_relayed() {
+        use kuport_proto::v1::Applied;
+        let (_tx, hub) = homes();
+        let route = |hub: &Hub| hub.outputs().0.overlay["home-a"].routes["home-b"].clone();
+        assert_eq!(route(&hub), PeerRoute::Direct, "no report yet");
+        // Executors that applied a state before (the old leader's) say so in Hello.
+        let applied = Some(Applied { term: 1, sequence: 7, version: "old".into() });
+        let hello = |n: &str| Hello { node: n.into(), executor_version: "test".into(), applied: applied.clone() };
+        let a = hub.connect(&hello("home-a"));
+        assert!(*a.held.borrow() && a.hold_until.is_some(), "held for home-a's report");
+        assert!(!hub.served_this_term("home-a"));
+        let _ = asked(&hub).await;
+
+        hub.receive("home-a", report(&[(CLOUD, 1, Reach::Direct), (HOME_B, 1, Reach::Unreachable)]));
+        assert!(asked(&hub).await, "the report recomputes");
+        assert!(*a.held.borrow(), "until a compute read it");
+        hub.recompute();
+        assert!(!*a.held.borrow(), "let go by the compute that read the report");
+        assert!(hub.served_this_term("home-a"));
+        let desired = a.desired.borrow().clone().expect("a state");
+        let state = desired.state.as_ref().expect("a state");
+        let peer = state.netns[0].wireguard_devices[0].peers.iter().find(|p| p.public_key == HOME_B).expect("home-b");
+        assert_eq!(peer.allowed_ips, ["10.42.2.0/32".to_string()], "the first state it sends has the pair relayed");
+        assert_eq!(route(&hub), PeerRoute::Via("cloud".into()));
+
+        // home-b's report changes nothing computed (it names no member): the next compute lets
+        // it go, and one is asked for.
+        let b = hub.connect(&hello("home-b"));
+        assert!(*b.held.borrow());
+        hub.receive("home-b", report(&[]));
+        assert!(asked(&hub).await && *b.held.borrow());
+        hub.recompute();
+        assert!(!*b.held.borrow() && hub.served_this_term("home-b"));
+        // cloud sends none: held until the timeout, which the session calls.
+        let c = hub.connect(&hello("cloud"));
+        assert!(*c.held.borrow() && !hub.served_this_term("cloud"));
+        hub.release_hold("cloud", c.id);
+        assert!(!*c.held.borrow() && hub.served_this_term("cloud"));
+        // What the status writer then writes: the routes as they were (so nothing changes).
+        let annotations = crate::compute::overlay::annotations(&hub.outputs().0.overlay);
+        assert_eq!(
+            annotations["home-a"][crate::compute::overlay::ROUTES_ANNOTATION],
+            r#"{"cloud":"direct","home-b":"via cloud"}"#
+        );
+        // A reconnect in the same term is not held: this term's computes have its report.
+        let again = hub.connect(&hello("home-a"));
+        assert!(!*again.held.borrow() && again.hold_until.is_none());
+        // Nor is an executor that holds no state yet.
+        let fresh = hub.connect(&Hello { node: "home-c".into(), executor_version: "test".into(), applied: None });
+        assert!(!*fresh.held.borrow());
     }
 }

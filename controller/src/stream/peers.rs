@@ -24,6 +24,9 @@ pub struct Reported {
     pub statuses: Vec<PeerStatus>,
     /// What the endpoint choice reads, by public key.
     pub observed: BTreeMap<String, ObservedPeer>,
+    /// Bytes the node relayed between two of its peers (its relay rule's counter, as reported;
+    /// docs/overlay/relays.md): metrics only, never a recompute.
+    pub relayed_bytes: u64,
 }
 
 /// What of a report a computed state depends on, per peer key: silent, or live and where
@@ -45,7 +48,7 @@ pub fn check(report: &PeerReport, now: Timestamp) -> Result<Reported, String> {
         Ok(0) | Err(_) => 0,
         Ok(read) => now_s.saturating_sub(read),
     };
-    let mut out = Reported::default();
+    let mut out = Reported { relayed_bytes: report.relayed_bytes, ..Reported::default() };
     for (i, p) in report.peers.iter().enumerate() {
         facts::wireguard_key(&p.public_key).map_err(|m| format!("peers[{i}].publicKey: {m}"))?;
         let endpoint = match p.endpoint.as_str() {
@@ -117,23 +120,28 @@ mod tests {
     fn handshakes_move_to_the_controllers_clock() {
         // The executor's clock is 1000 s behind: its handshake 30 s before its read is 30 s
         // before the controller's now.
-        let r = PeerReport { peers: vec![status(8_970, "192.0.2.1:51820")], read_unix_seconds: 9_000 };
+        let r =
+            PeerReport { peers: vec![status(8_970, "192.0.2.1:51820")], read_unix_seconds: 9_000, relayed_bytes: 77 };
         let c = check(&r, at(10_000)).expect("valid");
+        assert_eq!(c.relayed_bytes, 77, "carried for the metrics");
         assert_eq!(c.statuses[0].last_handshake_unix_seconds, 9_970);
         assert_eq!(c.observed[KEY].last_handshake, Some(at(9_970)));
         assert_eq!(c.observed[KEY].endpoint, "192.0.2.1:51820".parse().ok());
-        let never = check(&PeerReport { peers: vec![status(0, "")], read_unix_seconds: 9_000 }, at(10_000));
+        let never =
+            check(&PeerReport { peers: vec![status(0, "")], read_unix_seconds: 9_000, relayed_bytes: 0 }, at(10_000));
         assert_eq!(never.expect("valid").observed[KEY], ObservedPeer::default());
     }
 
     #[test]
     fn a_bad_report_is_refused_naming_the_field() {
-        let bad = |p: PeerStatus| check(&PeerReport { peers: vec![p], read_unix_seconds: 0 }, at(0)).unwrap_err();
+        let bad = |p: PeerStatus| {
+            check(&PeerReport { peers: vec![p], read_unix_seconds: 0, relayed_bytes: 0 }, at(0)).unwrap_err()
+        };
         assert!(bad(PeerStatus { public_key: "short".into(), ..status(0, "") }).starts_with("peers[0].publicKey"));
         assert!(bad(status(0, "host:1")).starts_with("peers[0].endpoint"));
-        let twice = PeerReport { peers: vec![status(0, ""), status(0, "")], read_unix_seconds: 0 };
+        let twice = PeerReport { peers: vec![status(0, ""), status(0, "")], read_unix_seconds: 0, relayed_bytes: 0 };
         assert!(check(&twice, at(0)).unwrap_err().contains("twice"));
-        let many = PeerReport { peers: vec![status(0, ""); MAX_PEERS + 1], read_unix_seconds: 0 };
+        let many = PeerReport { peers: vec![status(0, ""); MAX_PEERS + 1], read_unix_seconds: 0, relayed_bytes: 0 };
         assert!(check(&many, at(0)).unwrap_err().contains("at most"));
     }
 
@@ -165,7 +173,7 @@ mod tests {
                     ..Default::default()
                 })
                 .collect();
-            if let Ok(c) = check(&PeerReport { peers, read_unix_seconds: read }, at(now)) {
+            if let Ok(c) = check(&PeerReport { peers, read_unix_seconds: read, relayed_bytes: 0 }, at(now)) {
                 for p in c.observed.values() {
                     proptest::prop_assert!(p.last_handshake.is_none_or(|t| t <= at(now)));
                 }
@@ -179,7 +187,8 @@ mod tests {
         let keys = BTreeSet::from([KEY.to_string()]);
         let of = |handshake: u64, endpoint: &str, rx: u64| {
             let p = PeerStatus { receive_bytes: rx, ..status(handshake, endpoint) };
-            let c = check(&PeerReport { peers: vec![p], read_unix_seconds: 1_000 }, at(1_000)).expect("valid");
+            let c = check(&PeerReport { peers: vec![p], read_unix_seconds: 1_000, relayed_bytes: 0 }, at(1_000))
+                .expect("valid");
             digest(&c.observed, &keys, at(1_000))
         };
         assert_eq!(of(990, "192.0.2.1:1", 1), of(995, "192.0.2.1:1", 99), "bytes and a newer handshake");
@@ -199,7 +208,8 @@ mod tests {
         let keys = BTreeSet::from([KEY.to_string()]);
         let of = |reach: i32, rx: u64| {
             let p = PeerStatus { receive_bytes: rx, reach, ..status(990, "192.0.2.1:1") };
-            let c = check(&PeerReport { peers: vec![p], read_unix_seconds: 1_000 }, at(1_000)).expect("valid");
+            let c = check(&PeerReport { peers: vec![p], read_unix_seconds: 1_000, relayed_bytes: 0 }, at(1_000))
+                .expect("valid");
             (c.observed[KEY].reach, digest(&c.observed, &keys, at(1_000)))
         };
         let (direct, unreachable, unknown) = (Reach::Direct as i32, Reach::Unreachable as i32, Reach::Unknown as i32);

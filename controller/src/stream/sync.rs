@@ -1,6 +1,8 @@
 //! The NodeSync service: one stream per executor. The first message must be Hello; then the
 //! node's desired state goes down whenever it changes (the namespaces the executor holds as
-//! stubs, see [`Held`]), and acks, facts and drift come up. With [`Executors`], the leader
+//! stubs, see [`Held`]), and acks, facts, drift and peer reports come up. A new leader's first
+//! state may wait for the executor's first peer report, at most
+//! [`FIRST_STATE_HOLD`](super::hub::FIRST_STATE_HOLD) (docs/overlay/status.md, "A new leader"). With [`Executors`], the leader
 //! proves the stream's bearer token before reading Hello and takes Hello only for the node the
 //! token proves; the stream ends when the token expires (docs/security.md).
 
@@ -128,24 +130,42 @@ impl NodeSync for SyncService {
         // The only node this stream speaks for: every message after Hello is taken as this
         // node's (a second Hello is ignored), see [`Hub::receive`].
         let node = hello.node.clone();
-        let super::hub::Session { id: session, mut desired, mut newest } = hub.connect_from(&hello, peer);
+        let super::hub::Session { id: session, mut desired, mut newest, mut held, hold_until } =
+            hub.connect_from(&hello, peer);
         let mut closing = hub.closing();
         let proven_node = proven.as_ref().map(|p| p.node.as_str()).unwrap_or("(insecure: not proven)");
         tracing::info!(claimed = %node, proven = proven_node, session, version = %hello.executor_version, "executor connected");
         tokio::spawn(async move {
-            let mut held = Held::default();
+            let mut held_stubs = Held::default();
+            // The first state of a new term may wait for the executor's peer report
+            // (docs/overlay/status.md, "A new leader"); messages are read meanwhile.
+            let mut waiting = *held.borrow_and_update();
             let current = desired.borrow_and_update().clone();
-            let mut alive = !*closing.borrow() && send(&tx, &leadership, &mut held, current).await;
+            let mut alive = !*closing.borrow() && (waiting || send(&tx, &leadership, &mut held_stubs, current).await);
             while alive {
                 tokio::select! {
                     changed = desired.changed() => {
                         let current = desired.borrow_and_update().clone();
-                        alive = changed.is_ok() && send(&tx, &leadership, &mut held, current).await;
+                        alive = changed.is_ok() && (waiting || send(&tx, &leadership, &mut held_stubs, current).await);
+                    }
+                    changed = held.changed(), if waiting => {
+                        waiting = changed.is_ok() && *held.borrow_and_update();
+                        if !waiting {
+                            let current = desired.borrow_and_update().clone();
+                            alive = send(&tx, &leadership, &mut held_stubs, current).await;
+                        }
+                    }
+                    _ = tokio::time::sleep_until(hold_until.map_or_else(tokio::time::Instant::now, Into::into)), if waiting => {
+                        hub.release_hold(&node, session);
+                        waiting = false;
+                        let _ = held.borrow_and_update();
+                        let current = desired.borrow_and_update().clone();
+                        alive = send(&tx, &leadership, &mut held_stubs, current).await;
                     }
                     msg = inbound.message() => match msg {
                         Ok(Some(m)) => {
                             if let Some(executor_message::Message::Ack(a)) = &m.message {
-                                held.answered(a);
+                                held_stubs.answered(a);
                             }
                             // Dropped if a newer stream took over; it ends below.
                             hub.receive_from(&node, session, m);

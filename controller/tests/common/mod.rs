@@ -7,6 +7,8 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
+pub mod executor;
+
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

@@ -126,6 +126,13 @@ impl Plane {
         self.rt.block_on(async { Ok(ctl::nodes(&mut c, ctl::Output::Text).await?) })
     }
 
+    /// kuportctl's `mesh` text.
+    pub fn mesh_table(&self) -> anyhow::Result<String> {
+        let address = self.address().ok_or_else(|| anyhow!("no controller replica leads"))?;
+        let mut c = self.debug_client(address)?;
+        self.rt.block_on(async { Ok(ctl::mesh(&mut c, ctl::Output::Text).await?) })
+    }
+
     /// Polls the Debug service every [`POLL`] until `check` holds for its rows; the rows and
     /// how long it took. The error shows the last rows (or why the controller did not answer).
     pub fn wait(

@@ -132,6 +132,8 @@ pub const WIREGUARD_SOCKETS: &str = "wireguard";
 #[derive(Debug)]
 struct Replica {
     address: SocketAddr,
+    /// Where it serves /metrics (a replica on the API server only).
+    metrics: Option<SocketAddr>,
     proc: Option<Proc>,
 }
 
@@ -187,8 +189,9 @@ impl Plane {
             .collect();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting a runtime")?;
         let count = options.kubernetes.as_ref().map_or(1, |k| k.replicas.max(1));
-        let replicas =
-            (0..count).map(|_| Replica { address: SocketAddr::from(([127, 0, 0, 1], 0)), proc: None }).collect();
+        let replicas = (0..count)
+            .map(|_| Replica { address: SocketAddr::from(([127, 0, 0, 1], 0)), metrics: None, proc: None })
+            .collect();
         Ok(Plane {
             lab_id: lab_id.to_string(),
             options,
@@ -264,6 +267,7 @@ impl Plane {
             .iter()
             .map(|(a, pid)| Replica {
                 address: a.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
+                metrics: None,
                 proc: pid.map(|pid| Proc { pid, child: None }),
             })
             .collect();
@@ -300,6 +304,20 @@ impl Plane {
         let client = self.kube().ok()?;
         let leader = self.rt.block_on(apiserver::leader(&client)).ok().flatten()?;
         leader.parse().ok()
+    }
+
+    /// The leading replica's /metrics, as Prometheus text.
+    pub fn metrics(&self) -> anyhow::Result<String> {
+        use std::io::{Read as _, Write as _};
+        let i = self.leader().ok_or_else(|| anyhow::anyhow!("no controller replica leads"))?;
+        let address = self.replicas[i].metrics.ok_or_else(|| anyhow::anyhow!("replica {i} serves no metrics"))?;
+        let mut conn = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        conn.read_to_string(&mut text)?;
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+        body.ok_or_else(|| anyhow::anyhow!("{address}: no HTTP answer"))
     }
 
     /// The index of the leading replica.

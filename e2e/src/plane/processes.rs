@@ -66,11 +66,20 @@ impl Plane {
         let log = self.dir().join(controller_log(i));
         let (proc, line) = spawn(cmd, append(&log)?, self.lifetime(), true)?;
         let line = line.unwrap_or_default();
-        let Some(address) = line.trim().strip_prefix("listening ").and_then(|a| a.parse().ok()) else {
-            kill(proc, Duration::from_secs(1));
-            bail!("the controller did not start: {:?}; {}", line.trim(), tail(&log));
+        // `listening ADDR`, then `metrics ADDR` for a replica on the API server.
+        let mut words = line.split_whitespace();
+        let address = match (words.next(), words.next().map(str::parse)) {
+            (Some("listening"), Some(Ok(a))) => a,
+            _ => {
+                kill(proc, Duration::from_secs(1));
+                bail!("the controller did not start: {:?}; {}", line.trim(), tail(&log));
+            }
         };
-        self.replicas[i] = Replica { address, proc: Some(proc) };
+        let metrics = match (words.next(), words.next()) {
+            (Some("metrics"), Some(a)) => a.parse().ok(),
+            _ => None,
+        };
+        self.replicas[i] = Replica { address, metrics, proc: Some(proc) };
         Ok(())
     }
 

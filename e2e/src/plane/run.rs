@@ -43,7 +43,8 @@ pub enum ControllerSource {
 }
 
 /// `kuport-lab controller`: kuport's controller (standalone on a folder, or a replica on the
-/// API server) serving on `listen`; prints `listening ADDR` once bound. Until SIGTERM.
+/// API server) serving on `listen`; prints `listening ADDR` once bound, and for a replica
+/// `metrics ADDR` on the same line (/metrics on a free port of 127.0.0.1). Until SIGTERM.
 pub fn run_controller(
     source: ControllerSource,
     listen: &str,
@@ -56,8 +57,15 @@ pub fn run_controller(
         let listener =
             tokio::net::TcpListener::bind(listen).await.with_context(|| format!("--listen {listen}: cannot bind"))?;
         let address = listener.local_addr()?;
+        let metrics = match source {
+            ControllerSource::Folder(_) => None,
+            ControllerSource::Kubernetes { .. } => Some(tokio::net::TcpListener::bind("127.0.0.1:0").await?),
+        };
         let mut out = std::io::stdout();
-        writeln!(out, "listening {address}")?;
+        match &metrics {
+            Some(m) => writeln!(out, "listening {address} metrics {}", m.local_addr()?)?,
+            None => writeln!(out, "listening {address}")?,
+        }
         out.flush()?;
         match source {
             ControllerSource::Folder(manifests) => {
@@ -67,7 +75,7 @@ pub fn run_controller(
             ControllerSource::Kubernetes { kubeconfig, identity } => {
                 let client = apiserver::client(&kubeconfig).await?;
                 let cfg = kuport_controller::serve::Kubernetes {
-                    metrics: None,
+                    metrics,
                     settings,
                     lease_namespace: apiserver::LEASE_NAMESPACE.into(),
                     lease_name: apiserver::LEASE_NAME.into(),

@@ -2,6 +2,9 @@
 //! test-only edits of computed node states that the ablations make.
 #![allow(dead_code)]
 
+pub mod homes;
+pub mod mesh;
+
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use kuport_controller::compute::Outputs;

@@ -648,11 +648,27 @@ impl<'a> Tables<'a> {
         for t in &cx.state.nft_tables {
             let nft = |error| Refusal::Nft { table: t.name.clone(), error };
             let want = nft::normalize(t).map_err(nft)?;
-            let have = nft::read_table(cx.netns, family(t.family), &t.name).map_err(nft)?;
-            self.changed.extend(nft::diff(&want, have.as_ref()).iter().map(|d| format!("nft table {}: {d}", t.name)));
+            let read = nft::read_table(cx.netns, family(t.family), &t.name);
+            self.changed.extend(table_differences(&want, read).map_err(nft)?);
         }
         Ok(())
     }
+}
+
+/// What desired table `want` (normalized) differs in from what reading it gave, named. A rule
+/// or set outside kuport's vocabulary is not the table as kuport wrote it (a hand-made change):
+/// a difference, which the repair's apply rebuilds whole (as `nft::apply_table` does), not a
+/// refusal that would leave it in place. Other read errors are errors.
+fn table_differences(
+    want: &NftTable,
+    read: Result<Option<NftTable>, nft::NftError>,
+) -> Result<Vec<String>, nft::NftError> {
+    let diffs = match read {
+        Ok(have) => nft::diff(want, have.as_ref()),
+        Err(nft::NftError::Decode { what }) => vec![nft::NftDiff::Unreadable(what)],
+        Err(e) => return Err(e),
+    };
+    Ok(diffs.iter().map(|d| format!("nft table {}: {d}", want.name)).collect())
 }
 
 impl Step for Tables<'_> {
@@ -894,5 +910,32 @@ mod tests {
         let mut objects = Objects::default();
         let kinds: Vec<Kind> = objects.with(Some(&mut tables)).iter().map(|s| s.kind()).collect();
         assert_eq!(kinds, ORDER);
+    }
+
+    /// A drift check that meets a rule it does not understand (a hand-made change) reports a
+    /// difference, so the repair rebuilds the table, instead of refusing and leaving it.
+    #[test]
+    fn a_table_that_does_not_decode_is_a_difference_not_a_refusal() {
+        use kuport_proto::build::{accept, base_chain, rule, table};
+        use kuport_proto::v1::{ChainPolicy, ChainType, Hook};
+        let chain = base_chain(
+            "forward",
+            ChainType::Filter,
+            Hook::Forward,
+            0,
+            ChainPolicy::Accept,
+            vec![rule(vec![], vec![accept()])],
+        );
+        let want = nft::normalize(&table(NftFamily::Inet, "kuport-overlay", vec![], vec![chain])).expect("normalize");
+        let decode = Err(nft::NftError::Decode { what: "expression log is outside kuport's vocabulary".into() });
+        let found = table_differences(&want, decode).expect("a difference, not an error");
+        assert_eq!(
+            found,
+            vec!["nft table kuport-overlay: table unreadable: expression log is outside kuport's vocabulary"]
+        );
+        assert_eq!(table_differences(&want, Ok(Some(want.clone()))).expect("read"), Vec::<String>::new());
+        assert_eq!(table_differences(&want, Ok(None)).expect("read").len(), 1, "a missing table differs");
+        let io = nft::NftError::Io { op: "dump", source: std::io::Error::other("gone") };
+        assert!(table_differences(&want, Err(io)).is_err(), "other errors still refuse");
     }
 }

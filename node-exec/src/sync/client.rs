@@ -119,6 +119,11 @@ pub trait NodeApplier: Send {
     fn peers(&self) -> impl Future<Output = Vec<PeerStatus>> + Send {
         std::future::ready(Vec::new())
     }
+    /// The bytes this node relayed between two of its peers: its relay rule's counter
+    /// (docs/overlay/reach.md, "Relayed bytes"); 0 without one.
+    fn relayed_bytes(&self) -> impl Future<Output = u64> + Send {
+        std::future::ready(0)
+    }
     /// Called every probe tick (`wireguard::reach::TICK`): sends the reach probes that are due
     /// and reads the peers' counters (docs/overlay/reach.md). True when some peer's reach
     /// changed, so that its report goes up at once rather than at the next poll.
@@ -127,12 +132,16 @@ pub trait NodeApplier: Send {
     }
 }
 
-/// The peer report to send, if `current` differs from what this stream carried last (`sent`,
-/// None: nothing yet), and records it as sent. Nothing is sent for a node that never had
-/// peers. Bytes change under traffic, so a busy mesh reports at most once per poll.
-fn peer_report(current: Vec<PeerStatus>, sent: &mut Option<Vec<PeerStatus>>, now: SystemTime) -> Option<PeerReport> {
+/// What a peer report says: the peers and the relayed bytes.
+type Peers = (Vec<PeerStatus>, u64);
+
+/// The peer report to send, if `current` (the peers and the relayed bytes) differs from what
+/// this stream carried last (`sent`, None: nothing yet), and records it as sent. Nothing is
+/// sent for a node that never had peers. Bytes change under traffic, so a busy mesh reports at
+/// most once per poll; relayed bytes alone change a report like the peers' bytes do.
+fn peer_report(current: Peers, sent: &mut Option<Peers>, now: SystemTime) -> Option<PeerReport> {
     let unchanged = match sent.as_ref() {
-        None => current.is_empty(),
+        None => current.0.is_empty(),
         Some(last) => *last == current,
     };
     if unchanged {
@@ -140,7 +149,15 @@ fn peer_report(current: Vec<PeerStatus>, sent: &mut Option<Vec<PeerStatus>>, now
     }
     *sent = Some(current.clone());
     let read_unix_seconds = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    Some(PeerReport { peers: current.into_iter().take(MAX_REPORTED_PEERS).collect(), read_unix_seconds })
+    let (peers, relayed_bytes) = current;
+    Some(PeerReport { peers: peers.into_iter().take(MAX_REPORTED_PEERS).collect(), read_unix_seconds, relayed_bytes })
+}
+
+/// The peers and relayed bytes as the applier reads them now.
+async fn read_peers<A: NodeApplier>(applier: &A) -> Peers {
+    let peers = applier.peers().await;
+    let relayed = if peers.is_empty() { 0 } else { applier.relayed_bytes().await };
+    (peers, relayed)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -397,6 +414,14 @@ async fn session<A: NodeApplier>(
     if let Some(f) = current {
         let _ = tx.send(send(executor_message::Message::Facts(f))).await;
     }
+    // The peers' status goes up after each apply and on the executor's WireGuard poll, when it
+    // changed; a new stream (perhaps a new leader) gets it afresh, at once: the reach the probes
+    // kept across the reconnect, before any state, so that a new leader computes the same
+    // relays as the last one (docs/overlay/reach.md, "The report").
+    let mut peers_sent: Option<Peers> = None;
+    if let Some(report) = peer_report(read_peers(applier).await, &mut peers_sent, SystemTime::now()) {
+        let _ = tx.send(send(executor_message::Message::Peers(report))).await;
+    }
     let stream_err = |status| SyncError::Stream { address: address.to_string(), status };
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(token) = &token {
@@ -409,10 +434,9 @@ async fn session<A: NodeApplier>(
     // The controller learns the running total on every connect (it may be a new one).
     let mut reported = 0;
     let mut drift_tick = tokio::time::interval(DRIFT_POLL);
-    // The peers' status goes up after each apply and on the executor's WireGuard poll, when it
-    // changed; a new stream (perhaps a new leader) gets it afresh.
-    let mut peers_sent: Option<Vec<PeerStatus>> = None;
-    let mut peer_tick = tokio::time::interval(crate::executor::WIREGUARD_POLL);
+    // Read once already, just above.
+    let poll = crate::executor::WIREGUARD_POLL;
+    let mut peer_tick = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
     peer_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut probe_tick = tokio::time::interval(crate::wireguard::reach::TICK);
     probe_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -461,7 +485,9 @@ async fn session<A: NodeApplier>(
             _ = peer_tick.tick() => read_peers = true,
             _ = probe_tick.tick() => read_peers = applier.probe().await,
         }
-        if read_peers && let Some(report) = peer_report(applier.peers().await, &mut peers_sent, SystemTime::now()) {
+        if read_peers
+            && let Some(report) = peer_report(self::read_peers(applier).await, &mut peers_sent, SystemTime::now())
+        {
             let _ = tx.send(send(executor_message::Message::Peers(report))).await;
         }
     }
@@ -561,14 +587,97 @@ mod tests {
         };
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
         let mut sent = None;
-        assert_eq!(peer_report(vec![], &mut sent, now), None, "a node without peers reports nothing");
-        let first = peer_report(vec![peer(1)], &mut sent, now).expect("the first status");
+        assert_eq!(peer_report((vec![], 0), &mut sent, now), None, "a node without peers reports nothing");
+        let first = peer_report((vec![peer(1)], 0), &mut sent, now).expect("the first status");
         assert_eq!((first.peers, first.read_unix_seconds), (vec![peer(1)], 1000));
-        assert_eq!(peer_report(vec![peer(1)], &mut sent, now), None, "unchanged");
-        assert!(peer_report(vec![peer(2)], &mut sent, now).is_some(), "bytes moved");
-        let gone = peer_report(vec![], &mut sent, now).expect("the peers went");
+        assert_eq!(peer_report((vec![peer(1)], 0), &mut sent, now), None, "unchanged");
+        assert!(peer_report((vec![peer(2)], 0), &mut sent, now).is_some(), "bytes moved");
+        let relayed = peer_report((vec![peer(2)], 1500), &mut sent, now).expect("relayed bytes alone");
+        assert_eq!(relayed.relayed_bytes, 1500);
+        assert_eq!(peer_report((vec![peer(2)], 1500), &mut sent, now), None, "unchanged");
+        let gone = peer_report((vec![], 0), &mut sent, now).expect("the peers went");
         assert!(gone.peers.is_empty());
-        assert_eq!(peer_report(vec![], &mut sent, now), None);
+        assert_eq!(peer_report((vec![], 0), &mut sent, now), None);
+    }
+
+    /// An applier that holds a peer whose reach it kept, and applies nothing.
+    struct Kept;
+
+    impl NodeApplier for Kept {
+        async fn apply(&mut self, _: NodeState) -> Result<(), Vec<ObjectError>> {
+            Ok(())
+        }
+        fn drift(&self) -> (u64, Vec<String>) {
+            (0, vec![])
+        }
+        async fn peers(&self) -> Vec<PeerStatus> {
+            vec![PeerStatus {
+                public_key: "k".into(),
+                reach: kuport_proto::v1::Reach::Unreachable as i32,
+                ..Default::default()
+            }]
+        }
+        async fn relayed_bytes(&self) -> u64 {
+            7
+        }
+    }
+
+    /// A controller that never sends a state: it records what the executor sends.
+    struct Silent(mpsc::UnboundedSender<ExecutorMessage>);
+
+    #[tonic::async_trait]
+    impl kuport_proto::v1::node_sync_server::NodeSync for Silent {
+        type SyncStream =
+            std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<ControllerMessage, tonic::Status>> + Send>>;
+
+        async fn sync(
+            &self,
+            request: tonic::Request<tonic::Streaming<ExecutorMessage>>,
+        ) -> Result<tonic::Response<Self::SyncStream>, tonic::Status> {
+            let mut inbound = request.into_inner();
+            let seen = self.0.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(m)) = inbound.message().await {
+                    let _ = seen.send(m);
+                }
+            });
+            Ok(tonic::Response::new(Box::pin(tokio_stream::pending())))
+        }
+    }
+
+    /// On a new stream the report goes right after Hello, before any state (a new leader waits
+    /// for it to compute the relays): with the reach kept and the relayed bytes.
+    #[tokio::test]
+    async fn the_peer_report_follows_hello_before_any_state() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address").to_string();
+        let (seen, mut rx) = mpsc::unbounded_channel();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(kuport_proto::v1::node_sync_server::NodeSyncServer::new(Silent(seen)))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let cfg = Config::new(format!("http://{address}"), "n");
+        let (_facts_tx, facts) = watch::channel(None);
+        let client = tokio::spawn(async move {
+            let mut applier = Kept;
+            let mut fence = Fence::default();
+            let _ = session(&cfg, &address, &mut applier, &mut fence, facts).await;
+        });
+        let mut kinds = Vec::new();
+        let report = loop {
+            // Sooner than the peers' poll (10 s), the other time a report goes.
+            let m = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("a message").expect("open");
+            match m.message.expect("a message") {
+                executor_message::Message::Peers(r) => break r,
+                other => kinds.push(format!("{other:?}")),
+            }
+        };
+        assert!(kinds.len() == 1 && kinds[0].starts_with("Hello"), "only Hello before the report: {kinds:?}");
+        assert_eq!(report.peers[0].reach, kuport_proto::v1::Reach::Unreachable as i32);
+        assert_eq!(report.relayed_bytes, 7);
+        client.abort();
+        server.abort();
     }
 
     #[test]

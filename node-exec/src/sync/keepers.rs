@@ -21,7 +21,7 @@ use kuport_proto::v1::{NetnsRef, NetnsState, NodeState, ObjectError, PeerStatus,
 use super::client::NodeApplier;
 use crate::executor::{ExecError, Keeper, Stats, drop_elsewhere, spawn_keeper, spawn_keeper_held};
 use crate::podns::{self, Held, NsId, OwnerIds};
-use crate::wireguard::reach::{self, Prober, Targets};
+use crate::wireguard::reach::{self, Prober, Target, Targets};
 
 pub struct NodeKeepers {
     /// Where the host entry is applied; None: this process's namespace.
@@ -36,6 +36,8 @@ pub struct NodeKeepers {
     cri: Option<PathBuf>,
     /// Whether each WireGuard peer's direct path works (docs/overlay/reach.md).
     prober: Arc<Mutex<Prober>>,
+    /// The relay rule's bytes as last read.
+    relayed: std::sync::atomic::AtomicU64,
 }
 
 struct Kept {
@@ -58,7 +60,15 @@ impl NodeKeepers {
     pub fn new(host_netns: Option<PathBuf>) -> Self {
         let host_ids = podns::host_ids(host_netns.as_deref());
         let prober = Arc::new(Mutex::new(Prober::new(host_netns.clone())));
-        NodeKeepers { host_netns, host_ids, kept: BTreeMap::new(), forgotten_repairs: 0, cri: None, prober }
+        NodeKeepers {
+            host_netns,
+            host_ids,
+            kept: BTreeMap::new(),
+            forgotten_repairs: 0,
+            cri: None,
+            prober,
+            relayed: Default::default(),
+        }
     }
 
     /// Asks the container runtime at `socket` for pods' namespaces (docs/intercept/table.md,
@@ -320,16 +330,46 @@ impl NodeApplier for NodeKeepers {
         tokio::task::spawn_blocking(move || peer_status(netns.as_deref(), &devices, &prober)).await.unwrap_or_default()
     }
 
+    async fn relayed_bytes(&self) -> u64 {
+        use kuport_proto::v1::NftFamily;
+        let overlay = self
+            .kept
+            .values()
+            .filter_map(|k| k.state.as_ref().filter(|s| s.is_host()))
+            .flat_map(|s| s.nft_tables.iter())
+            .any(|t| t.family == NftFamily::Inet as i32 && t.name == reach::OVERLAY_TABLE);
+        if !overlay {
+            return 0;
+        }
+        let netns = self.host_netns.clone();
+        let read = move || {
+            crate::netfilter::nft::accepted_bytes(
+                netns.as_deref(),
+                NftFamily::Inet,
+                reach::OVERLAY_TABLE,
+                &reach::RELAY_SETS,
+            )
+        };
+        match tokio::task::spawn_blocking(read).await {
+            Ok(Ok(bytes)) => {
+                self.relayed.store(bytes, std::sync::atomic::Ordering::Relaxed);
+                bytes
+            }
+            // The last value read: a failed read is no drop in the count.
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "reading the relay rule's counter");
+                self.relayed.load(std::sync::atomic::Ordering::Relaxed)
+            }
+            Err(_) => self.relayed.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
     async fn probe(&mut self) -> bool {
         let targets: Vec<Targets> = self
             .host_devices()
             .map(|d| Targets {
                 device: d.name.clone(),
-                peers: d
-                    .peers
-                    .iter()
-                    .filter_map(|p| reach::probe_address(&p.probe_address).map(|a| (p.public_key.clone(), a)))
-                    .collect(),
+                peers: d.peers.iter().filter_map(|p| Target::of(&d.name, p)).collect(),
             })
             .filter(|t| !t.peers.is_empty())
             .collect();

@@ -27,6 +27,7 @@ pub const NETLINK_ROUTE: i32 = 0;
 pub const NETLINK_GENERIC: i32 = 16;
 pub const RTM_NEWLINK: u16 = 16;
 pub const RTM_DELLINK: u16 = 17;
+pub const RTM_GETLINK: u16 = 18;
 pub const IFLA_IFNAME: u16 = 3;
 pub const IFLA_LINKINFO: u16 = 18;
 pub const IFLA_INFO_KIND: u16 = 1;
@@ -376,6 +377,32 @@ pub fn delete_link(name: &str) -> Result<(), Error> {
     }
 }
 
+/// The kind of link `name` in the calling thread's namespace (`IFLA_INFO_KIND`: `wireguard`,
+/// `tun`, ...), asked for that link alone (RTM_GETLINK by name); None when there is no such
+/// link, Some("") for one without a kind. What the probe loop asks twice a second: one link,
+/// not a dump of the namespace's links.
+pub fn link_kind(name: &str) -> Result<Option<String>, Error> {
+    let mut s = Socket::open(NETLINK_ROUTE).map_err(|e| kernel_err(name, "get link", e))?;
+    s.ask_extended_acks();
+    let attrs = dellink_attrs(name);
+    let req = Request { ty: RTM_GETLINK, flags: 0, family_header: &IFINFOMSG, attrs: &attrs };
+    let got = s.dump(req, || None, |kind: &mut Option<String>, payload| *kind = Some(kind_of(payload)));
+    match got {
+        Ok(kind) => Ok(kind),
+        Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
+        Err(e) => Err(kernel_err(name, "get link", e)),
+    }
+}
+
+/// The `IFLA_INFO_KIND` of an RTM_NEWLINK payload (its ifinfomsg, then its attributes).
+fn kind_of(payload: &[u8]) -> String {
+    let attrs = attr::parse(payload.get(IFINFOMSG.len()..).unwrap_or_default()).unwrap_or_default();
+    let info = attr::find(&attrs, IFLA_LINKINFO).and_then(|i| attr::parse(i.data).ok()).unwrap_or_default();
+    attr::find(&info, IFLA_INFO_KIND)
+        .map(|k| String::from_utf8_lossy(k.data.split(|b| *b == 0).next().unwrap_or_default()).into_owned())
+        .unwrap_or_default()
+}
+
 /// The kernel's WireGuard.
 #[derive(Debug, Default)]
 pub struct Kernel;
@@ -609,6 +636,41 @@ mod tests {
             .collect();
         assert_eq!(flags[0], WGPEER_F_REPLACE_ALLOWEDIPS);
         assert!(flags[1..flags.len() - 1].iter().all(|f| *f == WGPEER_F_UPDATE_ONLY), "{flags:?}");
+    }
+
+    /// A reset ([`Backend::reset_peer`]) is one message: the peer removed, then the same key
+    /// added whole, in that order (the kernel takes a message's peers in order, and no longer
+    /// finds the removed one, so it creates it anew).
+    #[test]
+    fn a_reset_removes_then_adds_the_same_peer_in_one_message() {
+        let PeerChange::Add(spec) = add_one() else { unreachable!() };
+        let changes = [PeerChange::Remove(spec.public_key), PeerChange::Add(spec.clone())];
+        let messages = set_attrs("kup-wg", &DeviceConfig::default(), &changes, MESSAGE_BUDGET);
+        assert_eq!(messages.len(), 1);
+        let attrs = attr::parse(&messages[0]).expect("attrs");
+        let peers = attr::find(&attrs, WGDEVICE_A_PEERS).map(|a| a.data.to_vec()).expect("peers");
+        let nests: Vec<(Vec<u8>, u32)> = attr::parse(&peers)
+            .expect("peers")
+            .iter()
+            .map(|p| {
+                let a = attr::parse(p.data).expect("peer");
+                let key = attr::find(&a, WGPEER_A_PUBLIC_KEY).map(|k| k.data.to_vec()).expect("key");
+                (key, attr::find(&a, WGPEER_A_FLAGS).and_then(u32_of).expect("flags"))
+            })
+            .collect();
+        assert_eq!(nests, vec![(vec![1; 32], WGPEER_F_REMOVE_ME), (vec![1; 32], WGPEER_F_REPLACE_ALLOWEDIPS)]);
+    }
+
+    #[test]
+    fn a_links_kind_is_read_from_its_link_info() {
+        let mut w = AttrWriter::new();
+        w.put_str(IFLA_IFNAME, "kup-wg");
+        let info = w.begin(IFLA_LINKINFO);
+        w.put_str(IFLA_INFO_KIND, "tun");
+        w.end(info);
+        assert_eq!(kind_of(&[&IFINFOMSG[..], &w.buf].concat()), "tun");
+        assert_eq!(kind_of(&[&IFINFOMSG[..], &name_attr(IFLA_IFNAME as u8)].concat()), "");
+        assert_eq!(kind_of(&[]), "");
     }
 
     #[test]

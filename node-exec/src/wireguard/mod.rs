@@ -98,6 +98,14 @@ pub trait Backend: Send + Sync {
     fn apply_peers(&self, name: &str, changes: &[PeerChange]) -> Result<(), Error>;
     /// Deletes the device.
     fn delete(&self, name: &str) -> Result<(), Error>;
+    /// Makes peer `spec` anew: removed and added again with exactly `spec`, in one request, so
+    /// it holds no session, no staged packet and no timer, and WireGuard stops retrying its
+    /// handshake (docs/overlay/reach.md, "The reset"). Both backends take a request's peers in
+    /// order: wireguard-go's UAPI `remove=true` then a new `public_key=` line, the kernel's
+    /// `WGPEER_F_REMOVE_ME` then a peer of the same key, which it no longer finds and so creates.
+    fn reset_peer(&self, name: &str, spec: &PeerSpec) -> Result<(), Error> {
+        self.apply_peers(name, &[PeerChange::Remove(spec.public_key), PeerChange::Add(spec.clone())])
+    }
 }
 
 /// Which backend new devices get.
@@ -218,12 +226,25 @@ pub fn installed() -> Option<Arc<Wireguard>> {
 /// Reads device `name` in `netns` (None: the caller's) on whichever backend runs it: for
 /// stats (handshakes, counters) and the oracle-free checks. None when there is no such device.
 pub fn show(wg: &Wireguard, netns: Option<&Path>, name: &str) -> Result<Option<Device>, Error> {
-    let links = crate::rtnl::read(netns, &crate::rtnl::Desired::default())
-        .map_err(|e| Error::device(name, "reading links", e))?;
-    let Some(kind) = links.link(name).and_then(|l| BackendKind::of_link_kind(l.kind.as_deref())) else {
-        return Ok(None);
-    };
-    crate::sys::netns::within(netns, || wg.backend(kind).read(name))
+    crate::sys::netns::within(netns, || match kind_of(name)? {
+        Some(kind) => wg.backend(kind).read(name),
+        None => Ok(None),
+    })
+}
+
+/// Resets peer `spec` of device `name` in `netns` on whichever backend runs it
+/// ([`Backend::reset_peer`]). False when there is no such device.
+pub fn reset(wg: &Wireguard, netns: Option<&Path>, name: &str, spec: &PeerSpec) -> Result<bool, Error> {
+    crate::sys::netns::within(netns, || match kind_of(name)? {
+        Some(kind) => wg.backend(kind).reset_peer(name, spec).map(|()| true),
+        None => Ok(false),
+    })
+}
+
+/// The backend of device `name` in the calling thread's namespace, by its link's kind (that
+/// link alone is read); None when there is no such link or it is no WireGuard device.
+fn kind_of(name: &str) -> Result<Option<BackendKind>, Error> {
+    Ok(kernel::link_kind(name)?.and_then(|k| BackendKind::of_link_kind(Some(&k))))
 }
 
 impl From<crate::sys::Error> for Error {

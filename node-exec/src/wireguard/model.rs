@@ -281,34 +281,12 @@ pub fn parse_devices(state: &v1::NetnsState) -> Result<Vec<DeviceSpec>, Error> {
         };
         let mut peers: Vec<PeerSpec> = Vec::new();
         for p in &d.peers {
-            let public_key: PublicKey = p.public_key.parse().map_err(|e: super::KeyError| invalid(e.to_string()))?;
-            let object = format!("{object} peer {}", p.public_key);
-            let invalid = |reason: String| Error::Invalid { object: object.clone(), reason };
-            if peers.iter().any(|o| o.public_key == public_key) {
-                return Err(invalid("listed twice".into()));
+            let peer = parse_peer(&object, p)?;
+            if peers.iter().any(|o| o.public_key == peer.public_key) {
+                let object = format!("{object} peer {}", p.public_key);
+                return Err(Error::Invalid { object, reason: "listed twice".into() });
             }
-            let endpoint = if p.endpoint.is_empty() {
-                None
-            } else {
-                Some(
-                    p.endpoint
-                        .parse::<SocketAddr>()
-                        .map_err(|_| invalid(format!("endpoint {:?} is not IP:port (or [IPv6]:port)", p.endpoint)))?,
-                )
-            };
-            let mut allowed_ips = Vec::new();
-            for a in &p.allowed_ips {
-                let net: IpNet = a.parse().map_err(|_| invalid(format!("allowed IP {a:?} is not a prefix")))?;
-                if net.addr() != net.network() {
-                    return Err(invalid(format!("allowed IP {a} has host bits set")));
-                }
-                if !allowed_ips.contains(&net) {
-                    allowed_ips.push(net);
-                }
-            }
-            let keepalive = u16::try_from(p.persistent_keepalive_seconds)
-                .map_err(|_| invalid(format!("keepalive {} out of range", p.persistent_keepalive_seconds)))?;
-            peers.push(PeerSpec { public_key, endpoint, allowed_ips, keepalive });
+            peers.push(peer);
         }
         out.push(DeviceSpec {
             name: d.name.clone(),
@@ -319,6 +297,37 @@ pub fn parse_devices(state: &v1::NetnsState) -> Result<Vec<DeviceSpec>, Error> {
         });
     }
     Ok(out)
+}
+
+/// Parses one peer of a state's device (`device`: how errors name the device).
+pub fn parse_peer(device: &str, p: &v1::WireguardPeer) -> Result<PeerSpec, Error> {
+    let invalid = |reason: String| Error::Invalid { object: format!("{device} peer {}", p.public_key), reason };
+    let public_key: PublicKey = p
+        .public_key
+        .parse()
+        .map_err(|e: super::KeyError| Error::Invalid { object: device.to_string(), reason: e.to_string() })?;
+    let endpoint = if p.endpoint.is_empty() {
+        None
+    } else {
+        Some(
+            p.endpoint
+                .parse::<SocketAddr>()
+                .map_err(|_| invalid(format!("endpoint {:?} is not IP:port (or [IPv6]:port)", p.endpoint)))?,
+        )
+    };
+    let mut allowed_ips = Vec::new();
+    for a in &p.allowed_ips {
+        let net: IpNet = a.parse().map_err(|_| invalid(format!("allowed IP {a:?} is not a prefix")))?;
+        if net.addr() != net.network() {
+            return Err(invalid(format!("allowed IP {a} has host bits set")));
+        }
+        if !allowed_ips.contains(&net) {
+            allowed_ips.push(net);
+        }
+    }
+    let keepalive = u16::try_from(p.persistent_keepalive_seconds)
+        .map_err(|_| invalid(format!("keepalive {} out of range", p.persistent_keepalive_seconds)))?;
+    Ok(PeerSpec { public_key, endpoint, allowed_ips, keepalive })
 }
 
 #[cfg(test)]

@@ -9,19 +9,22 @@
 //! thread inside that namespace.
 //!
 //! The cadence: a probe every [`PROBE_EVERY`] while the path works or is not known yet. Once it
-//! is unreachable, a burst of [`BURST`] probes, then nothing from us for [`QUIET`]: each probe
-//! to a peer without a session makes WireGuard retry its handshake every 5 s for 90 s, and a
-//! NAT forgets a flow only after 30 s of silence (the stale flow would otherwise keep a new
-//! port forward from taking effect). The measurements are in docs/overlay/reach.md.
+//! is unreachable, a burst of [`BURST`] probes, then silence long enough for a NAT to forget
+//! the flow (30 s; the stale flow would otherwise keep a new port forward from taking effect).
+//! Each probe makes WireGuard retry its handshake for about 100 s, so on a non-direct pair's
+//! entry (no keepalive) the executor resets the entry right after an unanswered burst (removed
+//! and added again as the state has it: no session, nothing staged) and waits [`NAT_FORGETS`];
+//! on any other entry it waits [`QUIET`], past WireGuard's retries. A new endpoint in the state
+//! is a new path: it starts a burst at once. The measurements are in docs/overlay/reach.md.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use kuport_proto::v1::Reach;
+use kuport_proto::v1::{self, Reach};
 
-use super::model::SESSION_LIFE;
+use super::model::{PeerSpec, SESSION_LIFE};
 
 /// The port probes go to on the peer's overlay address: the discard port, which nothing
 /// listens on, so the peer's kernel answers with an ICMP port unreachable. A listener there
@@ -51,9 +54,34 @@ pub const BURST: u32 = 5;
 pub const RETRY_WINDOW: Duration = Duration::from_secs(120);
 /// The silence a NAT needs to forget a flow: its UDP timeout (30 s on Linux) and a margin.
 pub const NAT_FORGETS: Duration = Duration::from_secs(35);
-/// From a burst's last probe to the next burst's first: WireGuard's retries, then a silence
-/// long enough for a NAT on the way to forget the flow.
+/// From a burst's last probe to the next burst's first on an entry the executor does not reset
+/// (one with a keepalive: a direct pair's, which the controller has not turned off yet):
+/// WireGuard's retries, then a silence long enough for a NAT on the way to forget the flow. A
+/// reset entry waits [`NAT_FORGETS`] from its reset instead.
 pub const QUIET: Duration = Duration::from_secs(RETRY_WINDOW.as_secs() + NAT_FORGETS.as_secs());
+/// On a non-direct pair's entry, the two sides take turns of this long by the wall clock
+/// (docs/overlay/reach.md, "Turns"): one side probes through its turn while the other is silent
+/// toward it. Longer than a NAT's memory ([`NAT_FORGETS`]) with 5 s for the two clocks to differ.
+pub const TURN: Duration = Duration::from_secs(NAT_FORGETS.as_secs() + 5);
+
+/// Whether the turn at `wall` (since the Unix epoch) is the side's whose turns are the even ones
+/// (`even`) or the odd ones.
+pub fn own_turn(wall: Duration, even: bool) -> bool {
+    (wall.as_secs() / TURN.as_secs()).is_multiple_of(2) == even
+}
+
+/// From `wall` to the start of the side's next turn.
+pub fn until_own_turn(wall: Duration, even: bool) -> Duration {
+    let slot = wall.as_secs() / TURN.as_secs();
+    let next = if own_turn(Duration::from_secs((slot + 1) * TURN.as_secs()), even) { slot + 1 } else { slot + 2 };
+    Duration::from_secs(next * TURN.as_secs()).saturating_sub(wall)
+}
+
+/// The overlay's nftables table (inet), whose relay rule counts what this node relayed.
+pub const OVERLAY_TABLE: &str = "kuport-overlay";
+/// The sets the relay's accept rule looks up (docs/overlay/relays.md, "The relay's filter").
+pub const RELAY_SETS: [&str; 2] = ["pods_v4", "pods_v6"];
+
 /// Observations further apart than this (the loop stopped, the stream was down) do not
 /// continue each other: the unanswered probes before the gap are forgotten.
 pub const CONTINUITY: Duration = Duration::from_secs(3);
@@ -73,6 +101,13 @@ pub struct Watch {
     next_probe: Instant,
     /// Probes of the current burst (unreachable only).
     burst: u32,
+    /// Whether the entry may be reset after an unanswered burst (a non-direct pair's entry).
+    resettable: bool,
+    /// When the reset of the entry is due: the tick after a burst's last probe.
+    reset_at: Option<Instant>,
+    /// On a resettable entry, whether this side's turns are the even ones (None: no turns, the
+    /// entry probes in bursts).
+    turn: Option<bool>,
 }
 
 impl Watch {
@@ -87,6 +122,54 @@ impl Watch {
             worked: false,
             next_probe: now,
             burst: 0,
+            resettable: false,
+            reset_at: None,
+            turn: None,
+        }
+    }
+
+    /// The side's turns on a resettable entry: even or odd (docs/overlay/reach.md, "Turns").
+    pub fn set_turn(&mut self, even: Option<bool>) {
+        self.turn = even;
+    }
+
+    /// Whether the entry may be reset after an unanswered burst: the state's entry is a
+    /// non-direct pair's, with no keepalive (docs/overlay/reach.md, "The reset").
+    pub fn set_resettable(&mut self, resettable: bool) {
+        self.resettable = resettable;
+        if !resettable {
+            self.reset_at = None;
+        }
+    }
+
+    /// Whether the entry's reset is due at `now`: a burst went unanswered, and the path is still
+    /// unreachable.
+    pub fn reset_due(&self, now: Instant) -> bool {
+        self.resettable && self.reach == Reach::Unreachable && self.reset_at.is_some_and(|at| now >= at)
+    }
+
+    /// The entry was reset at `now` (`done`), or the reset failed. Done: nothing from the entry
+    /// until [`NAT_FORGETS`] from now, and the next read is a new baseline (the counters start
+    /// again at 0). Failed: the next burst after [`QUIET`], as on an entry not reset.
+    pub fn was_reset(&mut self, now: Instant, done: bool) {
+        self.reset_at = None;
+        if done {
+            // With turns the next probe waits for this side's next turn, already set.
+            if self.turns().is_none() {
+                self.next_probe = now + NAT_FORGETS;
+            }
+            self.rx = None;
+        }
+    }
+
+    /// The state gave the entry a new endpoint at `now`: a new path, so an unreachable entry
+    /// starts a burst at once instead of waiting out its quiet gap (the NAT holds no stale flow
+    /// toward an endpoint it never saw). A working or unknown one is probed every second anyway.
+    pub fn endpoint_changed(&mut self, now: Instant) {
+        if self.reach == Reach::Unreachable {
+            self.burst = 0;
+            self.reset_at = None;
+            self.next_probe = now;
         }
     }
 
@@ -104,18 +187,37 @@ impl Watch {
         self.next_probe
     }
 
-    /// A probe went out at `now`.
-    pub fn sent(&mut self, now: Instant) {
+    /// Whether the entry takes turns now: unreachable, resettable, with its side's turns set.
+    fn turns(&self) -> Option<bool> {
+        self.turn.filter(|_| self.resettable && self.reach == Reach::Unreachable)
+    }
+
+    /// A probe went out at `now` (`wall`: the same moment on the Unix clock).
+    pub fn sent(&mut self, now: Instant, wall: SystemTime) {
         if self.unanswered_since.is_none() {
             self.unanswered_since = Some(now);
         }
         self.unanswered = self.unanswered.saturating_add(1);
         self.next_probe = now + PROBE_EVERY;
+        if let Some(even) = self.turns() {
+            // Probes every second through this side's turn; at its end the entry is reset and
+            // nothing goes out until the next one.
+            let next = wall.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default() + PROBE_EVERY;
+            if !own_turn(next, even) {
+                self.reset_at = Some(now + TICK);
+                self.next_probe = now + PROBE_EVERY + until_own_turn(next, even);
+            }
+            return;
+        }
         if self.reach == Reach::Unreachable {
             self.burst += 1;
             if self.burst >= BURST {
                 self.burst = 0;
                 self.next_probe = now + QUIET;
+                if self.resettable {
+                    // Once the last probe had a tick for its answer.
+                    self.reset_at = Some(now + TICK);
+                }
             }
         }
     }
@@ -141,6 +243,7 @@ impl Watch {
             self.unanswered_since = None;
             self.unanswered = 0;
             self.worked = true;
+            self.reset_at = None;
             if self.reach != Reach::Direct {
                 self.reach = Reach::Direct;
                 self.burst = 0;
@@ -160,11 +263,38 @@ impl Watch {
     }
 }
 
-/// What to probe in one device: each peer's public key and probe address.
+/// What to probe in one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Targets {
     pub device: String,
-    pub peers: Vec<(String, IpAddr)>,
+    pub peers: Vec<Target>,
+}
+
+/// One peer to probe, as the state has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Its public key, as the state writes it.
+    pub key: String,
+    pub probe: IpAddr,
+    /// The state's endpoint: a change starts a burst ([`Watch::endpoint_changed`]).
+    pub endpoint: Option<SocketAddr>,
+    /// The state's entry when it is a non-direct pair's (no keepalive): what the entry is made
+    /// again with after an unanswered burst. None: never reset.
+    pub reset: Option<PeerSpec>,
+}
+
+impl Target {
+    /// The target of a state's peer of `device`: None when it has no probe address.
+    pub fn of(device: &str, p: &v1::WireguardPeer) -> Option<Target> {
+        let probe = probe_address(&p.probe_address)?;
+        let spec = super::model::parse_peer(device, p).ok();
+        Some(Target {
+            key: p.public_key.clone(),
+            probe,
+            endpoint: spec.as_ref().and_then(|s| s.endpoint),
+            reset: spec.filter(|s| s.keepalive == 0),
+        })
+    }
 }
 
 /// The probe address of a state's peer: None when it has none or it does not parse (the
@@ -192,6 +322,7 @@ pub enum ProbeError {
 
 struct Watched {
     probe: IpAddr,
+    endpoint: Option<SocketAddr>,
     watch: Watch,
 }
 
@@ -219,12 +350,14 @@ impl Prober {
         self.watches.is_empty()
     }
 
-    /// One round at `now`: reads each device's peers, updates their watches, and sends the
-    /// probes that are due. Peers no longer in `targets` are forgotten; a peer whose probe
-    /// address changed is watched anew. True when some peer's reach changed.
+    /// One round at `now`: reads each device's peers, updates their watches, resets the entries
+    /// whose burst went unanswered, and sends the probes that are due. Peers no longer in
+    /// `targets` are forgotten; a peer whose probe address changed is watched anew; one whose
+    /// endpoint changed starts a burst. True when some peer's reach changed.
     pub fn round(&mut self, wg: &super::Wireguard, targets: &[Targets]) -> bool {
         let mut changed = false;
         let mut keep = std::collections::BTreeSet::new();
+        let mut resets: Vec<(String, String, PeerSpec)> = Vec::new();
         for t in targets {
             let device = match super::show(wg, self.netns.as_deref(), &t.device) {
                 Ok(d) => d,
@@ -234,12 +367,23 @@ impl Prober {
                 }
             };
             let (now, wall) = (Instant::now(), SystemTime::now());
-            for (key, probe) in &t.peers {
+            for target in &t.peers {
+                let key = &target.key;
                 let id = (t.device.clone(), key.clone());
                 keep.insert(id.clone());
-                let w = self.watches.entry(id).or_insert_with(|| Watched { probe: *probe, watch: Watch::new(now) });
-                if w.probe != *probe {
-                    *w = Watched { probe: *probe, watch: Watch::new(now) };
+                let fresh = || Watched { probe: target.probe, endpoint: target.endpoint, watch: Watch::new(now) };
+                let w = self.watches.entry(id).or_insert_with(fresh);
+                if w.probe != target.probe {
+                    *w = fresh();
+                }
+                w.watch.set_resettable(target.reset.is_some());
+                // The side whose key sorts first takes the even turns, the other the odd ones.
+                let own = device.as_ref().and_then(|d| d.public_key.as_ref()).map(|k| k.to_string());
+                w.watch.set_turn(own.map(|own| own < *key));
+                if w.endpoint != target.endpoint {
+                    w.endpoint = target.endpoint;
+                    w.watch.endpoint_changed(now);
+                    tracing::debug!(device = %t.device, peer = %key, endpoint = ?target.endpoint, "new endpoint; probing it");
                 }
                 // An entry missing from the device is observed as silent: its probes go nowhere.
                 let peer = device.as_ref().and_then(|d| d.peers.iter().find(|p| p.public_key.to_string() == *key));
@@ -248,9 +392,29 @@ impl Prober {
                     changed = true;
                     tracing::info!(device = %t.device, peer = %key, reach = ?w.watch.reach(), "direct path");
                 }
+                if w.watch.reset_due(now)
+                    && let Some(spec) = &target.reset
+                {
+                    resets.push((t.device.clone(), key.clone(), spec.clone()));
+                }
             }
         }
         self.watches.retain(|id, _| keep.contains(id));
+        for (device, key, spec) in resets {
+            let done = match super::reset(wg, self.netns.as_deref(), &device, &spec) {
+                Ok(done) => done,
+                Err(e) => {
+                    tracing::warn!(%device, peer = %spec.public_key, error = %e, "resetting an unreachable entry");
+                    false
+                }
+            };
+            if done {
+                tracing::debug!(%device, peer = %spec.public_key, "unreachable entry reset: quiet until the next burst");
+            }
+            if let Some(w) = self.watches.get_mut(&(device, key)) {
+                w.watch.was_reset(Instant::now(), done);
+            }
+        }
         let now = Instant::now();
         let due: Vec<IpAddr> = self.watches.values().filter(|w| w.watch.due(now)).map(|w| w.probe).collect();
         for probe in due {
@@ -260,7 +424,7 @@ impl Prober {
         }
         for w in self.watches.values_mut().filter(|w| w.watch.due(now)) {
             // Counted even when the send failed here: the path does not work from this node.
-            w.watch.sent(now);
+            w.watch.sent(now, SystemTime::now());
         }
         changed
     }
@@ -307,6 +471,8 @@ mod tests {
         in_flight: u32,
         sent: Vec<Duration>,
         changes: Vec<(Duration, Reach)>,
+        /// When the entry was reset (made anew: counters at 0, no session).
+        resets: Vec<Duration>,
     }
 
     impl Sim {
@@ -323,7 +489,14 @@ mod tests {
                 in_flight: 0,
                 sent: vec![],
                 changes: vec![],
+                resets: vec![],
             }
+        }
+
+        fn resettable(up: bool) -> Self {
+            let mut sim = Sim::new(up);
+            sim.w.set_resettable(true);
+            sim
         }
 
         fn at(&self) -> Duration {
@@ -346,8 +519,13 @@ mod tests {
             if self.w.observe(self.now, self.wall, self.rx, self.handshake) {
                 self.changes.push((self.at(), self.w.reach()));
             }
+            if self.w.reset_due(self.now) {
+                self.w.was_reset(self.now, true);
+                self.resets.push(self.at());
+                (self.rx, self.handshake, self.in_flight) = (0, None, 0);
+            }
             if self.w.due(self.now) {
-                self.w.sent(self.now);
+                self.w.sent(self.now, self.wall);
                 self.sent.push(self.at());
                 self.in_flight += 1;
             }
@@ -500,6 +678,133 @@ mod tests {
             assert_eq!(burst.len(), BURST as usize);
             assert!(burst.windows(2).all(|w| w[1] - w[0] == PROBE_EVERY), "{burst:?}");
         }
+    }
+
+    #[test]
+    fn a_non_direct_entry_is_reset_after_each_unanswered_burst_and_quiet_until_a_nat_forgets() {
+        let mut sim = Sim::resettable(false);
+        sim.run(s(200.0));
+        assert_eq!(sim.w.reach(), Reach::Unreachable);
+        let broke = sim.changes[0].0;
+        let after: Vec<Duration> = sim.sent.iter().copied().filter(|t| *t >= broke).collect();
+        let bursts: Vec<&[Duration]> = after.chunks(BURST as usize).collect();
+        assert!(bursts.len() >= 4, "{after:?}");
+        // One reset per full burst, a tick after its last probe; the next burst NAT_FORGETS after
+        // the reset. The cycle is a burst, a tick and NAT_FORGETS: about 40 s, not 160 s.
+        assert_eq!(sim.resets.len(), bursts.iter().filter(|b| b.len() == BURST as usize).count(), "{:?}", sim.resets);
+        for (i, reset) in sim.resets.iter().enumerate() {
+            let last = bursts[i][BURST as usize - 1];
+            assert_eq!(*reset, last + TICK, "burst {i}: {:?}", bursts[i]);
+            if let Some(next) = bursts.get(i + 1) {
+                assert_eq!(next[0], *reset + NAT_FORGETS, "burst {}", i + 1);
+            }
+        }
+        let cycle = bursts[2][0] - bursts[1][0];
+        assert_eq!(cycle, PROBE_EVERY * (BURST - 1) + TICK + NAT_FORGETS);
+        assert!(cycle < s(45.0), "{cycle:?}");
+    }
+
+    #[test]
+    fn a_path_restored_in_the_quiet_of_a_reset_entry_is_direct_within_one_cycle() {
+        let mut sim = Sim::resettable(true);
+        sim.run(s(5.0));
+        sim.up = false;
+        while sim.resets.is_empty() && sim.at() < s(30.0) {
+            sim.run(TICK);
+        }
+        assert_eq!(sim.w.reach(), Reach::Unreachable);
+        assert_eq!(sim.resets.len(), 1, "{:?}", sim.resets);
+        // Restored just after the reset: the worst case, a whole quiet gap to wait.
+        sim.up = true;
+        let back = sim.at();
+        sim.run(s(60.0));
+        let (at, reach) = *sim.changes.last().expect("changes");
+        assert_eq!(reach, Reach::Direct);
+        assert!(at - back <= NAT_FORGETS + TICK, "direct {:?} after the return", at - back);
+        assert_eq!(sim.resets.len(), 1, "a working entry is never reset: {:?}", sim.resets);
+    }
+
+    #[test]
+    fn only_an_unreachable_resettable_entry_is_reset() {
+        // Working: never reset, whatever its state entry.
+        let mut sim = Sim::resettable(true);
+        sim.run(s(60.0));
+        assert!(sim.resets.is_empty() && sim.w.reach() == Reach::Direct);
+        // Unreachable with a keepalive (not resettable): never reset, bursts QUIET apart.
+        let mut sim = Sim::new(false);
+        sim.run(s(60.0));
+        assert!(sim.resets.is_empty() && sim.w.reach() == Reach::Unreachable);
+        // Made not resettable while a reset is due (the state turned the keepalive on): none.
+        let mut sim = Sim::resettable(false);
+        while sim.w.reset_at.is_none() && sim.at() < s(30.0) {
+            sim.run(TICK);
+        }
+        assert!(sim.w.reset_at.is_some() && sim.resets.is_empty(), "{:?}", sim.sent);
+        sim.w.set_resettable(false);
+        sim.run(s(10.0));
+        assert!(sim.resets.is_empty());
+    }
+
+    #[test]
+    fn a_new_endpoint_starts_a_burst_at_once() {
+        let mut sim = Sim::resettable(false);
+        sim.run(s(20.0));
+        assert_eq!(sim.resets.len(), 1);
+        let probes = sim.sent.len();
+        // In the quiet: the state announces a new endpoint (a port forward), a new path.
+        sim.w.endpoint_changed(sim.now);
+        let changed = sim.at();
+        sim.up = true;
+        sim.run(s(2.0));
+        assert_eq!(sim.sent[probes], changed, "probed at once: {:?}", &sim.sent[probes..]);
+        let (at, reach) = *sim.changes.last().expect("changes");
+        assert_eq!(reach, Reach::Direct);
+        assert!(at - changed <= PROBE_EVERY, "direct {:?} after the new endpoint", at - changed);
+        // A working entry's new endpoint changes nothing: probed every second anyway.
+        let next = sim.w.next_probe();
+        sim.w.endpoint_changed(sim.now);
+        assert_eq!(sim.w.next_probe(), next);
+    }
+
+    #[test]
+    fn turns_alternate_and_each_sides_silence_outlasts_a_nat() {
+        assert_eq!(TURN, s(40.0));
+        assert!(own_turn(s(0.0), true) && !own_turn(s(0.0), false));
+        assert!(own_turn(s(39.9), true) && !own_turn(s(40.0), true) && own_turn(s(40.0), false));
+        assert_eq!(until_own_turn(s(10.0), true), s(70.0), "the even side's next turn starts at 80 s");
+        assert_eq!(until_own_turn(s(10.0), false), s(30.0));
+        assert_eq!(until_own_turn(s(40.0), false), s(80.0), "in its own turn: the next one");
+        // An unreachable entry taking turns: probes only in its own turns, a reset at each end,
+        // and between the last probe of a turn and the first of the next at least a NAT's memory.
+        let mut sim = Sim::resettable(false);
+        sim.w.set_turn(Some(true));
+        sim.run(s(300.0));
+        assert_eq!(sim.w.reach(), Reach::Unreachable);
+        let turn_of = |at: Duration| (sim.unix() - sim.at() + at).as_secs() / 40 % 2;
+        let after = sim.changes[0].0;
+        let later: Vec<Duration> = sim.sent.iter().copied().filter(|t| *t > after + s(1.0)).collect();
+        assert!(later.iter().all(|t| turn_of(*t) == 0), "probes only in the even turns: {later:?}");
+        let gaps: Vec<Duration> = later.windows(2).map(|w| w[1] - w[0]).filter(|g| *g > s(1.5)).collect();
+        assert!(!gaps.is_empty() && gaps.iter().all(|g| *g >= NAT_FORGETS), "silences {gaps:?}");
+        assert!(sim.resets.len() >= 3, "a reset at the end of each turn: {:?}", sim.resets);
+    }
+
+    #[test]
+    fn a_path_restored_in_this_sides_turn_is_direct_within_two_seconds() {
+        let mut sim = Sim::resettable(false);
+        sim.w.set_turn(Some(true));
+        sim.run(s(100.0));
+        assert_eq!(sim.w.reach(), Reach::Unreachable);
+        // Run to the middle of the next even turn, then restore.
+        while !(sim.unix().as_secs() / 40).is_multiple_of(2) || sim.unix().as_secs() % 40 < 10 {
+            sim.run(TICK);
+        }
+        sim.up = true;
+        let back = sim.at();
+        sim.run(s(5.0));
+        let (at, reach) = *sim.changes.last().expect("a change");
+        assert_eq!(reach, Reach::Direct);
+        assert!(at - back <= s(2.0), "direct {:?} after the return", at - back);
     }
 
     #[test]

@@ -212,6 +212,28 @@ mod tests {
         assert_eq!(set_request(&DeviceConfig::default(), &[]), "set=1\n\n");
     }
 
+    /// A reset ([`super::super::Backend::reset_peer`]): the peer removed, then a new one of the
+    /// same key, whole, in one request (wireguard-go creates a peer it no longer finds).
+    #[test]
+    fn a_reset_removes_then_adds_the_same_peer_in_one_request() {
+        let spec = PeerSpec {
+            public_key: key(4),
+            endpoint: "192.0.2.4:51820".parse().ok(),
+            allowed_ips: vec!["10.42.4.0/32".parse().expect("net")],
+            keepalive: 0,
+        };
+        let text = set_request(&DeviceConfig::default(), &[PeerChange::Remove(key(4)), PeerChange::Add(spec)]);
+        let h = hex::encode([4u8; 32]);
+        assert_eq!(
+            text,
+            format!(
+                "set=1\npublic_key={h}\nremove=true\n\
+                 public_key={h}\nendpoint=192.0.2.4:51820\npersistent_keepalive_interval=0\n\
+                 replace_allowed_ips=true\nallowed_ip=10.42.4.0/32\n\n"
+            )
+        );
+    }
+
     #[test]
     fn a_get_answer_parses_into_the_device() {
         // The protocol's own example (wireguard.com/xplatform, "get=1"), as wireguard-go sends it.

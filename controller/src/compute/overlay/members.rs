@@ -106,6 +106,12 @@ pub fn choose(cluster: &Cluster, node: &str, key: &str, candidates: &[SocketAddr
 ///    of a live session with it: where its packets come from, NAT-mapped), in address order;
 /// 3. the address its executor's stream reaches the controller from, at its announced port
 ///    (else the listen port).
+///
+/// A member whose Node carries the `kuport.wlz.li/external-endpoint` annotation has only the
+/// endpoint it announces: the operator said where it is reached (a port forward, a 1:1 NAT), and
+/// where other members see its packets come from is a NAT's choice per flow, never the
+/// announced one. Rotating away from it would leave a pair that cannot reach it on a wrong
+/// candidate for most of the time its direct path is probed (docs/overlay/status.md).
 pub fn candidates(
     cluster: &Cluster,
     members: &BTreeMap<String, Member>,
@@ -129,6 +135,9 @@ pub fn candidates(
         .iter()
         .map(|(name, m)| {
             let mut out: Vec<SocketAddr> = m.endpoint.into_iter().collect();
+            if m.endpoint.is_some() && announces(cluster, name) {
+                return (name.clone(), out);
+            }
             let mut learned = seen.remove(name.as_str()).unwrap_or_default();
             learned.sort();
             let port = m.endpoint.map_or(listen_port, |e| e.port());
@@ -146,6 +155,14 @@ pub fn candidates(
             (name.clone(), out)
         })
         .collect()
+}
+
+/// Whether `node`'s Node carries the external-endpoint annotation.
+fn announces(cluster: &Cluster, node: &str) -> bool {
+    cluster.nodes.iter().any(|n| {
+        n.metadata.name.as_deref() == Some(node)
+            && n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(EXTERNAL_ENDPOINT_ANNOTATION))
+    })
 }
 
 /// Judges every Node (by name; input order does not matter).
@@ -447,6 +464,29 @@ mod rotation_tests {
         );
         assert_eq!(judged.candidates["cloud"], [ep("203.0.113.7:51820")], "deduplicated");
         assert_eq!(judged.candidates["vm"], [ep("172.31.5.4:51820")], "no silent view, no loopback");
+    }
+
+    #[test]
+    fn a_member_with_an_external_endpoint_annotation_has_only_that_candidate() {
+        let mut c = sites(T0);
+        c.overlay_observed
+            .reports
+            .insert("cloud".into(), BTreeMap::from([(HOME.into(), live("198.51.100.20:40002", T0))]));
+        c.overlay_observed.connect_addresses.insert("home".into(), "198.51.100.20".parse().expect("ip"));
+        let home = c.nodes.iter_mut().find(|n| n.metadata.name.as_deref() == Some("home")).expect("home");
+        home.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(EXTERNAL_ENDPOINT_ANNOTATION.into(), "198.51.100.20".into());
+        let judged = judge(&c, &OverlaySettings::default());
+        assert_eq!(judged.candidates["home"], [ep("198.51.100.20:51820")], "the forward the operator announced");
+        // Silent toward home, vm does not rotate away from it.
+        for dt in [0, 20, 40] {
+            let mut c = c.clone();
+            c.now = at(T0 + dt);
+            c.overlay_observed.reports.insert("vm".into(), BTreeMap::from([(HOME.into(), silent_peer(None))]));
+            assert_eq!(endpoint(&c, "vm", HOME), Some(ep("198.51.100.20:51820")), "at +{dt} s");
+        }
     }
 
     #[test]

@@ -65,10 +65,11 @@ pub const WRITTEN_ANNOTATIONS: [&str; 4] =
 pub const NFT_TABLE: &str = "kuport-overlay";
 /// Its forward chain (docs/overlay/filter.md).
 pub const FORWARD_CHAIN: &str = "forward";
-/// On a relay, the members' IPv4 pod CIDRs, between which it forwards (docs/overlay/relays.md).
-pub const RELAY_SET_V4: &str = "relay_v4";
+/// The members' IPv4 pod CIDRs: the only addresses what arrives through the device may be
+/// forwarded to, and on a relay the only ones it forwards between (docs/overlay/filter.md).
+pub const PODS_SET_V4: &str = "pods_v4";
 /// Their IPv6 pod CIDRs, when some member has one.
-pub const RELAY_SET_V6: &str = "relay_v6";
+pub const PODS_SET_V6: &str = "pods_v6";
 
 const IPV4_FORWARDING: &str = "net.ipv4.ip_forward";
 const IPV6_FORWARDING: &str = "net.ipv6.conf.all.forwarding";
@@ -206,8 +207,8 @@ pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Me
     let candidates: std::collections::BTreeSet<String> =
         judged.members.iter().filter(|(_, m)| m.relay).map(|(n, _)| n.clone()).collect();
     let routes = relays::decide(&candidates, &relays::broken(cluster, &judged.members));
-    let mut relayed_cidrs: Vec<IpNet> = judged.members.values().flat_map(|m| m.pod_cidrs.iter().copied()).collect();
-    relayed_cidrs.sort();
+    let mut member_cidrs: Vec<IpNet> = judged.members.values().flat_map(|m| m.pod_cidrs.iter().copied()).collect();
+    member_cidrs.sort();
     let mut mesh = Mesh::default();
     for (name, why) in judged.refused {
         mesh.nodes.insert(name, NodeOverlay { refused: why, ..Default::default() });
@@ -236,9 +237,9 @@ pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Me
         let mut ns = NetnsState {
             wireguard_devices: vec![device],
             nft_tables: vec![if me.relay {
-                relay_filter_table(&settings.interface, &relayed_cidrs)
+                relay_filter_table(&settings.interface, &member_cidrs)
             } else {
-                filter_table(&settings.interface)
+                filter_table(&settings.interface, &member_cidrs)
             }],
             ..Default::default()
         };
@@ -304,23 +305,29 @@ pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Me
 ///
 /// The clamp comes first because it ends nothing, and so that a relay's accepted SYNs are
 /// clamped too.
-pub fn filter_table(interface: &str) -> NftTable {
-    forward_table(interface, None)
+///
+/// After them, on every member, a counted drop of whatever arrives through the device for an
+/// address outside the members' pod CIDRs (`pod_cidrs`, every member's: an interval set per
+/// family, [`PODS_SET_V4`], and [`PODS_SET_V6`] when some pod CIDR is IPv6). WireGuard checks
+/// only a packet's source; its destination is the sending peer's choice, and a peer that routes
+/// an outside address to this node would otherwise leave through the node's own networks. So
+/// no member is an open forwarder (`node-exec/tests/relay_filter_root.rs`).
+pub fn filter_table(interface: &str, pod_cidrs: &[IpNet]) -> NftTable {
+    forward_table(interface, pod_cidrs, false)
 }
 
 /// The overlay's table on a relay candidate (docs/overlay/relays.md): [`filter_table`] with,
 /// between the clamp and the drop, an accept of what goes from one peer to another between
-/// members' pod CIDRs (`pod_cidrs`, every member's): an interval set per family,
-/// [`RELAY_SET_V4`], and [`RELAY_SET_V6`] when some pod CIDR is IPv6. Anything else from the
-/// device back into it is still dropped: a relay is no open forwarder.
+/// members' pod CIDRs (the same sets). Anything else from the device back into it is still
+/// dropped.
 pub fn relay_filter_table(interface: &str, pod_cidrs: &[IpNet]) -> NftTable {
-    forward_table(interface, Some(pod_cidrs))
+    forward_table(interface, pod_cidrs, true)
 }
 
-fn forward_table(interface: &str, relay: Option<&[IpNet]>) -> NftTable {
+fn forward_table(interface: &str, cidrs: &[IpNet], relay: bool) -> NftTable {
     use kuport_proto::build::{
-        accept, addr, base_chain, counter, drop, eq, ifname, lookup, member, rule, set, table, tcp_flag, tcp_flags,
-        tcp_mss_clamp,
+        accept, addr, base_chain, counter, drop, eq, ifname, lookup, member, not_lookup, rule, set, table, tcp_flag,
+        tcp_flags, tcp_mss_clamp,
     };
     use kuport_proto::v1::Selector;
     let dev = || ifname(interface);
@@ -329,22 +336,25 @@ fn forward_table(interface: &str, relay: Option<&[IpNet]>) -> NftTable {
         vec![tcp_mss_clamp()],
     )];
     let mut sets: Vec<NftSet> = Vec::new();
-    if let Some(cidrs) = relay {
-        let v6 = cidrs.iter().any(|c| matches!(c, IpNet::V6(_)));
-        let families = [
-            (RELAY_SET_V4, NftType::Ipv4Addr, Selector::IpSaddr, Selector::IpDaddr, true),
-            (RELAY_SET_V6, NftType::Ipv6Addr, Selector::Ip6Saddr, Selector::Ip6Daddr, v6),
-        ];
-        for (name, ty, saddr, daddr, wanted) in families {
-            if !wanted {
-                continue;
-            }
-            let elements = cidrs
-                .iter()
-                .filter(|c| matches!(c, IpNet::V6(_)) == (ty == NftType::Ipv6Addr))
-                .map(|c| member(vec![addr(c)]))
-                .collect();
-            sets.push(NftSet { interval: true, ..set(name, &[ty], &[], elements) });
+    // The drop of what arrives for an address outside the members' pod CIDRs, after the drop
+    // below.
+    let mut outside: Vec<NftRule> = Vec::new();
+    let v6 = cidrs.iter().any(|c| matches!(c, IpNet::V6(_)));
+    let families = [
+        (PODS_SET_V4, NftType::Ipv4Addr, Selector::IpSaddr, Selector::IpDaddr, true),
+        (PODS_SET_V6, NftType::Ipv6Addr, Selector::Ip6Saddr, Selector::Ip6Daddr, v6),
+    ];
+    for (name, ty, saddr, daddr, wanted) in families {
+        if !wanted {
+            continue;
+        }
+        let elements = cidrs
+            .iter()
+            .filter(|c| matches!(c, IpNet::V6(_)) == (ty == NftType::Ipv6Addr))
+            .map(|c| member(vec![addr(c)]))
+            .collect();
+        sets.push(NftSet { interval: true, ..set(name, &[ty], &[], elements) });
+        if relay {
             rules.push(rule(
                 vec![
                     eq(Selector::Iifname, dev()),
@@ -355,8 +365,10 @@ fn forward_table(interface: &str, relay: Option<&[IpNet]>) -> NftTable {
                 vec![counter(), accept()],
             ));
         }
+        outside.push(rule(vec![eq(Selector::Iifname, dev()), not_lookup(&[daddr], name)], vec![counter(), drop()]));
     }
     rules.push(rule(vec![eq(Selector::Iifname, dev()), eq(Selector::Oifname, dev())], vec![counter(), drop()]));
+    rules.extend(outside);
     let forward = base_chain(FORWARD_CHAIN, ChainType::Filter, Hook::Forward, 0, ChainPolicy::Accept, rules);
     table(NftFamily::Inet, NFT_TABLE, sets, vec![forward])
 }

@@ -57,6 +57,8 @@ pub const NFTA_RULE_EXPRESSIONS: u16 = 4;
 pub const NFTA_LIST_ELEM: u16 = 1;
 pub const NFTA_EXPR_NAME: u16 = 1;
 pub const NFTA_EXPR_DATA: u16 = 2;
+/// A counter expression's bytes (a big-endian u64).
+pub const NFTA_COUNTER_BYTES: u16 = 1;
 
 // --- set attributes -----------------------------------------------------------------------
 pub const NFTA_SET_TABLE: u16 = 1;

@@ -495,6 +495,53 @@ pub fn remove_table(netns: Option<&Path>, family: NftFamily, name: &str) -> Resu
     Ok(true)
 }
 
+/// The bytes counted by the rules of table `name` that look up one of `sets` and accept: the
+/// sum of their counters' bytes, read over netlink (the relay's accept rule, whose counter
+/// counts what a relay forwarded between two peers: docs/overlay/reach.md, "Relayed bytes").
+/// 0 when the table does not exist. A rule outside kuport's vocabulary is no such rule.
+pub fn accepted_bytes(netns: Option<&Path>, family: NftFamily, name: &str, sets: &[&str]) -> Result<u64, NftError> {
+    let mut sock = Socket::open_in(netns)?;
+    let fam = family_code(family as i32)?;
+    if sock.request(NFT_MSG_GETTABLE, fam, &name_attr(NFTA_TABLE_NAME, name), false)?.is_empty() {
+        return Ok(0);
+    }
+    let mut total = 0u64;
+    for p in sock.request(NFT_MSG_GETRULE, fam, &name_attr(NFTA_RULE_TABLE, name), true)? {
+        let attrs = attr::parse(&p)?;
+        if attr::find(&attrs, NFTA_RULE_TABLE).map(|t| t.str()).transpose()?.as_deref() != Some(name) {
+            continue;
+        }
+        let Some(list) = attr::find(&attrs, NFTA_RULE_EXPRESSIONS) else { continue };
+        let Ok(exprs) = super::expr::decode_list(list) else { continue };
+        let looks_up = exprs.iter().any(|e| matches!(e, Expr::Lookup { set, .. } if sets.contains(&set.as_str())));
+        let accepts = exprs
+            .iter()
+            .any(|e| matches!(e, Expr::Immediate { dreg: 0, data: super::expr::Imm::Verdict { code: NF_ACCEPT, .. } }));
+        if looks_up && accepts {
+            total = total.saturating_add(counter_bytes(list)?);
+        }
+    }
+    Ok(total)
+}
+
+/// The bytes of the counter expressions in a rule's expression list.
+fn counter_bytes(list: &attr::Attr<'_>) -> Result<u64, NftError> {
+    let mut bytes = 0u64;
+    for elem in list.nested()?.iter().filter(|a| a.ty == NFTA_LIST_ELEM) {
+        let e = elem.nested()?;
+        if attr::find(&e, NFTA_EXPR_NAME).map(|n| n.str()).transpose()?.as_deref() != Some("counter") {
+            continue;
+        }
+        let Some(data) = attr::find(&e, NFTA_EXPR_DATA) else { continue };
+        let data = attr::parse(data.data)?;
+        if let Some(b) = attr::find(&data, NFTA_COUNTER_BYTES) {
+            let b: [u8; 8] = b.data.try_into().map_err(|_| decode_err("a counter's bytes are not a u64".into()))?;
+            bytes = bytes.saturating_add(u64::from_be_bytes(b));
+        }
+    }
+    Ok(bytes)
+}
+
 /// Every table of the families kuport writes (ip, ip6, inet) in `netns`, by family and name: what
 /// finds the tables kuport owns by their name's prefix.
 pub fn list_tables(netns: Option<&Path>) -> Result<Vec<(NftFamily, String)>, NftError> {
