@@ -710,7 +710,12 @@ fn manifest_edits_converge_and_the_probes_follow() {
     let at = prober.first_answer("udp-established", published).expect("answered") - published;
     println!("the established UDP flow followed {} after the write; edge-a's conntrack now:\n{edge_ct}", ms(at));
     let tcp = prober.tally("tcp-new", moved, to);
-    assert_eq!(tcp.failed(), 0, "api-0 did not move; its mapping must not suffer: {tcp}");
+    assert_eq!(
+        tcp.failed(),
+        0,
+        "api-0 did not move; its mapping must not suffer: {tcp}; first failure: {:?}",
+        prober.first_failure("tcp-new", moved, to)
+    );
 }
 
 /// Two controller replicas on the API server; the leader is SIGKILLed. The other takes the
