@@ -109,21 +109,37 @@ pub fn pod_lines(pod: &PodSpec, node: &NodeSpec) -> Vec<String> {
 
 /// The `tc` lines that rewrite `cilium_host`'s egress filters: one redirect per pod of `pods`
 /// (the node's). `has_qdisc`: the clsact qdisc is there already, its filters are replaced.
-pub fn tc_lines<'a>(has_qdisc: bool, pods: impl Iterator<Item = &'a PodSpec>) -> Vec<String> {
+pub fn tc_lines<'a>(
+    has_qdisc: bool,
+    present: &std::collections::BTreeSet<u32>,
+    pods: impl Iterator<Item = (u32, &'a PodSpec)>,
+) -> Vec<String> {
     let mut lines = Vec::new();
-    if has_qdisc {
-        lines.push("filter del dev cilium_host egress".to_string());
-    } else {
+    if !has_qdisc {
         lines.push("qdisc add dev cilium_host clsact".to_string());
     }
-    for pod in pods {
-        lines.push(format!(
-            "filter add dev cilium_host egress protocol ip prio 1 u32 match ip dst {}/32 action mirred egress redirect dev {}",
-            pod.address,
-            lxc_name(pod)
-        ));
+    // One filter per pod at a priority of its own: a change adds and deletes only the filters
+    // of the pods that came and went, so the others' traffic never misses its redirect.
+    let mut wanted = std::collections::BTreeSet::new();
+    for (prio, pod) in pods {
+        wanted.insert(prio);
+        if !present.contains(&prio) {
+            lines.push(format!(
+                "filter add dev cilium_host egress protocol ip prio {prio} u32 match ip dst {}/32 action mirred egress redirect dev {}",
+                pod.address,
+                lxc_name(pod)
+            ));
+        }
+    }
+    for prio in present.difference(&wanted) {
+        lines.push(format!("filter del dev cilium_host egress prio {prio}"));
     }
     lines
+}
+
+/// The priorities of the egress filters on `cilium_host`, from `tc filter show` (`pref N`).
+pub fn tc_prios(shown: &str) -> std::collections::BTreeSet<u32> {
+    shown.lines().filter_map(|l| l.split_whitespace().skip_while(|w| *w != "pref").nth(1)?.parse().ok()).collect()
 }
 
 /// The bridge plugin with host-local IPAM from the Node's pod CIDR, as the overlay's CNI
@@ -192,5 +208,29 @@ pub mod bridge {
 }}
 "
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tc_change_adds_and_deletes_only_the_pods_that_came_and_went() {
+        let shown = "filter protocol ip pref 2 u32 chain 0 \nfilter protocol ip pref 2 u32 chain 0 fh 800: ht divisor 1 \nfilter protocol ip pref 4 u32 chain 0 fh 801::800 order 2048 key ht 801 bkt 0 terminal flowid not_in_hw \n";
+        let present = tc_prios(shown);
+        assert_eq!(present, [2, 4].into());
+        let topology = crate::Topology::default_lab();
+        let api = topology.pod("api-0").expect("api-0").clone();
+        let echo = topology.pod("echo-0").expect("echo-0").clone();
+        // api-0 stays at 2, echo-0 arrives at 3, whatever was at 4 left.
+        let lines = tc_lines(true, &present, [(2, &api), (3, &echo)].into_iter());
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0]
+                .starts_with("filter add dev cilium_host egress protocol ip prio 3 u32 match ip dst 10.244.1.20/32")
+        );
+        assert_eq!(lines[1], "filter del dev cilium_host egress prio 4");
+        assert_eq!(tc_lines(false, &Default::default(), std::iter::empty())[0], "qdisc add dev cilium_host clsact");
     }
 }

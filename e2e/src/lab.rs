@@ -403,7 +403,15 @@ impl Lab {
         }
         let ns = self.netns_name(&node.name);
         let has_qdisc = sys::run("tc", &["-n", &ns, "qdisc", "show", "dev", "cilium_host"], None)?.contains("clsact");
-        tc_batch(&ns, &cni::tc_lines(has_qdisc, self.topology.pods.iter().filter(|p| p.node == node.name)))
+        let present = if has_qdisc {
+            cni::tc_prios(&sys::run("tc", &["-n", &ns, "filter", "show", "dev", "cilium_host", "egress"], None)?)
+        } else {
+            Default::default()
+        };
+        // A pod's priority: its place in the topology plus one, which a move keeps.
+        let pods = self.topology.pods.iter().zip(1u32..).filter(|(p, _)| p.node == node.name).map(|(p, i)| (i, p));
+        let lines = cni::tc_lines(has_qdisc, &present, pods);
+        if lines.is_empty() { Ok(()) } else { tc_batch(&ns, &lines) }
     }
 
     fn start_server(&mut self, pod: &PodSpec) -> anyhow::Result<()> {
