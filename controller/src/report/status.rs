@@ -222,7 +222,9 @@ impl Writer {
                 return;
             }
             let Some(node) = self.stores.node(name) else { continue };
-            if young && !settled(name, place, |n| self.hub.served_this_term(n)) {
+            // In the grace, only once the member's own report is in too: before it, its peers
+            // annotation would say "unknown" and be written again when the report comes.
+            if young && !(settled(name, place, |n| self.hub.served_this_term(n)) && self.hub.reported(name)) {
                 continue;
             }
             if let Some(change) = annotation_patch(node.metadata.annotations.as_ref(), wanted.get(name)) {

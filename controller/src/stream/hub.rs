@@ -363,6 +363,12 @@ impl Hub {
     /// Whether what this term computed for `node` reads its executor's report, if it has one:
     /// the node's state was let go in this term (docs/overlay/status.md, "A new leader"). The
     /// status writer waits for it before it writes a member's overlay annotations.
+    /// Whether `node`'s executor has sent this replica a peer report: a new leader publishes a
+    /// member's peers annotation only from its own report (docs/overlay/status.md, "A new leader").
+    pub fn reported(&self, node: &str) -> bool {
+        self.lock().nodes.get(node).is_some_and(|e| e.peers.is_some())
+    }
+
     pub fn served_this_term(&self, node: &str) -> bool {
         let term = self.leadership.borrow().term;
         self.lock().nodes.get(node).is_some_and(|e| e.served_term == term)
