@@ -101,9 +101,9 @@ fn ms(d: Duration) -> String {
 fn stages(c: &Cluster, settings: &Settings) -> Vec<(&'static str, Duration)> {
     let mut times = Vec::new();
     let t = Instant::now();
-    let view = View::new(c, settings.cni_vxlan_port);
+    let view = View::new(c);
     let vxlan: BTreeMap<String, _> =
-        view.classes.iter().map(|(n, cl)| (n.clone(), links::class_vxlan(cl, settings))).collect();
+        view.classes.iter().map(|(n, cl)| (n.clone(), links::class_vxlan(cl, &view))).collect();
     times.push(("observe (View::new)", t.elapsed()));
     let t = Instant::now();
     let admitted = admission::admit(&view, &c.port_maps);
@@ -159,13 +159,17 @@ fn stages(c: &Cluster, settings: &Settings) -> Vec<(&'static str, Duration)> {
             }
         }
         if ok {
-            builder.add(p, &ends);
+            let device = match view.node(&p.endpoint.node).route_to(p.endpoint.address) {
+                kuport_controller::observe::index::RouteTo::Device(d) => Some(d),
+                _ => None,
+            };
+            builder.add(p, &ends, device.as_deref());
         }
     }
     times.push(("datapath: link ends + Builder::add", t.elapsed()));
     let t = Instant::now();
     let states: Vec<NodeState> = builder
-        .finish()
+        .finish(&view)
         .into_iter()
         .map(|(node, host)| {
             let mut state = NodeState { node, netns: vec![host] };

@@ -19,24 +19,13 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     #[command(flatten)]
-    cni: CniArgs,
+    network: NetworkArgs,
 }
 
-/// The CNI kuport runs beside; the defaults are Cilium's device names.
+/// The node network settings. None describes the CNI: the executors report what the port maps
+/// need of it (docs/portmap/datapath.md, "The request claim").
 #[derive(clap::Args)]
-struct CniArgs {
-    /// The device through which the host reaches local pods.
-    #[arg(long, global = true, env = "KUPORT_CNI_HOST_DEVICE", default_value = "cilium_host")]
-    cni_host_device: String,
-    /// Matches every CNI device.
-    #[arg(long, global = true, env = "KUPORT_CNI_DEVICES", default_value = "cilium_*")]
-    cni_devices: String,
-    /// Matches the host side of pods' interfaces.
-    #[arg(long, global = true, env = "KUPORT_CNI_POD_DEVICES", default_value = "lxc*")]
-    cni_pod_devices: String,
-    /// The CNI's VXLAN port, which kuport's links never use.
-    #[arg(long, global = true, env = "KUPORT_CNI_VXLAN_PORT", default_value_t = 8472)]
-    cni_vxlan_port: u16,
+struct NetworkArgs {
     /// Join the nodes with kuport's WireGuard mesh (docs/overlay/mesh.md): the CNI must then
     /// not route pod CIDRs between nodes itself.
     #[arg(long, global = true, env = "KUPORT_OVERLAY")]
@@ -49,19 +38,13 @@ struct CniArgs {
     overlay_port: u16,
 }
 
-impl CniArgs {
+impl NetworkArgs {
     fn settings(&self) -> anyhow::Result<Settings> {
         let overlay = match self.overlay {
             true => Some(overlay::OverlaySettings::new(&self.overlay_interface, self.overlay_port)?),
             false => None,
         };
-        Ok(Settings {
-            cni_host_device: self.cni_host_device.clone(),
-            cni_device_wildcard: self.cni_devices.clone(),
-            cni_pod_device_wildcard: self.cni_pod_devices.clone(),
-            cni_vxlan_port: self.cni_vxlan_port,
-            overlay,
-        })
+        Ok(Settings { overlay })
     }
 }
 
@@ -149,14 +132,14 @@ fn run() -> anyhow::Result<()> {
         Command::Render { dir, now } => {
             let cluster = render::load_dir(&dir, now.unwrap_or_else(Timestamp::now))
                 .with_context(|| format!("reading {}", dir.display()))?;
-            print!("{}", render::render_text(&compute(&cluster, &cli.cni.settings()?)));
+            print!("{}", render::render_text(&compute(&cluster, &cli.network.settings()?)));
             Ok(())
         }
         Command::Crds => {
             print!("{}", crds::yaml()?);
             Ok(())
         }
-        Command::Run(args) => run_controller(*args, cli.cni.settings()?),
+        Command::Run(args) => run_controller(*args, cli.network.settings()?),
     }
 }
 

@@ -42,6 +42,11 @@ struct NodeFactsDoc {
     /// Checked by the overlay's computation as an executor's report is by `facts::check`.
     #[serde(default)]
     wireguard_public_key: Option<String>,
+    /// The main table's routes, as an executor reports them (`routes` of sync.proto).
+    #[serde(default)]
+    routes: Option<Vec<crate::observe::KnownRoute>>,
+    #[serde(default)]
+    vxlan_ports: Vec<u16>,
 }
 
 /// Reads every *.yaml and *.yml file in `dir` (sorted, not recursive) into a cluster.
@@ -102,6 +107,8 @@ pub fn load_text(path: &Path, text: &str, cluster: &mut Cluster) -> Result<(), L
                     underlay_mtu: f.underlay_mtu,
                     interfaces: f.interfaces,
                     wireguard_public_key: f.wireguard_public_key,
+                    routes: f.routes,
+                    vxlan_ports: f.vxlan_ports,
                 });
             }
             _ => {

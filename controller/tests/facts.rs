@@ -53,7 +53,7 @@ fn true_facts(node: &str) -> NodeFacts {
         underlay_interface: "wt0".into(),
         interfaces,
         kernel: "6.12.0".into(),
-        wireguard_public_key: String::new(),
+        ..Default::default()
     }
 }
 
@@ -164,7 +164,7 @@ fn node_facts() -> impl Strategy<Value = NodeFacts> {
             underlay_interface,
             interfaces,
             kernel,
-            wireguard_public_key: String::new(),
+            ..Default::default()
         },
     )
 }
@@ -271,6 +271,13 @@ fn the_largest_accepted_report_fits_the_executor_message_limit() {
             .collect(),
         kernel: "k".repeat(facts::MAX_KERNEL),
         wireguard_public_key: "/".repeat(facts::WIREGUARD_KEY_LEN - 2) + "8=",
+        routes: (0..facts::MAX_ROUTES as u32)
+            .map(|i| kuport_proto::v1::RouteFacts {
+                dst: format!("{}/32", std::net::Ipv4Addr::from(0xdf00_0000 + i)),
+                dev: "x".repeat(facts::MAX_INTERFACE_NAME),
+            })
+            .collect(),
+        vxlan_ports: (65_535 - facts::MAX_VXLAN_PORTS as u32 + 1..=65_535).collect(),
     };
     let f = NodeFacts { underlay_interface: f.interfaces[0].name.clone(), ..f };
     assert!(facts::check("edge-a", &f).is_ok());

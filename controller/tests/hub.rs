@@ -77,7 +77,7 @@ async fn only_facts_the_computation_reads_trigger_a_recompute() {
             underlay_interface: "wt0".into(),
             interfaces,
             kernel: "test".into(),
-            wireguard_public_key: String::new(),
+            ..Default::default()
         })),
     };
     // Waits past the debounce, then returns how many computes ran so far.

@@ -109,7 +109,9 @@ fn facts(node: &str) -> NodeFacts {
         underlay_interface: "wt0".into(),
         interfaces,
         kernel: "test".into(),
-        wireguard_public_key: String::new(),
+        // The lab's Cilium-like pod network: every pod through cilium_host.
+        routes: vec![kuport_proto::v1::RouteFacts { dst: "10.244.0.0/16".into(), dev: "cilium_host".into() }],
+        ..Default::default()
     }
 }
 
@@ -239,8 +241,8 @@ const BAD: &[(&str, &str)] = &[
         "endPort must not be below port",
     ),
     (
-        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: bad-port}\nspec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {vxlan: {port: 8472}}}\n",
-        "port 8472 is the CNI's VXLAN port",
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: bad-port}\nspec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {vxlan: {port: 0}}}\n",
+        "port 0 is not a UDP port",
     ),
     (
         "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: bad-subnet}\nspec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {vxlan: {subnet: \"10.0.0.0/31\"}}}\n",

@@ -116,7 +116,7 @@ async fn peer_reports_feed_metrics_mesh_and_the_endpoint_rotation() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address").to_string();
     let (_lead, rx) = leader::standalone(address.clone());
-    let settings = Settings { overlay: Some(OverlaySettings::default()), ..Settings::default() };
+    let settings = Settings { overlay: Some(OverlaySettings::default()) };
     let hub = Hub::new(settings, rx, true);
     hub.set_inputs(sites());
     tokio::spawn(hub.clone().recompute_loop(None));

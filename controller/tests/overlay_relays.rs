@@ -118,7 +118,7 @@ async fn controller(published: bool) -> (String, String, Arc<Hub>, tokio::sync::
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address").to_string();
     let (lead, rx) = leader::standalone(address.clone());
-    let settings = Settings { overlay: Some(OverlaySettings::default()), ..Settings::default() };
+    let settings = Settings { overlay: Some(OverlaySettings::default()) };
     let hub = Hub::new(settings, rx, true);
     hub.set_inputs(homes(published));
     // A new leader computes before any executor reaches it.

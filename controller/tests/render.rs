@@ -38,7 +38,7 @@ fn examples_render_over_the_mesh() {
         let i = cluster.nodes.iter().position(|n| n.metadata.name.as_deref() == Some(&f.node)).expect("a node");
         f.wireguard_public_key = Some(format!("{}{}=", "BCDEFGHIJ".as_bytes()[i] as char, "A".repeat(42)));
     }
-    let settings = Settings { overlay: Some(OverlaySettings::default()), ..Settings::default() };
+    let settings = Settings { overlay: Some(OverlaySettings::default()) };
     let out = compute(&cluster, &settings);
     assert!(out.overlay.values().all(|o| o.refused.is_empty()), "{:?}", out.overlay);
     insta::assert_snapshot!(render_text(&out));

@@ -4,6 +4,8 @@
 //! Run as root: `cargo bench -p kuport-lab --bench datapath`. Environment: KUPORT_BENCH_ROUNDS
 //! (default 30), KUPORT_BENCH_MS per measurement (500), KUPORT_BENCH_WORKERS parallel connectors
 //! (4), KUPORT_BENCH_MAPPINGS (50000), KUPORT_BENCH_CALIBRATION rounds with both labs at 10 (10).
+//! KUPORT_BENCH_COMPARE=steer compares instead lab A without the steering chain and lab B with it,
+//! both at 10 mappings (docs/portmap/firewall.md): the steering chain's cost per new flow.
 //!
 //! Two labs side by side, identical but for their tables: the machine is shared and noisy, so
 //! the compared configurations are measured interleaved in short slices (each target on one
@@ -175,6 +177,10 @@ struct Link {
     /// worker-2's device and the mark its replies get.
     pod_node_device: String,
     mark: u32,
+    /// The stand-ins (docs/portmap/firewall.md): worker-2's for `far`, which its link maps are
+    /// keyed by, and edge-a's public address with its own.
+    far_stand_in: Ipv4Addr,
+    public: (Ipv4Addr, Ipv4Addr),
 }
 
 fn link_of(states: &mut BTreeMap<String, NodeState>) -> Link {
@@ -187,11 +193,23 @@ fn link_of(states: &mut BTreeMap<String, NodeState>) -> Link {
     let edge_device = text_of(of_type(&claim.expect("edge-a claims the link's far end").key, NftType::Ifname));
     let pod_node = kuport_table(host_state(states, POD_NODE));
     let pod_node_device = text_of(of_type(&first(pod_node, "link_range").key, NftType::Ifname));
+    let far_stand_in =
+        text_of(of_type(&first(pod_node, "link_range").key, NftType::Ipv4Addr)).parse().expect("an address");
     let mark = match first(pod_node, "return_mark_range").data[0].value {
         Some(Value::Mark(m)) => m,
         ref other => panic!("return_mark_range maps to a mark, not {other:?}"),
     };
-    Link { edge_device, far, pod_node_device, mark }
+    let edge = kuport_table(host_state(states, ACCEPTING));
+    let steered = set_elements(edge, "steer_range")
+        .iter()
+        .find(|e| text_of(of_type(&e.key, NftType::Ifname)) == PUBLIC_IF)
+        .cloned()
+        .expect("edge-a steers its public address");
+    let public = (
+        text_of(of_type(&steered.key, NftType::Ipv4Addr)).parse().expect("an address"),
+        text_of(&steered.data[0]).parse().expect("an address"),
+    );
+    Link { edge_device, far, pod_node_device, mark, far_stand_in, public }
 }
 
 /// One synthetic mapping, published on edge-a's enp1s0.
@@ -237,12 +255,16 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize) {
             push(edge, "publish_range", vec![ifname(PUBLIC_IF), p.clone(), ports(first, last)], vec![addr(to)]);
         }
         let (oif, dst) = if m.remote { (link.edge_device.as_str(), link.far) } else { ("cilium_host", m.pod) };
-        push(edge, &sized("claim", first, last), vec![ifname(oif), addr(dst), p, ports(first, last)], vec![]);
+        push(edge, &sized("claim", first, last), vec![ifname(oif), addr(dst), p.clone(), ports(first, last)], vec![]);
+        let steer = vec![ifname(PUBLIC_IF), addr(link.public.0), p, ports(first, last)];
+        push(edge, &sized("steer", first, last), steer, vec![addr(link.public.1)]);
     }
     let pod_node = kuport_table(host_state(states, POD_NODE));
     for m in (0..count).map(synthetic).filter(|m| m.remote) {
         let (p, first, last, pod) = (proto(m.protocol), m.first, m.last, addr(m.pod));
-        let key = vec![ifname(&link.pod_node_device), addr(link.far), p.clone(), ports(first, last)];
+        let steer = vec![ifname(&link.pod_node_device), addr(link.far), p.clone(), ports(first, last)];
+        push(pod_node, &sized("steer", first, last), steer, vec![addr(link.far_stand_in)]);
+        let key = vec![ifname(&link.pod_node_device), addr(link.far_stand_in), p.clone(), ports(first, last)];
         if first == last {
             push(pod_node, "link_port", key, vec![pod.clone(), ports(first, first)]);
         } else {
@@ -259,10 +281,15 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize) {
     }
 }
 
-/// Programs `lab` with the real PortMaps and enough synthetic ones to make `total`.
-fn program(lab: &mut Lab, total: usize) {
+/// Programs `lab` with the real PortMaps and enough synthetic ones to make `total`; without
+/// edge-a's steering chain unless `steer`.
+fn program(lab: &mut Lab, total: usize, steer: bool) {
     let mut states = compute(lab, &manifests()).node_states;
     add_synthetic(&mut states, total.saturating_sub(REAL_MAPPINGS));
+    if !steer {
+        let t = kuport_table(host_state(&mut states, ACCEPTING));
+        t.chains.retain(|c| c.name != kuport_controller::compute::portmap::steer::CHAIN_STEER);
+    }
     let started = Instant::now();
     apply(lab, &states).expect("the lab applies its states");
     let counts: Vec<String> = [ACCEPTING, POD_NODE]
@@ -468,8 +495,9 @@ fn main() {
     let t = topology();
     let mut a = Lab::up(&t).expect("lab A builds");
     let mut b = Lab::up(&t).expect("lab B builds");
-    program(&mut a, 10);
-    program(&mut b, 10);
+    let steer = std::env::var("KUPORT_BENCH_COMPARE").as_deref() == Ok("steer");
+    program(&mut a, 10, true);
+    program(&mut b, 10, true);
     let mut loads = vec![load_average()];
     if cfg.calibration > 0 {
         println!("calibration: both labs at 10 mappings");
@@ -478,7 +506,14 @@ fn main() {
         print_table(&s, "A, 10", "B, 10");
         println!();
     }
-    program(&mut b, cfg.mappings);
+    let big = if steer {
+        program(&mut a, 10, false);
+        "B, 10 with steering".to_string()
+    } else {
+        program(&mut b, cfg.mappings, true);
+        format!("B, {}", cfg.mappings)
+    };
+    let a_name = if steer { "A, 10 without steering" } else { "A, 10" };
     let s = run_rounds([&a, &b], cfg.rounds, &cfg, &mut loads, "measured");
     let (lm, llo, lhi) = stats(&loads);
     println!(
@@ -486,8 +521,7 @@ fn main() {
         cfg.rounds,
         cfg.duration.as_millis()
     );
-    let big = format!("B, {}", cfg.mappings);
-    print_table(&s, "A, 10", &big);
+    print_table(&s, a_name, &big);
     println!();
     // The verdict reads the median of the rounds' paired ratios: each pair was measured within a
     // second, so it is the figure the machine's drift disturbs least.
@@ -495,10 +529,9 @@ fn main() {
         let ratio = stats(&s.ratio[i]).0;
         let verdict = if ratio >= 0.95 { "within 5%" } else { "NOT within 5%" };
         println!(
-            "{} {}: {} / 10 mappings = {ratio:.3} (median of round ratios; ratio of medians {:.3}), {verdict}",
+            "{} {}: {big} / {a_name} = {ratio:.3} (median of round ratios; ratio of medians {:.3}), {verdict}",
             t.protocol,
             t.path,
-            cfg.mappings,
             stats(&s.b[i]).0 / stats(&s.a[i]).0
         );
     }

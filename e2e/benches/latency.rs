@@ -360,15 +360,28 @@ fn landed(latest: &[(&str, Option<NftTable>)], expect: &Expect) -> Option<Ipv4Ad
     edge_holds(table(EDGE)?, expect, link).then_some(link)
 }
 
-/// The link address at which the pod's node translates `port` to the pod (`link_port`).
+/// The link address at which the pod's node translates `port` to the pod. `link_port` keys it
+/// by the address's stand-in, and `steer_port` maps the link address to that stand-in on the
+/// same device (docs/portmap/firewall.md).
 fn pod_link(table: &NftTable, expect: &Expect) -> Option<Ipv4Addr> {
-    elements(table, kuport_proto::owned::MAP_LINK_PORT).find_map(|e| match (&e.key[..], &e.data[..]) {
-        ([_, me, proto, port], [to, to_port])
-            if is_tcp_port(proto, port, expect.port) && is_addr_port(to, to_port, expect.pod) =>
-        {
-            addr(me)
+    let (device, stand_in) =
+        elements(table, kuport_proto::owned::MAP_LINK_PORT).find_map(|e| match (&e.key[..], &e.data[..]) {
+            ([dev, me, proto, port], [to, to_port])
+                if is_tcp_port(proto, port, expect.port) && is_addr_port(to, to_port, expect.pod) =>
+            {
+                Some((dev.clone(), addr(me)?))
+            }
+            _ => None,
+        })?;
+    elements(table, kuport_controller::compute::portmap::steer::MAP_STEER_PORT).find_map(|e| {
+        match (&e.key[..], &e.data[..]) {
+            ([dev, link, proto, port], [to])
+                if *dev == device && is_tcp_port(proto, port, expect.port) && addr(to) == Some(stand_in) =>
+            {
+                addr(link)
+            }
+            _ => None,
         }
-        _ => None,
     })
 }
 

@@ -12,14 +12,35 @@
 //! These are the `ip` and `tc` batch lines and the ruleset; [`crate::lab`] runs them.
 //!
 //! With `cni: bridge` (the sites topology, docs/overlay/lab.md) the node is set up as the bridge
-//! plugin with host-local IPAM sets it up instead (the [`bridge`] module): what the overlay needs
-//! of a CNI, which routes nothing between nodes itself.
+//! plugin with host-local IPAM sets it up instead (the [`bridge`] module, Flannel's and k3s' pod
+//! network): what the overlay needs of a CNI, which routes nothing between nodes itself. With
+//! `cni: calico`, as Calico does (the [`calico`] module). kuport is given no setting for any of
+//! them: it learns the pod devices from the node's routes (docs/overlay/lab.md).
 
 use std::net::Ipv4Addr;
 
 use sha2::{Digest as _, Sha256};
 
-use crate::topology::{NodeSpec, PodSpec, router};
+use crate::topology::{Cni, NodeSpec, PodSpec, router};
+
+/// The device `cni`'s node routes `pod`'s address through, as the node's executor reports it
+/// (`ip route get POD`): what kuport's request claim names (docs/portmap/datapath.md).
+pub fn pod_device(cni: Cni, pod: &PodSpec) -> String {
+    match cni {
+        Cni::Cilium => "cilium_host".into(),
+        Cni::Bridge => bridge::DEVICE.into(),
+        Cni::Calico => calico::cali_name(pod),
+    }
+}
+
+/// The UDP ports of `cni`'s own VXLAN devices on a node (the Cilium emulation has none; Calico's
+/// `vxlan.calico` is on 4789).
+pub fn vxlan_ports(cni: Cni) -> Vec<u16> {
+    match cni {
+        Cni::Cilium | Cni::Bridge => Vec::new(),
+        Cni::Calico => vec![calico::VXLAN_PORT],
+    }
+}
 
 /// The host-side device of a pod's veth, as Cilium names them: `lxc` and 12 hex digits.
 pub fn lxc_name(pod: &PodSpec) -> String {
@@ -152,8 +173,8 @@ pub fn tc_prios(shown: &str) -> std::collections::BTreeSet<u32> {
 ///   masqueraded (the plugin's `ipMasq` would masquerade traffic to other nodes' pods too, and
 ///   the overlay carries pods' real addresses).
 ///
-/// kuport then runs with `--cni-host-device cni0 --cni-devices cni0 --cni-pod-devices cni0`:
-/// pods are reached through the bridge, and their packets arrive on it.
+/// Pods are reached through the bridge, and their packets arrive on it; kuport learns `cni0`
+/// from the node's route to the pod CIDR.
 pub mod bridge {
     use sha2::{Digest as _, Sha256};
 
@@ -211,6 +232,104 @@ pub mod bridge {
     }
 }
 
+/// Calico as it sets a node up (docs/overlay/lab.md, "The CNI emulations"), as far as kuport's
+/// rules care:
+///
+/// - per pod a veth `cali<11 hex>` (MAC `ee:ee:ee:ee:ee:ee`, as Calico sets it) whose peer is
+///   the pod's `eth0`, and the pod's route `POD/32 dev caliXXX scope link` on the node: no host
+///   device, no bridge, no node address in the pod network;
+/// - inside the pod, the address as a /32 and `default via 169.254.1.1 dev eth0 onlink`: the
+///   gateway is an address nobody has, answered by proxy ARP on the node's `cali` device
+///   (`proxy_arp=1`, `proxy_delay=0`, [`sysctls`]; the node routes `169.254.1.1` to `lo`, see
+///   [`host_lines`]);
+/// - Calico's `natOutgoing` in its own table (see [`nat_ruleset`]);
+/// - its VXLAN device `vxlan.calico` (VNI 4096, port 4789) on the underlay, which routes
+///   nothing in the lab: it is there for kuport to learn the CNI's VXLAN port from.
+pub mod calico {
+    use std::net::Ipv4Addr;
+
+    use sha2::{Digest as _, Sha256};
+
+    use crate::topology::{NodeSpec, PodSpec};
+
+    /// The pods' default gateway: link-local, on no device; the node answers for it.
+    pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+    /// The MAC Calico gives every node-side `cali` device.
+    pub const MAC: &str = "ee:ee:ee:ee:ee:ee";
+    pub const VXLAN: &str = "vxlan.calico";
+    pub const VXLAN_PORT: u16 = 4789;
+    /// The table of Calico's NAT (Calico writes iptables chains `cali-*`; the lab, nftables).
+    pub const NAT_TABLE: &str = "calico_nat";
+
+    /// The host-side device of a pod's veth, as Calico names them: `cali` and 11 hex digits.
+    pub fn cali_name(pod: &PodSpec) -> String {
+        let hash = Sha256::digest(format!("{}/{}", pod.namespace, pod.name));
+        format!("cali{}", &hex::encode(hash)[..11])
+    }
+
+    /// The node's `vxlan.calico` on its underlay, and a route for the gateway. Proxy ARP
+    /// answers only for an address the node routes out of another device; a real node's default
+    /// route covers `169.254.1.1`, the lab's nodes have none, so the route stands in for it.
+    pub fn host_lines(node: &NodeSpec) -> Vec<String> {
+        let u = &node.underlay;
+        vec![
+            format!("route add {GATEWAY}/32 dev lo"),
+            format!(
+                "link add {VXLAN} type vxlan id 4096 dstport {VXLAN_PORT} local {} dev {} nolearning",
+                u.address.addr(),
+                u.interface
+            ),
+            format!("link set {VXLAN} up"),
+        ]
+    }
+
+    /// The node-side lines of one pod: its veth and its /32 route on it.
+    pub fn pod_lines_on_node(pod: &PodSpec, pod_netns: &str) -> Vec<String> {
+        let cali = cali_name(pod);
+        vec![
+            format!("link add {cali} address {MAC} type veth peer name eth0 netns {pod_netns}"),
+            format!("link set {cali} up"),
+            format!("route add {}/32 dev {cali} scope link", pod.address),
+        ]
+    }
+
+    /// The node's settings of a pod's `cali` device: it answers ARP for any address it routes
+    /// elsewhere (the gateway), at once.
+    pub fn sysctls(pod: &PodSpec) -> Vec<(String, String)> {
+        let cali = cali_name(pod);
+        vec![
+            (format!("net.ipv4.conf.{cali}.proxy_arp"), "1".into()),
+            (format!("net.ipv4.neigh.{cali}.proxy_delay"), "0".into()),
+            (format!("net.ipv4.conf.{cali}.forwarding"), "1".into()),
+        ]
+    }
+
+    /// The lines inside the pod: its /32 and the link-local gateway.
+    pub fn pod_lines(pod: &PodSpec) -> Vec<String> {
+        vec![
+            "link set lo up".into(),
+            format!("addr add {}/32 dev eth0", pod.address),
+            "link set eth0 up".into(),
+            format!("route add default via {GATEWAY} dev eth0 onlink"),
+        ]
+    }
+
+    /// Calico's `natOutgoing`: pod traffic for outside every pool (the cluster's pod CIDRs)
+    /// leaves masqueraded, whatever the device; nothing else.
+    pub fn nat_ruleset(all_pod_cidrs: &[String]) -> String {
+        let pools = all_pod_cidrs.join(", ");
+        format!(
+            "table ip {NAT_TABLE} {{
+	chain cali-POSTROUTING {{
+		type nat hook postrouting priority srcnat; policy accept;
+		ip saddr {{ {pools} }} ip daddr != {{ {pools} }} counter masquerade comment \"calico natOutgoing\"
+	}}
+}}
+"
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,5 +351,18 @@ mod tests {
         );
         assert_eq!(lines[1], "filter del dev cilium_host egress prio 4");
         assert_eq!(tc_lines(false, &Default::default(), std::iter::empty())[0], "qdisc add dev cilium_host clsact");
+    }
+
+    #[test]
+    fn calico_devices_are_named_as_calico_names_them() {
+        let topology = crate::Topology::default_lab();
+        let game = topology.pod("game-0").expect("game-0");
+        let cali = calico::cali_name(game);
+        assert!(cali.starts_with("cali") && cali.len() == 15, "cali and 11 hex, the longest name Linux takes: {cali}");
+        let lines = calico::pod_lines_on_node(game, "ns");
+        assert_eq!(lines[2], format!("route add 10.244.2.107/32 dev {cali} scope link"));
+        assert_eq!(pod_device(Cni::Calico, game), cali);
+        assert_eq!(calico::pod_lines(game)[3], "route add default via 169.254.1.1 dev eth0 onlink");
+        assert_eq!(vxlan_ports(Cni::Calico), [4789]);
     }
 }

@@ -1,5 +1,6 @@
-//! A lab: the topology built from network namespaces and veths, with a Cilium-like CNI on each
-//! node (see [`crate::cni`]) and an echo server in each pod.
+//! A lab: the topology built from network namespaces and veths, with the topology's CNI
+//! emulation on each node (Cilium-like, a bridge or Calico-like; see [`crate::cni`]) and an echo
+//! server in each pod.
 //!
 //! Namespaces: one per node, pod and client, named `<lab id>-<host>`, and one switch namespace
 //! `<lab id>_switch` holding a bridge per underlay network. The lab id is unique on the machine,
@@ -286,6 +287,7 @@ impl Lab {
         lines.extend(match t.cni {
             Cni::Cilium => cni::host_lines(node),
             Cni::Bridge => cni::bridge::host_lines(node),
+            Cni::Calico => cni::calico::host_lines(node),
         });
         for p in &node.public {
             lines.push(format!("link add name {} type bridge", p.interface));
@@ -308,15 +310,11 @@ impl Lab {
             lines.extend(self.pod_lines_on_node(pod));
         }
         ip_batch(&ns, &lines)?;
-        match t.cni {
-            Cni::Cilium => {
-                self.sync_tc(node)?;
-                sys::nft(&ns, &cni::nat_ruleset(node, &cidrs))?;
-            }
-            Cni::Bridge => {
-                sys::nft(&ns, &cni::bridge::nat_ruleset(node, &cidrs))?;
-            }
+        for pod in t.pods.iter().filter(|p| p.node == node.name) {
+            self.pod_sysctls(pod)?;
         }
+        self.sync_tc(node)?;
+        sys::nft(&ns, &cni_nat(t.cni, node, &cidrs))?;
         match (&node.nat, node.router_host()) {
             (Some(nat), Some(router)) => self.build_router(ni, node, nat, &router, net)?,
             _ => {
@@ -383,7 +381,18 @@ impl Lab {
         match self.topology.cni {
             Cni::Cilium => cni::pod_lines_on_node(pod, &ns),
             Cni::Bridge => cni::bridge::pod_lines_on_node(pod, &ns),
+            Cni::Calico => cni::calico::pod_lines_on_node(pod, &ns),
         }
+    }
+
+    /// The node's settings of a pod's node-side device, once it exists (Calico's proxy ARP).
+    fn pod_sysctls(&self, pod: &PodSpec) -> anyhow::Result<()> {
+        if self.topology.cni != Cni::Calico {
+            return Ok(());
+        }
+        let settings = cni::calico::sysctls(pod);
+        let settings: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        sys::sysctls(&netns_path(&self.netns_name(&pod.node)), &settings)
     }
 
     /// The pod's own namespace: its address, the router as default route.
@@ -392,6 +401,7 @@ impl Lab {
         let lines = match self.topology.cni {
             Cni::Cilium => cni::pod_lines(pod, node),
             Cni::Bridge => cni::bridge::pod_lines(pod, node),
+            Cni::Calico => cni::calico::pod_lines(pod),
         };
         ip_batch(&self.netns_name(&pod.name), &lines)
     }
@@ -459,16 +469,18 @@ impl Lab {
         let ns = self.netns_name(pod);
         sys::netns_del(&ns)?;
         self.namespaces.retain(|n| *n != ns);
-        // The old node: the veth went with the namespace; the route and neighbour stay unless
-        // removed.
-        let old_ns = self.netns_name(&old_node);
-        let _ = ip_batch(
-            &old_ns,
-            &[
-                format!("route del {}/32 dev cilium_host", old.address),
-                format!("neigh del {} dev cilium_host", old.address),
-            ],
-        );
+        // The old node: the veth went with the namespace (and with it a route on it, Calico's);
+        // Cilium's route and neighbour on cilium_host stay unless removed.
+        if self.topology.cni == Cni::Cilium {
+            let old_ns = self.netns_name(&old_node);
+            let _ = ip_batch(
+                &old_ns,
+                &[
+                    format!("route del {}/32 dev cilium_host", old.address),
+                    format!("neigh del {} dev cilium_host", old.address),
+                ],
+            );
+        }
         self.topology = t;
         let old_spec = self.topology.node(&old_node).cloned().ok_or_else(|| anyhow!("no node {old_node}"))?;
         self.sync_tc(&old_spec)?;
@@ -476,6 +488,7 @@ impl Lab {
         let spec = self.topology.pod(pod).cloned().ok_or_else(|| anyhow!("no pod {pod:?}"))?;
         let node_spec = self.topology.node(node).cloned().ok_or_else(|| anyhow!("no node {node}"))?;
         ip_batch(&self.netns_name(node), &self.pod_lines_on_node(&spec))?;
+        self.pod_sysctls(&spec)?;
         self.sync_tc(&node_spec)?;
         self.pod_inside(&spec)?;
         self.start_server(&spec)
@@ -553,12 +566,16 @@ impl Lab {
     fn refresh_nat(&self) -> anyhow::Result<()> {
         let t = &self.topology;
         let cidrs: Vec<String> = t.nodes.iter().map(|n| n.pod_cidr.0.trunc().to_string()).collect();
+        let table = match t.cni {
+            Cni::Cilium | Cni::Bridge => "nat",
+            Cni::Calico => cni::calico::NAT_TABLE,
+        };
         for node in &t.nodes {
-            let ruleset = match t.cni {
-                Cni::Cilium => cni::nat_ruleset(node, &cidrs),
-                Cni::Bridge => cni::bridge::nat_ruleset(node, &cidrs),
-            };
-            sys::nft(&self.netns_name(&node.name), &format!("add table ip nat\ndelete table ip nat\n{ruleset}"))?;
+            let ruleset = cni_nat(t.cni, node, &cidrs);
+            sys::nft(
+                &self.netns_name(&node.name),
+                &format!("add table ip {table}\ndelete table ip {table}\n{ruleset}"),
+            )?;
         }
         Ok(())
     }
@@ -764,6 +781,15 @@ fn kill_server(pid: u32, lab_id: &str) {
     }
     signal(pid, Signal::TERM);
     wait_gone(pid, Duration::from_secs(2));
+}
+
+/// The CNI's NAT ruleset on `node`, for the cluster's pod CIDRs `cidrs`.
+fn cni_nat(cni: Cni, node: &NodeSpec, cidrs: &[String]) -> String {
+    match cni {
+        Cni::Cilium => cni::nat_ruleset(node, cidrs),
+        Cni::Bridge => cni::bridge::nat_ruleset(node, cidrs),
+        Cni::Calico => cni::calico::nat_ruleset(cidrs),
+    }
 }
 
 /// A NAT router's ruleset: the LAN masqueraded out of `wan0`, or `node` mapped one to one onto

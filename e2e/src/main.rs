@@ -111,13 +111,6 @@ enum Cmd {
         /// kuport's WireGuard mesh (the controller's `--overlay`).
         #[arg(long)]
         overlay: bool,
-        /// The CNI's devices (the controller's flags of the same names; Cilium's by default).
-        #[arg(long)]
-        cni_host_device: Option<String>,
-        #[arg(long)]
-        cni_devices: Option<String>,
-        #[arg(long)]
-        cni_pod_devices: Option<String>,
     },
     /// Runs one node's executor (started by `up`): kuport's NodeSync client and keepers.
     #[command(hide = true)]
@@ -236,31 +229,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             process::adopt_lifetime()?;
             serve(&netns, &pod, &tcp, &udp)
         }
-        Cmd::Controller {
-            manifests,
-            kubeconfig,
-            identity,
-            listen,
-            overlay,
-            cni_host_device,
-            cni_devices,
-            cni_pod_devices,
-        } => {
+        Cmd::Controller { manifests, kubeconfig, identity, listen, overlay } => {
             process::adopt_lifetime()?;
             let mut settings = kuport_controller::compute::Settings::default();
             if overlay {
                 use kuport_controller::compute::overlay;
                 settings.overlay =
                     Some(overlay::OverlaySettings::new(overlay::DEFAULT_INTERFACE, overlay::DEFAULT_LISTEN_PORT)?);
-            }
-            if let Some(d) = cni_host_device {
-                settings.cni_host_device = d;
-            }
-            if let Some(d) = cni_devices {
-                settings.cni_device_wildcard = d;
-            }
-            if let Some(d) = cni_pod_devices {
-                settings.cni_pod_device_wildcard = d;
             }
             let source = match (manifests, kubeconfig) {
                 (Some(m), _) => plane::ControllerSource::Folder(m),

@@ -95,6 +95,9 @@ pub fn generate(t: &Topology) -> Objects {
             underlay_mtu: Some(n.underlay.mtu),
             interfaces: Some(interfaces),
             wireguard_public_key: None,
+            // The running executors report them; a rendered world has none.
+            routes: None,
+            vxlan_ports: Vec::new(),
         });
     }
 

@@ -26,10 +26,28 @@ pub fn program(lab: &mut Lab, manifests: &Manifests) -> anyhow::Result<Outputs> 
 
 /// What the controller would decide for the lab's objects and `manifests`, now. The class
 /// statuses of the previous computation are fed back, as the controller's status writes would
-/// be, so link slots stay put.
+/// be, so link slots stay put. Each node's routes and the CNI's VXLAN ports are read from its
+/// namespace, as its executor would report them (docs/portmap/datapath.md, "Which device
+/// reaches the pod").
 pub fn compute(lab: &mut Lab, manifests: &Manifests) -> Outputs {
     let mut cluster = lab.objects().with(&manifests.cluster);
     cluster.now = Timestamp::now();
+    for f in &mut cluster.facts {
+        let Some(node) = lab.topology().nodes.iter().find(|n| n.name == f.node) else { continue };
+        let path = netns_path(&lab.netns_name(&node.name));
+        match kuport_node_exec::sync::facts::read(Some(&path), Some(&node.underlay.interface)) {
+            Ok(read) => {
+                f.routes = Some(
+                    read.routes
+                        .into_iter()
+                        .map(|r| kuport_controller::observe::KnownRoute { dst: r.dst, dev: r.dev })
+                        .collect(),
+                );
+                f.vxlan_ports = read.vxlan_ports.into_iter().filter_map(|p| u16::try_from(p).ok()).collect();
+            }
+            Err(e) => eprintln!("{}: reading its facts: {e}", f.node),
+        }
+    }
     for class in &mut cluster.classes {
         let name = class.metadata.name.clone().unwrap_or_default();
         if class.status.is_none()

@@ -13,7 +13,8 @@
 //! the router masquerades the LAN (`masquerade`, a home) or maps the public address one to one
 //! onto the node's (`oneToOne`, a VM with a private address). A client with a `network` sits on
 //! that network's segment (an "internet" client). With `overlay: true` the lab runs kuport's
-//! WireGuard mesh, and `cni: bridge` makes each node's pod network a bridge `cni0`.
+//! WireGuard mesh, and `cni: bridge` makes each node's pod network a bridge `cni0` (`cni:
+//! calico`: Calico's per-pod veths with /32 routes; the default is the Cilium emulation).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -72,14 +73,30 @@ pub enum Cni {
     /// Cilium's devices: `cilium_host`, `lxc*`, a tc redirect per pod.
     #[default]
     Cilium,
-    /// The bridge plugin with host-local IPAM: a bridge `cni0` with the pod CIDR's first
-    /// address, the pods' veths on it.
+    /// The bridge plugin with host-local IPAM (Flannel's and k3s' pod network): a bridge `cni0`
+    /// with the pod CIDR's first address, the pods' veths on it.
     Bridge,
+    /// Calico's devices: per pod a veth `cali<11 hex>` with the pod's /32 route on it, proxy
+    /// ARP for the pods' gateway `169.254.1.1`, no host device.
+    Calico,
 }
 
 impl Cni {
+    /// Every emulation, for tests that run on each.
+    pub const ALL: [Cni; 3] = [Cni::Cilium, Cni::Bridge, Cni::Calico];
+
     fn is_default(&self) -> bool {
         *self == Cni::Cilium
+    }
+}
+
+impl fmt::Display for Cni {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Cni::Cilium => "cilium",
+            Cni::Bridge => "bridge",
+            Cni::Calico => "calico",
+        })
     }
 }
 
@@ -382,6 +399,13 @@ impl Topology {
         Topology::parse("topologies/homes.yaml", HOMES_YAML).expect("the shipped homes topology is valid")
     }
 
+    /// The same topology with another CNI emulated on every node: the default and Multi
+    /// scenarios run on each (docs/overlay/lab.md, "The CNI emulations").
+    pub fn with_cni(mut self, cni: Cni) -> Topology {
+        self.cni = cni;
+        self
+    }
+
     /// A shipped topology by name (`default`, `multi`, `sites`, `homes`).
     pub fn shipped(name: &str) -> Option<Topology> {
         match name {
@@ -671,7 +695,9 @@ fn check_iface(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 15 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
         return Err(format!("{name:?} is not an interface name (1-15 of a-z, 0-9, '-', '_', '.')"));
     }
-    if name == "lo" || ["cilium_", "lxc", "kup-", "lab-"].iter().any(|p| name.starts_with(p)) {
+    if name == "lo"
+        || ["cilium_", "lxc", "cali", "cni0", "vxlan.calico", "kup-", "lab-"].iter().any(|p| name.starts_with(p))
+    {
         return Err(format!("{name:?} is reserved by the lab, the CNI or kuport"));
     }
     Ok(())
@@ -695,6 +721,10 @@ mod tests {
         assert_eq!(Topology::parse("x", &t.to_yaml()).unwrap(), t);
         assert_eq!(Topology::parse("x", &m.to_yaml()).unwrap(), m);
         assert_eq!(Topology::parse("x", &s.to_yaml()).unwrap(), s);
+        for cni in Cni::ALL {
+            let c = Topology::default_lab().with_cni(cni);
+            assert_eq!(Topology::parse("x", &c.to_yaml()).unwrap(), c, "{cni}");
+        }
     }
 
     fn error(text: &str) -> String {

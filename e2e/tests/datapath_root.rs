@@ -4,10 +4,36 @@
 //! Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1. Each lab is removed on drop.
 
 mod common;
+use common::cni::{default_lab_on, multi_lab_on, on_each_cni};
 use common::*;
 
+use std::net::{Ipv4Addr, UdpSocket};
+use std::time::Duration;
+
 use kuport_lab::Protocol::{Tcp, Udp};
-use kuport_lab::{Lab, Manifests, Topology, program};
+use kuport_lab::sys::in_netns;
+use kuport_lab::topology::Cni;
+use kuport_lab::{Manifests, program};
+
+/// What the lab's CNI emulation alone does, before kuport (docs/overlay/lab.md, "The CNI
+/// emulations"): the node reaches its pods, pods on one node reach each other with their own
+/// addresses, and a pod's traffic to outside the cluster leaves masqueraded to the node's
+/// address on the way out (worker-2's own internet connection, 192.0.2.12).
+fn emulation(cni: Cni) {
+    let lab = default_lab_on(cni);
+    let a = lab.probe("worker-2", addr("10.244.2.107:27015"), Udp).expect("worker-2 reaches game-0");
+    assert_eq!(a.pod, "game-0", "{cni}: {a}");
+    let a = lab.probe("api-0", addr("10.244.2.107:27015"), Udp).expect("api-0 reaches game-0");
+    assert_eq!(*a.seen.ip(), Ipv4Addr::new(10, 244, 2, 9), "{cni}: pods on one node see each other: {a}");
+    let client = in_netns(&lab.netns("client-1").unwrap(), || UdpSocket::bind("0.0.0.0:7100")).unwrap();
+    client.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let pod = in_netns(&lab.netns("game-0").unwrap(), || UdpSocket::bind("0.0.0.0:0")).unwrap();
+    pod.send_to(b"out", "198.51.100.7:7100").unwrap();
+    let mut buf = [0u8; 16];
+    let (_, from) = client.recv_from(&mut buf).unwrap_or_else(|e| panic!("{cni}: the pod reaches the outside: {e}"));
+    assert_eq!(from.ip().to_string(), "192.0.2.12", "{cni}: masqueraded to worker-2's address");
+}
+on_each_cni!(cni_emulation_reaches_pods_and_the_outside = emulation);
 
 /// The first shape of docs/portmap/datapath.md: the pod sits on the node that accepts the
 /// packet. No link.
@@ -26,13 +52,10 @@ fn single_pod_on_accepting_node_tcp() {
     }
 }
 
-/// The second shape: edge-a accepts, the pod is on worker-1, both legs ride kuport's link.
-#[test]
-fn single_pod_on_another_node_tcp_and_udp() {
-    if !root() {
-        return;
-    }
-    let mut lab = default_lab();
+/// The second shape: edge-a accepts, the pod is on worker-1, both legs ride kuport's link. On
+/// each CNI emulation, with no CNI setting: kuport learns the pod's device from worker-1.
+fn another_node(cni: Cni) {
+    let mut lab = default_lab_on(cni);
     let m = with_classes(
         &(port_map("apps", "echo-tcp", "public", "TCP", "8080", "echo", "tcp")
             + &port_map("apps", "echo-udp", "public", "UDP", "8080", "echo", "udp")),
@@ -46,6 +69,7 @@ fn single_pod_on_another_node_tcp_and_udp() {
         assert_maps(&lab, client, "203.0.113.9:8080", Udp, "echo-0");
     }
 }
+on_each_cni!(single_pod_on_another_node_tcp_and_udp = another_node);
 
 /// A UDP range of 101 ports, delivered to the same port numbers on the pod (the shipped default
 /// manifests): first, middle and last port.
@@ -71,13 +95,10 @@ fn udp_range_of_101_ports() {
 
 /// Multi: every worker accepts the `intranet` class (docs/portmap/modes.md) on wt0; the pod is on worker-1. Clients
 /// enter at each worker: worker-1 delivers locally, worker-2 and worker-3 over their links,
-/// and worker-1 returns each reply by the link its request came in on (the ct mark).
-#[test]
-fn multi_three_accepting_nodes() {
-    if !root() {
-        return;
-    }
-    let mut lab = Lab::up(&Topology::multi_lab()).expect("the Multi lab builds");
+/// and worker-1 returns each reply by the link its request came in on (the ct mark). On each
+/// CNI emulation.
+fn multi(cni: Cni) {
+    let mut lab = multi_lab_on(cni);
     let out = program(&mut lab, &Manifests::multi_lab()).expect("programs");
     for name in ["dns", "dns-tcp"] {
         assert_eq!(condition(&out, "intranet", name, "Programmed").0, "True", "{name}");
@@ -93,6 +114,7 @@ fn multi_three_accepting_nodes() {
         assert_maps(&lab, "client-2", &format!("{entry}:5353"), Udp, "dns-0");
     }
 }
+on_each_cni!(multi_three_accepting_nodes = multi);
 
 /// Two classes over one node pair (edge-a and worker-2): two links with their own VNIs, one per
 /// class, each carrying its own mapping.

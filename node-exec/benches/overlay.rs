@@ -196,10 +196,11 @@ fn states(nodes: &[Node]) -> BenchResult<Vec<NetnsState>> {
             underlay_mtu: Some(UNDERLAY_MTU),
             interfaces: None,
             wireguard_public_key: Some(n.wg.public_key().to_string()),
+            ..Default::default()
         });
     }
     let overlay = OverlaySettings::new(DEVICE, LISTEN_PORT).map_err(|e| e.to_string())?;
-    let out = compute(&c, &Settings { overlay: Some(overlay), ..Default::default() });
+    let out = compute(&c, &Settings { overlay: Some(overlay) });
     nodes
         .iter()
         .map(|n| {

@@ -261,6 +261,12 @@ fn vocabulary() -> kuport_proto::v1::NftTable {
             m(S::CtMark, Neq, mark(5)),
             m(S::MetaSkuid, Eq, id(1000)),
             m(S::MetaSkgid, Neq, id(1001)),
+            // Multi's restore (docs/portmap/datapath.md): the replies of kuport's connections.
+            rule(
+                vec![cmp(S::CtDirection, Eq, id(1), 0), cmp(S::CtMark, Eq, mark(0x6b70_0000), 0xffff_0000)],
+                vec![meta_set(set_mark::From::Selector(S::CtMark as i32))],
+            ),
+            m(S::CtDirection, Neq, id(0)),
             rule(vec![lookup(&[S::IpSaddr], "s4", false)], vec![]),
             rule(vec![lookup(&[S::IpSaddr], "s4", true)], vec![]),
             rule(vec![lookup(&[S::Iifname], "sif", false)], vec![]),

@@ -154,7 +154,7 @@ impl Lab {
 }
 
 fn settings(dev: &str) -> Settings {
-    Settings { overlay: Some(OverlaySettings::new(dev, LISTEN_PORT).expect("overlay settings")), ..Default::default() }
+    Settings { overlay: Some(OverlaySettings::new(dev, LISTEN_PORT).expect("overlay settings")) }
 }
 
 /// Each node's host namespace as computed.

@@ -217,8 +217,7 @@ fn a_relay_forwards_only_between_pod_addresses_and_each_rule_earns_its_place() {
     let dev = format!("kup-r{}", std::process::id() % 100_000);
     let lab = Lab::new(&dev);
     let (a, r, b) = (lab.node("home-a"), lab.node("cloud"), lab.node("home-b"));
-    let settings =
-        Settings { overlay: Some(OverlaySettings::new(&dev, LISTEN_PORT).expect("overlay")), ..Default::default() };
+    let settings = Settings { overlay: Some(OverlaySettings::new(&dev, LISTEN_PORT).expect("overlay")) };
     let out = compute(&lab.cluster(), &settings);
     assert_eq!(out.overlay["home-a"].routes["home-b"].to_string(), "via cloud");
     assert!(out.overlay["cloud"].relay);

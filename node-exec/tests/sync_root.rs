@@ -181,7 +181,9 @@ async fn executors_converge_report_refusals_and_survive_the_controller() {
 async fn converge_refuse_survive() {
     let dir = manifests("converge");
     let edge = Node::new("edge-a", "cv", &[("wt0", "100.64.93.143"), ("enp1s0", "203.0.113.9")]);
-    let worker = Node::new("worker-2", "cv", &[("wt0", "100.64.0.12")]);
+    // cilium_host's connected route is how worker-2's kernel reaches its pod 10.244.2.107: the
+    // request claim names that device (docs/portmap/datapath.md, "Which device reaches the pod").
+    let worker = Node::new("worker-2", "cv", &[("wt0", "100.64.0.12"), ("cilium_host", "10.244.2.1")]);
     let (address, stop_controller, controller_task) = controller(&dir, "127.0.0.1:0").await;
     let (stop_edge, edge_task) = executor(edge.config(&address, "wt0"));
     let (stop_worker, worker_task) = executor(worker.config(&address, "wt0"));

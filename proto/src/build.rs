@@ -216,6 +216,12 @@ pub fn ct_mark_set(from: set_mark::From) -> NftStatement {
 }
 
 /// `tcp option maxseg size set rt mtu`: the MSS option clamped to the route's MTU.
+/// `ip daddr set K map @m`: the destination rewritten to the map's address, checksums updated.
+pub fn ip_daddr_set_map(key: &[Selector], map: &str) -> NftStatement {
+    let a = crate::v1::AddressSet { selector: Selector::IpDaddr as i32, map: Some(map_lookup(key, map)) };
+    statement(nft_statement::Kind::AddressSet(a))
+}
+
 pub fn tcp_mss_clamp() -> NftStatement {
     statement(nft_statement::Kind::TcpMssClamp(TcpMssClamp {}))
 }

@@ -19,7 +19,7 @@ use kuport_controller::api::{
     ServiceRef, ServingMode, VxlanSpec,
 };
 use kuport_controller::observe::index as observe;
-use kuport_controller::observe::{Cluster, KnownFacts, KnownInterface};
+use kuport_controller::observe::{Cluster, KnownFacts, KnownInterface, KnownRoute};
 
 pub const PODS_PER_SERVICE: usize = 3;
 pub const EDGES: usize = 10;
@@ -175,6 +175,9 @@ pub fn build(n_nodes: usize, n_maps: usize, rng: &mut Rng) -> Cluster {
             underlay_mtu: Some(if i % 7 == 0 { 1380 } else { 1420 }),
             interfaces: Some(interfaces),
             wireguard_public_key: None,
+            // Cilium's: the node's pods through cilium_host.
+            routes: Some(vec![KnownRoute { dst: format!("{}/24", ip(PODS, i * 256)), dev: "cilium_host".into() }]),
+            vxlan_ports: Vec::new(),
         });
     }
     for (name, mode, edges, iface, subnet, vni, port) in CLASSES {

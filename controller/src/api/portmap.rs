@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 /// Default first VNI of a class: VNI = base + slot.
 pub const DEFAULT_VNI_BASE: u32 = 4200;
-/// Default UDP port of kuport's VXLAN links; never the CNI's (Cilium uses 8472).
+/// Default UDP port of kuport's VXLAN links: not the port a CNI's VXLAN uses (8472 for Cilium
+/// and Flannel, 4789 for Calico).
 pub const DEFAULT_VXLAN_PORT: u16 = 4790;
 /// Default subnet from which each node pair takes one /31.
 pub const DEFAULT_LINK_SUBNET: &str = "169.254.77.0/24";
@@ -110,9 +111,10 @@ pub struct VxlanSpec {
     /// The first VNI; a link's VNI is this plus its slot.
     #[serde(default = "default_vni")]
     pub vni: u32,
-    /// The links' UDP port; must differ from the CNI's (8472 for Cilium).
+    /// The links' UDP port; must differ from the port of any VXLAN device of the CNI, as each
+    /// node's executor reports them (8472 for Cilium and Flannel, 4789 for Calico).
     #[serde(default = "default_vxlan_port")]
-    #[x_kube(validation = Rule::new("self != 8472").message("port 8472 is the CNI's VXLAN port (Cilium); choose another"))]
+    #[x_kube(validation = Rule::new("self != 0").message("port 0 is not a UDP port"))]
     pub port: u16,
     /// IPv4 subnet from which each node pair takes one /31.
     #[serde(default = "default_subnet")]

@@ -25,31 +25,13 @@ use crate::observe::{Cluster, KnownFacts};
 use intercept::pods::InterceptKey;
 use portmap::MapKey;
 
-/// Controller settings that describe the CNI kuport runs beside.
-#[derive(Clone, Debug)]
+/// Controller settings. Nothing describes the CNI: what the port maps need of it (the device
+/// that reaches a local pod, its VXLAN ports) comes from each executor's facts
+/// (docs/portmap/datapath.md, "The request claim").
+#[derive(Clone, Debug, Default)]
 pub struct Settings {
-    /// The device through which the host reaches local pods (Cilium: cilium_host).
-    pub cni_host_device: String,
-    /// Matches every CNI device; a reply leaving through none of them is claimed.
-    pub cni_device_wildcard: String,
-    /// Matches the host side of pods' interfaces, where their replies arrive (Cilium: lxc*).
-    pub cni_pod_device_wildcard: String,
-    /// The CNI's VXLAN port, which kuport's links must not use (Cilium: 8472).
-    pub cni_vxlan_port: u16,
     /// The WireGuard mesh, when on (docs/overlay/mesh.md).
     pub overlay: Option<overlay::OverlaySettings>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            cni_host_device: "cilium_host".into(),
-            cni_device_wildcard: "cilium_*".into(),
-            cni_pod_device_wildcard: "lxc*".into(),
-            cni_vxlan_port: 8472,
-            overlay: None,
-        }
-    }
 }
 
 /// The kinds of object whose status reports what executors did.
@@ -115,7 +97,7 @@ impl Outputs {
 }
 
 pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
-    let mut view = View::new(cluster, settings.cni_vxlan_port);
+    let mut view = View::new(cluster);
     let mut numbers = numbers::Numbers::default();
     let mut out = Outputs::default();
     // The mesh first: port maps' links between members ride on it.
@@ -179,12 +161,32 @@ fn assemble(
 
 /// Of an executor's reported `facts`, what the computation reads given `inputs`: two reports
 /// with the same relevant facts compute the same states and statuses, so only a change in them
-/// needs a recompute (a pod's veth coming or going changes neither).
+/// needs a recompute (a pod's veth coming or going changes neither, nor does a route that
+/// contains none of the node's endpoint addresses).
 pub fn relevant_facts(inputs: Option<&Cluster>, facts: &KnownFacts) -> KnownFacts {
     let read = portmap::interfaces_read(inputs, &facts.node);
     let interfaces = facts
         .interfaces
         .as_ref()
         .map(|list| list.iter().filter(|i| read.contains(&i.name.as_str())).cloned().collect());
-    KnownFacts { interfaces, ..facts.clone() }
+    let routes = match inputs {
+        None => facts.routes.clone(),
+        Some(cluster) => {
+            // The longest prefix containing an address is among the routes that contain it.
+            let local: Vec<std::net::Ipv4Addr> = cluster
+                .endpoint_slices
+                .iter()
+                .flat_map(|s| s.endpoints.iter().flatten())
+                .filter(|e| e.node_name.as_deref() == Some(facts.node.as_str()))
+                .flat_map(|e| e.addresses.iter().filter_map(|a| a.parse().ok()))
+                .collect();
+            facts.routes.as_ref().map(|list| {
+                list.iter()
+                    .filter(|r| r.dst.parse::<ipnet::Ipv4Net>().is_ok_and(|n| local.iter().any(|a| n.contains(a))))
+                    .cloned()
+                    .collect()
+            })
+        }
+    };
+    KnownFacts { interfaces, routes, ..facts.clone() }
 }

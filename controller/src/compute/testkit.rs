@@ -15,7 +15,7 @@ use super::{Outputs, Settings, compute};
 use crate::api::Protocol::{Tcp, Udp};
 use crate::api::*;
 use crate::observe::index::SERVICE_NAME_LABEL;
-use crate::observe::{Cluster, KnownFacts, KnownInterface};
+use crate::observe::{Cluster, KnownFacts, KnownInterface, KnownRoute};
 
 /// The fixed time every test computes at.
 pub fn now() -> Timestamp {
@@ -26,11 +26,18 @@ pub fn now() -> Timestamp {
 #[derive(Clone, Default)]
 pub struct World {
     pub c: Cluster,
+    /// Leaves out [`CILIUM_ROUTE`], which [`World::run`] otherwise gives every node that has
+    /// not been given routes of its own.
+    pub no_default_routes: bool,
 }
+
+/// The route a Cilium node's kernel has for the pod network (every pod address of the tests is
+/// in it): what makes the claims name `cilium_host`, as on the lab's Cilium-like nodes.
+pub const CILIUM_ROUTE: (&str, &str) = ("10.244.0.0/16", "cilium_host");
 
 impl World {
     pub fn new() -> Self {
-        World { c: Cluster { now: now(), ..Default::default() } }
+        World { c: Cluster { now: now(), ..Default::default() }, no_default_routes: false }
     }
 
     pub fn node(mut self, name: &str, ip: &str, ready: bool) -> Self {
@@ -62,8 +69,35 @@ impl World {
                     .collect(),
             ),
             wireguard_public_key: None,
+            routes: None,
+            vxlan_ports: Vec::new(),
         });
         self
+    }
+
+    /// The facts of `name` (made when it has none) with these routes, as its executor reports
+    /// them: (prefix, device).
+    pub fn routes(mut self, name: &str, routes: &[(&str, &str)]) -> Self {
+        let routes = routes.iter().map(|(d, v)| KnownRoute { dst: (*d).into(), dev: (*v).into() }).collect();
+        self.facts_of(name).routes = Some(routes);
+        self
+    }
+
+    /// The facts of `name` (made when it has none) with these VXLAN ports of the CNI's.
+    pub fn vxlan_ports(mut self, name: &str, ports: &[u16]) -> Self {
+        self.facts_of(name).vxlan_ports = ports.to_vec();
+        self
+    }
+
+    fn facts_of(&mut self, name: &str) -> &mut KnownFacts {
+        let at = match self.c.facts.iter().position(|f| f.node == name) {
+            Some(i) => i,
+            None => {
+                self.c.facts.push(KnownFacts { node: name.into(), ..Default::default() });
+                self.c.facts.len() - 1
+            }
+        };
+        &mut self.c.facts[at]
     }
 
     pub fn class(mut self, name: &str, mode: ServingMode, rp: ReturnPathMode, nodes: &[(&str, &[&str])]) -> Self {
@@ -186,8 +220,24 @@ impl World {
         self
     }
 
+    /// Computes; every node without routes of its own gets [`CILIUM_ROUTE`] (unless
+    /// `no_default_routes`).
     pub fn run(&self) -> Outputs {
-        compute(&self.c, &Settings::default())
+        compute(&self.cluster(), &Settings::default())
+    }
+
+    /// The cluster [`World::run`] computes from.
+    pub fn cluster(&self) -> Cluster {
+        let mut w = self.clone();
+        if !w.no_default_routes {
+            let names: Vec<String> = w.c.nodes.iter().filter_map(|n| n.metadata.name.clone()).collect();
+            for name in names {
+                if w.facts_of(&name).routes.is_none() {
+                    w = w.routes(&name, &[CILIUM_ROUTE]);
+                }
+            }
+        }
+        w.c
     }
 }
 

@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use k8s_openapi::api::core::v1::Node;
 use kuport_proto::v1 as wire;
 
-use super::{KnownFacts, KnownInterface};
+use super::{KnownFacts, KnownInterface, KnownRoute};
 
 /// The smallest underlay MTU accepted: IPv4's minimum (no interface that carries IPv4 reports
 /// less). A smaller but real MTU is the computation's to judge, and the kernel's: a link is only
@@ -36,6 +36,11 @@ pub const MAX_ADDRESSES: usize = 64;
 pub const MAX_KERNEL: usize = 64;
 /// A WireGuard key in base64: 32 bytes take 43 characters and one `=`.
 pub const WIREGUARD_KEY_LEN: usize = 44;
+/// Routes per report: a node's pods, a /32 each under a Calico-like CNI, and its other routes
+/// (the executor keeps the longest prefixes when it has more).
+pub const MAX_ROUTES: usize = 4096;
+/// VXLAN ports per report: one or two per CNI.
+pub const MAX_VXLAN_PORTS: usize = 64;
 
 /// Why a report, or a part of it, was refused.
 pub mod reason {
@@ -224,7 +229,67 @@ pub fn check(node: &str, f: &wire::NodeFacts) -> Result<KnownFacts, Refused> {
         underlay_mtu,
         interfaces: Some(interfaces),
         wireguard_public_key,
+        routes: Some(routes(node, &f.routes)?),
+        vxlan_ports: vxlan_ports(node, &f.vxlan_ports)?,
     })
+}
+
+/// Checks the reported routes: at most [`MAX_ROUTES`], each a prefix with no host bits and a
+/// valid device name, each prefix once (the executor keeps the lowest metric's), so the longest
+/// prefix containing an address names one device.
+fn routes(node: &str, reported: &[wire::RouteFacts]) -> Result<Vec<KnownRoute>, Refused> {
+    if reported.len() > MAX_ROUTES {
+        return Err(Refused::invalid(
+            node,
+            "routes",
+            format!("{} routes; at most {MAX_ROUTES} are accepted", reported.len()),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::with_capacity(reported.len());
+    for (i, r) in reported.iter().enumerate() {
+        let dst: ipnet::IpNet = r.dst.parse().map_err(|_| {
+            Refused::invalid(node, format!("routes[{i}].dst"), format!("{:?} is not an IP prefix", r.dst))
+        })?;
+        if dst.trunc() != dst {
+            return Err(Refused::invalid(node, format!("routes[{i}].dst"), format!("{dst} has host bits set")));
+        }
+        if !valid_interface_name(&r.dev) {
+            return Err(Refused::invalid(node, format!("routes[{i}].dev"), name_error(&r.dev)));
+        }
+        if !seen.insert(dst) {
+            return Err(Refused::invalid(node, format!("routes[{i}].dst"), format!("{dst} is reported twice")));
+        }
+        out.push(KnownRoute { dst: dst.to_string(), dev: r.dev.clone() });
+    }
+    Ok(out)
+}
+
+/// Checks the reported VXLAN ports: at most [`MAX_VXLAN_PORTS`], each a UDP port other than 0.
+fn vxlan_ports(node: &str, reported: &[u32]) -> Result<Vec<u16>, Refused> {
+    if reported.len() > MAX_VXLAN_PORTS {
+        return Err(Refused::invalid(
+            node,
+            "vxlanPorts",
+            format!("{} ports; at most {MAX_VXLAN_PORTS} are accepted", reported.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(reported.len());
+    for (i, p) in reported.iter().enumerate() {
+        match u16::try_from(*p) {
+            Ok(port) if port != 0 => out.push(port),
+            _ => {
+                return Err(Refused::invalid(
+                    node,
+                    format!("vxlanPorts[{i}]"),
+                    format!("{p} is not a UDP port (1 to 65535)"),
+                ));
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 /// Every IPv4 address of a Node's status.addresses, whatever its type.
@@ -340,8 +405,55 @@ mod tests {
                 })
                 .collect(),
             kernel: "6.12.0".into(),
-            wireguard_public_key: String::new(),
+            ..Default::default()
         }
+    }
+
+    fn route(dst: &str, dev: &str) -> wire::RouteFacts {
+        wire::RouteFacts { dst: dst.into(), dev: dev.into() }
+    }
+
+    #[test]
+    fn routes_and_vxlan_ports_are_bounded_and_valid() {
+        let mut f = wire("", 0, &[]);
+        f.routes = vec![route("10.244.2.107/32", "cali1234"), route("10.244.2.0/24", "cilium_host")];
+        f.vxlan_ports = vec![8472, 4789];
+        let known = check("worker-2", &f).unwrap();
+        let routes: Vec<(&str, &str)> =
+            known.routes.iter().flatten().map(|r| (r.dst.as_str(), r.dev.as_str())).collect();
+        assert_eq!(routes, [("10.244.2.107/32", "cali1234"), ("10.244.2.0/24", "cilium_host")]);
+        assert_eq!(known.vxlan_ports, [4789, 8472]);
+        // A report always says its routes, if none: known to be none, not unknown.
+        assert_eq!(check("worker-2", &wire("", 0, &[])).unwrap().routes, Some(vec![]));
+        let long = "x".repeat(16);
+        let cases: Vec<(Vec<wire::RouteFacts>, Vec<u32>, &str)> = vec![
+            (vec![route("10.244.2.107", "cali1")], vec![], "routes[0].dst"),
+            (vec![route("10.244.2.0/33", "cali1")], vec![], "routes[0].dst"),
+            (vec![route("10.244.2.1/24", "cni0")], vec![], "routes[0].dst"),
+            (vec![route("cni0", "cni0")], vec![], "routes[0].dst"),
+            (vec![route("10.244.2.0/24", "")], vec![], "routes[0].dev"),
+            (vec![route("10.244.2.0/24", &long)], vec![], "routes[0].dev"),
+            (vec![route("10.244.2.0/24", "a/b")], vec![], "routes[0].dev"),
+            (vec![route("10.244.2.0/24", "cni0"), route("10.244.2.0/24", "cni1")], vec![], "routes[1].dst"),
+            (vec![], vec![0], "vxlanPorts[0]"),
+            (vec![], vec![8472, 65_536], "vxlanPorts[1]"),
+        ];
+        for (routes, ports, field) in cases {
+            let mut f = wire("", 0, &[]);
+            (f.routes, f.vxlan_ports) = (routes, ports);
+            let e = check("worker-2", &f).expect_err(field);
+            assert_eq!((e.field.as_str(), e.reason), (field, reason::INVALID_FACTS), "{e}");
+            assert!(e.to_string().contains("node worker-2"), "{e}");
+        }
+        let mut f = wire("", 0, &[]);
+        f.routes = (0..=MAX_ROUTES as u32)
+            .map(|i| route(&format!("{}/32", Ipv4Addr::from(0x0af4_0000 + i)), "cali0"))
+            .collect();
+        assert_eq!(check("worker-2", &f).unwrap_err().field, "routes");
+        f.routes.pop();
+        assert!(check("worker-2", &f).is_ok(), "exactly {MAX_ROUTES} routes are accepted");
+        f.vxlan_ports = (1..=MAX_VXLAN_PORTS as u32 + 1).collect();
+        assert_eq!(check("worker-2", &f).unwrap_err().field, "vxlanPorts");
     }
 
     fn node(name: &str, addresses: &[(&str, &str)]) -> Node {

@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
+use ipnet::Ipv4Net;
+
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -40,9 +42,36 @@ pub struct KnownNode {
     /// The node's overlay address and device MTU when it is a mesh member with an address:
     /// links between two members ride on the mesh (docs/overlay/mesh.md, "Port maps over the mesh").
     pub overlay: Option<(Ipv4Addr, u32)>,
+    /// The main table's IPv4 routes (prefix, device) as the executor reported them; None
+    /// until it has. Which device reaches a local pod ([`KnownNode::route_to`]).
+    pub routes: Option<Vec<(Ipv4Net, String)>>,
+    /// The UDP ports of the node's VXLAN devices that are not kuport's (the CNI's).
+    pub vxlan_ports: Vec<u16>,
+}
+
+/// How a node's kernel reaches an address, from its reported routes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouteTo {
+    /// Through this device: the longest reported prefix that contains the address.
+    Device(String),
+    /// The address is the node's own (a host-network pod): delivered locally, it leaves by no
+    /// device.
+    Local,
+    /// No reported route contains it, or the node has not reported its routes yet.
+    Unknown,
 }
 
 impl KnownNode {
+    /// How the node's kernel reaches `addr` (docs/portmap/datapath.md, "The request claim").
+    pub fn route_to(&self, addr: Ipv4Addr) -> RouteTo {
+        let text = addr.to_string();
+        if self.interfaces.as_ref().is_some_and(|m| m.values().any(|a| a.contains(&text))) {
+            return RouteTo::Local;
+        }
+        longest_prefix(self.routes.as_deref().unwrap_or_default(), addr)
+            .map_or(RouteTo::Unknown, |dev| RouteTo::Device(dev.to_string()))
+    }
+
     /// Whether `iface` may exist: unknown until the executor reports.
     pub fn may_have(&self, iface: &str) -> bool {
         match &self.interfaces {
@@ -86,7 +115,21 @@ static UNKNOWN_NODE: KnownNode = KnownNode {
     remembered_interfaces: BTreeMap::new(),
     refused: Vec::new(),
     overlay: None,
+    routes: None,
+    vxlan_ports: Vec::new(),
 };
+
+/// The device of the longest prefix in `routes` that contains `addr`; of two equal prefixes
+/// (a folder's facts are not checked) the first.
+pub fn longest_prefix(routes: &[(Ipv4Net, String)], addr: Ipv4Addr) -> Option<&str> {
+    let mut best: Option<(u8, &str)> = None;
+    for (net, dev) in routes {
+        if net.contains(&addr) && best.is_none_or(|(len, _)| net.prefix_len() > len) {
+            best = Some((net.prefix_len(), dev));
+        }
+    }
+    best.map(|(_, dev)| dev)
+}
 
 pub struct View<'a> {
     pub nodes: BTreeMap<String, KnownNode>,
@@ -95,12 +138,13 @@ pub struct View<'a> {
     /// Slices by (namespace, service name), in name order.
     pub slices: BTreeMap<(String, String), Vec<&'a EndpointSlice>>,
     pub classes: BTreeMap<String, &'a PortMapClass>,
-    /// UDP ports that carry VXLAN: every class's and the CNI's.
+    /// UDP ports that carry VXLAN: every class's and every port a node reports for the CNI's
+    /// VXLAN devices.
     pub vxlan_ports: BTreeSet<u16>,
 }
 
 impl<'a> View<'a> {
-    pub fn new(cluster: &'a Cluster, cni_vxlan_port: u16) -> Self {
+    pub fn new(cluster: &'a Cluster) -> Self {
         let mut nodes: BTreeMap<String, KnownNode> = BTreeMap::new();
         for node in &cluster.nodes {
             let Some(name) = node.metadata.name.clone() else { continue };
@@ -150,6 +194,11 @@ impl<'a> View<'a> {
             if let Some(ifaces) = &f.interfaces {
                 view.interfaces = Some(ifaces.iter().map(|i| (i.name.clone(), i.addresses.clone())).collect());
             }
+            if let Some(routes) = &f.routes {
+                // IPv4 only for now; a prefix that does not parse (a folder's facts) is skipped.
+                view.routes = Some(routes.iter().filter_map(|r| Some((r.dst.parse().ok()?, r.dev.clone()))).collect());
+            }
+            view.vxlan_ports = f.vxlan_ports.clone();
         }
         for (name, u) in underlays {
             let view = nodes.entry(name).or_default();
@@ -179,8 +228,8 @@ impl<'a> View<'a> {
             list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         }
         let classes = cluster.classes.iter().filter_map(|c| Some((c.metadata.name.clone()?, c))).collect();
-        let vxlan_ports =
-            cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).chain([cni_vxlan_port]).collect();
+        let reported = nodes.values().flat_map(|n| n.vxlan_ports.iter().copied());
+        let vxlan_ports = cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).chain(reported).collect();
         View { nodes, namespaces, services, slices, classes, vxlan_ports }
     }
 
@@ -264,4 +313,45 @@ pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
         }
     });
     labels_match && exprs_match
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routes(list: &[(&str, &str)]) -> Vec<(Ipv4Net, String)> {
+        list.iter().map(|(d, v)| (d.parse().expect("prefix"), (*v).to_string())).collect()
+    }
+
+    #[test]
+    fn the_longest_prefix_containing_the_address_wins() {
+        let r = routes(&[
+            ("10.0.0.0/8", "eth0"),
+            ("10.244.1.7/32", "cali1"),
+            ("10.244.0.0/16", "cilium_host"),
+            ("10.244.1.0/24", "cni0"),
+        ]);
+        let at = |a: &str| longest_prefix(&r, a.parse().expect("address"));
+        assert_eq!(at("10.244.1.7"), Some("cali1"));
+        assert_eq!(at("10.244.1.8"), Some("cni0"));
+        assert_eq!(at("10.244.2.8"), Some("cilium_host"));
+        assert_eq!(at("10.9.0.1"), Some("eth0"));
+        assert_eq!(at("192.0.2.1"), None);
+        // Order does not matter.
+        let mut rev = r.clone();
+        rev.reverse();
+        assert_eq!(longest_prefix(&rev, "10.244.1.8".parse().expect("address")), Some("cni0"));
+        assert_eq!(longest_prefix(&[], "10.244.1.8".parse().expect("address")), None);
+    }
+
+    #[test]
+    fn a_node_routes_its_own_address_locally_and_unknown_without_routes() {
+        let mut n = KnownNode::default();
+        let pod: Ipv4Addr = "10.244.1.7".parse().expect("address");
+        assert_eq!(n.route_to(pod), RouteTo::Unknown);
+        n.routes = Some(routes(&[("10.244.1.0/24", "cni0")]));
+        assert_eq!(n.route_to(pod), RouteTo::Device("cni0".into()));
+        n.interfaces = Some(BTreeMap::from([("cni0".to_string(), vec!["10.244.1.7".to_string()])]));
+        assert_eq!(n.route_to(pod), RouteTo::Local);
+    }
 }

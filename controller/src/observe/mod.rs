@@ -86,6 +86,24 @@ pub struct KnownFacts {
     /// reported. The overlay's peers are built from it (docs/overlay/mesh.md).
     #[serde(default)]
     pub wireguard_public_key: Option<String>,
+    /// The main table's routes (prefix, device), checked by [`facts::check`]: which device
+    /// reaches a local pod (docs/portmap/datapath.md, "The request claim"). None until
+    /// reported.
+    #[serde(default)]
+    pub routes: Option<Vec<KnownRoute>>,
+    /// The UDP ports of the node's VXLAN devices that are not kuport's (the CNI's): a class's
+    /// links must not use them (docs/portmap/links.md, "UDP port").
+    #[serde(default)]
+    pub vxlan_ports: Vec<u16>,
+}
+
+/// One route of [`KnownFacts`]: the destination prefix ("a.b.c.d/len", as [`facts::check`]
+/// writes it) and the device it leaves through.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KnownRoute {
+    pub dst: String,
+    pub dev: String,
 }
 
 /// One interface of [`KnownFacts`].

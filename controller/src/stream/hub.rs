@@ -325,7 +325,12 @@ impl Hub {
             o.public_key.is_none() && o.refused.iter().all(|r| r.reason != overlay_reason::NO_PUBLIC_KEY)
         });
         let entry = inner.nodes.entry(hello.node.clone()).or_insert_with(NodeEntry::new);
-        let hold = overlay && hello.applied.is_some() && entry.served_term != term && !not_member;
+        // Without the overlay, an executor that holds a state and has sent this replica no facts
+        // yet waits for its first report the same way: computed without its routes, the state
+        // would lack the port maps' request claims (docs/portmap/datapath.md, "Which device
+        // reaches the pod").
+        let no_facts = !overlay && hello.applied.is_some() && entry.facts.is_none();
+        let hold = no_facts || (overlay && hello.applied.is_some() && entry.served_term != term && !not_member);
         if hold {
             entry.hold = Hold::Waiting { session, reported: false };
             entry.held.send_replace(true);
@@ -420,6 +425,10 @@ impl Hub {
                     recompute = entry.refused_facts.take().is_some()
                         || entry.facts.as_ref().is_none_or(|(_, old)| read(old) != read(&checked));
                     entry.facts = Some((f, checked));
+                    // Without the overlay a held first state waits for this report only.
+                    if self.settings.overlay.is_none() && entry.hold == (Hold::Waiting { session, reported: false }) {
+                        entry.hold = Hold::Waiting { session, reported: true };
+                    }
                 }
                 Err(refused) => {
                     // Refused whole; the previous facts stay in use.
@@ -491,7 +500,10 @@ impl Hub {
                 let holds = since
                     .and_then(|s| s.get(n))
                     .is_some_and(|(term, seq)| acked.term == *term && acked.sequence >= *seq);
-                !(synced || holds)
+                // A held first state (facts without the overlay): the executor keeps what it
+                // applied until its report is in, so nothing changes for it yet.
+                let held = self.settings.overlay.is_none() && e.hold != Hold::Free;
+                !(synced || holds || held)
             })
             .collect()
     }
@@ -934,7 +946,7 @@ mod reach_tests {
     /// leadership sender keeps the hub the leader while it lives.
     fn homes() -> (watch::Sender<Leadership>, Arc<Hub>) {
         let (tx, rx) = leader::standalone("127.0.0.1:1".into());
-        let settings = Settings { overlay: Some(OverlaySettings::default()), ..Settings::default() };
+        let settings = Settings { overlay: Some(OverlaySettings::default()) };
         let hub = Hub::new(settings, rx, true);
         let facts = |n: &str, k: &str| KnownFacts {
             node: n.into(),

@@ -34,7 +34,7 @@ use crate::apiserver;
 use crate::manifests::Manifests;
 use crate::process::Proc;
 use crate::sys::netns_path;
-use crate::topology::{Cni, NodeSpec, Topology};
+use crate::topology::{NodeSpec, Topology};
 
 pub mod debug;
 pub mod folder;
@@ -117,11 +117,11 @@ struct NodeRun {
     underlay: String,
 }
 
-/// The controller's settings a topology asks for: the mesh, and the bridge CNI's devices.
+/// The controller's settings a topology asks for: the mesh (no CNI setting: the executors report
+/// what the port maps need of the CNI).
 #[derive(Debug, Clone, Copy, Default)]
 struct Flavour {
     overlay: bool,
-    cni: Cni,
 }
 
 /// The folder under the plane's where each node's wireguard-go sockets live (its executor's
@@ -199,7 +199,7 @@ impl Plane {
             executors: BTreeMap::new(),
             kubelet: None,
             nodes,
-            flavour: Flavour { overlay: topology.overlay, cni: topology.cni },
+            flavour: Flavour { overlay: topology.overlay },
             objects,
             user: Vec::new(),
             rt,

@@ -12,7 +12,6 @@ use rustix::process::Signal;
 
 use super::{Plane, Replica, trust};
 use crate::process::{Lifetime, kill, owned, signal, spawn, tail};
-use crate::topology::Cni;
 
 /// The token refresher's log.
 pub const KUBELET_LOG: &str = "kubelet.log";
@@ -58,10 +57,6 @@ impl Plane {
         };
         if self.flavour.overlay {
             cmd.arg("--overlay");
-        }
-        if self.flavour.cni == Cni::Bridge {
-            let dev = crate::cni::bridge::DEVICE;
-            cmd.args(["--cni-host-device", dev, "--cni-devices", dev, "--cni-pod-devices", dev]);
         }
         let log = self.dir().join(controller_log(i));
         let (proc, line) = spawn(cmd, append(&log)?, self.lifetime(), true)?;

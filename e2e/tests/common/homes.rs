@@ -67,7 +67,12 @@ pub struct Homes {
 
 impl Homes {
     pub fn start(tag: &str) -> Homes {
-        let mesh = Mesh::start(tag, &Topology::homes_lab(), &Manifests::from_texts(&[]).expect("no manifests"));
+        Homes::start_on(tag, &Topology::homes_lab())
+    }
+
+    /// The scenario's lab on another topology of the same shape (the same node names).
+    pub fn start_on(tag: &str, topology: &Topology) -> Homes {
+        let mesh = Mesh::start(tag, topology, &Manifests::from_texts(&[]).expect("no manifests"));
         let lab = mesh.lab();
         let target = |from: &str, to: &str, protocol| {
             let (pf, pt) = (mesh.pod_of(from), mesh.pod_of(to));
@@ -165,7 +170,18 @@ impl Homes {
     /// Records the transition `what` from `event` to the route `route` being applied on both
     /// homes and every probe stream answering on it.
     pub fn transition(&mut self, what: &'static str, event: Instant, route: &str) -> Transition {
-        let applied_at = self.wait_applied(route, WITHIN);
+        self.transition_within(what, event, route, WITHIN)
+    }
+
+    /// [`Homes::transition`] with its own bound.
+    pub fn transition_within(
+        &mut self,
+        what: &'static str,
+        event: Instant,
+        route: &str,
+        within: Duration,
+    ) -> Transition {
+        let applied_at = self.wait_applied(route, within);
         for (n, p) in [(A, B), (B, A)] {
             assert_eq!(self.wg_route(n, p), route, "{what}: wg show on {n} agrees with its stored state");
         }
@@ -217,6 +233,22 @@ impl Homes {
             .sum()
     }
 
+    /// Pod traffic both ways crosses cloud's relay rule (its counter rises).
+    pub fn relay_carries_pods(&self) {
+        let before = self.relayed_bytes("cloud");
+        self.pods_both_ways();
+        assert!(self.relayed_bytes("cloud") > before, "the homes' pod traffic crosses cloud's relay rule");
+    }
+
+    /// Pod traffic both ways goes over the direct entry: cloud's relay counter stays flat.
+    pub fn nothing_relayed(&self) {
+        self.pods_both_ways();
+        std::thread::sleep(Duration::from_secs(1));
+        let before = self.relayed_bytes("cloud");
+        self.pods_both_ways();
+        assert_eq!(self.relayed_bytes("cloud"), before, "no byte is relayed once the pair is direct");
+    }
+
     /// Pod to pod both ways, TCP and UDP, with real addresses.
     pub fn pods_both_ways(&self) {
         let (pa, pb) = (self.mesh.pod_of(A), self.mesh.pod_of(B));
@@ -224,6 +256,14 @@ impl Homes {
             self.mesh.pod_to_pod(&pa, &pb, proto, Duration::from_secs(10));
             self.mesh.pod_to_pod(&pb, &pa, proto, Duration::from_secs(10));
         }
+    }
+
+    /// The UDP conntrack entries of `home`'s router (`conntrack -L -p udp`), to see which port
+    /// its NAT gave each flow.
+    pub fn router_conntrack(&self, home: &str) -> String {
+        let lab = self.mesh.lab();
+        let router = lab.topology().node(home).expect("a home").router_host().expect("a router");
+        lab.exec(&router, &["conntrack", "-L", "-p", "udp"]).unwrap_or_else(|e| format!("conntrack: {e}"))
     }
 
     /// A home's router: the WireGuard port forwarded to the home (an nftables dnat), and the
@@ -265,6 +305,13 @@ impl Homes {
     }
 }
 
+/// The homes lab with port-preserving routers and no port forward
+/// (`e2e/topologies/homes-punch.yaml`; docs/overlay/reach.md, "The punch").
+pub fn punch_lab() -> Topology {
+    Topology::parse("topologies/homes-punch.yaml", include_str!("../../topologies/homes-punch.yaml"))
+        .expect("the port-preserving homes topology is valid")
+}
+
 /// The whole scenario on one lab: every transition measured in order. Each cut is held `hold`
 /// before it is repaired or the relay stops, so the executors' probes are past their first
 /// burst, as after a real outage.
@@ -275,9 +322,7 @@ pub fn scenario(tag: &str, hold: Duration) -> Homes {
     // Start: the homes cannot reach each other, so they go via the only relay candidate.
     h.transition("start", started, "via cloud");
     h.pods_both_ways();
-    let before = h.relayed_bytes("cloud");
-    h.pods_both_ways();
-    assert!(h.relayed_bytes("cloud") > before, "the homes' pod traffic crosses cloud's relay rule");
+    h.relay_carries_pods();
     h.assert_published("via cloud");
 
     // A failover of the controller while the pair is relayed changes no route.
@@ -289,10 +334,7 @@ pub fn scenario(tag: &str, hold: Duration) -> Homes {
     h.transition("port forward", event, "direct");
     h.pods_both_ways();
     h.assert_published("direct");
-    std::thread::sleep(Duration::from_secs(1));
-    let before = h.relayed_bytes("cloud");
-    h.pods_both_ways();
-    assert_eq!(h.relayed_bytes("cloud"), before, "no byte is relayed once the pair is direct");
+    h.nothing_relayed();
 
     // The path cut at home-a's router: back through the relay; restored: direct again.
     let event = Instant::now();

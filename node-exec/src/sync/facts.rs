@@ -1,11 +1,20 @@
 //! What the executor tells the controller about its node: the underlay (the address and MTU
-//! other nodes reach it at) and every interface with its IPv4 addresses.
+//! other nodes reach it at), every interface with its IPv4 addresses, how the main table routes
+//! (which device reaches which prefix: how the controller learns a local pod's device) and the
+//! UDP ports of the CNI's VXLAN devices (docs/portmap/datapath.md, "The request claim";
+//! docs/portmap/links.md, "UDP port").
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use kuport_proto::v1::{InterfaceFacts, NodeFacts};
+use kuport_proto::v1::{InterfaceFacts, NodeFacts, RouteFacts};
+use netlink_packet_route::route::RouteType;
 
 use crate::rtnl::{self, ObservedAddress, ObservedLink, ObservedRoute};
+
+/// Routes per report at most (the controller refuses more): the longest prefixes are kept,
+/// since a local pod's route is at least as specific as any route that contains it.
+pub const MAX_ROUTES: usize = 4096;
 
 /// Reads the facts of `netns` (None: the caller's). The underlay interface is `underlay` when
 /// given, else the one the main table's default route leaves through.
@@ -38,7 +47,13 @@ fn from_observed(
             .min_by_key(|r| r.priority)
             .and_then(|r| r.dev.clone())
     });
-    let mut facts = NodeFacts { interfaces, kernel: kernel_release(), ..Default::default() };
+    let mut facts = NodeFacts {
+        interfaces,
+        kernel: kernel_release(),
+        routes: main_routes(routes, underlay.as_deref()),
+        vxlan_ports: vxlan_ports(links),
+        ..Default::default()
+    };
     if let Some(name) = underlay
         && let Some(i) = facts.interfaces.iter().find(|i| i.name == name)
     {
@@ -49,6 +64,133 @@ fn from_observed(
     facts
 }
 
+/// The main table's unicast routes with one device, except default routes, kuport's own links
+/// and routes through a gateway on the underlay (they lead to other nodes, and a BGP CNI may
+/// import many). One per prefix, the lowest metric's (the one the kernel uses); at most
+/// [`MAX_ROUTES`], the longest prefixes first; sorted by prefix.
+fn main_routes(routes: &[ObservedRoute], underlay: Option<&str>) -> Vec<RouteFacts> {
+    let mut best: BTreeMap<_, (u32, &str)> = BTreeMap::new();
+    for r in routes {
+        let Some(dev) = r.dev.as_deref() else { continue };
+        let remote = r.via.is_some() && Some(dev) == underlay;
+        if r.table != rtnl::consts::TABLE_MAIN
+            || r.msg.header.kind != RouteType::Unicast
+            || r.dst.prefix_len() == 0
+            || rtnl::consts::owns_link(dev)
+            || remote
+        {
+            continue;
+        }
+        let entry = best.entry(r.dst).or_insert((r.priority, dev));
+        if r.priority < entry.0 {
+            *entry = (r.priority, dev);
+        }
+    }
+    let mut kept: Vec<_> = best.into_iter().collect();
+    if kept.len() > MAX_ROUTES {
+        kept.sort_by_key(|(dst, _)| std::cmp::Reverse(dst.prefix_len()));
+        kept.truncate(MAX_ROUTES);
+        kept.sort_by_key(|(dst, _)| *dst);
+    }
+    kept.into_iter().map(|(dst, (_, dev))| RouteFacts { dst: dst.to_string(), dev: dev.to_string() }).collect()
+}
+
+/// The destination ports of VXLAN devices other than kuport's, sorted and each once.
+fn vxlan_ports(links: &[ObservedLink]) -> Vec<u32> {
+    let ports: BTreeSet<u32> = links
+        .iter()
+        .filter(|l| !rtnl::consts::owns_link(&l.name))
+        .filter_map(|l| l.vxlan.as_ref())
+        .map(|v| u32::from(v.dstport))
+        .filter(|p| *p != 0)
+        .collect();
+    ports.into_iter().collect()
+}
+
 fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rtnl::ObservedVxlan;
+
+    fn route(dst: &str, via: Option<&str>, dev: &str, priority: u32) -> ObservedRoute {
+        let mut msg = netlink_packet_route::route::RouteMessage::default();
+        msg.header.kind = RouteType::Unicast;
+        ObservedRoute {
+            table: rtnl::consts::TABLE_MAIN,
+            dst: dst.parse().expect("prefix"),
+            via: via.map(|v| v.parse().expect("address")),
+            dev: Some(dev.into()),
+            priority,
+            kernel: false,
+            plain: true,
+            msg,
+        }
+    }
+
+    fn link(name: &str, dstport: Option<u16>) -> ObservedLink {
+        ObservedLink {
+            index: 1,
+            name: name.into(),
+            mtu: 1500,
+            admin_up: true,
+            oper_state: "UP".into(),
+            kind: dstport.map(|_| "vxlan".into()),
+            vxlan: dstport.map(|dstport| ObservedVxlan { vni: 1, dstport, ..Default::default() }),
+            mac: None,
+        }
+    }
+
+    #[test]
+    fn routes_leave_out_defaults_kuport_links_and_remote_gateways() {
+        let mut other_table = route("10.9.0.0/16", None, "eth0", 0);
+        other_table.table = 201;
+        let routes = [
+            route("0.0.0.0/0", Some("100.64.0.1"), "eth0", 0),
+            route("10.244.2.107/32", None, "cali1234", 0),
+            route("10.244.2.0/24", Some("10.244.2.1"), "cilium_host", 0),
+            route("10.244.3.0/24", Some("100.64.0.13"), "eth0", 0),
+            route("100.64.0.0/24", None, "eth0", 0),
+            route("169.254.77.2/31", None, "kup-dcc4266d", 0),
+            // The same prefix twice: the lower metric wins.
+            route("10.244.9.0/24", None, "cni1", 20),
+            route("10.244.9.0/24", None, "cni0", 10),
+            other_table,
+        ];
+        let got: Vec<(String, String)> =
+            main_routes(&routes, Some("eth0")).into_iter().map(|r| (r.dst, r.dev)).collect();
+        let want = [
+            ("10.244.2.0/24", "cilium_host"),
+            ("10.244.2.107/32", "cali1234"),
+            ("10.244.9.0/24", "cni0"),
+            ("100.64.0.0/24", "eth0"),
+        ];
+        assert_eq!(got, want.map(|(a, b)| (a.to_string(), b.to_string())));
+    }
+
+    #[test]
+    fn over_the_bound_the_longest_prefixes_stay() {
+        let mut routes: Vec<ObservedRoute> = (0..MAX_ROUTES as u32)
+            .map(|i| route(&format!("{}/32", std::net::Ipv4Addr::from(0x0af4_0000 + i)), None, "cali0", 0))
+            .collect();
+        routes.push(route("10.0.0.0/8", None, "cni0", 0));
+        let got = main_routes(&routes, None);
+        assert_eq!(got.len(), MAX_ROUTES);
+        assert!(got.iter().all(|r| r.dst.ends_with("/32")));
+    }
+
+    #[test]
+    fn vxlan_ports_are_the_cnis_not_kuports() {
+        let links = [
+            link("eth0", None),
+            link("cilium_vxlan", Some(8472)),
+            link("flannel.1", Some(8472)),
+            link("vxlan.calico", Some(4789)),
+            link("kup-dcc4266d", Some(4790)),
+        ];
+        assert_eq!(vxlan_ports(&links), vec![4789, 8472]);
+    }
 }

@@ -127,6 +127,7 @@ impl Member {
             underlay_mtu: Some(self.mtu),
             interfaces: None,
             wireguard_public_key: Some(self.key()),
+            ..Default::default()
         }
     }
 
@@ -194,13 +195,6 @@ fn plug(underlay: &Netns, ns: &Netns, pod: &Netns, index: u8, address: &str, mtu
 }
 
 impl Netns {
-    /// `nft ARGS` in the namespace (the oracle, and the hand that deletes a rule for an ablation).
-    pub fn nft(&self, args: &[&str]) -> String {
-        let mut all = vec!["netns", "exec", &self.name, "nft"];
-        all.extend_from_slice(args);
-        run("ip", &all)
-    }
-
     /// The packets counted by the rule containing `what` in `nft list table FAMILY NAME`.
     pub fn counted(&self, family: &str, table: &str, what: &str) -> u64 {
         let listing = self.nft(&["list", "table", family, table]);

@@ -33,6 +33,13 @@ impl Netns {
         all.extend_from_slice(args);
         run("ip", &all)
     }
+
+    /// `nft ARGS` in the namespace (the oracle, and the hand that deletes a rule for an ablation).
+    pub fn nft(&self, args: &[&str]) -> String {
+        let mut all = vec!["netns", "exec", &self.name, "nft"];
+        all.extend_from_slice(args);
+        run("ip", &all)
+    }
 }
 
 impl Drop for Netns {

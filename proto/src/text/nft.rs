@@ -240,6 +240,7 @@ fn selector_text(sel: i32, ctx: Option<Proto>) -> String {
         Ok(Selector::CtMark) => "ct mark".into(),
         Ok(Selector::MetaSkuid) => "meta skuid".into(),
         Ok(Selector::MetaSkgid) => "meta skgid".into(),
+        Ok(Selector::CtDirection) => "ct direction".into(),
         Ok(Selector::Unspecified) | Err(_) => "<invalid selector>".into(),
     }
 }
@@ -355,6 +356,8 @@ fn compare_text(ctx: Option<Proto>, c: &Compare) -> String {
             Some(Value::Port(r)),
         ) => port_text(r),
         (Selector::MetaSkuid | Selector::MetaSkgid, Some(Value::Id(i))) => i.to_string(),
+        (Selector::CtDirection, Some(Value::Id(0))) => "original".into(),
+        (Selector::CtDirection, Some(Value::Id(1))) => "reply".into(),
         _ => "<invalid value>".into(),
     };
     format!("{sel} {op}{v}")
@@ -392,6 +395,10 @@ fn statement_text(table: &NftTable, family: NftFamily, ctx: Option<Proto>, s: &N
         }
         Some(nft_statement::Kind::Verdict(v)) => verdict_text(v),
         Some(nft_statement::Kind::TcpMssClamp(_)) => "tcp option maxseg size set rt mtu".into(),
+        Some(nft_statement::Kind::AddressSet(a)) => match &a.map {
+            Some(m) => format!("{} set {}", selector_text(a.selector, ctx), map_text(table, ctx, m)),
+            None => "<invalid address set>".into(),
+        },
         None => "<invalid statement>".into(),
     }
 }

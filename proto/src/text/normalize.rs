@@ -46,8 +46,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::v1::{
-    CmpOp, Compare, Hook, L4Proto, Nat, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftType,
-    NftValue, Redirect, Selector, SetMark, nat, nft_match, nft_statement, nft_value, redirect, set_mark,
+    AddressSet, CmpOp, Compare, Hook, L4Proto, Nat, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement,
+    NftType, NftValue, Redirect, Selector, SetMark, nat, nft_match, nft_statement, nft_value, redirect, set_mark,
 };
 
 pub(super) fn nft_type(t: i32) -> Option<NftType> {
@@ -244,6 +244,7 @@ fn statement_keys(s: &NftStatement) -> (&[i32], bool) {
             nft_statement::Kind::MetaMarkSet(SetMark { from: Some(set_mark::From::Map(m)) })
             | nft_statement::Kind::CtMarkSet(SetMark { from: Some(set_mark::From::Map(m)) }),
         ) => (&m.key, true),
+        Some(nft_statement::Kind::AddressSet(AddressSet { map: Some(m), .. })) => (&m.key, true),
         _ => (&[], false),
     }
 }

@@ -426,7 +426,7 @@ mod rotation_tests {
 
     /// The endpoint `node`'s computed state gives the peer with `key`.
     fn endpoint(c: &Cluster, node: &str, key: &str) -> Option<SocketAddr> {
-        let settings = Settings { overlay: Some(OverlaySettings::default()), ..Settings::default() };
+        let settings = Settings { overlay: Some(OverlaySettings::default()) };
         let out = compute(c, &settings);
         let state = out.node_states.get(node).expect("a state");
         let peer = state

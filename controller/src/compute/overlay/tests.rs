@@ -63,11 +63,11 @@ fn facts(name: &str, public_key: Option<String>, mtu: Option<u32>) -> KnownFacts
 }
 
 fn on() -> Settings {
-    Settings { overlay: Some(OverlaySettings::default()), ..Settings::default() }
+    Settings { overlay: Some(OverlaySettings::default()) }
 }
 
 fn run(w: &World) -> Outputs {
-    compute(&w.c, &on())
+    compute(&w.cluster(), &on())
 }
 
 /// The three sites: a cloud node with a public ExternalIP, a home worker behind NAT with

@@ -8,11 +8,11 @@
 //! | chain      | hook, priority       | rule                                                      |
 //! |------------|----------------------|-----------------------------------------------------------|
 //! | kup-pre    | nat prerouting -110  | DNAT published ports to the pod or to the link's far end  |
-//! |            |                      | DNAT link arrivals (this end of the /31) to the pod       |
+//! |            |                      | DNAT link arrivals (this end's stand-in, steer.rs) to the pod |
 //! | kup-post   | nat postrouting 90   | identity SNAT claiming the request before the CNI's masquerade |
-//! |            |                      | identity SNAT claiming the pod's reply (not out the CNI)  |
+//! |            |                      | identity SNAT claiming the pod's reply into a kup- link   |
 //! | kup-mangle | filter prerouting -140 | Single: mark replies by pod address, protocol and port  |
-//! |            |                      | Multi: save the arrival link in ct mark, restore on reply |
+//! |            |                      | Multi: save the arrival link in ct mark, restore on ct reply |
 //!
 //! Single ports live in hash sets keyed in their natural order (interface or address first, the
 //! port last); only ranges live in interval sets.
@@ -71,6 +71,8 @@ pub const MAP_RETURN_MARK_RANGE: &str = "return_mark_range";
 pub const MAP_CT_MARK: &str = "ct_mark";
 
 const FORWARDING: &str = "net.ipv4.ip_forward";
+/// `ct direction reply` (IP_CT_DIR_REPLY).
+const CT_DIRECTION_REPLY: u32 = 1;
 
 /// One end of a link, as one node sees it.
 #[derive(Clone, Debug, Hash)]
@@ -124,6 +126,8 @@ type Ports = (u16, u16);
 struct NodeParts {
     publish_port: BTreeMap<(String, L4Proto, u16), (Ipv4Addr, u16)>,
     publish_range: BTreeMap<(String, L4Proto, Ports), Ipv4Addr>,
+    /// Keyed by the link device and this end's address; rendered keyed by that address's
+    /// stand-in, which the steering chain writes before the DNAT (steer.rs).
     link_port: BTreeMap<(String, Ipv4Addr, L4Proto, u16), (Ipv4Addr, u16)>,
     link_range: BTreeMap<(String, Ipv4Addr, L4Proto, Ports), Ipv4Addr>,
     claim: BTreeMap<(String, Ipv4Addr, L4Proto), Vec<Ports>>,
@@ -133,6 +137,8 @@ struct NodeParts {
     links: BTreeMap<String, LinkEnd>,
     /// Links whose replies this node diverts (it holds the pod).
     diverted: BTreeSet<String>,
+    /// What this node publishes, for the steering chain (steer.rs).
+    published: super::steer::Published,
 }
 
 /// The nodes' states, built from every programmed mapping.
@@ -149,6 +155,9 @@ impl<'s> Builder<'s> {
     /// A digest of everything [`Builder::add`] reads for one mapping: while it stays the same,
     /// so do the mapping's elements on every node, and a node that acknowledged them once
     /// need not acknowledge them again for the mapping to stay Programmed.
+    ///
+    /// The pod node's claim device is left out: it comes from that node's facts, which a new
+    /// leader learns only after the node connects, and a status must not flap to Pending for it.
     pub fn fingerprint(p: &Placement, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -160,31 +169,37 @@ impl<'s> Builder<'s> {
     }
 
     /// Adds one mapping. `ends` holds, for each programming node that lacks the pod, its end and
-    /// the pod node's end of their link.
-    pub fn add(&mut self, p: &Placement, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>) {
+    /// the pod node's end of their link. `pod_device` is the device the pod node's kernel routes
+    /// the pod's address through (from its facts): the request claim's egress device there.
+    /// None leaves that claim out (the route is not known, or the pod is the node's own address
+    /// and its traffic leaves by no device); everything else is built.
+    pub fn add(&mut self, p: &Placement, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>, pod_device: Option<&str>) {
         let proto = l4(p.admitted.protocol);
         let ports = p.admitted.ports;
         let pod = p.endpoint.address;
         let pod_ports = p.pod_ports();
         let single = !p.admitted.is_range();
-        let cni_host = self.settings.cni_host_device.clone();
         for (node, ifaces) in &p.nodes {
             if *node == p.endpoint.node {
                 let parts = self.nodes.entry(node.clone()).or_default();
                 for iface in ifaces {
+                    parts.published.entry((iface.clone(), proto)).or_default().push(ports);
                     if single {
                         parts.publish_port.insert((iface.clone(), proto, ports.0), (pod, p.endpoint.port));
                     } else {
                         parts.publish_range.insert((iface.clone(), proto, ports), pod);
                     }
                 }
-                parts.claim.entry((cni_host.clone(), pod, proto)).or_default().push(pod_ports);
+                if let Some(dev) = pod_device {
+                    parts.claim.entry((dev.to_string(), pod, proto)).or_default().push(pod_ports);
+                }
                 continue;
             }
             let Some((near, far)) = ends.get(node) else { continue };
             // The accepting end: translate to the far end of the link, keep the port.
             let parts = self.nodes.entry(node.clone()).or_default();
             for iface in ifaces {
+                parts.published.entry((iface.clone(), proto)).or_default().push(ports);
                 if single {
                     parts.publish_port.insert((iface.clone(), proto, ports.0), (far.address, ports.0));
                 } else {
@@ -200,7 +215,9 @@ impl<'s> Builder<'s> {
             } else {
                 parts.link_range.insert((far.device.clone(), far.address, proto, ports), pod);
             }
-            parts.claim.entry((cni_host.clone(), pod, proto)).or_default().push(pod_ports);
+            if let Some(dev) = pod_device {
+                parts.claim.entry((dev.to_string(), pod, proto)).or_default().push(pod_ports);
+            }
             parts.reply_claim.entry((pod, proto)).or_default().push(pod_ports);
             match p.admitted.class.spec.serving_mode {
                 ServingMode::Single => {
@@ -216,15 +233,39 @@ impl<'s> Builder<'s> {
     }
 
     /// Every node's host namespace as the port maps need it (empty for a node without any).
-    pub fn finish(self) -> BTreeMap<String, NetnsState> {
+    /// `view` gives each node's published addresses, for the steering chain.
+    pub fn finish(self, view: &View) -> BTreeMap<String, NetnsState> {
         let settings = self.settings;
-        self.nodes.into_iter().map(|(node, parts)| (node, render(settings, parts))).collect()
+        self.nodes
+            .into_iter()
+            .map(|(node, parts)| {
+                let v = view.node(&node);
+                // Past a host firewall (docs/portmap/firewall.md): requests to the accepting
+                // interfaces' addresses, and on the pod's node those to this end of a link.
+                let mut to_node = super::steer::accepting(&parts.published, |i| v.addresses_of(i));
+                for (dev, me, pr, port) in parts.link_port.keys() {
+                    to_node.entry((dev.clone(), *me, *pr)).or_default().push((*port, *port));
+                }
+                for (dev, me, pr, ports) in parts.link_range.keys() {
+                    to_node.entry((dev.clone(), *me, *pr)).or_default().push(*ports);
+                }
+                let steer = super::steer::steering(&to_node);
+                let stand_in = steer.as_ref().map(|s| s.stand_in.clone()).unwrap_or_default();
+                let mut ns = render(settings, parts, &stand_in);
+                if let (Some(t), Some(s)) = (ns.nft_tables.first_mut(), steer) {
+                    t.sets.extend(s.sets);
+                    t.chains.push(s.chain);
+                }
+                (node, ns)
+            })
+            .collect()
     }
 }
 
-fn render(settings: &Settings, parts: NodeParts) -> NetnsState {
+/// `stand_in`: the steering chain's stand-in of each address it rewrites (steer.rs).
+fn render(settings: &Settings, parts: NodeParts, stand_in: &BTreeMap<Ipv4Addr, Ipv4Addr>) -> NetnsState {
     let mut ns = NetnsState::default();
-    let table = table(settings, &parts);
+    let table = table(settings, &parts, stand_in);
     if let Some(table) = table {
         ns.sysctls.push(Sysctl { key: FORWARDING.into(), value: "1".into() });
         ns.nft_tables.push(table);
@@ -276,9 +317,16 @@ fn render(settings: &Settings, parts: NodeParts) -> NetnsState {
     ns
 }
 
-fn table(settings: &Settings, p: &NodeParts) -> Option<NftTable> {
+/// No setting shapes the table: the CNI's devices come from the facts (`pod_device` in
+/// [`Builder::add`]) and the rules name only kuport's own (docs/portmap/datapath.md).
+///
+/// The link maps are keyed by the stand-in of this end's address: the steering chain has
+/// rewritten the destination to it before the DNAT runs. An address without a stand-in (past
+/// the 254th, steer.rs) is not steered and keys its elements itself.
+fn table(_settings: &Settings, p: &NodeParts, stand_in: &BTreeMap<Ipv4Addr, Ipv4Addr>) -> Option<NftTable> {
+    let steered = |a: &Ipv4Addr| *stand_in.get(a).unwrap_or(a);
     use NftType::{Ifname, InetProto, InetService, Ipv4Addr as Addr, Mark};
-    use Selector::{CtMark, Iifname, IpDaddr, IpSaddr, L4proto, Oifname, ThDport, ThSport};
+    use Selector::{CtDirection, CtMark, Iifname, IpDaddr, IpSaddr, L4proto, Oifname, ThDport, ThSport};
     let mut sets = Vec::new();
     let mut pre = Vec::new();
     let mut post = Vec::new();
@@ -315,7 +363,8 @@ fn table(settings: &Settings, p: &NodeParts) -> Option<NftTable> {
             .link_port
             .iter()
             .map(|((i, me, pr, port), (a, to))| {
-                el(vec![ifname(i), addr(*me), proto(*pr), port_v(*port, *port)], vec![addr(*a), port_v(*to, *to)])
+                let key = vec![ifname(i), addr(steered(me)), proto(*pr), port_v(*port, *port)];
+                el(key, vec![addr(*a), port_v(*to, *to)])
             })
             .collect();
         sets.push(dnat_target_map(set(
@@ -332,7 +381,7 @@ fn table(settings: &Settings, p: &NodeParts) -> Option<NftTable> {
             .link_range
             .iter()
             .map(|((i, me, pr, (a, b)), to)| {
-                el(vec![port_v(*a, *b), ifname(i), addr(*me), proto(*pr)], vec![addr(*to)])
+                el(vec![port_v(*a, *b), ifname(i), addr(steered(me)), proto(*pr)], vec![addr(*to)])
             })
             .collect();
         sets.push(dnat_target_map(set(
@@ -354,16 +403,18 @@ fn table(settings: &Settings, p: &NodeParts) -> Option<NftTable> {
         post.push(rule(vec![lookup(&[ThDport, Oifname, IpDaddr, L4proto], SET_CLAIM_RANGE)], vec![identity_snat()]));
     }
     let (port, range) = split(&p.reply_claim, |(a, pr)| (vec![addr(*a), proto(*pr)], vec![]));
-    let not_cni = || compare(Oifname, CmpOp::Neq, ifname(&settings.cni_device_wildcard), 0);
+    // Only a reply that leaves into one of kuport's links: there the CNI's egress masquerade
+    // would rewrite it, and kuport alone decides which replies go that way.
+    let into_link = || compare(Oifname, CmpOp::Eq, ifname(&format!("{}*", kuport_proto::owned::LINK_PREFIX)), 0);
     if !port.is_empty() {
         sets.push(set(SET_REPLY_CLAIM_PORT, &[Addr, InetProto, InetService], &[], false, port));
         let claim = lookup(&[IpSaddr, L4proto, ThSport], SET_REPLY_CLAIM_PORT);
-        post.push(rule(vec![not_cni(), claim], vec![identity_snat()]));
+        post.push(rule(vec![into_link(), claim], vec![identity_snat()]));
     }
     if !range.is_empty() {
         sets.push(set(SET_REPLY_CLAIM_RANGE, &[InetService, Addr, InetProto], &[], true, range));
         let claim = lookup(&[ThSport, IpSaddr, L4proto], SET_REPLY_CLAIM_RANGE);
-        post.push(rule(vec![not_cni(), claim], vec![identity_snat()]));
+        post.push(rule(vec![into_link(), claim], vec![identity_snat()]));
     }
     let (port, range) = split(&p.return_mark, |(a, pr, m)| (vec![addr(*a), proto(*pr)], vec![mark(*m)]));
     let mark_from = |k: &[Selector], map| {
@@ -386,9 +437,11 @@ fn table(settings: &Settings, p: &NodeParts) -> Option<NftTable> {
         let save = SetMark { from: Some(set_mark::From::Map(map_lookup(&[Iifname], MAP_CT_MARK))) };
         mangle.push(rule(vec![], vec![stmt(nft_statement::Kind::CtMarkSet(save))]));
         let restore = SetMark { from: Some(set_mark::From::Selector(CtMark as i32)) };
-        let from_pod = compare(Iifname, CmpOp::Eq, ifname(&settings.cni_pod_device_wildcard), 0);
+        // The replies of connections a link brought in: never the request itself, which is in
+        // the original direction, whatever device either arrives on.
+        let reply = compare(CtDirection, CmpOp::Eq, value(nft_value::Value::Id(CT_DIRECTION_REPLY)), 0);
         let ours = compare(CtMark, CmpOp::Eq, mark(MARK_PREFIX), MARK_PREFIX_MASK);
-        mangle.push(rule(vec![from_pod, ours], vec![stmt(nft_statement::Kind::MetaMarkSet(restore))]));
+        mangle.push(rule(vec![reply, ours], vec![stmt(nft_statement::Kind::MetaMarkSet(restore))]));
     }
     if pre.is_empty() && post.is_empty() && mangle.is_empty() {
         return None;
@@ -437,7 +490,7 @@ fn split<K>(
 }
 
 /// Merges overlapping port ranges: interval sets refuse overlaps.
-fn merge(ranges: &[Ports]) -> Vec<Ports> {
+pub(super) fn merge(ranges: &[Ports]) -> Vec<Ports> {
     let mut sorted = ranges.to_vec();
     sorted.sort_unstable();
     let mut out: Vec<Ports> = Vec::new();

@@ -16,8 +16,8 @@ use sha2::{Digest, Sha256};
 
 use super::status::reason;
 use crate::api::{LinkSlot, PortMapClass};
-use crate::compute::Settings;
 use crate::compute::numbers::{self, MAX_SLOT, Numbers, Runs, Slot};
+use crate::observe::index::View;
 
 /// Bytes VXLAN adds: outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14.
 pub const VXLAN_OVERHEAD: u32 = 50;
@@ -36,8 +36,11 @@ pub struct ClassVxlan {
     pub subnet: Ipv4Net,
 }
 
-/// Checks a class's spec.returnPath.vxlan. The error is (reason, message).
-pub fn class_vxlan(class: &PortMapClass, settings: &Settings) -> Result<ClassVxlan, (&'static str, String)> {
+/// Checks a class's spec.returnPath.vxlan. The error is (reason, message). The port must
+/// differ from every port a node reports for a VXLAN device that is not kuport's: a link can
+/// end on any node that runs a pod, and on a node whose CNI listens on that port the CNI's
+/// VXLAN socket would take the links' packets.
+pub fn class_vxlan(class: &PortMapClass, view: &View) -> Result<ClassVxlan, (&'static str, String)> {
     let v = &class.spec.return_path.vxlan;
     let subnet: Ipv4Net = v.subnet.parse().map_err(|_| {
         (reason::INVALID_SUBNET, format!("spec.returnPath.vxlan.subnet: {:?} is not an IPv4 prefix", v.subnet))
@@ -48,10 +51,30 @@ pub fn class_vxlan(class: &PortMapClass, settings: &Settings) -> Result<ClassVxl
             format!("spec.returnPath.vxlan.subnet: {subnet} has no room for a /31 besides slot 0, which is never used"),
         ));
     }
-    if v.port == settings.cni_vxlan_port || v.port == 0 {
+    // A link end inside the stand-ins' network could hold another address's stand-in
+    // (docs/portmap/firewall.md).
+    let [a, b, c] = super::steer::STAND_IN_NET;
+    let stand_ins = Ipv4Net::new(std::net::Ipv4Addr::new(a, b, c, 0), 24).unwrap_or_default();
+    if subnet.contains(&stand_ins.network()) || stand_ins.contains(&subnet.network()) {
+        return Err((
+            reason::INVALID_SUBNET,
+            format!(
+                "spec.returnPath.vxlan.subnet: {subnet} overlaps {stand_ins}, where kuport's steering takes its stand-ins"
+            ),
+        ));
+    }
+    if v.port == 0 {
+        return Err((reason::VXLAN_PORT_CONFLICT, "spec.returnPath.vxlan.port: 0 is not a UDP port".into()));
+    }
+    // The class's own nodes first, so the message names one the operator chose.
+    let own = class.spec.nodes.keys().filter_map(|n| view.nodes.get_key_value(n));
+    if let Some((node, _)) = own.chain(view.nodes.iter()).find(|(_, k)| k.vxlan_ports.contains(&v.port)) {
         return Err((
             reason::VXLAN_PORT_CONFLICT,
-            format!("spec.returnPath.vxlan.port: {} is the CNI's VXLAN port; choose another", v.port),
+            format!(
+                "spec.returnPath.vxlan.port: {} is the port of a VXLAN device of the CNI on node {node}; choose another",
+                v.port
+            ),
         ));
     }
     if v.vni == 0 || v.vni > MAX_VNI {

@@ -17,6 +17,7 @@ mod golden;
 pub mod links;
 pub mod placement;
 pub mod status;
+pub mod steer;
 #[cfg(test)]
 mod tests;
 
@@ -40,7 +41,7 @@ use crate::api::{
     Protocol, PublishedAddress, ReturnPathMode,
 };
 use crate::observe::Cluster;
-use crate::observe::index::View;
+use crate::observe::index::{RouteTo, View};
 
 /// Judges, places and builds every mapping: fills `out`'s PortMap and class statuses, the
 /// programming nodes and what each programmed mapping waits for, and returns every node's
@@ -54,7 +55,7 @@ pub fn compute(
 ) -> BTreeMap<String, NetnsState> {
     let now = cluster.now;
     let vxlan: BTreeMap<String, _> =
-        view.classes.iter().map(|(n, c)| (n.clone(), links::class_vxlan(c, settings))).collect();
+        view.classes.iter().map(|(n, c)| (n.clone(), links::class_vxlan(c, view))).collect();
 
     // 1 and 2: judge and place every mapping, oldest first.
     let mut verdicts: Vec<(MapKey, Result<Placement, Refusal>)> = Vec::new();
@@ -107,7 +108,19 @@ pub fn compute(
     for (key, verdict) in verdicts {
         let verdict = verdict.and_then(|p| {
             let ends = link_ends(view, &alloc, &p)?;
-            builder.add(&p, &ends);
+            let route = view.node(&p.endpoint.node).route_to(p.endpoint.address);
+            let device = match &route {
+                RouteTo::Device(d) => Some(d.as_str()),
+                RouteTo::Local | RouteTo::Unknown => None,
+            };
+            builder.add(&p, &ends, device);
+            // Built without the pod node's request claim, which needs the route: the rest keeps
+            // carrying traffic. A node that reported routes, none for the pod, is named in the
+            // status; one that has not reported yet is waited for like any node that must apply
+            // the mapping (Pending), and its report brings the claim.
+            if route == RouteTo::Unknown && view.node(&p.endpoint.node).routes.is_some() {
+                return Err(pod_route_unknown(&p));
+            }
             let fingerprint = datapath::Builder::fingerprint(&p, &ends);
             Ok((p, fingerprint))
         });
@@ -123,7 +136,7 @@ pub fn compute(
         let rows = alloc.rows.get(name).cloned().unwrap_or_default();
         out.classes.insert(name.clone(), class_status(view, class, &vxlan[name], &alloc, rows, now));
     }
-    builder.finish()
+    builder.finish(view)
 }
 
 /// The interfaces of `node` the port maps read: those any class names on it.
@@ -146,6 +159,19 @@ fn must_ack(p: &Placement) -> Vec<String> {
     }
     nodes.sort();
     nodes
+}
+
+/// Why a placed mapping is not wholly programmed: its pod's node reported no route that contains
+/// the pod's address, so its request claim is left out (docs/portmap/datapath.md, "Which device
+/// reaches the pod").
+fn pod_route_unknown(p: &Placement) -> Refusal {
+    let (node, address) = (&p.endpoint.node, p.endpoint.address);
+    Refusal::programmed(
+        reason::POD_ROUTE_UNKNOWN,
+        format!(
+            "no route of node {node} contains pod address {address}: the device that reaches the pod is unknown, so the request claim there is left out"
+        ),
+    )
 }
 
 /// Both ends of every link a placement needs, or why one cannot be built.

@@ -23,6 +23,10 @@ pub mod reason {
     pub const RETURN_PATH_UNAVAILABLE: &str = "ReturnPathUnavailable";
     pub const NODE_NOT_READY: &str = "NodeNotReady";
     pub const NO_INTERFACE_ON_NODE: &str = "NoInterfaceOnNode";
+    /// The pod's node reported routes, none containing the pod's address: the request claim
+    /// there is left out, the rest is built (docs/portmap/datapath.md, "Which device reaches the
+    /// pod").
+    pub const POD_ROUTE_UNKNOWN: &str = "PodRouteUnknown";
     /// Computed and sent, but a node that must apply it has not acknowledged yet.
     pub const PENDING: &str = "Pending";
     // PortMapClass Ready

@@ -452,7 +452,17 @@ fn class_conditions() {
     };
     let w = || base().class("c", Single, Vxlan, PUBLIC);
     assert_eq!(ready(w()), ("True".into(), reason::READY.into()));
-    assert_eq!(ready(w().edit_class("c", |s| s.return_path.vxlan.port = 8472)).1, reason::VXLAN_PORT_CONFLICT);
+    // The CNI's VXLAN port as a node reports it, on a node of the class or any other: a link
+    // may end on any node that runs a pod. Unreported, the same port is free.
+    assert_eq!(ready(w().edit_class("c", |s| s.return_path.vxlan.port = 8472)).1, reason::READY);
+    for node in ["edge-a", "worker-c"] {
+        let conflict = w().vxlan_ports(node, &[4789, 8472]).edit_class("c", |s| s.return_path.vxlan.port = 8472);
+        let out = conflict.run();
+        let c = &out.classes["c"].conditions[0];
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason::VXLAN_PORT_CONFLICT));
+        assert!(c.message.contains(&format!("node {node}")) && c.message.contains("8472"), "{}", c.message);
+    }
+    assert_eq!(ready(w().edit_class("c", |s| s.return_path.vxlan.port = 0)).1, reason::VXLAN_PORT_CONFLICT);
     assert_eq!(
         ready(w().edit_class("c", |s| s.return_path.vxlan.subnet = "fd00::/64".into())).1,
         reason::INVALID_SUBNET
@@ -461,6 +471,13 @@ fn class_conditions() {
         ready(w().edit_class("c", |s| s.return_path.vxlan.subnet = "169.254.0.0/31".into())).1,
         reason::INVALID_SUBNET
     );
+    for stand_ins in ["169.254.76.0/25", "169.254.0.0/16"] {
+        assert_eq!(
+            ready(w().edit_class("c", |s| s.return_path.vxlan.subnet = stand_ins.into())).1,
+            reason::INVALID_SUBNET,
+            "{stand_ins} overlaps the stand-ins' network"
+        );
+    }
     let exhausted = w()
         .edit_class("c", |s| s.return_path.vxlan.subnet = "169.254.77.0/30".into())
         .class("d", Single, Vxlan, &[("worker-c", &["wt0"])])
@@ -475,6 +492,117 @@ fn class_conditions() {
     assert_eq!(cond(&out, "m", status::PROGRAMMED).0, "True");
     assert_eq!(cond(&out, "m2", status::PROGRAMMED).1, reason::RETURN_PATH_UNAVAILABLE);
     assert_eq!(out.classes["d"].conditions[0].reason, reason::SUBNET_EXHAUSTED);
+}
+
+/// The request-claim elements of `node`'s state: (device, destination) of `claim_port` and
+/// `claim_range`.
+fn claims_on(out: &Outputs, node: &str) -> Vec<(String, String)> {
+    use kuport_proto::v1::nft_value::Value;
+    let Some(state) = out.node_states.get(node) else { return Vec::new() };
+    let mut got = Vec::new();
+    for set in state.netns.iter().flat_map(|n| &n.nft_tables).flat_map(|t| &t.sets) {
+        if set.name != datapath::SET_CLAIM_PORT && set.name != datapath::SET_CLAIM_RANGE {
+            continue;
+        }
+        for e in &set.elements {
+            let mut dev = None;
+            let mut dst = None;
+            for v in e.key.iter().filter_map(|v| v.value.as_ref()) {
+                match v {
+                    Value::Ifname(i) => dev = Some(i.clone()),
+                    Value::Addr(a) => dst = Some(a.clone()),
+                    _ => {}
+                }
+            }
+            got.push((dev.unwrap_or_default(), dst.unwrap_or_default()));
+        }
+    }
+    got.sort();
+    got
+}
+
+#[test]
+fn the_claim_names_the_device_of_the_longest_route_to_the_pod() {
+    let remote = |w: World| {
+        w.class("c", Single, Vxlan, PUBLIC)
+            .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])
+            .port_map("ns", "m", "c", Tcp, 3000, None, "svc", 0)
+    };
+    let claim = |dev: &str| (dev.to_string(), "10.244.1.7".to_string());
+    // Cilium: the pod network through cilium_host (the testkit's default route).
+    let out = remote(base()).run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).0, "True");
+    assert_eq!(claims_on(&out, "worker-b"), [claim("cilium_host")]);
+    // A bridge: the node's pod CIDR on cni0, the cluster's elsewhere.
+    let bridge = remote(base().routes("worker-b", &[("10.244.0.0/16", "flannel.1"), ("10.244.1.0/24", "cni0")]));
+    assert_eq!(claims_on(&bridge.run(), "worker-b"), [claim("cni0")]);
+    // Calico: a /32 per pod on its own veth wins over the pool's block.
+    let calico = remote(base().routes(
+        "worker-b",
+        &[("10.244.1.0/26", "vxlan.calico"), ("10.244.1.7/32", "cali1b2c3d4e5f6"), ("10.244.1.8/32", "cali0")],
+    ));
+    let out = calico.run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).0, "True");
+    assert_eq!(claims_on(&out, "worker-b"), [claim("cali1b2c3d4e5f6")]);
+    // A pod on the accepting node is claimed on that node's route in the same way.
+    let local = base()
+        .routes("edge-a", &[("10.244.0.7/32", "cali77")])
+        .class("c", Single, Vxlan, PUBLIC)
+        .service("ns", "svc", "TCP", 3000, &[("pod", "edge-a", "10.244.0.7", true)])
+        .port_map("ns", "m", "c", Tcp, 3000, None, "svc", 0);
+    assert_eq!(claims_on(&local.run(), "edge-a"), [("cali77".to_string(), "10.244.0.7".to_string())]);
+}
+
+#[test]
+fn an_unknown_pod_route_leaves_only_the_claim_out_and_says_so() {
+    let remote = |w: World| {
+        w.class("c", Single, Vxlan, PUBLIC)
+            .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])
+            .port_map("ns", "m", "c", Tcp, 3000, None, "svc", 0)
+    };
+    let full = remote(base()).run();
+    // Routes reported, none containing the pod.
+    let out = remote(base().routes("worker-b", &[("10.244.9.0/24", "cni0")])).run();
+    let (status, reason, message) = cond(&out, "m", status::PROGRAMMED);
+    assert_eq!((status, reason), ("False", reason::POD_ROUTE_UNKNOWN));
+    assert!(message.contains("node worker-b") && message.contains("10.244.1.7"), "{message}");
+    assert_eq!(claims_on(&out, "worker-b"), []);
+    // Everything else stays, so traffic that works keeps working: the same state but the claim.
+    assert_eq!(out.node_states["edge-a"], full.node_states["edge-a"]);
+    assert_eq!(links_on(&out, "worker-b"), links_on(&full, "worker-b"));
+    let sets = |o: &Outputs| -> Vec<String> {
+        o.node_states["worker-b"]
+            .netns
+            .iter()
+            .flat_map(|n| &n.nft_tables)
+            .flat_map(|t| &t.sets)
+            .map(|s| s.name.clone())
+            .collect()
+    };
+    let mut want = sets(&full);
+    want.retain(|s| s != datapath::SET_CLAIM_PORT);
+    assert_eq!(sets(&out), want);
+    // No routes reported at all (the executor's first report not in yet): the same state, and
+    // the mapping waits for the node like any other (Pending until it acknowledges); its report
+    // brings the claim.
+    let mut w = remote(base());
+    w.no_default_routes = true;
+    let out = w.run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).0, "True");
+    assert_eq!(claims_on(&out, "worker-b"), []);
+    assert_eq!(out.node_states["edge-a"], full.node_states["edge-a"]);
+    assert!(out.tracked.values().any(|t| t.nodes.contains(&"worker-b".to_string())));
+    // A host-network pod (the node's own address) leaves by no device: nothing to claim, and
+    // nothing missing.
+    let mut w = base()
+        .facts("worker-b", 1500, &[("eth0", "100.64.0.2")])
+        .class("c", Single, Vxlan, PUBLIC)
+        .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "100.64.0.2", true)])
+        .port_map("ns", "m", "c", Tcp, 3000, None, "svc", 0);
+    w.no_default_routes = true;
+    let out = w.run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).0, "True");
+    assert_eq!(claims_on(&out, "worker-b"), []);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -616,4 +744,29 @@ proptest! {
             check_unique_links(state)?;
         }
     }
+}
+
+#[test]
+fn only_routes_that_contain_a_local_endpoint_recompute() {
+    use crate::observe::KnownRoute;
+    let w = base().class("c", Single, Vxlan, PUBLIC).service(
+        "ns",
+        "svc",
+        "TCP",
+        3000,
+        &[("pod", "worker-b", "10.244.1.7", true)],
+    );
+    let facts = |routes: &[(&str, &str)]| crate::observe::KnownFacts {
+        node: "worker-b".into(),
+        routes: Some(routes.iter().map(|(d, v)| KnownRoute { dst: (*d).into(), dev: (*v).into() }).collect()),
+        ..Default::default()
+    };
+    let read = |f| crate::compute::relevant_facts(Some(&w.c), &f);
+    // Another pod's /32 coming: nothing the computation reads changed.
+    let before = facts(&[("10.244.1.0/24", "cni0")]);
+    let other = facts(&[("10.244.1.0/24", "cni0"), ("10.244.1.9/32", "cali9")]);
+    assert_eq!(read(before.clone()), read(other));
+    // The endpoint's own /32: it did.
+    let own = facts(&[("10.244.1.0/24", "cni0"), ("10.244.1.7/32", "cali7")]);
+    assert_ne!(read(before), read(own));
 }

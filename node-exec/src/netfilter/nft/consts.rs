@@ -154,12 +154,23 @@ pub const NFT_META_L4PROTO: u32 = 16;
 pub const NFTA_CT_DREG: u16 = 1;
 pub const NFTA_CT_KEY: u16 = 2;
 pub const NFTA_CT_SREG: u16 = 4;
+pub const NFT_CT_DIRECTION: u32 = 1;
 pub const NFT_CT_MARK: u32 = 3;
 
 pub const NFTA_PAYLOAD_DREG: u16 = 1;
 pub const NFTA_PAYLOAD_BASE: u16 = 2;
 pub const NFTA_PAYLOAD_OFFSET: u16 = 3;
 pub const NFTA_PAYLOAD_LEN: u16 = 4;
+pub const NFTA_PAYLOAD_SREG: u16 = 5;
+pub const NFTA_PAYLOAD_CSUM_TYPE: u16 = 6;
+pub const NFTA_PAYLOAD_CSUM_OFFSET: u16 = 7;
+pub const NFTA_PAYLOAD_CSUM_FLAGS: u16 = 8;
+/// The internet checksum (`csum_type 1`).
+pub const NFT_PAYLOAD_CSUM_INET: u32 = 1;
+/// Also update the transport checksum's pseudo-header part (`csum_flags 0x1`).
+pub const NFT_PAYLOAD_L4CSUM_PSEUDOHDR: u32 = 1;
+/// Where the IPv4 header checksum sits (`csum_off 10`).
+pub const IPV4_CSUM_OFFSET: u32 = 10;
 pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 

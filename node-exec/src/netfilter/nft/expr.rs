@@ -37,6 +37,17 @@ pub(crate) enum Expr {
         len: u32,
         dreg: u32,
     },
+    /// A write into the packet (`ip daddr set ...`), with the checksum the field is part of
+    /// updated as nft asks for it (`csum_type`, `csum_off`, `csum_flags`).
+    PayloadSet {
+        base: u32,
+        offset: u32,
+        len: u32,
+        sreg: u32,
+        csum_type: u32,
+        csum_offset: u32,
+        csum_flags: u32,
+    },
     Cmp {
         sreg: u32,
         op: u32,
@@ -122,7 +133,7 @@ impl Expr {
         match self {
             Expr::Meta { .. } | Expr::MetaSet { .. } => "meta",
             Expr::Ct { .. } | Expr::CtSet { .. } => "ct",
-            Expr::Payload { .. } => "payload",
+            Expr::Payload { .. } | Expr::PayloadSet { .. } => "payload",
             Expr::Cmp { .. } => "cmp",
             Expr::Range { .. } => "range",
             Expr::Bitwise { .. } => "bitwise",
@@ -164,6 +175,15 @@ impl Expr {
                 w.put_u32(NFTA_PAYLOAD_BASE, *base);
                 w.put_u32(NFTA_PAYLOAD_OFFSET, *offset);
                 w.put_u32(NFTA_PAYLOAD_LEN, *len);
+            }
+            Expr::PayloadSet { base, offset, len, sreg, csum_type, csum_offset, csum_flags } => {
+                w.put_u32(NFTA_PAYLOAD_SREG, *sreg);
+                w.put_u32(NFTA_PAYLOAD_BASE, *base);
+                w.put_u32(NFTA_PAYLOAD_OFFSET, *offset);
+                w.put_u32(NFTA_PAYLOAD_LEN, *len);
+                w.put_u32(NFTA_PAYLOAD_CSUM_TYPE, *csum_type);
+                w.put_u32(NFTA_PAYLOAD_CSUM_OFFSET, *csum_offset);
+                w.put_u32(NFTA_PAYLOAD_CSUM_FLAGS, *csum_flags);
             }
             Expr::Cmp { sreg, op, data } => {
                 w.put_u32(NFTA_CMP_SREG, *sreg);
@@ -283,11 +303,22 @@ impl Expr {
                 Some(dreg) => Expr::Ct { key: u(NFTA_CT_KEY)?, dreg },
                 None => Expr::CtSet { key: u(NFTA_CT_KEY)?, sreg: u(NFTA_CT_SREG)? },
             },
-            "payload" => Expr::Payload {
-                base: u(NFTA_PAYLOAD_BASE)?,
-                offset: u(NFTA_PAYLOAD_OFFSET)?,
-                len: u(NFTA_PAYLOAD_LEN)?,
-                dreg: u(NFTA_PAYLOAD_DREG)?,
+            "payload" => match opt(NFTA_PAYLOAD_SREG)? {
+                Some(sreg) => Expr::PayloadSet {
+                    base: u(NFTA_PAYLOAD_BASE)?,
+                    offset: u(NFTA_PAYLOAD_OFFSET)?,
+                    len: u(NFTA_PAYLOAD_LEN)?,
+                    sreg,
+                    csum_type: opt(NFTA_PAYLOAD_CSUM_TYPE)?.unwrap_or(0),
+                    csum_offset: opt(NFTA_PAYLOAD_CSUM_OFFSET)?.unwrap_or(0),
+                    csum_flags: opt(NFTA_PAYLOAD_CSUM_FLAGS)?.unwrap_or(0),
+                },
+                None => Expr::Payload {
+                    base: u(NFTA_PAYLOAD_BASE)?,
+                    offset: u(NFTA_PAYLOAD_OFFSET)?,
+                    len: u(NFTA_PAYLOAD_LEN)?,
+                    dreg: u(NFTA_PAYLOAD_DREG)?,
+                },
             },
             "cmp" => Expr::Cmp { sreg: u(NFTA_CMP_SREG)?, op: u(NFTA_CMP_OP)?, data: val(NFTA_CMP_DATA)? },
             "range" => Expr::Range {

@@ -297,6 +297,8 @@ pub(crate) fn sel_info(sel: Selector) -> Option<SelInfo> {
             hton: Some((4, 4)),
             l4dep: None,
         },
+        // One byte: IP_CT_DIR_ORIGINAL 0, IP_CT_DIR_REPLY 1.
+        S::CtDirection => SelInfo { source: Source::Ct(NFT_CT_DIRECTION), len: 1, ty: None, hton: None, l4dep: None },
         S::IpSaddr => net(IPV4_SADDR_OFFSET, 4, NftType::Ipv4Addr),
         S::IpDaddr => net(IPV4_DADDR_OFFSET, 4, NftType::Ipv4Addr),
         S::Ip6Saddr => net(IPV6_SADDR_OFFSET, 16, NftType::Ipv6Addr),
@@ -339,6 +341,7 @@ pub(crate) fn sel_of_source(src: Source, len: u32) -> Option<Selector> {
         S::MetaSkuid,
         S::MetaSkgid,
         S::CtMark,
+        S::CtDirection,
         S::IpSaddr,
         S::IpDaddr,
         S::Ip6Saddr,

@@ -344,6 +344,12 @@ fn compile_compare(out: &mut Vec<Expr>, object: &str, c: &Compare, s: Selector, 
             }
             out.push(Expr::Cmp { sreg: r1, op, data: m.to_ne_bytes().to_vec() });
         }
+        (None, Value::Id(id)) if s == Selector::CtDirection => {
+            let dir = u8::try_from(*id).ok().filter(|d| *d <= 1);
+            let dir = dir.ok_or_else(|| invalid(object, format!("ct direction {id}: 0 (original) or 1 (reply)")))?;
+            out.push(load(info.source, info.len, r1));
+            out.push(Expr::Cmp { sreg: r1, op, data: vec![dir] });
+        }
         (None, Value::Id(id)) if matches!(s, Selector::MetaSkuid | Selector::MetaSkgid) => {
             out.push(load(info.source, info.len, r1));
             out.push(Expr::Cmp { sreg: r1, op, data: id.to_ne_bytes().to_vec() });
@@ -487,6 +493,36 @@ fn compile_statement(
                 Expr::CtSet { key: NFT_CT_MARK, sreg: r1 }
             } else {
                 Expr::MetaSet { key: NFT_META_MARK, sreg: r1 }
+            });
+        }
+        nft_statement::Kind::AddressSet(a) => {
+            // What nft sends for `ip daddr set K map @m`: the lookup, then a payload write over
+            // the destination that updates the IPv4 header checksum (at offset 10) and the
+            // transport checksum's pseudo-header part. IPv4 tables only for now: in an inet
+            // table nft puts a `meta nfproto` in front (docs/portmap/firewall.md).
+            let (s, info) = sel(object, a.selector)?;
+            if s != Selector::IpDaddr || ctx.family != NftFamily::Ip {
+                return Err(NftError::Unsupported {
+                    object: object.to_string(),
+                    what: format!("{} set outside an ip table", s.as_str_name()),
+                });
+            }
+            let m = a.map.as_ref().ok_or_else(|| invalid(object, "address set without a map"))?;
+            let set = map_lookup(out, deps, ctx, object, m)?;
+            if set.data != [NftType::Ipv4Addr] {
+                return Err(invalid(object, format!("@{} does not map to an IPv4 address", m.map)));
+            }
+            let Source::Payload(base, offset) = info.source else {
+                return Err(invalid(object, "address set of a field outside the packet"));
+            };
+            out.push(Expr::PayloadSet {
+                base,
+                offset,
+                len: info.len,
+                sreg: r1,
+                csum_type: NFT_PAYLOAD_CSUM_INET,
+                csum_offset: IPV4_CSUM_OFFSET,
+                csum_flags: NFT_PAYLOAD_L4CSUM_PSEUDOHDR,
             });
         }
         nft_statement::Kind::TcpMssClamp(_) => {

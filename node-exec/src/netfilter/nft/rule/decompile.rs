@@ -1,7 +1,7 @@
 //! Decompiling expressions (a rule read back from the kernel) into the model rule nft would print.
 
 use kuport_proto::v1::{
-    CmpOp, Compare, Counter, LiteralSet, MapLookup, Nat, NatKind, NatTarget, NftFamily, NftMatch, NftRule,
+    AddressSet, CmpOp, Compare, Counter, LiteralSet, MapLookup, Nat, NatKind, NatTarget, NftFamily, NftMatch, NftRule,
     NftStatement, NftType, NftValue, PortRange, Redirect, Selector, SetLookup, SetMark, TcpFlags, TcpMssClamp, Verdict,
     VerdictKind, nat, nft_match, nft_statement, nft_value::Value, redirect, set_mark,
 };
@@ -206,6 +206,19 @@ pub(crate) fn decompile(exprs: &[Expr], table: NftFamily, object: &str) -> Resul
                     Expr::CtSet { key: NFT_CT_MARK, .. } => {
                         nft_statement::Kind::CtMarkSet(SetMark { from: Some(set_mark::From::Map(map)) })
                     }
+                    // `ip daddr set K map @m`, exactly as compile writes it.
+                    Expr::PayloadSet {
+                        base: NFT_PAYLOAD_NETWORK_HEADER,
+                        offset: IPV4_DADDR_OFFSET,
+                        len: 4,
+                        csum_type: NFT_PAYLOAD_CSUM_INET,
+                        csum_offset: IPV4_CSUM_OFFSET,
+                        csum_flags: NFT_PAYLOAD_L4CSUM_PSEUDOHDR,
+                        ..
+                    } if table == NftFamily::Ip => nft_statement::Kind::AddressSet(AddressSet {
+                        selector: Selector::IpDaddr as i32,
+                        map: Some(map),
+                    }),
                     _ => return Err(shape(object, "a map lookup feeding an unknown statement")),
                 };
                 rule.statements.push(NftStatement { kind: Some(kind) });
@@ -358,6 +371,7 @@ fn load_pending(object: &str, src: Source, len: u32, dreg: u32, e: &Expr) -> Res
             Selector::MetaSkuid,
             Selector::MetaSkgid,
             Selector::CtMark,
+            Selector::CtDirection,
         ]
         .into_iter()
         .filter_map(sel_info)
@@ -488,6 +502,10 @@ fn decompile_compare(object: &str, pending: &[Pending], rest: &[Expr]) -> Result
         Some(NftType::InetService) => {
             Value::Port(PortRange { first: u32::from(be16(object, &from)?), last: u32::from(be16(object, &to)?) })
         }
+        None if selector == Selector::CtDirection => match from.as_slice() {
+            [d @ (0 | 1)] => Value::Id(u32::from(*d)),
+            _ => return Err(shape(object, "a ct direction other than original or reply")),
+        },
         Some(NftType::Mark) | None => {
             let b: [u8; 4] = from.as_slice().try_into().map_err(|_| shape(object, "a 32-bit value of a bad length"))?;
             if let Some(m) = &mask {
