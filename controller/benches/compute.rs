@@ -98,7 +98,7 @@ fn ms(d: Duration) -> String {
 }
 
 /// The stages of `compute`, copied (they are public except link_ends and the statuses), timed.
-fn stages(c: &Cluster, settings: &Settings) -> Vec<(&'static str, Duration)> {
+fn stages(c: &Cluster) -> Vec<(&'static str, Duration)> {
     let mut times = Vec::new();
     let t = Instant::now();
     let view = View::new(c);
@@ -140,7 +140,7 @@ fn stages(c: &Cluster, settings: &Settings) -> Vec<(&'static str, Duration)> {
     let t = Instant::now();
     let all_nodes =
         view.nodes.keys().cloned().chain(view.classes.values().flat_map(|cl| cl.spec.nodes.keys().cloned()));
-    let mut builder = Builder::new(settings, all_nodes);
+    let mut builder = Builder::new(all_nodes);
     for (_, v) in &verdicts {
         let Ok(p) = v else { continue };
         let mut ends = BTreeMap::new();
@@ -308,7 +308,7 @@ fn main() {
         drop(steady);
 
         if stages_on {
-            let t = stages(&cluster, &settings);
+            let t = stages(&cluster);
             let _ =
                 writeln!(stage_report, "\nStages at {n_nodes} nodes / {n_maps} PortMaps (steady input, one run):\n");
             let _ = writeln!(stage_report, "| stage | time |\n|---|---:|");

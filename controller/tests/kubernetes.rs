@@ -252,6 +252,14 @@ const BAD: &[(&str, &str)] = &[
         "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: bad-v6}\nspec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {vxlan: {subnet: \"fd00::/64\"}}}\n",
         "must be an IPv4 CIDR",
     ),
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: bad-subnet6}\nspec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {vxlan: {subnet6: \"10.0.0.0/24\"}}}\n",
+        "subnet6 must be an IPv6 CIDR",
+    ),
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: small-subnet6}\nspec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {vxlan: {subnet6: \"fd64::/121\"}}}\n",
+        "at least as many /127",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -295,12 +295,12 @@ fn program(lab: &mut Lab, total: usize, steer: bool) {
     let counts: Vec<String> = [ACCEPTING, POD_NODE]
         .iter()
         .map(|n| {
-            let listing = lab.exec(n, &["nft", "list", "table", "ip", "kuport"]).expect("nft lists kuport's table");
+            let listing = lab.exec(n, &["nft", "list", "table", "inet", "kuport"]).expect("nft lists kuport's table");
             format!("{n} {} lines", listing.lines().count())
         })
         .collect();
     println!(
-        "lab {}: {total} mappings applied in {:.1} s; `nft list table ip kuport`: {}",
+        "lab {}: {total} mappings applied in {:.1} s; `nft list table inet kuport`: {}",
         lab.id(),
         started.elapsed().as_secs_f64(),
         counts.join(", ")

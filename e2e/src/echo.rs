@@ -3,8 +3,14 @@
 //!
 //! The sockets are made on a thread inside the pod's namespace and served by a tokio runtime
 //! anywhere: a socket stays in the namespace it was made in.
+//!
+//! Both families on one socket per port: IPv6 sockets on `[::]` with `IPV6_V6ONLY` off, so
+//! IPv4 peers arrive as IPv4-mapped addresses; the answer names them as IPv4
+//! (`198.51.100.7:40211`, never `[::ffff:198.51.100.7]:40211`), IPv6 peers as
+//! `[2001:db8:100::7]:40211`. Where the kernel has no IPv6, IPv4 sockets as before.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener, UdpSocket};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -29,17 +35,21 @@ impl PodServer {
         udp: &[Ports],
     ) -> anyhow::Result<PodServer> {
         let (listeners, sockets) = in_netns(netns, || {
-            let any = |p| SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, p);
             let mut listeners = Vec::new();
             for p in tcp.iter().flat_map(Ports::iter) {
-                let l =
-                    TcpListener::bind(any(p)).map_err(|e| std::io::Error::new(e.kind(), format!("tcp {p}: {e}")))?;
+                let l = TcpListener::from(
+                    dual_socket(SocketType::STREAM, p)
+                        .map_err(|e| std::io::Error::new(e.kind(), format!("tcp {p}: {e}")))?,
+                );
                 l.set_nonblocking(true)?;
                 listeners.push(l);
             }
             let mut sockets = Vec::new();
             for p in udp.iter().flat_map(Ports::iter) {
-                let s = UdpSocket::bind(any(p)).map_err(|e| std::io::Error::new(e.kind(), format!("udp {p}: {e}")))?;
+                let s = UdpSocket::from(
+                    dual_socket(SocketType::DGRAM, p)
+                        .map_err(|e| std::io::Error::new(e.kind(), format!("udp {p}: {e}")))?,
+                );
                 s.set_nonblocking(true)?;
                 sockets.push(s);
             }
@@ -90,13 +100,59 @@ impl PodServer {
     }
 }
 
-/// The answer line for a peer.
-pub fn answer(pod: &str, peer: SocketAddr) -> String {
-    format!("{pod} {peer}\n")
+use rustix::net::SocketType;
+
+/// A socket bound to port `port` of both families (listening, for a stream): IPv6 on `[::]`
+/// with `IPV6_V6ONLY` off; IPv4 on `0.0.0.0` where the kernel has no IPv6.
+fn dual_socket(kind: SocketType, port: u16) -> std::io::Result<OwnedFd> {
+    use rustix::net::{AddressFamily, bind, listen, socket, sockopt};
+    let (fd, v6) = match socket(AddressFamily::INET6, kind, None) {
+        Ok(fd) => (fd, true),
+        Err(rustix::io::Errno::AFNOSUPPORT) => (socket(AddressFamily::INET, kind, None)?, false),
+        Err(e) => return Err(e.into()),
+    };
+    if kind == SocketType::STREAM {
+        // As std's TcpListener::bind: a restarted server binds while old connections linger.
+        sockopt::set_socket_reuseaddr(&fd, true)?;
+    }
+    if v6 {
+        sockopt::set_ipv6_v6only(&fd, false)?;
+        bind(&fd, &SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0))?;
+    } else {
+        bind(&fd, &SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))?;
+    }
+    if kind == SocketType::STREAM {
+        listen(&fd, 128)?;
+    }
+    Ok(fd)
 }
 
-/// Parses an answer line into (pod, address the pod saw).
+/// A peer as the answer names it: IPv4-mapped IPv6 addresses as the IPv4 ones they carry.
+pub fn unmapped(peer: SocketAddr) -> SocketAddr {
+    match peer {
+        SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddrV4::new(v4, a.port()).into(),
+            None => peer,
+        },
+        SocketAddr::V4(_) => peer,
+    }
+}
+
+/// The answer line for a peer.
+pub fn answer(pod: &str, peer: SocketAddr) -> String {
+    format!("{pod} {}\n", unmapped(peer))
+}
+
+/// Parses an answer line into (pod, IPv4 address the pod saw); None for an IPv6 one.
 pub fn parse_answer(text: &str) -> Option<(String, SocketAddrV4)> {
+    let mut words = text.split_whitespace();
+    let pod = words.next()?.to_string();
+    let seen = words.next()?.parse().ok()?;
+    words.next().is_none().then_some((pod, seen))
+}
+
+/// Parses an answer line into (pod, address of either family the pod saw).
+pub fn parse_answer_any(text: &str) -> Option<(String, SocketAddr)> {
     let mut words = text.split_whitespace();
     let pod = words.next()?.to_string();
     let seen = words.next()?.parse().ok()?;
@@ -114,5 +170,17 @@ mod tests {
         assert_eq!(line, "game-0 198.51.100.7:40211\n");
         assert_eq!(parse_answer(&line), Some(("game-0".into(), "198.51.100.7:40211".parse().unwrap())));
         assert_eq!(parse_answer("x"), None);
+    }
+
+    #[test]
+    fn answers_name_ipv4_peers_unmapped_and_ipv6_in_brackets() {
+        let mapped: SocketAddr = "[::ffff:198.51.100.7]:40211".parse().unwrap();
+        assert_eq!(answer("game-0", mapped), "game-0 198.51.100.7:40211\n");
+        let v6: SocketAddr = "[2001:db8:100::7]:40211".parse().unwrap();
+        let line = answer("game-0", v6);
+        assert_eq!(line, "game-0 [2001:db8:100::7]:40211\n");
+        assert_eq!(parse_answer_any(&line), Some(("game-0".into(), v6)));
+        assert_eq!(parse_answer(&line), None, "the IPv4 parser takes no IPv6 answer");
+        assert_eq!(parse_answer_any("game-0 198.51.100.7:40211\n"), Some(("game-0".into(), unmapped(mapped))));
     }
 }

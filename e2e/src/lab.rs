@@ -10,9 +10,13 @@
 //! network; each public interface, a bridge whose ports are veths to the attached clients
 //! (`lab-c*`), with a /32 route to each attached client's address; and the CNI's devices, routes
 //! and masquerade.
+//!
+//! IPv6 rides beside IPv4 wherever the topology gives an `address6` (or a `podCidr6`): the
+//! addresses are set `nodad` and every namespace skips duplicate address detection, so link-local
+//! addresses too are usable at once; nodes forward IPv6 as they forward IPv4.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,7 +33,7 @@ use crate::echo::PodServer;
 use crate::manifests::Manifests;
 use crate::objects::{Objects, generate};
 use crate::plane::{Plane, PlaneOptions, PlaneRecord};
-use crate::probe::{Answer, ProbeError, probe};
+use crate::probe::{Answer, ProbeError, probe, probe_any};
 use crate::process::{Lifetime, owned, signal, spawn, wait_gone};
 use crate::sys::{self, ip_batch, netns_path, tc_batch};
 use crate::topology::{ClientSpec, Cni, Nat, NatKind, NodeSpec, PodSpec, Ports, Protocol, Topology};
@@ -204,8 +208,13 @@ impl Lab {
 
     fn add_netns(&mut self, name: String) -> anyhow::Result<()> {
         sys::run("ip", &["netns", "add", &name], None)?;
-        self.namespaces.push(name);
-        Ok(())
+        self.namespaces.push(name.clone());
+        // No duplicate address detection for the devices made in it: their link-local
+        // addresses (Calico's IPv6 gateway is one) are usable at once, like the lab's nodad ones.
+        sys::sysctls(
+            &netns_path(&name),
+            &[("net.ipv6.conf.all.accept_dad", "0"), ("net.ipv6.conf.default.accept_dad", "0")],
+        )
     }
 
     fn build(&mut self) -> anyhow::Result<()> {
@@ -236,11 +245,13 @@ impl Lab {
                 continue;
             }
             let mut lines = vec!["link set lo up".to_string()];
+            let mut default6 = false;
             for (j, a) in c.attach.iter().enumerate() {
                 let (n, iface) = a.split_once('/').unwrap_or_default();
                 let node = t.node(n).ok_or_else(|| anyhow!("client {}: no node {n}", c.name))?;
-                let gw = node.public.iter().find(|p| p.interface == iface).map(|p| p.address.addr());
-                let gw = gw.ok_or_else(|| anyhow!("client {}: no interface {a}", c.name))?;
+                let public = node.public.iter().find(|p| p.interface == iface);
+                let public = public.ok_or_else(|| anyhow!("client {}: no interface {a}", c.name))?;
+                let gw = public.address.addr();
                 if j == 0 {
                     lines.push(format!("addr add {}/32 dev eth0", c.address));
                 }
@@ -248,6 +259,17 @@ impl Lab {
                 lines.push(format!("route add {gw}/32 dev eth{j} scope link"));
                 if j == 0 {
                     lines.push(format!("route add default via {gw} dev eth0"));
+                }
+                // IPv6: the address on every attachment that has it (neighbour discovery
+                // answers only for the receiving device's own addresses), the default route by
+                // the first.
+                if let (Some(a6), Some(gw6)) = (c.address6, public.address6.map(|p| p.addr())) {
+                    lines.push(format!("addr add {a6}/128 dev eth{j} nodad"));
+                    lines.push(format!("route add {gw6}/128 dev eth{j}"));
+                    if !default6 {
+                        lines.push(format!("route add default via {gw6} dev eth{j}"));
+                        default6 = true;
+                    }
                 }
             }
             ip_batch(&self.netns_name(&c.name), &lines)?;
@@ -266,7 +288,14 @@ impl Lab {
         let cidrs: Vec<String> = t.nodes.iter().map(|n| n.pod_cidr.0.trunc().to_string()).collect();
         let ns = self.netns_name(&node.name);
         // Forwarding first, so every device made afterwards forwards too.
-        sys::sysctls(&netns_path(&ns), &[("net.ipv4.ip_forward", "1"), ("net.bridge.bridge-nf-call-iptables", "0")])?;
+        sys::sysctls(
+            &netns_path(&ns),
+            &[
+                ("net.ipv4.ip_forward", "1"),
+                ("net.ipv6.conf.all.forwarding", "1"),
+                ("net.bridge.bridge-nf-call-iptables", "0"),
+            ],
+        )?;
         let u = &node.underlay;
         let net = t.networks().iter().position(|n| *n == u.network).unwrap_or_default();
         // A node behind NAT has its router's LAN at the other end of its uplink; any other
@@ -281,6 +310,9 @@ impl Lab {
             format!("addr add {} dev {}", u.address, u.interface),
             format!("link set dev {} up", u.interface),
         ];
+        if let Some(a6) = u.address6 {
+            lines.push(format!("addr add {a6} dev {} nodad", u.interface));
+        }
         if node.nat.is_some() {
             lines.push(format!("route add default via {} dev {}", node.lan_gateway(), u.interface));
         }
@@ -292,6 +324,9 @@ impl Lab {
         for p in &node.public {
             lines.push(format!("link add name {} type bridge", p.interface));
             lines.push(format!("addr add {} dev {}", p.address, p.interface));
+            if let Some(a6) = p.address6 {
+                lines.push(format!("addr add {a6} dev {} nodad", p.interface));
+            }
             lines.push(format!("link set dev {} up", p.interface));
         }
         for (ci, c) in t.clients.iter().enumerate() {
@@ -304,6 +339,9 @@ impl Lab {
                 lines.push(format!("link add lab-c{ci}-{j} type veth peer name eth{j} netns {client_ns}"));
                 lines.push(format!("link set dev lab-c{ci}-{j} master {iface} up"));
                 lines.push(format!("route add {}/32 dev {iface}", c.address));
+                if let (Some(a6), Some(_)) = (c.address6, t.public_address6(n, iface)) {
+                    lines.push(format!("route add {a6}/128 dev {iface}"));
+                }
             }
         }
         for pod in t.pods.iter().filter(|p| p.node == node.name) {
@@ -314,7 +352,7 @@ impl Lab {
             self.pod_sysctls(pod)?;
         }
         self.sync_tc(node)?;
-        sys::nft(&ns, &cni_nat(t.cni, node, &cidrs))?;
+        sys::nft(&ns, &(cni_nat(t.cni, node, &cidrs) + &cni_nat6(t, node).unwrap_or_default()))?;
         match (&node.nat, node.router_host()) {
             (Some(nat), Some(router)) => self.build_router(ni, node, nat, &router, net)?,
             _ => {
@@ -331,7 +369,7 @@ impl Lab {
         let ns = self.netns_name(router);
         let switch = self.switch();
         let u = &node.underlay;
-        sys::sysctls(&netns_path(&ns), &[("net.ipv4.ip_forward", "1")])?;
+        sys::sysctls(&netns_path(&ns), &[("net.ipv4.ip_forward", "1"), ("net.ipv6.conf.all.forwarding", "1")])?;
         let lan = format!("{}/{}", node.lan_gateway(), u.address.0.prefix_len());
         ip_batch(
             &ns,
@@ -358,6 +396,15 @@ impl Lab {
         let segment = t.segments(net).into_iter().find(|s| s.contains(&c.address));
         let len = segment.map_or(32, |s| s.prefix_len());
         let client_ns = self.netns_name(&c.name);
+        let mut lines = vec![
+            "link set lo up".to_string(),
+            format!("addr add {}/{len} dev eth0", c.address),
+            "link set eth0 up".into(),
+        ];
+        if let Some(a6) = c.address6 {
+            let len6 = t.segments6(net).into_iter().find(|s| s.contains(&a6)).map_or(128, |s| s.prefix_len());
+            lines.push(format!("addr add {a6}/{len6} dev eth0 nodad"));
+        }
         ip_batch(
             &switch,
             &[
@@ -365,23 +412,17 @@ impl Lab {
                 format!("link set c{ci} master br{index} up"),
             ],
         )?;
-        ip_batch(
-            &client_ns,
-            &[
-                "link set lo up".to_string(),
-                format!("addr add {}/{len} dev eth0", c.address),
-                "link set eth0 up".into(),
-            ],
-        )
+        ip_batch(&client_ns, &lines)
     }
 
     /// The node-side lines of a pod, for the topology's CNI.
     fn pod_lines_on_node(&self, pod: &PodSpec) -> Vec<String> {
         let ns = self.netns_name(&pod.name);
+        let address6 = self.topology.pod_address6(pod);
         match self.topology.cni {
-            Cni::Cilium => cni::pod_lines_on_node(pod, &ns),
+            Cni::Cilium => cni::pod_lines_on_node(pod, address6, &ns),
             Cni::Bridge => cni::bridge::pod_lines_on_node(pod, &ns),
-            Cni::Calico => cni::calico::pod_lines_on_node(pod, &ns),
+            Cni::Calico => cni::calico::pod_lines_on_node(pod, address6, &ns),
         }
     }
 
@@ -401,7 +442,7 @@ impl Lab {
         let lines = match self.topology.cni {
             Cni::Cilium => cni::pod_lines(pod, node),
             Cni::Bridge => cni::bridge::pod_lines(pod, node),
-            Cni::Calico => cni::calico::pod_lines(pod),
+            Cni::Calico => cni::calico::pod_lines(pod, node.pod_address6(pod)),
         };
         ip_batch(&self.netns_name(&pod.name), &lines)
     }
@@ -419,7 +460,13 @@ impl Lab {
             Default::default()
         };
         // A pod's priority: its place in the topology plus one, which a move keeps.
-        let pods = self.topology.pods.iter().zip(1u32..).filter(|(p, _)| p.node == node.name).map(|(p, i)| (i, p));
+        let pods = self
+            .topology
+            .pods
+            .iter()
+            .zip(1u32..)
+            .filter(|(p, _)| p.node == node.name)
+            .map(|(p, i)| (i, p, node.pod_address6(p)));
         let lines = cni::tc_lines(has_qdisc, &present, pods);
         if lines.is_empty() { Ok(()) } else { tc_batch(&ns, &lines) }
     }
@@ -480,6 +527,12 @@ impl Lab {
                     format!("neigh del {} dev cilium_host", old.address),
                 ],
             );
+            if let Some(old6) = self.topology.pod_address6(&old) {
+                let _ = ip_batch(
+                    &old_ns,
+                    &[format!("route del {old6}/128 dev cilium_host"), format!("neigh del {old6} dev cilium_host")],
+                );
+            }
         }
         self.topology = t;
         let old_spec = self.topology.node(&old_node).cloned().ok_or_else(|| anyhow!("no node {old_node}"))?;
@@ -562,7 +615,8 @@ impl Lab {
         self.refresh_nat()
     }
 
-    /// Writes every node's CNI NAT table anew for the cluster's pod CIDRs as they stand.
+    /// Writes every node's CNI NAT table anew for the cluster's pod CIDRs as they stand (and
+    /// its IPv6 twin).
     fn refresh_nat(&self) -> anyhow::Result<()> {
         let t = &self.topology;
         let cidrs: Vec<String> = t.nodes.iter().map(|n| n.pod_cidr.0.trunc().to_string()).collect();
@@ -572,10 +626,11 @@ impl Lab {
         };
         for node in &t.nodes {
             let ruleset = cni_nat(t.cni, node, &cidrs);
-            sys::nft(
-                &self.netns_name(&node.name),
-                &format!("add table ip {table}\ndelete table ip {table}\n{ruleset}"),
-            )?;
+            let mut text = format!("add table ip {table}\ndelete table ip {table}\n{ruleset}");
+            if let Some(six) = cni_nat6(t, node) {
+                text = format!("add table ip6 nat\ndelete table ip6 nat\n{text}{six}");
+            }
+            sys::nft(&self.netns_name(&node.name), &text)?;
         }
         Ok(())
     }
@@ -632,6 +687,32 @@ impl Lab {
     ) -> Result<Answer, ProbeError> {
         let path = self.netns(from).map_err(|e| ProbeError::Io(e.to_string()))?;
         probe(&path, to, protocol, timeout)
+    }
+
+    /// Probes any address, IPv4 or IPv6 (`[2001:db8::9]:27015`), from a host with the default
+    /// timeout; the answer's addresses are of the family dialed.
+    pub fn probe_any(&self, from: &str, to: SocketAddr, protocol: Protocol) -> Result<Answer<SocketAddr>, ProbeError> {
+        self.probe_any_with(from, to, protocol, PROBE_TIMEOUT)
+    }
+
+    pub fn probe_any_with(
+        &self,
+        from: &str,
+        to: SocketAddr,
+        protocol: Protocol,
+        timeout: Duration,
+    ) -> Result<Answer<SocketAddr>, ProbeError> {
+        let path = self.netns(from).map_err(|e| ProbeError::Io(e.to_string()))?;
+        probe_any(&path, to, protocol, timeout)
+    }
+
+    /// A client's address of the family of `like` (its `address6` for IPv6), when it has one.
+    pub fn client_address_like(&self, client: &str, like: IpAddr) -> Option<IpAddr> {
+        let c = self.topology.client(client)?;
+        match like {
+            IpAddr::V4(_) => Some(IpAddr::V4(c.address)),
+            IpAddr::V6(_) => c.address6.map(IpAddr::V6),
+        }
     }
 
     /// Runs `ip` inside a host's namespace; its stdout.
@@ -789,6 +870,17 @@ fn cni_nat(cni: Cni, node: &NodeSpec, cidrs: &[String]) -> String {
         Cni::Cilium => cni::nat_ruleset(node, cidrs),
         Cni::Bridge => cni::bridge::nat_ruleset(node, cidrs),
         Cni::Calico => cni::calico::nat_ruleset(cidrs),
+    }
+}
+
+/// The IPv6 twin of the CNI's NAT ruleset on `node`, for the cluster's IPv6 pod prefixes: None
+/// for Calico (see [`crate::cni`]) and on a node without an IPv6 pod prefix.
+fn cni_nat6(t: &Topology, node: &NodeSpec) -> Option<String> {
+    let cidrs6: Vec<String> = t.nodes.iter().filter_map(|n| n.pod_cidr6.map(|c| c.0.trunc().to_string())).collect();
+    match t.cni {
+        Cni::Cilium => cni::nat6_ruleset(node, &cidrs6),
+        Cni::Bridge => cni::bridge::nat6_ruleset(node, &cidrs6),
+        Cni::Calico => None,
     }
 }
 

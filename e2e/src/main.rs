@@ -10,7 +10,7 @@
 // Library paths handle input: no unwrap there (tests may).
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-use std::net::SocketAddrV4;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -63,12 +63,13 @@ enum Cmd {
         #[arg(last = true, required = true)]
         cmd: Vec<String>,
     },
-    /// Dials ADDR:PORT from a host; prints what the pod saw and where the reply came from.
+    /// Dials ADDR:PORT from a host (an IPv6 address in brackets, `[2001:db8::9]:27015`); prints
+    /// what the pod saw and where the reply came from.
     Probe {
         #[arg(long)]
         from: String,
-        #[arg(long)]
-        to: SocketAddrV4,
+        #[arg(long, value_parser = kuport_lab::probe::parse_target)]
+        to: SocketAddr,
         #[arg(long)]
         udp: bool,
         #[arg(long, default_value_t = 1000)]
@@ -201,7 +202,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Probe { from, to, udp, timeout_ms } => {
             let lab = Lab::attach(load_record(&dir)?);
             let proto = if udp { Protocol::Udp } else { Protocol::Tcp };
-            match lab.probe_with(&from, to, proto, Duration::from_millis(timeout_ms)) {
+            match lab.probe_any_with(&from, to, proto, Duration::from_millis(timeout_ms)) {
                 Ok(a) => {
                     println!("{from} -> {a}");
                     Ok(ExitCode::SUCCESS)
@@ -435,23 +436,26 @@ fn up(
             kuport_controller::api::Protocol::Udp => Protocol::Udp,
         };
         for p in st.published.iter().filter(|p| accepting.contains(&p.node.as_str())) {
-            let Some(client) = t.clients_on(&p.node, &p.interface).first().map(|c| (*c).clone()) else { continue };
-            let Ok(addr) = p.address.parse() else { continue };
-            let to = SocketAddrV4::new(addr, pm.spec.port);
-            match lab.probe(&client.name, to, proto) {
+            let Ok(addr) = p.address.parse::<IpAddr>() else { continue };
+            // The first client attached there that has an address of the published one's family.
+            let client = t
+                .clients_on(&p.node, &p.interface)
+                .into_iter()
+                .find_map(|c| lab.client_address_like(&c.name, addr).map(|a| (c.name.clone(), a)));
+            let Some((client, own)) = client else { continue };
+            let to = SocketAddr::new(addr, pm.spec.port);
+            match lab.probe_any(&client, to, proto) {
                 Ok(a) => {
-                    let ok = *a.seen.ip() == client.address && a.reply_from == to;
+                    let ok = a.seen.ip() == own && a.reply_from == to;
                     failed |= !ok;
                     println!(
-                        "probe {} ({}) -> {a}{}",
-                        client.name,
-                        client.address,
+                        "probe {client} ({own}) -> {a}{}",
                         if ok { "  [client address intact]" } else { "  [WRONG]" }
                     );
                 }
                 Err(e) => {
                     failed = true;
-                    println!("probe {} ({}) -> {to}/{proto}: {e}", client.name, client.address);
+                    println!("probe {client} ({own}) -> {to}/{proto}: {e}");
                 }
             }
         }

@@ -1,6 +1,14 @@
 //! The cluster objects a topology stands for: Nodes, Namespaces, Services, EndpointSlices, and
 //! the NodeFacts each node's executor would report. Pure: the same topology always gives the
 //! same objects, so they can feed the offline computation now and the API server later.
+//!
+//! Dual-stack: a node's IPv6 addresses follow its IPv4 ones in its facts (IPv4 first, as the
+//! executor reports them) but stay out of its Node status: server-side apply keys
+//! `status.addresses` by type and refuses a second ExternalIP (kubelets write them with a
+//! strategic merge patch). Its IPv6 pod prefix follows the IPv4 one in `podCIDRs`; each Service with pods that have an IPv6 address has an
+//! IPv6 EndpointSlice `<service>-v6` beside its IPv4 one `<service>-lab`, with the same pods.
+//! Services are left single-stack in their spec (no `ipFamilies`, `ipFamilyPolicy`): the lab's
+//! API server has only an IPv4 service range, and kuport reads the EndpointSlices.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -66,7 +74,11 @@ pub fn generate(t: &Topology) -> Objects {
             metadata,
             spec: Some(K8sNodeSpec {
                 pod_cidr: Some(n.pod_cidr.0.trunc().to_string()),
-                pod_cidrs: Some(vec![n.pod_cidr.0.trunc().to_string()]),
+                pod_cidrs: Some(
+                    std::iter::once(n.pod_cidr.0.trunc().to_string())
+                        .chain(n.pod_cidr6.map(|c| c.0.trunc().to_string()))
+                        .collect(),
+                ),
                 ..Default::default()
             }),
             status: Some(NodeStatus {
@@ -82,13 +94,15 @@ pub fn generate(t: &Topology) -> Objects {
         });
         let mut interfaces = vec![KnownInterface {
             name: n.underlay.interface.clone(),
-            addresses: vec![n.underlay.address.addr().to_string()],
+            addresses: std::iter::once(n.underlay.address.addr().to_string())
+                .chain(n.underlay.address6.map(|a| a.addr().to_string()))
+                .collect(),
         }];
-        interfaces.extend(
-            n.public
-                .iter()
-                .map(|p| KnownInterface { name: p.interface.clone(), addresses: vec![p.address.addr().to_string()] }),
-        );
+        interfaces.extend(n.public.iter().map(|p| KnownInterface {
+            name: p.interface.clone(),
+            addresses:
+                std::iter::once(p.address.addr().to_string()).chain(p.address6.map(|a| a.addr().to_string())).collect(),
+        }));
         out.facts.push(KnownFacts {
             node: n.name.clone(),
             underlay_address: Some(n.underlay.address.addr()),
@@ -142,47 +156,58 @@ pub fn generate(t: &Topology) -> Objects {
         });
         let selected =
             |p: &&PodSpec| p.namespace == s.namespace && s.selector.iter().all(|(k, v)| p.labels.get(k) == Some(v));
-        let endpoints: Vec<Endpoint> = t
+        let endpoint = |p: &PodSpec, address: String| Endpoint {
+            addresses: vec![address],
+            conditions: Some(EndpointConditions {
+                ready: Some(p.ready),
+                serving: Some(p.ready),
+                terminating: Some(false),
+            }),
+            node_name: Some(p.node.clone()),
+            target_ref: Some(ObjectReference {
+                kind: Some("Pod".into()),
+                namespace: Some(p.namespace.clone()),
+                name: Some(p.name.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let endpoints: Vec<Endpoint> =
+            t.pods.iter().filter(selected).map(|p| endpoint(p, p.address.to_string())).collect();
+        let endpoints6: Vec<Endpoint> = t
             .pods
             .iter()
             .filter(selected)
-            .map(|p| Endpoint {
-                addresses: vec![p.address.to_string()],
-                conditions: Some(EndpointConditions {
-                    ready: Some(p.ready),
-                    serving: Some(p.ready),
-                    terminating: Some(false),
-                }),
-                node_name: Some(p.node.clone()),
-                target_ref: Some(ObjectReference {
-                    kind: Some("Pod".into()),
-                    namespace: Some(p.namespace.clone()),
-                    name: Some(p.name.clone()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
+            .filter_map(|p| t.pod_address6(p).map(|a| endpoint(p, a.to_string())))
             .collect();
         let labels = BTreeMap::from([
             (SERVICE_NAME_LABEL.to_string(), s.name.clone()),
             ("endpointslice.kubernetes.io/managed-by".to_string(), MANAGED_BY.to_string()),
         ]);
+        let ports: Vec<EndpointPort> = s
+            .ports
+            .iter()
+            .map(|p| EndpointPort {
+                name: Some(p.name.clone()),
+                protocol: Some(p.protocol.to_string()),
+                port: Some(p.target_port.unwrap_or(p.port).into()),
+                ..Default::default()
+            })
+            .collect();
         out.endpoint_slices.push(EndpointSlice {
-            metadata: meta(&format!("{}-lab", s.name), Some(&s.namespace), labels),
+            metadata: meta(&format!("{}-lab", s.name), Some(&s.namespace), labels.clone()),
             address_type: "IPv4".into(),
             endpoints: Some(endpoints),
-            ports: Some(
-                s.ports
-                    .iter()
-                    .map(|p| EndpointPort {
-                        name: Some(p.name.clone()),
-                        protocol: Some(p.protocol.to_string()),
-                        port: Some(p.target_port.unwrap_or(p.port).into()),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
+            ports: Some(ports.clone()),
         });
+        if !endpoints6.is_empty() {
+            out.endpoint_slices.push(EndpointSlice {
+                metadata: meta(&format!("{}-v6", s.name), Some(&s.namespace), labels),
+                address_type: "IPv6".into(),
+                endpoints: Some(endpoints6),
+                ports: Some(ports),
+            });
+        }
     }
     out
 }
@@ -267,7 +292,10 @@ mod tests {
         assert_eq!(edge.underlay_address, Some("100.64.93.143".parse().unwrap()));
         assert_eq!(edge.underlay_mtu, Some(1420));
         let ifaces = edge.interfaces.as_ref().unwrap();
-        assert_eq!(ifaces[1], KnownInterface { name: "enp1s0".into(), addresses: vec!["203.0.113.9".into()] });
+        assert_eq!(
+            ifaces[1],
+            KnownInterface { name: "enp1s0".into(), addresses: vec!["203.0.113.9".into(), "2001:db8::9".into()] }
+        );
         let slice = o.endpoint_slices.iter().find(|s| s.metadata.name.as_deref() == Some("game-lab")).unwrap();
         assert_eq!(slice.metadata.labels.as_ref().unwrap()[SERVICE_NAME_LABEL], "game");
         let ep = &slice.endpoints.as_ref().unwrap()[0];
@@ -275,6 +303,32 @@ mod tests {
         assert_eq!(ep.node_name.as_deref(), Some("worker-2"));
         assert_eq!(ep.conditions.as_ref().unwrap().ready, Some(true));
         assert_eq!(ep.target_ref.as_ref().unwrap().name.as_deref(), Some("game-0"));
+        // Its IPv6 twin: the same pod by targetRef, its IPv6 address.
+        let slice6 = o.endpoint_slices.iter().find(|s| s.metadata.name.as_deref() == Some("game-v6")).unwrap();
+        assert_eq!(slice6.address_type, "IPv6");
+        assert_eq!(slice6.metadata.labels.as_ref().unwrap()[SERVICE_NAME_LABEL], "game");
+        let ep6 = &slice6.endpoints.as_ref().unwrap()[0];
+        assert_eq!(ep6.addresses, vec!["fd10:244:2::6b".to_string()]);
+        assert_eq!(ep6.target_ref, ep.target_ref);
+        assert_eq!((ep6.conditions.as_ref().unwrap().ready, ep6.node_name.as_deref()), (Some(true), Some("worker-2")));
+        assert_eq!(slice6.ports, slice.ports);
+        let edge_node = &o.nodes[0];
+        assert_eq!(
+            edge_node.spec.as_ref().unwrap().pod_cidrs.as_deref(),
+            Some(&["10.244.18.0/24".to_string(), "fd10:244:18::/64".to_string()][..])
+        );
+        let external: Vec<&str> = edge_node
+            .status
+            .as_ref()
+            .unwrap()
+            .addresses
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|a| a.type_ == "ExternalIP")
+            .map(|a| a.address.as_str())
+            .collect();
+        assert_eq!(external, ["203.0.113.9"], "IPv6 addresses stay out of the Node status (server-side apply)");
         let namespaces: Vec<_> = o.namespaces.iter().map(|n| n.metadata.name.clone().unwrap()).collect();
         assert_eq!(namespaces, ["web", "apps", "games"]);
         // Deterministic.

@@ -5,6 +5,9 @@
 //! SYN-ACK to it), so a reply from anywhere else shows as a connection that never completes.
 //! UDP: the socket is not connected, so a reply from any source is received and reported as
 //! it came.
+//!
+//! Either family: [`probe_any`] dials an IPv4 or an IPv6 address (`[2001:db8::9]:27015`, see
+//! [`parse_target`]); [`probe`] and the continuous probes dial IPv4.
 
 use std::fmt;
 use std::io::{self, Read as _};
@@ -14,29 +17,52 @@ use std::time::{Duration, Instant};
 
 use kuport_node_exec::sys::netns::Netns;
 
-use crate::echo::parse_answer;
+use crate::echo::{parse_answer, parse_answer_any};
 use crate::sys::in_netns;
 use crate::topology::Protocol;
 
-/// What a probe that got an answer saw.
+/// What a probe that got an answer saw: IPv4 addresses (`A` = [`SocketAddrV4`], what [`probe`]
+/// answers), or either family ([`SocketAddr`], what [`probe_any`] answers).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
+pub struct Answer<A = SocketAddrV4> {
     pub protocol: Protocol,
     /// Where the probe was sent.
-    pub dialed: SocketAddrV4,
+    pub dialed: A,
     /// The pod that answered.
     pub pod: String,
     /// The source address and port the pod saw.
-    pub seen: SocketAddrV4,
+    pub seen: A,
     /// The source of the reply.
-    pub reply_from: SocketAddrV4,
+    pub reply_from: A,
     /// The probe's own socket: its port is what the pod should see (its address is 0.0.0.0
-    /// for UDP, whose socket is unbound).
-    pub local: SocketAddrV4,
+    /// or :: for UDP, whose socket is unbound).
+    pub local: A,
     pub elapsed: Duration,
 }
 
-impl fmt::Display for Answer {
+impl Answer<SocketAddr> {
+    /// The same answer with IPv4 addresses (IPv4-mapped IPv6 ones unmapped, any other IPv6
+    /// address 0.0.0.0).
+    pub fn into_v4(self) -> Answer {
+        Answer {
+            protocol: self.protocol,
+            dialed: v4(self.dialed),
+            pod: self.pod,
+            seen: v4(self.seen),
+            reply_from: v4(self.reply_from),
+            local: v4(self.local),
+            elapsed: self.elapsed,
+        }
+    }
+
+    /// The pod saw `client` and the probe's own port, and the reply came from the address
+    /// dialed.
+    pub fn intact(&self, client: std::net::IpAddr) -> bool {
+        self.seen.ip() == client && self.seen.port() == self.local.port() && self.reply_from == self.dialed
+    }
+}
+
+impl<A: fmt::Display> fmt::Display for Answer<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -67,7 +93,29 @@ pub enum ProbeError {
 
 /// Sends one probe from the namespace at `netns`.
 pub fn probe(netns: &Path, to: SocketAddrV4, protocol: Protocol, timeout: Duration) -> Result<Answer, ProbeError> {
+    probe_any(netns, to.into(), protocol, timeout).map(Answer::into_v4)
+}
+
+/// Sends one probe to an IPv4 or IPv6 address from the namespace at `netns`.
+pub fn probe_any(
+    netns: &Path,
+    to: SocketAddr,
+    protocol: Protocol,
+    timeout: Duration,
+) -> Result<Answer<SocketAddr>, ProbeError> {
     in_netns(netns, || Ok(probe_here(to, protocol, timeout))).unwrap_or_else(|e| Err(ProbeError::Io(e.to_string())))
+}
+
+/// A probe's target as the CLI takes it: `203.0.113.9:27015`, or an IPv6 literal in brackets,
+/// `[2001:db8::9]:27015`.
+pub fn parse_target(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>().map_err(|_| {
+        if s.parse::<std::net::Ipv6Addr>().is_ok() || (s.matches(':').count() > 1 && !s.starts_with('[')) {
+            format!("{s:?}: write an IPv6 address in brackets with its port, as [2001:db8::9]:27015")
+        } else {
+            format!("{s:?} is not ADDRESS:PORT (203.0.113.9:27015 or [2001:db8::9]:27015)")
+        }
+    })
 }
 
 fn v4(a: SocketAddr) -> SocketAddrV4 {
@@ -77,7 +125,7 @@ fn v4(a: SocketAddr) -> SocketAddrV4 {
     }
 }
 
-fn probe_here(to: SocketAddrV4, protocol: Protocol, timeout: Duration) -> Result<Answer, ProbeError> {
+fn probe_here(to: SocketAddr, protocol: Protocol, timeout: Duration) -> Result<Answer<SocketAddr>, ProbeError> {
     let start = Instant::now();
     let io_err = |e: io::Error| match e.kind() {
         io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset => {
@@ -92,23 +140,27 @@ fn probe_here(to: SocketAddrV4, protocol: Protocol, timeout: Duration) -> Result
     };
     let (text, reply_from, local) = match protocol {
         Protocol::Tcp => {
-            let mut s = TcpStream::connect_timeout(&to.into(), timeout).map_err(io_err)?;
+            let mut s = TcpStream::connect_timeout(&to, timeout).map_err(io_err)?;
             let left = timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
             s.set_read_timeout(Some(left)).map_err(io_err)?;
             let mut text = String::new();
             s.read_to_string(&mut text).map_err(io_err)?;
-            (text, v4(s.peer_addr().map_err(io_err)?), v4(s.local_addr().map_err(io_err)?))
+            (text, s.peer_addr().map_err(io_err)?, s.local_addr().map_err(io_err)?)
         }
         Protocol::Udp => {
-            let s = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).map_err(io_err)?;
+            let any: SocketAddr = match to {
+                SocketAddr::V4(_) => SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0).into(),
+                SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+            };
+            let s = UdpSocket::bind(any).map_err(io_err)?;
             s.set_read_timeout(Some(timeout)).map_err(io_err)?;
             s.send_to(b"probe\n", to).map_err(io_err)?;
             let mut buf = [0u8; 512];
             let (n, from) = s.recv_from(&mut buf).map_err(io_err)?;
-            (String::from_utf8_lossy(&buf[..n]).into_owned(), v4(from), v4(s.local_addr().map_err(io_err)?))
+            (String::from_utf8_lossy(&buf[..n]).into_owned(), from, s.local_addr().map_err(io_err)?)
         }
     };
-    let (pod, seen) = parse_answer(&text).ok_or_else(|| ProbeError::Garbled(text.clone()))?;
+    let (pod, seen) = parse_answer_any(&text).ok_or_else(|| ProbeError::Garbled(text.clone()))?;
     Ok(Answer { protocol, dialed: to, pod, seen, reply_from, local, elapsed: start.elapsed() })
 }
 
@@ -328,7 +380,7 @@ fn run_stream(
         let result = match (target.flow, target.protocol) {
             (Flow::Established, Protocol::Udp) => established(&mut kept, target.to, timeout),
             (Flow::Established, Protocol::Tcp) => Err(ProbeError::Io("an established TCP stream is not probed".into())),
-            (Flow::New, p) => probe_here(target.to, p, timeout),
+            (Flow::New, p) => probe_here(target.to.into(), p, timeout).map(Answer::into_v4),
         };
         let outcome = match result {
             Ok(a) => {
@@ -368,4 +420,50 @@ fn established(kept: &mut Option<UdpSocket>, to: SocketAddrV4, timeout: Duration
     let (pod, seen) = parse_answer(&text).ok_or_else(|| ProbeError::Garbled(text.clone()))?;
     let local = v4(s.local_addr().map_err(io)?);
     Ok(Answer { protocol: Protocol::Udp, dialed: to, pod, seen, reply_from: v4(from), local, elapsed: start.elapsed() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_of_either_family_parse() {
+        assert_eq!(parse_target("203.0.113.9:27015"), Ok("203.0.113.9:27015".parse().unwrap()));
+        let v6 = parse_target("[2001:db8::9]:27015").unwrap();
+        assert_eq!((v6.ip().to_string(), v6.port()), ("2001:db8::9".to_string(), 27015));
+        assert!(v6.is_ipv6());
+        let e = parse_target("2001:db8::9:27015").unwrap_err();
+        assert!(e.contains("in brackets"), "{e}");
+        let e = parse_target("2001:db8::9").unwrap_err();
+        assert!(e.contains("in brackets"), "{e}");
+        assert!(parse_target("203.0.113.9").unwrap_err().contains("is not ADDRESS:PORT"));
+        assert!(parse_target("[2001:db8::9]").is_err());
+        assert!(parse_target("[2001:db8::9]:70000").is_err());
+    }
+
+    #[test]
+    fn answers_keep_their_family_and_unmap_for_ipv4() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let answer = Answer {
+            protocol: Protocol::Udp,
+            dialed: a("[2001:db8::9]:27015"),
+            pod: "game-0".into(),
+            seen: a("[2001:db8:100::7]:40000"),
+            reply_from: a("[2001:db8::9]:27015"),
+            local: a("[::]:40000"),
+            elapsed: Duration::from_millis(2),
+        };
+        assert!(answer.intact("2001:db8:100::7".parse().unwrap()));
+        assert!(!answer.intact("198.51.100.7".parse().unwrap()));
+        assert_eq!(
+            answer.to_string(),
+            "[2001:db8::9]:27015/UDP: pod game-0 saw [2001:db8:100::7]:40000; reply from [2001:db8::9]:27015 (2.0 ms)"
+        );
+        let mapped = Answer { dialed: a("203.0.113.9:27015"), seen: a("[::ffff:198.51.100.7]:40000"), ..answer };
+        let four = mapped.into_v4();
+        assert_eq!(
+            (four.dialed, four.seen),
+            ("203.0.113.9:27015".parse().unwrap(), "198.51.100.7:40000".parse().unwrap())
+        );
+    }
 }

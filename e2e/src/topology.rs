@@ -15,14 +15,19 @@
 //! that network's segment (an "internet" client). With `overlay: true` the lab runs kuport's
 //! WireGuard mesh, and `cni: bridge` makes each node's pod network a bridge `cni0` (`cni:
 //! calico`: Calico's per-pod veths with /32 routes; the default is the Cilium emulation).
+//!
+//! IPv6 (dual-stack): a node with `podCidr6` gives every pod on it an IPv6 address as well (see
+//! [`NodeSpec::pod_address6`]); public interfaces, the underlay interface and clients take an
+//! optional `address6`. The underlay itself (VXLAN's outer header, WireGuard) stays IPv4: an
+//! underlay's `address6` is only an address clients may reach the node at.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::str::FromStr;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 /// The topology `kuport-lab up` uses when given none.
@@ -144,6 +149,10 @@ pub struct NodeSpec {
     pub ready: bool,
     /// The node's pod CIDR; its first address is the CNI's router address on `cilium_host`.
     pub pod_cidr: Cidr,
+    /// The node's IPv6 pod prefix (a /64, say): every pod on the node gets an IPv6 address in
+    /// it ([`NodeSpec::pod_address6`]); its first address is the CNI's IPv6 router address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_cidr6: Option<Cidr6>,
     pub underlay: Underlay,
     /// Public interfaces: clients attach to them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -162,6 +171,17 @@ impl NodeSpec {
     /// The router's LAN address: the first host of the node's segment.
     pub fn lan_gateway(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.underlay.address.0.network()) + 1)
+    }
+
+    /// A pod's IPv6 address on this node: the IPv6 pod prefix plus the pod's offset in the
+    /// IPv4 pod CIDR (`10.244.2.107` in `10.244.2.0/24` is `fd10:244:2::6b` in
+    /// `fd10:244:2::/64`), so a pod keeps both addresses in step, also when it moves. None when
+    /// the node has no IPv6 pod prefix (or the pod's address is outside the IPv4 one).
+    pub fn pod_address6(&self, pod: &PodSpec) -> Option<Ipv6Addr> {
+        let net6 = self.pod_cidr6?.0.trunc();
+        let net4 = self.pod_cidr.0.trunc();
+        let offset = u32::from(pod.address).checked_sub(u32::from(net4.network()))?;
+        net4.contains(&pod.address).then(|| Ipv6Addr::from(u128::from(net6.network()) + u128::from(offset)))
     }
 
     /// Where its peers reach it: the public address of a 1:1 NAT, else the underlay address.
@@ -185,6 +205,10 @@ pub struct Underlay {
     pub network: String,
     /// The node's underlay address with the segment's prefix length: the Node's InternalIP.
     pub address: Cidr,
+    /// An IPv6 address on the underlay interface (a second InternalIP): clients on the network
+    /// reach the node there; kuport's links still ride IPv4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address6: Option<Cidr6>,
     #[serde(default = "default_mtu")]
     pub mtu: u32,
 }
@@ -195,6 +219,9 @@ pub struct PublicInterface {
     pub interface: String,
     /// The interface's address with its prefix length.
     pub address: Cidr,
+    /// Its IPv6 address with its prefix length; clients with an `address6` reach it over IPv6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address6: Option<Cidr6>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -261,6 +288,10 @@ pub struct ClientSpec {
     pub name: String,
     /// The client's one address (a /32), outside every pod CIDR.
     pub address: Ipv4Addr,
+    /// Its IPv6 address (a /128), used over the attachments whose interface has an IPv6
+    /// address (the first of them carries the IPv6 default route).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address6: Option<Ipv6Addr>,
     /// `node/interface` of public interfaces; the first carries the default route.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attach: Vec<String>,
@@ -294,6 +325,36 @@ impl From<Cidr> for String {
 }
 
 impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An IPv6 address with a prefix length, as `2001:db8::9/64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Cidr6(pub Ipv6Net);
+
+impl Cidr6 {
+    pub fn addr(&self) -> Ipv6Addr {
+        self.0.addr()
+    }
+}
+
+impl TryFrom<String> for Cidr6 {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Ipv6Net::from_str(&s).map(Cidr6).map_err(|_| format!("{s:?} is not an IPv6 address with a prefix length"))
+    }
+}
+
+impl From<Cidr6> for String {
+    fn from(c: Cidr6) -> String {
+        c.0.to_string()
+    }
+}
+
+impl fmt::Display for Cidr6 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
     }
@@ -466,6 +527,17 @@ impl Topology {
         self.clients.iter().find(|c| c.name == name)
     }
 
+    /// A pod's IPv6 address, when its node has an IPv6 pod prefix ([`NodeSpec::pod_address6`]).
+    pub fn pod_address6(&self, pod: &PodSpec) -> Option<Ipv6Addr> {
+        self.node(&pod.node)?.pod_address6(pod)
+    }
+
+    /// The IPv6 address of public interface `iface` of `node`, when it has one.
+    pub fn public_address6(&self, node: &str, iface: &str) -> Option<Ipv6Addr> {
+        let n = self.node(node)?;
+        n.public.iter().find(|p| p.interface == iface)?.address6.map(|a| a.addr())
+    }
+
     /// Every host (node, pod, client, NAT router) by name: each is one network namespace.
     pub fn hosts(&self) -> Vec<(String, HostKind)> {
         let nodes = self.nodes.iter().map(|n| (n.name.clone(), HostKind::Node));
@@ -503,7 +575,9 @@ impl Topology {
             check_name(&n.name).or_else(|r| err(format!("namespaces[{i}].name"), r))?;
         }
         let mut cidrs: Vec<(&str, Ipv4Net)> = Vec::new();
+        let mut cidrs6: Vec<(&str, Ipv6Net)> = Vec::new();
         let mut underlays = BTreeSet::new();
+        let mut underlays6 = BTreeSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
             let f = |s: &str| format!("nodes[{i}].{s}");
             check_name(&n.name).or_else(|r| err(f("name"), r))?;
@@ -518,6 +592,17 @@ impl Topology {
                 return err(f("podCidr"), format!("{cidr} overlaps node {other}'s pod CIDR"));
             }
             cidrs.push((&n.name, cidr));
+            if let Some(c6) = n.pod_cidr6 {
+                let c6 = c6.0.trunc();
+                // Every pod's offset in the IPv4 pod CIDR must fit (see pod_address6).
+                if 128 - u32::from(c6.prefix_len()) < 32 - u32::from(cidr.prefix_len()) {
+                    return err(f("podCidr6"), format!("{c6} is smaller than the pod CIDR {cidr}"));
+                }
+                if let Some((other, _)) = cidrs6.iter().find(|(_, c)| c.contains(&c6) || c6.contains(c)) {
+                    return err(f("podCidr6"), format!("{c6} overlaps node {other}'s IPv6 pod prefix"));
+                }
+                cidrs6.push((&n.name, c6));
+            }
             let u = &n.underlay;
             check_iface(&u.interface).or_else(|r| err(f("underlay.interface"), r))?;
             check_name(&u.network).or_else(|r| err(f("underlay.network"), r))?;
@@ -529,6 +614,17 @@ impl Topology {
             }
             if !underlays.insert(u.address.addr()) {
                 return err(f("underlay.address"), format!("{} is another node's too", u.address.addr()));
+            }
+            if let Some(a6) = u.address6 {
+                if a6.0.prefix_len() >= 127 || a6.addr() == a6.0.network() {
+                    return err(f("underlay.address6"), format!("{a6} is not a host address on a segment"));
+                }
+                if n.nat.is_some() {
+                    return err(f("underlay.address6"), "a node behind NAT has no IPv6 underlay address".into());
+                }
+                if !underlays6.insert(a6.addr()) {
+                    return err(f("underlay.address6"), format!("{} is another node's too", a6.addr()));
+                }
             }
             if let Some(nat) = &n.nat {
                 let lan = u.address.0.trunc();
@@ -556,6 +652,11 @@ impl Topology {
                         f(&format!("public[{j}].address")),
                         format!("{}: use a prefix of /30 or wider", p.address),
                     );
+                }
+                if let Some(a6) = p.address6
+                    && a6.0.prefix_len() >= 127
+                {
+                    return err(f(&format!("public[{j}].address6")), format!("{a6}: use a prefix of /126 or wider"));
                 }
             }
         }
@@ -612,6 +713,30 @@ impl Topology {
             if let Some((node, _)) = cidrs.iter().find(|(_, n)| n.contains(&c.address)) {
                 return err(f("address"), format!("{} is inside node {node}'s pod CIDR", c.address));
             }
+            if let Some(a6) = c.address6 {
+                if let Some((node, _)) = cidrs6.iter().find(|(_, n)| n.contains(&a6)) {
+                    return err(f("address6"), format!("{a6} is inside node {node}'s IPv6 pod prefix"));
+                }
+                match &c.network {
+                    Some(net) => {
+                        if !self.segments6(net).iter().any(|s| s.contains(&a6)) {
+                            return err(f("address6"), format!("{a6} is outside network {net}'s IPv6 segments"));
+                        }
+                        if !underlays6.insert(a6) {
+                            return err(f("address6"), format!("{a6} is another host's too"));
+                        }
+                    }
+                    None => {
+                        let over_v6 = c
+                            .attach
+                            .iter()
+                            .any(|a| a.split_once('/').and_then(|(n, i)| self.public_address6(n, i)).is_some());
+                        if !over_v6 {
+                            return err(f("address6"), "none of the client's attachments has an IPv6 address".into());
+                        }
+                    }
+                }
+            }
             if let Some(net) = &c.network {
                 if !self.networks().contains(&net.as_str()) {
                     return err(f("network"), format!("no node is on network {net:?}"));
@@ -657,6 +782,12 @@ impl Topology {
         Ok(())
     }
 
+    /// The IPv6 prefixes on network `net`: its nodes' underlay `address6` segments.
+    pub fn segments6(&self, net: &str) -> Vec<Ipv6Net> {
+        let on = self.nodes.iter().filter(|n| n.underlay.network == net);
+        on.filter_map(|n| n.underlay.address6.map(|a| a.0.trunc())).collect()
+    }
+
     /// The prefixes on network `net`: its nodes' underlays and its NAT routers' WAN addresses.
     pub fn segments(&self, net: &str) -> Vec<Ipv4Net> {
         let on = self.nodes.iter().filter(|n| n.underlay.network == net);
@@ -678,6 +809,11 @@ pub enum HostKind {
 pub fn router(node: &NodeSpec) -> Ipv4Addr {
     let net = u32::from(node.pod_cidr.0.network());
     Ipv4Addr::from(net + 1)
+}
+
+/// The CNI's IPv6 router address on a node, when it has an IPv6 pod prefix: its first address.
+pub fn router6(node: &NodeSpec) -> Option<Ipv6Addr> {
+    node.pod_cidr6.map(|c| Ipv6Addr::from(u128::from(c.0.network()) + 1))
 }
 
 /// Kubernetes-style names: lowercase letters, digits and '-', starting and ending alphanumeric.
@@ -770,6 +906,53 @@ mod tests {
         assert_eq!(e, "t.yaml: field clients[0].address: 10.9.0.9 is outside network underlay's segments");
         let two = "nodes:\n- name: a\n  podCidr: 10.244.1.0/24\n  underlay: {address: 10.1.0.2/24}\n  nat: {kind: oneToOne, public: 100.64.0.3/16}\n- name: a-nat\n  podCidr: 10.244.2.0/24\n  underlay: {address: 100.64.0.4/16}\n";
         assert_eq!(error(two), "t.yaml: field nodes: \"a-nat\" names two hosts (a NAT router is <node>-nat)");
+    }
+
+    #[test]
+    fn ipv6_parses_and_pods_take_their_node_prefix() {
+        let t = Topology::default_lab();
+        let edge = t.node("edge-a").unwrap();
+        assert_eq!(edge.public[0].address6.unwrap().to_string(), "2001:db8::9/64");
+        assert_eq!(t.public_address6("edge-a", "enp1s0"), Some("2001:db8::9".parse().unwrap()));
+        assert_eq!(t.public_address6("worker-2", "enp1s0"), None, "worker-2's own connection stays IPv4");
+        assert_eq!(t.client("client-1").unwrap().address6, Some("2001:db8:100::7".parse().unwrap()));
+        let six = |pod: &str| t.pod_address6(t.pod(pod).unwrap()).map(|a| a.to_string());
+        assert_eq!(six("game-0").as_deref(), Some("fd10:244:2::6b"), "10.244.2.107 is offset 107 in its /24");
+        assert_eq!(six("web-0").as_deref(), Some("fd10:244:18::7"));
+        assert_eq!(router6(edge).map(|a| a.to_string()).as_deref(), Some("fd10:244:18::1"));
+        // Without a podCidr6 a pod has no IPv6 address; other topologies stay IPv4.
+        assert!(Topology::multi_lab().pods.iter().all(|p| Topology::multi_lab().pod_address6(p).is_none()));
+        let node = "nodes:\n- name: a\n  podCidr: 10.244.1.0/24\n  podCidr6: fd10:1::/64\n  underlay: {address: 100.64.0.1/16, address6: \"2001:db8:64::1/64\"}\n  public: [{interface: enp1s0, address: 203.0.113.9/24, address6: \"2001:db8::9/64\"}]\n";
+        let full = format!(
+            "{node}pods:\n- {{name: p, namespace: n, node: a, address: 10.244.1.5}}\nclients:\n- {{name: c, address: 198.51.100.7, address6: \"2001:db8:100::7\", attach: [a/enp1s0]}}\n- {{name: d, address: 100.64.0.9, address6: \"2001:db8:64::9\", network: underlay}}\n"
+        );
+        let t = Topology::parse("t.yaml", &full).unwrap();
+        assert_eq!(t.pod_address6(t.pod("p").unwrap()), Some("fd10:1::5".parse().unwrap()));
+        assert_eq!(t.segments6("underlay"), ["2001:db8:64::/64".parse::<Ipv6Net>().unwrap()]);
+        assert_eq!(Topology::parse("x", &t.to_yaml()).unwrap(), t, "round trip");
+        // Errors name the field.
+        let e = error(&node.replace("2001:db8::9/64", "203.0.113.10/24"));
+        assert!(e.contains("field nodes[0].public[0].address6: \"203.0.113.10/24\" is not an IPv6 address"), "{e}");
+        let e = error(&node.replace("fd10:1::/64", "fd10:1::/124"));
+        assert_eq!(e, "t.yaml: field nodes[0].podCidr6: fd10:1::/124 is smaller than the pod CIDR 10.244.1.0/24");
+        let e = error(&node.replace("address6: \"2001:db8::9/64\"", "address6: \"2001:db8::9/127\""));
+        assert!(e.contains("field nodes[0].public[0].address6: 2001:db8::9/127: use a prefix of /126 or wider"), "{e}");
+        let e = error(&format!(
+            "{node}clients:\n- {{name: c, address: 1.2.3.4, address6: \"fd10:1::9\", attach: [a/enp1s0]}}\n"
+        ));
+        assert_eq!(e, "t.yaml: field clients[0].address6: fd10:1::9 is inside node a's IPv6 pod prefix");
+        let e = error(&format!(
+            "{NODE}  public: [{{interface: enp1s0, address: 203.0.113.9/24}}]\nclients:\n- {{name: c, address: 1.2.3.4, address6: \"2001:db8::7\", attach: [a/enp1s0]}}\n"
+        ));
+        assert_eq!(e, "t.yaml: field clients[0].address6: none of the client's attachments has an IPv6 address");
+        let e = error(&format!(
+            "{node}clients:\n- {{name: c, address: 100.64.0.9, address6: \"2001:db8:65::9\", network: underlay}}\n"
+        ));
+        assert_eq!(e, "t.yaml: field clients[0].address6: 2001:db8:65::9 is outside network underlay's IPv6 segments");
+        let e = error(&format!(
+            "{node}- name: b\n  podCidr: 10.244.2.0/24\n  podCidr6: fd10:1::/80\n  underlay: {{address: 100.64.0.2/16}}\n"
+        ));
+        assert_eq!(e, "t.yaml: field nodes[1].podCidr6: fd10:1::/80 overlaps node a's IPv6 pod prefix");
     }
 
     #[test]

@@ -204,7 +204,8 @@ on_each_cni!(without_the_return_mark_the_reply_leaves_by_the_wrong_way = return_
 /// the mark.
 fn pref_102(cni: Cni) {
     let (mut lab, mut states) = single_lab(cni);
-    assert_eq!(drop_ip_rules(host_state(&mut states, "worker-2"), 102), 1);
+    // The IPv4 rule and its IPv6 twin (the lab's pods are dual-stack).
+    assert_eq!(drop_ip_rules(host_state(&mut states, "worker-2"), 102), 2);
     apply(&mut lab, &states).unwrap();
     wrong_way(&lab);
 }

@@ -124,22 +124,8 @@ fn two_classes_over_one_node_pair() {
         return;
     }
     let mut lab = default_lab();
-    let backup = "apiVersion: kuport.wlz.li/v1alpha1
-kind: PortMapClass
-metadata:
-  name: backup
-spec:
-  nodes:
-    edge-a:
-      interfaces: [enp1s0]
-  returnPath:
-    mode: Vxlan
-    vxlan:
-      vni: 4400
----
-";
     let m = with_classes(
-        &(backup.to_string()
+        &(edge_class("backup", "{vni: 4400}")
             + &port_map("games", "game", "public", "UDP", "27015-27115", "game", "game")
             + &port_map("apps", "api", "backup", "TCP", "9000", "api", "api")),
     );
@@ -160,6 +146,40 @@ spec:
     for ((dev, _), before) in edge.iter().zip(before) {
         assert!(sent(dev) > before, "link {dev} carried nothing: each class's mapping rides its own link");
     }
+}
+
+/// A class on the CNI's own VXLAN port (Calico's `vxlan.calico`, 4789) is refused with
+/// VxlanPortConflict, learned from the nodes' devices with no setting, and its mapping is not
+/// programmed; the class beside it keeps carrying traffic (docs/portmap/datapath.md, "The link").
+#[test]
+fn a_class_on_the_cnis_vxlan_port_is_refused() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab_on(Cni::Calico);
+    let m = with_classes(
+        &(edge_class("clash", "{vni: 4400, port: 4789}")
+            + &port_map("games", "game", "public", "UDP", "27015-27115", "game", "game")
+            + &port_map("apps", "api", "clash", "TCP", "9000", "api", "api")),
+    );
+    let out = program(&mut lab, &m).expect("programs");
+    let ready = out.classes["clash"].conditions.iter().find(|c| c.type_ == "Ready").expect("a Ready condition");
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "VxlanPortConflict"), "{ready:?}");
+    assert!(ready.message.contains("4789"), "the message names the port: {}", ready.message);
+    assert_eq!(condition(&out, "apps", "api", "Programmed").0, "False", "the clashing class's mapping");
+    let shown = lab.ip("edge-a", &["-d", "link", "show", "type", "vxlan"]).unwrap();
+    assert!(!shown.contains("vxlan id 4401"), "no link of the refused class: {shown}");
+    for client in ["client-1", "client-2"] {
+        assert_maps(&lab, client, "203.0.113.9:27015", Udp, "game-0");
+    }
+}
+
+/// A Single class on edge-a's enp1s0 with the given `vxlan` (YAML flow text), as YAML.
+fn edge_class(name: &str, vxlan: &str) -> String {
+    format!(
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {{name: {name}}}\n\
+         spec: {{nodes: {{edge-a: {{interfaces: [enp1s0]}}}}, returnPath: {{mode: Vxlan, vxlan: {vxlan}}}}}\n---\n"
+    )
 }
 
 /// The lab's CLI as a user runs it: up (default topology and manifests, programmed by a

@@ -113,12 +113,12 @@ impl Robust {
     /// kuport's table in a node, with handles and without counters (`nft -a -s`): a rebuilt
     /// table lists new handles.
     fn table(&self, node: &str) -> String {
-        self.lab().exec(node, &["nft", "-a", "-s", "list", "table", "ip", "kuport"]).unwrap_or_default()
+        self.lab().exec(node, &["nft", "-a", "-s", "list", "table", "inet", "kuport"]).unwrap_or_default()
     }
 
     fn has_table(&self, node: &str) -> bool {
         let path = self.lab().netns(node).expect("a node");
-        kuport_node_exec::nft::read_table(Some(&path), kuport_proto::v1::NftFamily::Ip, "kuport")
+        kuport_node_exec::nft::read_table(Some(&path), kuport_proto::v1::NftFamily::Inet, "kuport")
             .expect("reading the table")
             .is_some()
     }
@@ -366,10 +366,10 @@ fn drift_is_repaired_within_a_second_and_counted() {
     assert!(rule_before.contains("lookup 201"), "worker-2's return rule: {rule_before}");
     type Check = fn(&Robust) -> bool;
     let episodes: [(&str, &[&str], &str, Check); 3] = [
-        ("edge-a", &["nft", "delete", "table", "ip", "kuport"], "nft delete table ip kuport", |r| {
+        ("edge-a", &["nft", "delete", "table", "inet", "kuport"], "nft delete table inet kuport", |r| {
             r.has_table("edge-a")
         }),
-        ("worker-2", &["nft", "delete", "table", "ip", "kuport"], "nft delete table ip kuport", |r| {
+        ("worker-2", &["nft", "delete", "table", "inet", "kuport"], "nft delete table inet kuport", |r| {
             r.has_table("worker-2")
         }),
         ("worker-2", &["ip", "rule", "del", "pref", "102"], "ip rule del pref 102", |r| {
@@ -424,7 +424,7 @@ fn drift_is_repaired_within_a_second_and_counted() {
     // 4. The same with the controller away: the executor alone repairs. Then the controller
     //    comes back, and one more episode is counted.
     let repair = |r: &Robust| {
-        r.lab().exec("edge-a", &["nft", "delete", "table", "ip", "kuport"]).expect("deleted");
+        r.lab().exec("edge-a", &["nft", "delete", "table", "inet", "kuport"]).expect("deleted");
         let started = Instant::now();
         while !r.has_table("edge-a") {
             assert!(started.elapsed() < REPAIR_BOUND * 3, "edge-a: not repaired");

@@ -161,13 +161,17 @@ impl Drop for Cluster {
 }
 
 /// `ip route show table N` for a desired route: `ip` omits the protocol (boot) and a /32.
+/// A route as `ip route` (or `ip -6 route`, with its metric and preference) prints it.
 fn route_line(r: &Route) -> String {
-    let mut s = r.dst.strip_suffix("/32").unwrap_or(&r.dst).to_string();
+    let v6 = r.dst.contains(':') || r.via.contains(':');
+    let mut s = r.dst.strip_suffix(if v6 { "/128" } else { "/32" }).unwrap_or(&r.dst).to_string();
     if !r.via.is_empty() {
         s += &format!(" via {}", r.via);
     }
     s += &format!(" dev {}", r.dev);
-    if r.via.is_empty() {
+    if v6 {
+        s += " metric 1024 pref medium";
+    } else if r.via.is_empty() {
         s += " scope link";
     }
     s
@@ -221,11 +225,11 @@ fn assert_exactly(ns: &Netns, s: &NetnsState) {
 }
 
 fn assert_state(ns: &Netns, s: &NetnsState, order: Order) {
-    let own = s.nft_tables.iter().find(|t| t.family == NftFamily::Ip as i32 && t.name == owned::NFT_TABLE);
+    let own = s.nft_tables.iter().find(|t| t.family == NftFamily::Inet as i32 && t.name == owned::NFT_TABLE);
     match own {
         Some(t) => {
             let (listed, rendered) =
-                (ns.nft(&["-s", "list", "table", "ip", owned::NFT_TABLE]), kuport_proto::text::nft_table(t));
+                (ns.nft(&["-s", "list", "table", "inet", owned::NFT_TABLE]), kuport_proto::text::nft_table(t));
             if order == Order::Exact {
                 assert_eq!(listed, rendered, "nft list differs from the rendering");
             } else {
@@ -260,7 +264,7 @@ fn assert_state(ns: &Netns, s: &NetnsState, order: Order) {
 
     // Permanent neighbour entries on kup- links: exactly the desired ones.
     let neighbours: BTreeSet<String> = ns
-        .ip(&["-4", "neigh", "show", "nud", "permanent"])
+        .ip(&["neigh", "show", "nud", "permanent"])
         .lines()
         .filter(|l| l.contains(" dev kup-"))
         .map(|l| l.trim().to_string())
@@ -271,11 +275,13 @@ fn assert_state(ns: &Netns, s: &NetnsState, order: Order) {
 
     // Addresses on kup- links.
     let addrs: BTreeSet<(String, String)> = ns
-        .ip(&["-4", "-o", "addr", "show"])
+        .ip(&["-o", "addr", "show"])
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.get(1)?.starts_with(owned::LINK_PREFIX) && f.get(2) == Some(&"inet"))
+            // Both families; not the kernel's own fe80:: on the link.
+            let family = matches!(f.get(2), Some(&"inet") | Some(&"inet6"));
+            (f.get(1)?.starts_with(owned::LINK_PREFIX) && family && !f.get(3)?.starts_with("fe80:"))
                 .then(|| (f[1].to_string(), f.get(3).unwrap_or(&"").to_string()))
         })
         .collect();
@@ -283,13 +289,16 @@ fn assert_state(ns: &Netns, s: &NetnsState, order: Order) {
     assert_eq!(addrs, want, "addresses on kup- links");
 
     // Rules under kuport's mark prefix, as `ip rule` prints them (it omits a full mask and /32).
-    let rules: BTreeSet<String> =
-        ns.ip(&["rule"]).lines().filter(|l| l.contains("fwmark 0x6b70")).map(str::to_string).collect();
+    let rules: BTreeSet<String> = [ns.ip(&["rule"]), ns.ip(&["-6", "rule"])]
+        .iter()
+        .flat_map(|out| out.lines().filter(|l| l.contains("fwmark 0x6b70")).map(|l| l.to_string()).collect::<Vec<_>>())
+        .collect();
     let want: BTreeSet<String> = s
         .ip_rules
         .iter()
         .map(|r| {
             let to = if r.to.is_empty() { String::new() } else { format!("to {} ", r.to.trim_end_matches("/32")) };
+            // `ip -6 rule` prints the same line; the family is in which listing holds it.
             let mask = if r.fwmask == u32::MAX { String::new() } else { format!("/{:#x}", r.fwmask) };
             format!("{}:\tfrom all {to}fwmark {:#x}{mask} lookup {}", r.pref, r.fwmark, table_name(r.table))
         })
@@ -301,8 +310,14 @@ fn assert_state(ns: &Netns, s: &NetnsState, order: Order) {
     // that is not desired; the link tables kuport used before are empty.
     let tables: BTreeSet<u32> = s.routes.iter().map(|r| r.table).collect();
     for t in &tables {
-        let shown: BTreeSet<String> =
-            ns.ip(&["route", "show", "table", &t.to_string()]).lines().map(|l| l.trim().to_string()).collect();
+        let t_ = t.to_string();
+        // `ip -6 route` fails on a table the kernel has no IPv6 route in.
+        let v6 = s.routes.iter().any(|r| r.table == *t && (r.dst.contains(':') || r.via.contains(':')));
+        let mut shown: BTreeSet<String> =
+            ns.ip(&["route", "show", "table", &t_]).lines().map(|l| l.trim().to_string()).collect();
+        if v6 {
+            shown.extend(ns.ip(&["-6", "route", "show", "table", &t_]).lines().map(|l| l.trim().to_string()));
+        }
         let want: BTreeSet<String> = s.routes.iter().filter(|r| r.table == *t).map(route_line).collect();
         assert_eq!(shown, want, "routes of table {t}");
     }
@@ -535,7 +550,7 @@ fn outside_changes_are_repaired_and_counted_once_each() {
     let rule = &s.ip_rules.iter().find(|r| r.pref == owned::PREF_DIVERT).expect("a divert rule");
     let (set, key) = first_element(&kuport_proto::text::nft_table(&s.nft_tables[0]));
     let changes: Vec<(&str, Vec<String>)> = vec![
-        ("nft", vec!["delete".into(), "table".into(), "ip".into(), owned::NFT_TABLE.into()]),
+        ("nft", vec!["delete".into(), "table".into(), "inet".into(), owned::NFT_TABLE.into()]),
         ("ip", {
             let mark = format!("{:#x}/{:#x}", rule.fwmark, rule.fwmask);
             ["rule", "del", "pref", &rule.pref.to_string(), "fwmark", &mark, "lookup", &rule.table.to_string()]
@@ -548,7 +563,7 @@ fn outside_changes_are_repaired_and_counted_once_each() {
             vec![
                 "delete".into(),
                 "element".into(),
-                "ip".into(),
+                "inet".into(),
                 owned::NFT_TABLE.into(),
                 set.clone(),
                 format!("{{ {key} }}"),
@@ -693,7 +708,7 @@ fn a_kuport_table_of_any_name_and_family_that_leaves_the_state_is_removed() {
     ns.nft(&["add", "table", "inet", "foreign"]);
     apply(&mut ex, &with);
     let listed = tables(&ns);
-    for t in ["table ip kuport", "table inet kuport-test", "table inet foreign"] {
+    for t in ["table inet kuport", "table inet kuport-test", "table inet foreign"] {
         assert!(listed.contains(t), "{t} missing: {listed:?}");
     }
 
@@ -702,7 +717,7 @@ fn a_kuport_table_of_any_name_and_family_that_leaves_the_state_is_removed() {
     assert!(report.actions.iter().any(|a| a == "delete nft table inet kuport-test"), "{report}");
     let listed = tables(&ns);
     assert!(!listed.contains("table inet kuport-test"), "{listed:?}");
-    assert!(listed.contains("table ip kuport") && listed.contains("table inet foreign"), "{listed:?}");
+    assert!(listed.contains("table inet kuport") && listed.contains("table inet foreign"), "{listed:?}");
     assert_exactly(&ns, &s);
 
     // One made outside, under kuport's prefix, is drift: found, and repaired by removing it.

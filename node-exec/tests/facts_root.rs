@@ -1,7 +1,8 @@
 //! Root tests of the executor's facts (docs/portmap/datapath.md, "The request claim";
 //! docs/portmap/links.md, "UDP port"): in a scratch namespace shaped like a node of each CNI, the
 //! facts name the device of every pod route and the CNI's VXLAN ports, never kuport's own, and
-//! a new pod route is announced on the subscription the executor re-reads its facts on. They
+//! a new pod route is announced on the subscription the executor re-reads its facts on; each
+//! interface lists its IPv4 addresses, then its global IPv6 ones, never a link-local fe80::. They
 //! fail when not run as root unless KUPORT_SKIP_ROOT_TESTS=1.
 
 #[path = "common/host.rs"]
@@ -19,7 +20,11 @@ struct Netns(String);
 
 impl Netns {
     fn new() -> Self {
-        let name = format!("kuport-facts-{}", std::process::id());
+        Self::named("")
+    }
+    /// One per test: the tests of this binary run in parallel.
+    fn named(suffix: &str) -> Self {
+        let name = format!("kuport-facts-{}{suffix}", std::process::id());
         let _ = Command::new("ip").args(["netns", "del", &name]).status();
         run("ip", &["netns", "add", &name]);
         Netns(name)
@@ -104,4 +109,36 @@ fn facts_name_each_pod_routes_device_and_the_cnis_vxlan_ports() {
     });
     assert!(noticed, "a new pod route is not announced");
     assert!(routes(&ns).contains(&pair("10.244.2.108/32", "cali1b2c3d4e5f6")));
+}
+
+#[test]
+fn facts_list_ipv4_then_global_ipv6_addresses_and_no_link_local() {
+    if !root() {
+        return;
+    }
+    let ns = Netns::named("-v6");
+    ns.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", "eth0x"]);
+    ns.ip(&["link", "set", "eth0x", "up"]);
+    ns.ip(&["link", "set", "eth0", "up"]);
+    ns.ip(&["addr", "add", "100.64.0.12/24", "dev", "eth0"]);
+    ns.ip(&["addr", "add", "100.64.0.9/24", "dev", "eth0"]);
+    ns.ip(&["-6", "addr", "add", "2001:db8:1::12/64", "dev", "eth0", "nodad"]);
+    ns.ip(&["-6", "addr", "add", "fd00:1::12/64", "dev", "eth0", "nodad"]);
+    // A link-local address besides the kernel's own: neither is reported.
+    ns.ip(&["-6", "addr", "add", "fe80::12/64", "dev", "eth0", "nodad"]);
+    ns.ip(&["route", "add", "default", "via", "100.64.0.1", "dev", "eth0"]);
+    // An IPv6 default route elsewhere does not move the underlay.
+    ns.ip(&["link", "add", "eth1", "type", "veth", "peer", "name", "eth1x"]);
+    ns.ip(&["link", "set", "eth1x", "up"]);
+    ns.ip(&["link", "set", "eth1", "up"]);
+    ns.ip(&["-6", "addr", "add", "2001:db8:2::12/64", "dev", "eth1", "nodad"]);
+    ns.ip(&["-6", "route", "add", "default", "via", "2001:db8:2::1", "dev", "eth1", "metric", "1"]);
+
+    let f = facts::read(Some(&ns.path()), None).expect("facts");
+    let eth0 = f.interfaces.iter().find(|i| i.name == "eth0").expect("eth0");
+    assert_eq!(eth0.addresses, ["100.64.0.12", "100.64.0.9", "2001:db8:1::12", "fd00:1::12"]);
+    let eth1 = f.interfaces.iter().find(|i| i.name == "eth1").expect("eth1");
+    assert_eq!(eth1.addresses, ["2001:db8:2::12"]);
+    assert_eq!((f.underlay_interface.as_str(), f.underlay_address.as_str()), ("eth0", "100.64.0.12"));
+    assert!(f.routes.iter().all(|r| !r.dst.contains(':')), "{:?}", f.routes);
 }

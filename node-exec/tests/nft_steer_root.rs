@@ -13,6 +13,7 @@ mod netns;
 use host::root;
 use netns::Netns;
 
+use kuport_controller::compute::portmap::datapath::Family;
 use kuport_controller::compute::portmap::steer::{CHAIN_STEER, Published, Steering, accepting, steering};
 use kuport_node_exec::nft::{ApplyMode, apply_table, normalize, read_table};
 use kuport_proto::build::table;
@@ -33,7 +34,7 @@ fn desired() -> NftTable {
     ]
     .into();
     let (enp, wt) = (vec!["203.0.113.9/24".to_string()], vec!["100.64.93.143/32".to_string()]);
-    let to_node = accepting(&published, |i| if i == "wt0" { wt.as_slice() } else { enp.as_slice() });
+    let to_node = accepting(&published, Family::V4, |i| if i == "wt0" { wt.as_slice() } else { enp.as_slice() });
     let Steering { sets, chain, .. } = steering(&to_node).expect("steering");
     assert_eq!(chain.name, CHAIN_STEER);
     table(NftFamily::Ip, "kuport", sets, vec![chain])

@@ -114,8 +114,15 @@ fn state(w: &Want) -> NetnsState {
         addresses: vec![Address { dev: DEV.into(), cidr: "169.254.77.2/31".into() }],
         routes: vec![Route { table: 201, dst: "default".into(), via: w.via.into(), dev: DEV.into() }],
         ip_rules: vec![
-            IpRule { pref: 101, fwmark: 0x6b70_0001, fwmask: 0xffff_ffff, to: "100.64.0.2/32".into(), table: 254 },
-            IpRule { pref: 102, fwmark: 0x6b70_0001, fwmask: 0xffff_ffff, to: String::new(), table: 201 },
+            IpRule {
+                pref: 101,
+                fwmark: 0x6b70_0001,
+                fwmask: 0xffff_ffff,
+                to: "100.64.0.2/32".into(),
+                table: 254,
+                ipv6: false,
+            },
+            IpRule { pref: 102, fwmark: 0x6b70_0001, fwmask: 0xffff_ffff, to: String::new(), table: 201, ipv6: false },
         ],
         sysctls: vec![
             Sysctl { key: "net.ipv4.ip_forward".into(), value: w.forward.into() },

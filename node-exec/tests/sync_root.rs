@@ -70,7 +70,7 @@ impl Node {
     }
 
     fn table(&self) -> String {
-        self.nft(&["-s", "list", "table", "ip", "kuport"])
+        self.nft(&["-s", "list", "table", "inet", "kuport"])
     }
 
     fn has_table(&self) -> bool {
@@ -202,7 +202,7 @@ async fn converge_refuse_survive() {
     assert!(explained.contains("node edge-a (accepting): applied"), "{explained}");
     assert!(explained.contains("node worker-2 (pod): applied"), "{explained}");
     let shown = ctl::node(&mut client, "worker-2", Output::Text).await.expect("node");
-    assert!(shown.starts_with("# netns host\ntable ip kuport {"), "{shown}");
+    assert!(shown.starts_with("# netns host\ntable inet kuport {"), "{shown}");
     let link = worker.ip(&["-o", "link", "show"]);
     assert!(link.contains("kup-dcc4266d") && link.contains("mtu 1370"), "link to edge-a: {link}");
 
@@ -248,7 +248,7 @@ async fn converge_refuse_survive() {
     controller_task.await.expect("controller task");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(worker.table(), kept, "the state stays while the controller is away");
-    worker.nft(&["delete", "table", "ip", "kuport"]);
+    worker.nft(&["delete", "table", "inet", "kuport"]);
     let started = Instant::now();
     while !worker.has_table() {
         assert!(started.elapsed() < Duration::from_secs(1), "drift not repaired within 1 s without a controller");

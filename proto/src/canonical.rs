@@ -179,10 +179,10 @@ fn canonicalize_netns(ns: &mut NetnsState) {
     ns.links.sort_by(|a, b| a.name.cmp(&b.name));
     ns.addresses.sort_by(|a, b| (&a.dev, &a.cidr).cmp(&(&b.dev, &b.cidr)));
     ns.addresses.dedup();
-    ns.routes.sort_by(|a, b| (a.table, &a.dst, &a.dev).cmp(&(b.table, &b.dst, &b.dev)));
+    ns.routes.sort_by(|a, b| (a.table, &a.dst, &a.dev, &a.via).cmp(&(b.table, &b.dst, &b.dev, &b.via)));
     ns.routes.dedup();
     ns.ip_rules.sort_by(|a, b| {
-        (a.pref, a.fwmark, a.fwmask, &a.to, a.table).cmp(&(b.pref, b.fwmark, b.fwmask, &b.to, b.table))
+        (a.ipv6, a.pref, a.fwmark, a.fwmask, &a.to, a.table).cmp(&(b.ipv6, b.pref, b.fwmark, b.fwmask, &b.to, b.table))
     });
     ns.ip_rules.dedup();
     ns.neighbours.sort_by(|a, b| (&a.dev, &a.address).cmp(&(&b.dev, &b.address)));

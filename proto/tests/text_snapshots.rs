@@ -83,8 +83,15 @@ fn host_netns() -> NetnsState {
             Route { table: 254, dst: "100.64.0.0/10".into(), via: String::new(), dev: "kup-wt0".into() },
         ],
         ip_rules: vec![
-            IpRule { pref: 101, fwmark: 0x6b70_0001, fwmask: 0xffff_ffff, to: "100.64.0.2/32".into(), table: 254 },
-            IpRule { pref: 102, fwmark: 0x6b70_0000, fwmask: 0xffff_0000, to: String::new(), table: 100 },
+            IpRule {
+                pref: 101,
+                fwmark: 0x6b70_0001,
+                fwmask: 0xffff_ffff,
+                to: "100.64.0.2/32".into(),
+                table: 254,
+                ipv6: false,
+            },
+            IpRule { pref: 102, fwmark: 0x6b70_0000, fwmask: 0xffff_0000, to: String::new(), table: 100, ipv6: false },
         ],
         ..NetnsState::default()
     }

@@ -188,7 +188,7 @@ pub fn build(n_nodes: usize, n_maps: usize, rng: &mut Rng) -> Cluster {
             namespace_selector: None,
             return_path: ReturnPath {
                 mode: ReturnPathMode::Vxlan,
-                vxlan: VxlanSpec { vni, port, subnet: subnet.into() },
+                vxlan: VxlanSpec { vni, port, subnet: subnet.into(), ..Default::default() },
             },
         };
         let mut class = PortMapClass::new(name, spec);

@@ -16,6 +16,8 @@ pub const DEFAULT_VNI_BASE: u32 = 4200;
 pub const DEFAULT_VXLAN_PORT: u16 = 4790;
 /// Default subnet from which each node pair takes one /31.
 pub const DEFAULT_LINK_SUBNET: &str = "169.254.77.0/24";
+/// Default IPv6 subnet from which each node pair takes one /127, at the same slot as its /31.
+pub const DEFAULT_LINK_SUBNET6: &str = "fd64:f5ac:e961::/112";
 
 /// Which nodes accept a class's traffic and how it is carried to the pod.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -106,6 +108,7 @@ pub enum ReturnPathMode {
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("!has(self.subnet) || !has(self.subnet6) || !isCIDR(self.subnet) || !isCIDR(self.subnet6) || 128 - cidr(self.subnet6).prefixLength() >= 32 - cidr(self.subnet).prefixLength()").message("subnet6 must hold at least as many /127 links as subnet holds /31s (128 minus its prefix length at least 32 minus subnet's)"))]
 #[serde(rename_all = "camelCase")]
 pub struct VxlanSpec {
     /// The first VNI; a link's VNI is this plus its slot.
@@ -120,6 +123,10 @@ pub struct VxlanSpec {
     #[serde(default = "default_subnet")]
     #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self).prefixLength() <= 30").message("subnet must be an IPv4 CIDR with room for at least one /31 link (prefix length 30 or shorter)"))]
     pub subnet: String,
+    /// IPv6 subnet from which each node pair takes one /127, at the same slot as its /31.
+    #[serde(default = "default_subnet6")]
+    #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 6").message("subnet6 must be an IPv6 CIDR"))]
+    pub subnet6: String,
 }
 
 fn default_vni() -> u32 {
@@ -131,10 +138,13 @@ fn default_vxlan_port() -> u16 {
 fn default_subnet() -> String {
     DEFAULT_LINK_SUBNET.to_string()
 }
+fn default_subnet6() -> String {
+    DEFAULT_LINK_SUBNET6.to_string()
+}
 
 impl Default for VxlanSpec {
     fn default() -> Self {
-        Self { vni: default_vni(), port: default_vxlan_port(), subnet: default_subnet() }
+        Self { vni: default_vni(), port: default_vxlan_port(), subnet: default_subnet(), subnet6: default_subnet6() }
     }
 }
 
@@ -159,6 +169,10 @@ pub struct LinkSlot {
     pub slot: u32,
     /// The pair's /31: the first node of `pair` takes the lower address.
     pub subnet: String,
+    /// The pair's /127, the same way; a row without it takes the /127 of its slot in the
+    /// class's subnet6.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub subnet6: String,
     /// Set once no mapping uses the link; the slot is released 24 h later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unused_since: Option<Time>,
@@ -269,6 +283,10 @@ pub struct PortMapStatus {
 pub struct EndpointStatus {
     pub node: String,
     pub address: String,
+    /// The same pod's IPv6 address, from the Service's IPv6 EndpointSlice; empty when the
+    /// mapping is IPv4 only.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub address6: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]

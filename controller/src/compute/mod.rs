@@ -109,7 +109,7 @@ pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
             node.overlay = Some((address, place.mtu));
         }
     }
-    let mut hosts = portmap::compute(&view, cluster, settings, &mut numbers, &mut out);
+    let mut hosts = portmap::compute(&view, cluster, &mut numbers, &mut out);
     if let Some(mesh) = mesh {
         for (node, part) in mesh.netns {
             merge(hosts.entry(node).or_default(), part);

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, Service, ServicePort, ServiceSpec,
+    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, ObjectReference, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -89,6 +89,16 @@ impl World {
         self
     }
 
+    /// One more address on an interface `name` reported (an IPv6 one beside its IPv4 one).
+    pub fn interface_address(mut self, name: &str, iface: &str, address: &str) -> Self {
+        let ifaces = self.facts_of(name).interfaces.get_or_insert_default();
+        match ifaces.iter_mut().find(|i| i.name == iface) {
+            Some(i) => i.addresses.push(address.into()),
+            None => ifaces.push(KnownInterface { name: iface.into(), addresses: vec![address.into()] }),
+        }
+        self
+    }
+
     fn facts_of(&mut self, name: &str) -> &mut KnownFacts {
         let at = match self.c.facts.iter().position(|f| f.node == name) {
             Some(i) => i,
@@ -136,7 +146,8 @@ impl World {
         self
     }
 
-    /// A Service with one port named `port_name` and its EndpointSlice.
+    /// A Service with one port named `p` and its IPv4 EndpointSlice: endpoints are (pod, node,
+    /// address, ready).
     pub fn service(mut self, ns: &str, name: &str, proto: &str, port: i32, eps: &[(&str, &str, &str, bool)]) -> Self {
         self.c.services.push(Service {
             metadata: ObjectMeta { name: Some(name.into()), namespace: Some(ns.into()), ..Default::default() },
@@ -151,35 +162,24 @@ impl World {
             }),
             ..Default::default()
         });
-        self.c.endpoint_slices.push(EndpointSlice {
-            metadata: ObjectMeta {
-                name: Some(format!("{name}-x")),
-                namespace: Some(ns.into()),
-                labels: Some(BTreeMap::from([(SERVICE_NAME_LABEL.to_string(), name.to_string())])),
-                ..Default::default()
-            },
-            address_type: "IPv4".into(),
-            ports: Some(vec![EndpointPort {
-                name: Some("p".into()),
-                protocol: Some(proto.into()),
-                port: Some(port),
-                ..Default::default()
-            }]),
-            endpoints: Some(
-                eps.iter()
-                    .map(|(pod, node, ip, ready)| Endpoint {
-                        addresses: vec![(*ip).into()],
-                        conditions: Some(EndpointConditions { ready: Some(*ready), ..Default::default() }),
-                        node_name: Some((*node).into()),
-                        target_ref: Some(k8s_openapi::api::core::v1::ObjectReference {
-                            name: Some((*pod).into()),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
-        });
+        self.c.endpoint_slices.push(slice(ns, name, "x", "IPv4", proto, port, eps));
+        self
+    }
+
+    /// An IPv6 EndpointSlice of Service `name` (named `{name}-{suffix}`), its port named `p`:
+    /// endpoints are (pod, node, address, ready), each with a targetRef to Pod `ns/pod`, as
+    /// Kubernetes writes the second slice of a dual-stack Service.
+    #[allow(clippy::too_many_arguments)]
+    pub fn slice6(
+        mut self,
+        ns: &str,
+        name: &str,
+        suffix: &str,
+        proto: &str,
+        port: i32,
+        eps: &[(&str, &str, &str, bool)],
+    ) -> Self {
+        self.c.endpoint_slices.push(slice(ns, name, suffix, "IPv6", proto, port, eps));
         self
     }
 
@@ -238,6 +238,50 @@ impl World {
             }
         }
         w.c
+    }
+}
+
+/// An EndpointSlice of Service `ns/svc` with one port named `p`; every endpoint's targetRef
+/// names its Pod in `ns`.
+fn slice(
+    ns: &str,
+    svc: &str,
+    suffix: &str,
+    address_type: &str,
+    proto: &str,
+    port: i32,
+    eps: &[(&str, &str, &str, bool)],
+) -> EndpointSlice {
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("{svc}-{suffix}")),
+            namespace: Some(ns.into()),
+            labels: Some(BTreeMap::from([(SERVICE_NAME_LABEL.to_string(), svc.to_string())])),
+            ..Default::default()
+        },
+        address_type: address_type.into(),
+        ports: Some(vec![EndpointPort {
+            name: Some("p".into()),
+            protocol: Some(proto.into()),
+            port: Some(port),
+            ..Default::default()
+        }]),
+        endpoints: Some(
+            eps.iter()
+                .map(|(pod, node, ip, ready)| Endpoint {
+                    addresses: vec![(*ip).into()],
+                    conditions: Some(EndpointConditions { ready: Some(*ready), ..Default::default() }),
+                    node_name: Some((*node).into()),
+                    target_ref: Some(ObjectReference {
+                        kind: Some("Pod".into()),
+                        namespace: Some(ns.into()),
+                        name: Some((*pod).into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
     }
 }
 
@@ -305,6 +349,27 @@ pub fn scenarios() -> Vec<(&'static str, World)> {
                 .class("public", Single, NoPath, EDGE)
                 .service("ns", "svc", "TCP", 3000, &[("pod", "worker-b", "10.244.1.7", true)])
                 .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0),
+        ),
+        (
+            "dual_stack_single",
+            nodes()
+                .interface_address("edge-a", "enp1s0", "2001:db8::9")
+                .class("public", Single, Vxlan, EDGE)
+                .service("web", "web", "TCP", 3000, &[("web-0", "worker-c", "10.244.2.7", true)])
+                .slice6("web", "web", "v6", "TCP", 3000, &[("web-0", "worker-c", "fd10:244:2::7", true)])
+                .service("games", "game", "UDP", 27015, &[("game-0", "edge-a", "10.244.0.107", true)])
+                .slice6("games", "game", "v6", "UDP", 27015, &[("game-0", "edge-a", "fd10:244::107", true)])
+                .port_map("web", "web", "public", Tcp, 3000, None, "web", 0)
+                .port_map("games", "game", "public", Udp, 27015, Some(27115), "game", 1),
+        ),
+        (
+            "dual_stack_multi",
+            nodes()
+                .interface_address("worker-c", "wt0", "fd64:100::3")
+                .class("pair", Multi, Vxlan, &[("edge-a", &["wt0"]), ("worker-c", &["wt0"])])
+                .service("ns", "svc", "UDP", 27015, &[("pod", "worker-c", "10.244.2.7", true)])
+                .slice6("ns", "svc", "v6", "UDP", 27015, &[("pod", "worker-c", "fd10:244:2::7", true)])
+                .port_map("ns", "m", "pair", Udp, 27015, Some(27020), "svc", 0),
         ),
         (
             "two_classes_one_pair",

@@ -135,7 +135,8 @@ pub struct View<'a> {
     pub nodes: BTreeMap<String, KnownNode>,
     pub namespaces: BTreeMap<String, &'a Namespace>,
     pub services: BTreeMap<(String, String), &'a Service>,
-    /// Slices by (namespace, service name), in name order.
+    /// Slices by (namespace, service name), in name order, of every address type: readers
+    /// pick theirs by `addressType` (IPv4 for the endpoint, IPv6 for its IPv6 twin).
     pub slices: BTreeMap<(String, String), Vec<&'a EndpointSlice>>,
     pub classes: BTreeMap<String, &'a PortMapClass>,
     /// UDP ports that carry VXLAN: every class's and every port a node reports for the CNI's

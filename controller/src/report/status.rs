@@ -402,7 +402,7 @@ mod tests {
     fn programmed(t: &str) -> PortMapStatus {
         let when: Timestamp = t.parse().expect("time");
         PortMapStatus {
-            endpoint: Some(EndpointStatus { node: "w".into(), address: "10.0.0.1".into() }),
+            endpoint: Some(EndpointStatus { node: "w".into(), address: "10.0.0.1".into(), ..Default::default() }),
             conditions: vec![condition(
                 &[],
                 status::PROGRAMMED,

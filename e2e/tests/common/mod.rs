@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cni;
+pub mod dual;
 pub mod homes;
 pub mod mesh;
 
@@ -219,8 +220,11 @@ pub fn standard_prober(
         timeout,
     );
     let zero = std::time::Duration::ZERO;
-    assert!(p.wait_answered(zero, std::time::Duration::from_secs(3)), "the probes work before the test:\n{}", {
-        p.report(zero, p.now())
-    });
+    assert!(
+        p.wait_answered(zero, std::time::Duration::from_secs(3)),
+        "the probes work before the test:\n{}{:?}",
+        { p.report(zero, p.now()) },
+        p.first_failure("udp-established", zero, p.now())
+    );
     p
 }

@@ -58,7 +58,7 @@ pub fn diff(desired: &Desired, observed: &Observed) -> Vec<Difference> {
 
 #[cfg(test)]
 mod tests {
-    use ipnet::Ipv4Net;
+    use ipnet::{IpNet, Ipv4Net};
 
     use super::*;
     use crate::rtnl::{
@@ -67,7 +67,7 @@ mod tests {
         observe::{ObservedLink, ObservedRoute, ObservedRule, ObservedVxlan},
     };
 
-    fn net(s: &str) -> Ipv4Net {
+    fn net(s: &str) -> IpNet {
         s.parse().expect("prefix")
     }
 
@@ -123,7 +123,16 @@ mod tests {
     }
 
     fn rule(pref: u32, fwmark: u32, table: u32) -> ObservedRule {
-        ObservedRule { pref, fwmark, fwmask: u32::MAX, to: None, table, plain: true, msg: Default::default() }
+        ObservedRule {
+            pref,
+            fwmark,
+            fwmask: u32::MAX,
+            to: None,
+            table,
+            ipv6: false,
+            plain: true,
+            msg: Default::default(),
+        }
     }
 
     #[test]
@@ -172,7 +181,7 @@ mod tests {
             links: vec![spec()],
             routes: vec![RouteSpec {
                 table: 201,
-                dst: Ipv4Net::default(),
+                dst: IpNet::V4(Ipv4Net::default()),
                 via: Some("169.254.77.3".parse().expect("addr")),
                 dev: Some("kup-1".into()),
             }],

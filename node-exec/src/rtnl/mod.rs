@@ -14,7 +14,10 @@
 //!   tables), counting its writes.
 //! - [`read`] and [`diff`] report drift; [`subscribe`] says when to look again.
 //!
-//! IPv4 only: the desired state's addresses, routes and rules are IPv4 and are parsed as such.
+//! Addresses, neighbours, routes and rules are IPv4 or IPv6, each kind one code path for both
+//! families, and ownership is the same for both (a table kuport owns is its in either family);
+//! VXLAN endpoints (the underlay) are IPv4. The kernel's IPv6 link-local address on a `kup-*`
+//! link is its own, never kuport's.
 
 pub(crate) mod address;
 mod apply;

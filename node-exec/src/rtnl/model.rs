@@ -1,4 +1,5 @@
 //! The desired state, parsed and validated from the wire types, and how each object is named.
+//! Addresses, neighbours, routes and rules are of either family; VXLAN endpoints are IPv4.
 
 use std::{
     collections::BTreeSet,
@@ -6,7 +7,7 @@ use std::{
     net::{IpAddr, Ipv4Addr},
 };
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use kuport_proto::v1::{self, link};
 
 use super::{
@@ -36,11 +37,11 @@ impl fmt::Display for Mac {
     }
 }
 
-/// A permanent neighbour entry on one of kuport's links.
+/// A permanent neighbour entry on one of kuport's links (ARP for IPv4, NDP for IPv6).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct NeighbourSpec {
     pub dev: String,
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub mac: Mac,
 }
 
@@ -58,15 +59,16 @@ pub struct VxlanSpec {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AddressSpec {
     pub dev: String,
-    /// The address with its prefix length ("169.254.77.2/31").
-    pub net: Ipv4Net,
+    /// The address with its prefix length ("169.254.77.2/31", "fd64:f5ac:e961::2/127").
+    pub net: IpNet,
 }
 
+/// A route; its family is its destination's (`via`, when set, is of the same family).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RouteSpec {
     pub table: u32,
-    pub dst: Ipv4Net,
-    pub via: Option<Ipv4Addr>,
+    pub dst: IpNet,
+    pub via: Option<IpAddr>,
     pub dev: Option<String>,
 }
 
@@ -75,8 +77,11 @@ pub struct RuleSpec {
     pub pref: u32,
     pub fwmark: u32,
     pub fwmask: u32,
-    pub to: Option<Ipv4Net>,
+    /// Of the rule's family when set.
+    pub to: Option<IpNet>,
     pub table: u32,
+    /// The rule's family: an IPv6 rule (`ip -6 rule`) when set.
+    pub ipv6: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,20 +190,43 @@ fn invalid(object: impl ToString, reason: impl ToString) -> Error {
     Error::Invalid { object: object.to_string(), reason: reason.to_string() }
 }
 
-fn parse_v4(object: &str, what: &str, text: &str) -> Result<Ipv4Addr, Error> {
-    match text.parse::<IpAddr>() {
-        Ok(IpAddr::V4(a)) => Ok(a),
-        Ok(IpAddr::V6(_)) => Err(invalid(object, format!("{what} {text}: only IPv4 is supported"))),
-        Err(_) => Err(invalid(object, format!("{what} {text:?} is not an address"))),
+fn parse_ip(object: &str, what: &str, text: &str) -> Result<IpAddr, Error> {
+    text.parse::<IpAddr>().map_err(|_| invalid(object, format!("{what} {text:?} is not an address")))
+}
+
+fn opt_ip(object: &str, what: &str, text: &str) -> Result<Option<IpAddr>, Error> {
+    if text.is_empty() { Ok(None) } else { parse_ip(object, what, text).map(Some) }
+}
+
+/// The underlay (VXLAN endpoints) stays IPv4.
+fn opt_v4(object: &str, what: &str, text: &str) -> Result<Option<Ipv4Addr>, Error> {
+    match opt_ip(object, what, text)? {
+        None => Ok(None),
+        Some(IpAddr::V4(a)) => Ok(Some(a)),
+        Some(IpAddr::V6(_)) => Err(invalid(object, format!("{what} {text}: only IPv4 is supported"))),
     }
 }
 
-fn opt_v4(object: &str, what: &str, text: &str) -> Result<Option<Ipv4Addr>, Error> {
-    if text.is_empty() { Ok(None) } else { parse_v4(object, what, text).map(Some) }
+fn parse_net(object: &str, what: &str, text: &str) -> Result<IpNet, Error> {
+    text.parse::<IpNet>().map_err(|_| invalid(object, format!("{what} {text:?} is not an IP prefix")))
 }
 
-fn parse_net(object: &str, what: &str, text: &str) -> Result<Ipv4Net, Error> {
-    text.parse::<Ipv4Net>().map_err(|_| invalid(object, format!("{what} {text:?} is not an IPv4 prefix")))
+/// A prefix without host bits (a route's or rule's destination).
+fn parse_prefix(object: &str, what: &str, text: &str) -> Result<IpNet, Error> {
+    let net = parse_net(object, what, text)?;
+    if net.addr() != net.network() {
+        return Err(invalid(object, format!("{what} {text} has host bits set")));
+    }
+    Ok(net)
+}
+
+/// The default route's prefix of the family `v6` says.
+fn default_net(v6: bool) -> IpNet {
+    if v6 { IpNet::V6(Ipv6Net::default()) } else { IpNet::V4(Ipv4Net::default()) }
+}
+
+fn family_name(v6: bool) -> &'static str {
+    if v6 { "IPv6" } else { "IPv4" }
 }
 
 fn check_ifname(object: &str, name: &str) -> Result<(), Error> {
@@ -276,23 +304,25 @@ fn parse_neighbour(n: &v1::Neighbour) -> Result<NeighbourSpec, Error> {
     }
     Ok(NeighbourSpec {
         dev: n.dev.clone(),
-        address: parse_v4(&object, "address", &n.address)?,
+        address: parse_ip(&object, "address", &n.address)?,
         mac: parse_mac(&object, &n.mac)?,
     })
 }
 
 fn parse_route(r: &v1::Route) -> Result<RouteSpec, Error> {
     let object = format!("route {} via {} dev {} table {}", r.dst, r.via, r.dev, r.table);
+    let via = opt_ip(&object, "gateway", &r.via)?;
+    // "default" takes the gateway's family (IPv4 without one).
     let dst = if r.dst == "default" {
-        Ipv4Net::default()
+        default_net(via.is_some_and(|v| v.is_ipv6()))
     } else {
-        let net = parse_net(&object, "destination", &r.dst)?;
-        if net.addr() != net.network() {
-            return Err(invalid(&object, format!("destination {} has host bits set", r.dst)));
-        }
-        net
+        parse_prefix(&object, "destination", &r.dst)?
     };
-    let via = opt_v4(&object, "gateway", &r.via)?;
+    if let Some(v) = via
+        && v.is_ipv6() != matches!(dst, IpNet::V6(_))
+    {
+        return Err(invalid(&object, "the gateway and the destination are of different families"));
+    }
     let dev = if r.dev.is_empty() {
         None
     } else {
@@ -316,19 +346,16 @@ fn parse_rule(r: &v1::IpRule) -> Result<RuleSpec, Error> {
     if r.fwmask == 0 || r.fwmark & !r.fwmask != 0 {
         return Err(invalid(&object, "the mark has bits outside its mask"));
     }
-    let to = if r.to.is_empty() {
-        None
-    } else {
-        let net = parse_net(&object, "to", &r.to)?;
-        if net.addr() != net.network() {
-            return Err(invalid(&object, format!("to {} has host bits set", r.to)));
-        }
-        Some(net)
-    };
+    let to = if r.to.is_empty() { None } else { Some(parse_prefix(&object, "to", &r.to)?) };
+    if let Some(to) = to
+        && matches!(to, IpNet::V6(_)) != r.ipv6
+    {
+        return Err(invalid(&object, format!("to {}: not an {} prefix", r.to, family_name(r.ipv6))));
+    }
     if r.table == 0 {
         return Err(invalid(&object, "table 0 is not a table"));
     }
-    Ok(RuleSpec { pref: r.pref, fwmark: r.fwmark, fwmask: r.fwmask, to, table: r.table })
+    Ok(RuleSpec { pref: r.pref, fwmark: r.fwmark, fwmask: r.fwmask, to, table: r.table, ipv6: r.ipv6 })
 }
 
 fn parse_sysctl(s: &v1::Sysctl) -> Result<SysctlSpec, Error> {
@@ -351,8 +378,8 @@ impl fmt::Display for TableName {
     }
 }
 
-/// `default` for 0.0.0.0/0, the prefix otherwise.
-pub(crate) struct Dst(pub Ipv4Net);
+/// `default` for 0.0.0.0/0 and ::/0, the prefix otherwise.
+pub(crate) struct Dst(pub IpNet);
 
 impl fmt::Display for Dst {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -393,11 +420,20 @@ impl fmt::Display for RouteSpec {
 
 impl fmt::Display for RuleSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rule pref {} fwmark {:#x}/{:#x}", self.pref, self.fwmark, self.fwmask)?;
+        write!(f, "{} pref {} fwmark {:#x}/{:#x}", RuleWord(self.ipv6), self.pref, self.fwmark, self.fwmask)?;
         if let Some(to) = self.to {
             write!(f, " to {to}")?;
         }
         write!(f, " lookup {}", TableName(self.table))
+    }
+}
+
+/// `rule` for an IPv4 rule, `rule -6` for an IPv6 one (as `ip -6 rule` would list it).
+pub(crate) struct RuleWord(pub bool);
+
+impl fmt::Display for RuleWord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0 { "rule -6" } else { "rule" })
     }
 }
 
@@ -412,7 +448,7 @@ mod tests {
     use super::*;
 
     fn rule(pref: u32, fwmark: u32) -> v1::IpRule {
-        v1::IpRule { pref, fwmark, fwmask: u32::MAX, to: String::new(), table: 201 }
+        v1::IpRule { pref, fwmark, fwmask: u32::MAX, to: String::new(), table: 201, ipv6: false }
     }
 
     fn reason(state: &v1::NetnsState) -> String {
@@ -460,7 +496,12 @@ mod tests {
         let d = Desired::from_proto(&route("default", "169.254.77.3")).expect("valid");
         assert_eq!(d.routes[0].to_string(), "route default via 169.254.77.3 dev kup-1 table 201");
         assert!(reason(&route("10.0.0.1/8", "")).contains("host bits"));
-        assert!(reason(&route("default", "fe80::1")).contains("only IPv4"));
+        let d = Desired::from_proto(&route("default", "fd64:f5ac:e961::3")).expect("valid");
+        assert_eq!(d.routes[0].dst.to_string(), "::/0");
+        assert_eq!(d.routes[0].to_string(), "route default via fd64:f5ac:e961::3 dev kup-1 table 201");
+        assert!(reason(&route("10.0.0.0/8", "fd64::1")).contains("different families"));
+        assert!(reason(&route("fd64::/64", "10.0.0.1")).contains("different families"));
+        assert!(reason(&route("fd64::1/64", "")).contains("host bits"));
         assert!(reason(&route("default", "nonsense")).contains("not an address"));
     }
 
@@ -473,5 +514,52 @@ mod tests {
         assert_eq!(d.rules[0].to_string(), "rule pref 101 fwmark 0x6b700001/0xffffffff to 100.64.0.2/32 lookup main");
         // Rules naming main own no table; rules naming 201 own it.
         assert!(d.tables().is_empty());
+
+        let mut r6 = rule(102, 0x6b70_0001);
+        r6.ipv6 = true;
+        let d =
+            Desired::from_proto(&v1::NetnsState { ip_rules: vec![r6.clone()], ..Default::default() }).expect("valid");
+        assert_eq!(d.rules[0].to_string(), "rule -6 pref 102 fwmark 0x6b700001/0xffffffff lookup 201");
+        r6.to = "fd64:f5ac:e961::2/127".into();
+        let d =
+            Desired::from_proto(&v1::NetnsState { ip_rules: vec![r6.clone()], ..Default::default() }).expect("valid");
+        assert_eq!(d.rules[0].to.map(|t| t.to_string()).as_deref(), Some("fd64:f5ac:e961::2/127"));
+        // The same rule in both families is two rules.
+        let mut r4 = r6.clone();
+        r4.ipv6 = false;
+        r4.to = String::new();
+        r6.to = String::new();
+        assert!(
+            Desired::from_proto(&v1::NetnsState { ip_rules: vec![r4.clone(), r6.clone()], ..Default::default() })
+                .is_ok()
+        );
+        r4.to = "fd64::/64".into();
+        let refused = v1::NetnsState { ip_rules: vec![r4], ..Default::default() };
+        assert!(reason(&refused).contains("not an IPv4 prefix"), "{}", reason(&refused));
+        r6.to = "10.0.0.0/8".into();
+        let refused = v1::NetnsState { ip_rules: vec![r6], ..Default::default() };
+        assert!(reason(&refused).contains("not an IPv6 prefix"));
+    }
+
+    #[test]
+    fn addresses_and_neighbours_of_both_families() {
+        let d = Desired::from_proto(&v1::NetnsState {
+            addresses: vec![
+                v1::Address { dev: "kup-1".into(), cidr: "169.254.77.2/31".into() },
+                v1::Address { dev: "kup-1".into(), cidr: "fd64:f5ac:e961::2/127".into() },
+            ],
+            neighbours: vec![
+                v1::Neighbour { dev: "kup-1".into(), address: "169.254.77.3".into(), mac: "02:6b:00:00:00:01".into() },
+                v1::Neighbour {
+                    dev: "kup-1".into(),
+                    address: "fd64:f5ac:e961::3".into(),
+                    mac: "02:6b:00:00:00:01".into(),
+                },
+            ],
+            ..Default::default()
+        })
+        .expect("valid");
+        assert_eq!(d.addresses[1].to_string(), "address fd64:f5ac:e961::2/127 dev kup-1");
+        assert_eq!(d.neighbours[1].to_string(), "neighbour fd64:f5ac:e961::3 lladdr 02:6b:00:00:00:01 dev kup-1");
     }
 }

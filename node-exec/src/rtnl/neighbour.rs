@@ -2,8 +2,7 @@
 //! far end of each link to its computed MAC so no ARP stands between a rebuilt link and
 //! traffic (docs/portmap/links.md). Only permanent entries on `kup-*` links are kuport's: the
 //! kernel's own (resolved by ARP) are replaced when they hold a desired address, never removed.
-
-use std::net::IpAddr;
+//! IPv6 entries are the same (NDP instead of ARP), one path for both families.
 
 use netlink_packet_route::neighbour::NeighbourState;
 
@@ -79,7 +78,7 @@ impl KindPlan for Plan {
             let req = s
                 .handle()
                 .neighbours()
-                .add(index, IpAddr::V4(n.address))
+                .add(index, n.address)
                 .state(NeighbourState::Permanent)
                 .link_layer_address(&n.mac.0)
                 .replace()

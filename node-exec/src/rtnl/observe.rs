@@ -2,12 +2,12 @@
 
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::Path,
 };
 
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use netlink_packet_route::{
     AddressFamily,
     address::{AddressAttribute, AddressMessage},
@@ -50,35 +50,36 @@ pub struct ObservedVxlan {
     pub ttl: u8,
 }
 
-/// An IPv4 address on a link.
+/// An address (IPv4 or IPv6) on a link.
 #[derive(Debug, Clone)]
 pub struct ObservedAddress {
     pub index: u32,
     pub dev: String,
-    pub net: Ipv4Net,
+    pub net: IpNet,
     pub(crate) msg: AddressMessage,
 }
 
-/// An IPv4 neighbour entry.
+/// A neighbour entry (ARP or NDP).
 #[derive(Debug, Clone)]
 pub struct ObservedNeighbour {
     pub index: u32,
     pub dev: String,
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub mac: Option<Vec<u8>>,
     /// NUD_PERMANENT: set by someone, never aged or resolved by the kernel.
     pub permanent: bool,
     pub(crate) msg: NeighbourMessage,
 }
 
-/// An IPv4 route outside the kernel-managed `local` table.
+/// A route (IPv4 or IPv6) outside the kernel-managed `local` table.
 #[derive(Debug, Clone)]
 pub struct ObservedRoute {
     pub table: u32,
-    pub dst: Ipv4Net,
-    pub via: Option<Ipv4Addr>,
+    /// Its family is the route's.
+    pub dst: IpNet,
+    pub via: Option<IpAddr>,
     pub dev: Option<String>,
-    /// The metric; kuport's routes have 0.
+    /// The metric; kuport's routes have the family's default (0 for IPv4, 1024 for IPv6).
     pub priority: u32,
     /// Installed by the kernel for an address (`proto kernel`): never kuport's to remove.
     pub kernel: bool,
@@ -87,14 +88,16 @@ pub struct ObservedRoute {
     pub(crate) msg: RouteMessage,
 }
 
-/// An IPv4 policy rule.
+/// A policy rule of either family.
 #[derive(Debug, Clone)]
 pub struct ObservedRule {
     pub pref: u32,
     pub fwmark: u32,
     pub fwmask: u32,
-    pub to: Option<Ipv4Net>,
+    pub to: Option<IpNet>,
     pub table: u32,
+    /// An IPv6 rule (`ip -6 rule`).
+    pub ipv6: bool,
     /// Nothing beyond what kuport models (`fwmark`, `to`, `lookup`).
     pub plain: bool,
     pub(crate) msg: RuleMessage,
@@ -120,9 +123,8 @@ impl Observed {
     }
 }
 
-/// Reads the namespace `netns` (None: the caller's): links, IPv4 addresses, neighbours on
-/// kuport's links, routes and rules, and
-/// the sysctls `desired` names.
+/// Reads the namespace `netns` (None: the caller's): links, addresses, neighbours on kuport's
+/// links, routes and rules (IPv4 and IPv6), and the sysctls `desired` names.
 pub fn read(netns: Option<&Path>, desired: &Desired) -> Result<Observed, Error> {
     session(netns, |s| {
         let mut observed = s.take_observed()?;
@@ -175,7 +177,7 @@ fn dump_err(what: &'static str) -> impl Fn(rtnetlink::Error) -> Error {
     move |e| Error::kernel(Op::Dump, what, e)
 }
 
-/// Dumps links, addresses, routes and rules on `handle`'s namespace.
+/// Dumps links, addresses, neighbours, routes and rules of both families on `handle`'s namespace.
 pub(crate) async fn dump(handle: &Handle) -> Result<Observed, Error> {
     let links: Vec<LinkMessage> = handle.link().get().execute().try_collect().await.map_err(dump_err("links"))?;
     let links: Vec<ObservedLink> = links.iter().filter_map(parse_link).collect();
@@ -185,28 +187,43 @@ pub(crate) async fn dump(handle: &Handle) -> Result<Observed, Error> {
         handle.address().get().execute().try_collect().await.map_err(dump_err("addresses"))?;
     let addresses = addresses.into_iter().filter_map(|m| parse_address(m, &name_of)).collect();
 
-    let neighbours: Vec<NeighbourMessage> = handle
-        .neighbours()
-        .get()
-        .set_address_family(AddressFamily::Inet)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(dump_err("neighbours"))?;
-    let neighbours = neighbours.into_iter().filter_map(|m| parse_neighbour(m, &name_of)).collect();
+    // One dump per family: an unspecified family would also list other tables' entries.
+    let mut neighbours = Vec::new();
+    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let dumped: Vec<NeighbourMessage> = handle
+            .neighbours()
+            .get()
+            .set_address_family(family)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(dump_err("neighbours"))?;
+        neighbours.extend(dumped.into_iter().filter_map(|m| parse_neighbour(m, &name_of)));
+    }
 
     // A non-strict dump returns every table; the header's table is not a filter.
-    let routes: Vec<RouteMessage> = handle
+    let mut routes: Vec<RouteMessage> = handle
         .route()
         .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
         .execute()
         .try_collect()
         .await
         .map_err(dump_err("routes"))?;
+    let routes6: Vec<RouteMessage> = handle
+        .route()
+        .get(RouteMessageBuilder::<Ipv6Addr>::new().build())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(dump_err("routes"))?;
+    routes.extend(routes6);
     let routes = routes.into_iter().filter_map(|m| parse_route(m, &name_of)).collect();
 
-    let rules: Vec<RuleMessage> =
+    let mut rules: Vec<RuleMessage> =
         handle.rule().get(IpVersion::V4).execute().try_collect().await.map_err(dump_err("rules"))?;
+    let rules6: Vec<RuleMessage> =
+        handle.rule().get(IpVersion::V6).execute().try_collect().await.map_err(dump_err("rules"))?;
+    rules.extend(rules6);
     let rules = rules.into_iter().filter_map(parse_rule).collect();
 
     Ok(Observed { links, addresses, neighbours, routes, rules, sysctls: BTreeMap::new() })
@@ -269,26 +286,30 @@ fn parse_vxlan(attrs: &[InfoVxlan]) -> ObservedVxlan {
 }
 
 fn parse_address(m: AddressMessage, name_of: &impl Fn(u32) -> Option<String>) -> Option<ObservedAddress> {
-    if m.header.family != AddressFamily::Inet {
-        return None;
-    }
-    // IFA_LOCAL is the interface's own address; IFA_ADDRESS differs from it only on point-to-point.
+    let v6 = match m.header.family {
+        AddressFamily::Inet => false,
+        AddressFamily::Inet6 => true,
+        _ => return None,
+    };
+    let of_family = |a: &IpAddr| a.is_ipv6() == v6;
+    // IFA_LOCAL is the interface's own address; IFA_ADDRESS differs from it only on point-to-point
+    // (IPv6 addresses carry IFA_ADDRESS alone).
     let local = m.attributes.iter().find_map(|a| match a {
-        AddressAttribute::Local(IpAddr::V4(v)) => Some(*v),
+        AddressAttribute::Local(a) if of_family(a) => Some(*a),
         _ => None,
     });
     let addr = local.or_else(|| {
         m.attributes.iter().find_map(|a| match a {
-            AddressAttribute::Address(IpAddr::V4(v)) => Some(*v),
+            AddressAttribute::Address(a) if of_family(a) => Some(*a),
             _ => None,
         })
     })?;
-    let net = Ipv4Net::new(addr, m.header.prefix_len).ok()?;
+    let net = IpNet::new(addr, m.header.prefix_len).ok()?;
     Some(ObservedAddress { index: m.header.index, dev: name_of(m.header.index).unwrap_or_default(), net, msg: m })
 }
 
 fn parse_neighbour(m: NeighbourMessage, name_of: &impl Fn(u32) -> Option<String>) -> Option<ObservedNeighbour> {
-    if m.header.family != AddressFamily::Inet {
+    if !matches!(m.header.family, AddressFamily::Inet | AddressFamily::Inet6) {
         return None;
     }
     let dev = name_of(m.header.ifindex).filter(|d| super::consts::owns_link(d))?;
@@ -296,7 +317,8 @@ fn parse_neighbour(m: NeighbourMessage, name_of: &impl Fn(u32) -> Option<String>
     let mut mac = None;
     for a in &m.attributes {
         match a {
-            NeighbourAttribute::Destination(NeighbourAddress::Inet(d)) => address = Some(*d),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(d)) => address = Some(IpAddr::V4(*d)),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(d)) => address = Some(IpAddr::V6(*d)),
             NeighbourAttribute::LinkLayerAddress(l) => mac = Some(l.clone()),
             _ => {}
         }
@@ -321,23 +343,36 @@ fn plain_route_attr(a: &RouteAttribute) -> bool {
             | RouteAttribute::Table(_)
             | RouteAttribute::Priority(_)
             | RouteAttribute::CacheInfo(_)
+            // IPv6 routes always carry their router preference (RFC 4191); kuport leaves it alone.
+            | RouteAttribute::Preference(_)
     )
 }
 
-fn parse_route(m: RouteMessage, name_of: &impl Fn(u32) -> Option<String>) -> Option<ObservedRoute> {
-    if m.header.address_family != AddressFamily::Inet {
-        return None;
+/// A route or rule address as an `IpAddr`, when it is one of the family `v6` says.
+fn route_addr(a: &RouteAddress, v6: bool) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(a) if !v6 => Some(IpAddr::V4(*a)),
+        RouteAddress::Inet6(a) if v6 => Some(IpAddr::V6(*a)),
+        _ => None,
     }
+}
+
+fn parse_route(m: RouteMessage, name_of: &impl Fn(u32) -> Option<String>) -> Option<ObservedRoute> {
+    let v6 = match m.header.address_family {
+        AddressFamily::Inet => false,
+        AddressFamily::Inet6 => true,
+        _ => return None,
+    };
     let mut table = u32::from(m.header.table);
-    let mut dst = Ipv4Addr::UNSPECIFIED;
+    let mut dst = if v6 { IpAddr::V6(Ipv6Addr::UNSPECIFIED) } else { IpAddr::V4(Ipv4Addr::UNSPECIFIED) };
     let mut via = None;
     let mut oif = None;
     let mut priority = 0;
     for a in &m.attributes {
         match a {
             RouteAttribute::Table(t) => table = *t,
-            RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = *d,
-            RouteAttribute::Gateway(RouteAddress::Inet(g)) => via = Some(*g),
+            RouteAttribute::Destination(d) => dst = route_addr(d, v6).unwrap_or(dst),
+            RouteAttribute::Gateway(g) => via = route_addr(g, v6).or(via),
             RouteAttribute::Oif(i) => oif = Some(*i),
             RouteAttribute::Priority(p) => priority = *p,
             _ => {}
@@ -346,7 +381,7 @@ fn parse_route(m: RouteMessage, name_of: &impl Fn(u32) -> Option<String>) -> Opt
     if table == super::consts::TABLE_LOCAL {
         return None;
     }
-    let dst = Ipv4Net::new(dst, m.header.destination_prefix_length).ok()?;
+    let dst = IpNet::new(dst, m.header.destination_prefix_length).ok()?;
     let plain = m.header.kind == RouteType::Unicast
         && m.header.tos == 0
         && m.header.source_prefix_length == 0
@@ -382,15 +417,18 @@ fn plain_rule_attr(a: &RuleAttribute) -> bool {
 }
 
 fn parse_rule(m: RuleMessage) -> Option<ObservedRule> {
-    if m.header.family != AddressFamily::Inet {
-        return None;
-    }
+    let ipv6 = match m.header.family {
+        AddressFamily::Inet => false,
+        AddressFamily::Inet6 => true,
+        _ => return None,
+    };
     let mut rule = ObservedRule {
         pref: 0,
         fwmark: 0,
         fwmask: 0,
         to: None,
         table: u32::from(m.header.table),
+        ipv6,
         plain: false,
         msg: RuleMessage::default(),
     };
@@ -400,8 +438,8 @@ fn parse_rule(m: RuleMessage) -> Option<ObservedRule> {
             RuleAttribute::FwMark(v) => rule.fwmark = *v,
             RuleAttribute::FwMask(v) => rule.fwmask = *v,
             RuleAttribute::Table(t) => rule.table = *t,
-            RuleAttribute::Destination(IpAddr::V4(d)) => {
-                rule.to = Ipv4Net::new(*d, m.header.dst_len).ok();
+            RuleAttribute::Destination(d) if d.is_ipv6() == ipv6 => {
+                rule.to = IpNet::new(*d, m.header.dst_len).ok();
             }
             _ => {}
         }

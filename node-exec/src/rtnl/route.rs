@@ -1,10 +1,15 @@
 //! Routes: one per table and destination, the kernel's own key (kuport never sets a metric).
 //! kuport owns the routes in the tables its routes and rules name (other than the reserved ones)
-//! and the routes on its links, never the kernel's `proto kernel` routes.
+//! and the routes on its links, never the kernel's `proto kernel` routes. Both families take
+//! the same path; an IPv6 route's family follows its destination, as its gateway's does.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use netlink_packet_route::route::{RouteProtocol, RouteScope};
+use ipnet::IpNet;
+use netlink_packet_route::{
+    AddressFamily,
+    route::{RouteAddress, RouteAttribute, RouteProtocol, RouteScope},
+};
 use rtnetlink::RouteMessageBuilder;
 
 use super::{
@@ -48,7 +53,8 @@ impl KindPlan for Plan {
         );
         let owned =
             |o: &ObservedRoute| !o.kernel && (tables.contains(&o.table) || o.dev.as_deref().is_some_and(owns_link));
-        let same_key = |s: &RouteSpec, o: &ObservedRoute| o.table == s.table && o.dst == s.dst && o.priority == 0;
+        let same_key =
+            |s: &RouteSpec, o: &ObservedRoute| o.table == s.table && o.dst == s.dst && o.priority == metric(&s.dst);
         let same = |s: &RouteSpec, o: &ObservedRoute| {
             same_key(s, o) && o.via == s.via && o.dev == s.dev && (o.plain || o.kernel)
         };
@@ -107,16 +113,39 @@ impl KindPlan for Plan {
     }
 }
 
+/// The metric the kernel gives a route added without one: kuport never sets one, and IPv6
+/// turns 0 into 1024 (IP6_RT_PRIO_USER).
+pub(crate) fn metric(dst: &IpNet) -> u32 {
+    match dst {
+        IpNet::V4(_) => 0,
+        IpNet::V6(_) => 1024,
+    }
+}
+
+fn route_address(a: IpAddr) -> RouteAddress {
+    match a {
+        IpAddr::V4(a) => RouteAddress::Inet(a),
+        IpAddr::V6(a) => RouteAddress::Inet6(a),
+    }
+}
+
 fn write(s: &mut Session, r: &RouteSpec, replace: bool) {
-    let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+    let mut b = RouteMessageBuilder::<IpAddr>::new()
         .table_id(r.table)
         // What `ip route add` sets, so the route reads back the same way in `ip route`.
         .protocol(RouteProtocol::Boot);
+    let msg = b.get_mut();
+    msg.header.address_family = match r.dst {
+        IpNet::V4(_) => AddressFamily::Inet,
+        IpNet::V6(_) => AddressFamily::Inet6,
+    };
     if r.dst.prefix_len() > 0 {
-        b = b.destination_prefix(r.dst.addr(), r.dst.prefix_len());
+        msg.header.destination_prefix_length = r.dst.prefix_len();
+        msg.attributes.push(RouteAttribute::Destination(route_address(r.dst.addr())));
     }
     match r.via {
-        Some(via) => b = b.gateway(via),
+        // The same family as the destination (the model checks it), so RTA_GATEWAY, not RTA_VIA.
+        Some(via) => msg.attributes.push(RouteAttribute::Gateway(route_address(via))),
         None => b = b.scope(RouteScope::Link),
     }
     if let Some(dev) = &r.dev {
@@ -148,7 +177,7 @@ fn change(o: &ObservedRoute, s: &RouteSpec) -> String {
     how.join(", ")
 }
 
-fn opt(a: Option<Ipv4Addr>) -> String {
+fn opt(a: Option<IpAddr>) -> String {
     a.map_or_else(|| "none".into(), |a| a.to_string())
 }
 
@@ -162,7 +191,7 @@ fn name(o: &ObservedRoute) -> String {
         s += &format!(" dev {dev}");
     }
     s += &format!(" table {}", TableName(o.table));
-    if o.priority != 0 {
+    if o.priority != metric(&o.dst) {
         s += &format!(" metric {}", o.priority);
     }
     s

@@ -1,14 +1,18 @@
 //! Policy rules: kuport's rules sit at its preferences with a mark under its prefix; one is the
-//! same as another when preference, mark, mask, destination and table all match.
+//! same as another when family, preference, mark, mask, destination and table all match. The
+//! ownership test is the same for IPv4 and IPv6 rules.
 
-use netlink_packet_route::rule::{RuleAction, RuleAttribute};
+use netlink_packet_route::{
+    AddressFamily,
+    rule::{RuleAction, RuleAttribute},
+};
 
 use super::{
     KindPlan,
     consts::owns_rule,
     diff::{Change, Difference},
     error::Op,
-    model::{Desired, RuleSpec, TableName},
+    model::{Desired, RuleSpec, RuleWord, TableName},
     observe::{Observed, ObservedRule},
     session::Session,
 };
@@ -56,6 +60,8 @@ impl KindPlan for Plan {
 
     fn make(&self, s: &mut Session) {
         for r in &self.adds {
+            // v4() and v6() differ only in the header's family; the destination is set by hand so
+            // one request serves both.
             let mut req = s
                 .handle()
                 .rule()
@@ -65,10 +71,15 @@ impl KindPlan for Plan {
                 .fw_mark(r.fwmark)
                 .table_id(r.table)
                 .action(RuleAction::ToTable);
-            if let Some(to) = r.to {
-                req = req.destination_prefix(to.addr(), to.prefix_len());
+            let msg = req.message_mut();
+            if r.ipv6 {
+                msg.header.family = AddressFamily::Inet6;
             }
-            req.message_mut().attributes.push(RuleAttribute::FwMask(r.fwmask));
+            if let Some(to) = r.to {
+                msg.header.dst_len = to.prefix_len();
+                msg.attributes.push(RuleAttribute::Destination(to.addr()));
+            }
+            msg.attributes.push(RuleAttribute::FwMask(r.fwmask));
             s.write(Op::Add, r.to_string(), req.execute());
         }
     }
@@ -86,12 +97,17 @@ impl KindPlan for Plan {
 }
 
 fn is(o: &ObservedRule, s: &RuleSpec) -> bool {
-    o.pref == s.pref && o.fwmark == s.fwmark && o.fwmask == s.fwmask && o.to == s.to && o.table == s.table
+    o.ipv6 == s.ipv6
+        && o.pref == s.pref
+        && o.fwmark == s.fwmark
+        && o.fwmask == s.fwmask
+        && o.to == s.to
+        && o.table == s.table
 }
 
 /// An observed rule named as `ip` would name it.
 fn name(o: &ObservedRule) -> String {
-    let mut s = format!("rule pref {} fwmark {:#x}/{:#x}", o.pref, o.fwmark, o.fwmask);
+    let mut s = format!("{} pref {} fwmark {:#x}/{:#x}", RuleWord(o.ipv6), o.pref, o.fwmark, o.fwmask);
     if let Some(to) = o.to {
         s += &format!(" to {to}");
     }

@@ -1,5 +1,5 @@
-//! Noticing outside changes: a subscription to rtnetlink's link, IPv4 address, neighbour, route
-//! and rule multicast groups inside a namespace. Each notification only says something changed;
+//! Noticing outside changes: a subscription to rtnetlink's link, address, neighbour, route and
+//! rule multicast groups (IPv4 and IPv6) inside a namespace. Each notification only says something changed;
 //! the caller re-reads and re-diffs. Neighbour events are passed on only for `kup-*` links: a
 //! host's other entries change state all the time (REACHABLE, STALE, ...) and are never ours.
 
@@ -19,12 +19,15 @@ use tokio::sync::{mpsc, oneshot};
 use super::{error::Error, netns};
 
 /// The groups kuport's objects live in.
-const GROUPS: [MulticastGroup; 5] = [
+const GROUPS: [MulticastGroup; 8] = [
     MulticastGroup::Link,
     MulticastGroup::Ipv4Ifaddr,
+    MulticastGroup::Ipv6Ifaddr,
     MulticastGroup::Neigh,
     MulticastGroup::Ipv4Route,
+    MulticastGroup::Ipv6Route,
     MulticastGroup::Ipv4Rule,
+    MulticastGroup::Ipv6Rule,
 ];
 
 /// What kind of object an event was about.
@@ -77,7 +80,8 @@ impl Subscription {
     }
 }
 
-/// Subscribes to link, IPv4 address, neighbour, route and rule changes in `netns` (None: the caller's).
+/// Subscribes to link, address, neighbour, route and rule changes of both families in `netns`
+/// (None: the caller's).
 ///
 /// The socket is bound inside the namespace by a dedicated thread, which then forwards events
 /// until the [`Subscription`] is dropped. Returns once the socket listens, so any change made after

@@ -1,10 +1,12 @@
 //! What the executor tells the controller about its node: the underlay (the address and MTU
-//! other nodes reach it at), every interface with its IPv4 addresses, how the main table routes
-//! (which device reaches which prefix: how the controller learns a local pod's device) and the
+//! other nodes reach it at, IPv4), every interface with its IPv4 and global IPv6 addresses, how
+//! the main table routes IPv4 (which device reaches which prefix: how the controller learns a
+//! local pod's device) and the
 //! UDP ports of the CNI's VXLAN devices (docs/portmap/datapath.md, "The request claim";
 //! docs/portmap/links.md, "UDP port").
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
 use kuport_proto::v1::{InterfaceFacts, NodeFacts, RouteFacts};
@@ -32,18 +34,18 @@ fn from_observed(
     let mut interfaces: Vec<InterfaceFacts> = links
         .iter()
         .filter(|l| l.name != "lo" && !rtnl::consts::owns_link(&l.name))
-        .map(|l| {
-            let mut addresses: Vec<String> =
-                addresses.iter().filter(|a| a.index == l.index).map(|a| a.net.addr().to_string()).collect();
-            addresses.sort();
-            InterfaceFacts { name: l.name.clone(), mtu: l.mtu, addresses }
+        .map(|l| InterfaceFacts {
+            name: l.name.clone(),
+            mtu: l.mtu,
+            addresses: interface_addresses(addresses, l.index),
         })
         .collect();
     interfaces.sort_by(|a, b| a.name.cmp(&b.name));
     let underlay = underlay.map(str::to_string).or_else(|| {
+        // The underlay is IPv4: its device is the IPv4 default route's.
         routes
             .iter()
-            .filter(|r| r.table == rtnl::consts::TABLE_MAIN && r.dst.prefix_len() == 0)
+            .filter(|r| r.table == rtnl::consts::TABLE_MAIN && r.dst.prefix_len() == 0 && r.dst.addr().is_ipv4())
             .min_by_key(|r| r.priority)
             .and_then(|r| r.dev.clone())
     });
@@ -57,14 +59,34 @@ fn from_observed(
     if let Some(name) = underlay
         && let Some(i) = facts.interfaces.iter().find(|i| i.name == name)
     {
-        facts.underlay_address = i.addresses.first().cloned().unwrap_or_default();
+        // The first IPv4 address (IPv4 ones come first).
+        facts.underlay_address =
+            i.addresses.iter().find(|a| a.parse::<Ipv4Addr>().is_ok()).cloned().unwrap_or_default();
         facts.underlay_mtu = i.mtu;
         facts.underlay_interface = name;
     }
     facts
 }
 
-/// The main table's unicast routes with one device, except default routes, kuport's own links
+/// The addresses of the link `index`: IPv4 ones, then IPv6 ones other than link-local
+/// (fe80::/10, which every IPv6 link has and no other node can reach), each family sorted.
+fn interface_addresses(addresses: &[ObservedAddress], index: u32) -> Vec<String> {
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for a in addresses.iter().filter(|a| a.index == index) {
+        match a.net.addr() {
+            IpAddr::V4(v) => v4.push(v.to_string()),
+            IpAddr::V6(v) if v.is_unicast_link_local() => {}
+            IpAddr::V6(v) => v6.push(v.to_string()),
+        }
+    }
+    // As text, as before IPv6 was reported, so the first IPv4 address (the underlay's) is the same.
+    v4.sort();
+    v6.sort();
+    v4.extend(v6);
+    v4
+}
+
+/// The main table's IPv4 unicast routes with one device, except default routes, kuport's own links
 /// and routes through a gateway on the underlay (they lead to other nodes, and a BGP CNI may
 /// import many). One per prefix, the lowest metric's (the one the kernel uses); at most
 /// [`MAX_ROUTES`], the longest prefixes first; sorted by prefix.
@@ -74,6 +96,7 @@ fn main_routes(routes: &[ObservedRoute], underlay: Option<&str>) -> Vec<RouteFac
         let Some(dev) = r.dev.as_deref() else { continue };
         let remote = r.via.is_some() && Some(dev) == underlay;
         if r.table != rtnl::consts::TABLE_MAIN
+            || !r.dst.addr().is_ipv4()
             || r.msg.header.kind != RouteType::Unicast
             || r.dst.prefix_len() == 0
             || rtnl::consts::owns_link(dev)
@@ -180,6 +203,43 @@ mod tests {
         let got = main_routes(&routes, None);
         assert_eq!(got.len(), MAX_ROUTES);
         assert!(got.iter().all(|r| r.dst.ends_with("/32")));
+    }
+
+    fn address(index: u32, net: &str) -> ObservedAddress {
+        ObservedAddress { index, dev: String::new(), net: net.parse().expect("prefix"), msg: Default::default() }
+    }
+
+    #[test]
+    fn addresses_list_ipv4_then_global_ipv6_each_sorted() {
+        let addresses = [
+            address(1, "fd00::b/64"),
+            address(1, "fe80::1/64"),
+            address(1, "192.168.1.20/24"),
+            address(1, "2001:db8::9/64"),
+            address(1, "192.168.1.10/24"),
+            address(2, "10.0.0.1/8"),
+        ];
+        assert_eq!(interface_addresses(&addresses, 1), ["192.168.1.10", "192.168.1.20", "2001:db8::9", "fd00::b"]);
+        assert_eq!(interface_addresses(&addresses, 3), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_underlay_is_the_ipv4_default_routes_device_and_its_first_ipv4_address() {
+        let links = [ObservedLink { index: 2, ..link("eth0", None) }, ObservedLink { index: 3, ..link("eth1", None) }];
+        let addresses = [address(2, "2001:db8::2/64"), address(2, "100.64.0.2/24"), address(3, "100.65.0.2/24")];
+        // An IPv6 default route through eth1 with a lower metric does not make eth1 the underlay.
+        let mut v6_default = route("::/0", Some("2001:db8::1"), "eth1", 0);
+        v6_default.priority = 0;
+        let routes = [
+            v6_default,
+            route("0.0.0.0/0", Some("100.64.0.1"), "eth0", 100),
+            route("2001:db8::/64", None, "eth0", 256),
+        ];
+        let f = from_observed(&links, &addresses, &routes, None);
+        assert_eq!((f.underlay_interface.as_str(), f.underlay_address.as_str()), ("eth0", "100.64.0.2"));
+        assert_eq!(f.interfaces[0].addresses, ["100.64.0.2", "2001:db8::2"]);
+        // IPv6 routes are not reported.
+        assert!(f.routes.iter().all(|r| !r.dst.contains(':')), "{:?}", f.routes);
     }
 
     #[test]

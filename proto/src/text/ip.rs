@@ -85,7 +85,8 @@ fn link_commands(out: &mut String, l: &Link) {
 }
 
 fn route_command(r: &Route) -> String {
-    let mut s = format!("ip route add {}", r.dst);
+    let ip = if r.dst.contains(':') || r.via.contains(':') { "ip -6" } else { "ip" };
+    let mut s = format!("{ip} route add {}", r.dst);
     if !r.via.is_empty() {
         let _ = write!(s, " via {}", r.via);
     }
@@ -94,7 +95,8 @@ fn route_command(r: &Route) -> String {
 }
 
 fn rule_command(r: &IpRule) -> String {
-    let mut s = format!("ip rule add pref {} fwmark {:#x}/{:#x}", r.pref, r.fwmark, r.fwmask);
+    let ip = if r.ipv6 { "ip -6" } else { "ip" };
+    let mut s = format!("{ip} rule add pref {} fwmark {:#x}/{:#x}", r.pref, r.fwmark, r.fwmask);
     if !r.to.is_empty() {
         let _ = write!(s, " to {}", r.to);
     }

@@ -1,7 +1,9 @@
 //! The rule shapes: where every nftables element, link, route and ip rule of a port map is
 //! decided; docs/portmap/datapath.md explains each, with its measurement and its test.
 //!
-//! One table, `ip kuport`, with three chains at the priorities below. Mappings are elements of
+//! One table, `inet kuport`, with three chains at the priorities below (and the steering chain,
+//! steer.rs). Every map and set that holds an address has an IPv6 twin named with a `6`, and
+//! so has the rule that reads it; the rest serves both families. Mappings are elements of
 //! maps and sets keyed by concatenations, never rules of their own, so a new connection costs
 //! the same at 10 mappings as at 50,000 (one rule per mapping was measured 36 times slower).
 //!
@@ -25,7 +27,7 @@
 //! 10-mapping rate in that order (docs/decisions.md).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use kuport_proto::v1::{
     Address, BaseChain, ChainType, CmpOp, Compare, Hook, IpRule, L4Proto, Link, MapLookup, Nat, NatKind, Neighbour,
@@ -36,7 +38,6 @@ use kuport_proto::v1::{
 use super::links::{LinkKey, LinkNumbers, VXLAN_OVERHEAD, VXLAN_TTL, device_name, link_mac, mac_text};
 use super::placement::{Placement, l4};
 use crate::api::ServingMode;
-use crate::compute::Settings;
 use crate::compute::numbers::{MAIN_TABLE, MARK_PREFIX, MARK_PREFIX_MASK, Rule};
 use crate::observe::index::View;
 
@@ -71,6 +72,9 @@ pub const MAP_RETURN_MARK_RANGE: &str = "return_mark_range";
 pub const MAP_CT_MARK: &str = "ct_mark";
 
 const FORWARDING: &str = "net.ipv4.ip_forward";
+const FORWARDING6: &str = "net.ipv6.conf.all.forwarding";
+/// IPv6 needs a link MTU of 1280 (RFC 8200): a thinner link carries IPv4 only.
+pub const IPV6_MIN_MTU: u32 = 1280;
 /// `ct direction reply` (IP_CT_DIR_REPLY).
 const CT_DIRECTION_REPLY: u32 = 1;
 
@@ -83,6 +87,9 @@ pub struct LinkEnd {
     pub peer_underlay: Ipv4Addr,
     pub address: Ipv4Addr,
     pub peer_address: Ipv4Addr,
+    /// This end's and the far end's /127 addresses, when the link is thick enough for IPv6.
+    pub address6: Option<Ipv6Addr>,
+    pub peer_address6: Option<Ipv6Addr>,
     pub mtu: u32,
     /// This end's device MAC and the far end's, both computed from names ([`link_mac`]).
     pub mac: String,
@@ -90,6 +97,14 @@ pub struct LinkEnd {
 }
 
 impl LinkEnd {
+    /// This end's and the far end's address of one family, if the link carries it.
+    fn addresses(&self, fam: Family) -> Option<(IpAddr, IpAddr)> {
+        match fam {
+            Family::V4 => Some((self.address.into(), self.peer_address.into())),
+            Family::V6 => Some((self.address6?.into(), self.peer_address6?.into())),
+        }
+    }
+
     pub fn new(view: &View, key: &LinkKey, numbers: &LinkNumbers, node: &str) -> Option<Self> {
         let peer = key.peer_of(node);
         let (me, them) = (view.node(node), view.node(peer));
@@ -105,6 +120,8 @@ impl LinkEnd {
                 (me.underlay?, them.underlay?, mtu)
             }
         };
+        let mtu = outer_mtu.saturating_sub(VXLAN_OVERHEAD);
+        let v6 = mtu >= IPV6_MIN_MTU;
         Some(LinkEnd {
             device: device_name(&key.class, peer),
             numbers: numbers.clone(),
@@ -112,7 +129,9 @@ impl LinkEnd {
             peer_underlay,
             address: numbers.address_of(key, node),
             peer_address: numbers.address_of(key, peer),
-            mtu: outer_mtu.saturating_sub(VXLAN_OVERHEAD),
+            address6: v6.then(|| numbers.address6_of(key, node)),
+            peer_address6: v6.then(|| numbers.address6_of(key, peer)),
+            mtu,
             mac: mac_text(link_mac(&key.class, node, peer)),
             peer_mac: mac_text(link_mac(&key.class, peer, node)),
         })
@@ -121,35 +140,118 @@ impl LinkEnd {
 
 type Ports = (u16, u16);
 
-/// Everything one node holds, collected mapping by mapping, rendered once.
+/// The address family of a group of elements and the rules that read them: IPv4's, or their
+/// IPv6 twins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub const BOTH: [Family; 2] = [Family::V4, Family::V6];
+
+    pub fn holds(self, a: &IpAddr) -> bool {
+        a.is_ipv6() == (self == Family::V6)
+    }
+    /// A map's or set's name in this family: the IPv6 twin ends in `6`.
+    pub fn name(self, base: &str) -> String {
+        match self {
+            Family::V4 => base.to_string(),
+            Family::V6 => format!("{base}6"),
+        }
+    }
+    pub fn addr_type(self) -> NftType {
+        match self {
+            Family::V4 => NftType::Ipv4Addr,
+            Family::V6 => NftType::Ipv6Addr,
+        }
+    }
+    pub fn saddr(self) -> Selector {
+        match self {
+            Family::V4 => Selector::IpSaddr,
+            Family::V6 => Selector::Ip6Saddr,
+        }
+    }
+    pub fn daddr(self) -> Selector {
+        match self {
+            Family::V4 => Selector::IpDaddr,
+            Family::V6 => Selector::Ip6Daddr,
+        }
+    }
+    fn nat(self) -> NftFamily {
+        match self {
+            Family::V4 => NftFamily::Ip,
+            Family::V6 => NftFamily::Ip6,
+        }
+    }
+}
+
+/// What one family of one node's table holds, collected mapping by mapping.
 #[derive(Default)]
-struct NodeParts {
-    publish_port: BTreeMap<(String, L4Proto, u16), (Ipv4Addr, u16)>,
-    publish_range: BTreeMap<(String, L4Proto, Ports), Ipv4Addr>,
+struct FamilyParts {
+    publish_port: BTreeMap<(String, L4Proto, u16), (IpAddr, u16)>,
+    publish_range: BTreeMap<(String, L4Proto, Ports), IpAddr>,
     /// Keyed by the link device and this end's address; rendered keyed by that address's
     /// stand-in, which the steering chain writes before the DNAT (steer.rs).
-    link_port: BTreeMap<(String, Ipv4Addr, L4Proto, u16), (Ipv4Addr, u16)>,
-    link_range: BTreeMap<(String, Ipv4Addr, L4Proto, Ports), Ipv4Addr>,
-    claim: BTreeMap<(String, Ipv4Addr, L4Proto), Vec<Ports>>,
-    reply_claim: BTreeMap<(Ipv4Addr, L4Proto), Vec<Ports>>,
-    return_mark: BTreeMap<(Ipv4Addr, L4Proto, u32), Vec<Ports>>,
+    link_port: BTreeMap<(String, IpAddr, L4Proto, u16), (IpAddr, u16)>,
+    link_range: BTreeMap<(String, IpAddr, L4Proto, Ports), IpAddr>,
+    claim: BTreeMap<(String, IpAddr, L4Proto), Vec<Ports>>,
+    reply_claim: BTreeMap<(IpAddr, L4Proto), Vec<Ports>>,
+    return_mark: BTreeMap<(IpAddr, L4Proto, u32), Vec<Ports>>,
+    /// What this node publishes in this family, for the steering chain (steer.rs).
+    published: super::steer::Published,
+}
+
+impl FamilyParts {
+    fn is_empty(&self) -> bool {
+        self.publish_port.is_empty()
+            && self.publish_range.is_empty()
+            && self.link_port.is_empty()
+            && self.link_range.is_empty()
+            && self.claim.is_empty()
+            && self.reply_claim.is_empty()
+            && self.return_mark.is_empty()
+    }
+}
+
+/// Everything one node holds, rendered once.
+#[derive(Default)]
+struct NodeParts {
+    v4: FamilyParts,
+    v6: FamilyParts,
     ct_mark: BTreeMap<String, u32>,
     links: BTreeMap<String, LinkEnd>,
     /// Links whose replies this node diverts (it holds the pod).
     diverted: BTreeSet<String>,
-    /// What this node publishes, for the steering chain (steer.rs).
-    published: super::steer::Published,
+    /// Links that carry an IPv6 mapping: only they get IPv6 addresses, so a node with IPv6
+    /// disabled keeps working links as long as it serves IPv4 only.
+    carry_v6: BTreeSet<String>,
+}
+
+impl NodeParts {
+    fn family(&mut self, fam: Family) -> &mut FamilyParts {
+        match fam {
+            Family::V4 => &mut self.v4,
+            Family::V6 => &mut self.v6,
+        }
+    }
+    fn of(&self, fam: Family) -> &FamilyParts {
+        match fam {
+            Family::V4 => &self.v4,
+            Family::V6 => &self.v6,
+        }
+    }
 }
 
 /// The nodes' states, built from every programmed mapping.
-pub struct Builder<'s> {
-    settings: &'s Settings,
+pub struct Builder {
     nodes: BTreeMap<String, NodeParts>,
 }
 
-impl<'s> Builder<'s> {
-    pub fn new(settings: &'s Settings, all_nodes: impl IntoIterator<Item = String>) -> Self {
-        Builder { settings, nodes: all_nodes.into_iter().map(|n| (n, NodeParts::default())).collect() }
+impl Builder {
+    pub fn new(all_nodes: impl IntoIterator<Item = String>) -> Self {
+        Builder { nodes: all_nodes.into_iter().map(|n| (n, NodeParts::default())).collect() }
     }
 
     /// A digest of everything [`Builder::add`] reads for one mapping: while it stays the same,
@@ -173,15 +275,46 @@ impl<'s> Builder<'s> {
     /// the pod's address through (from its facts): the request claim's egress device there.
     /// None leaves that claim out (the route is not known, or the pod is the node's own address
     /// and its traffic leaves by no device); everything else is built.
-    pub fn add(&mut self, p: &Placement, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>, pod_device: Option<&str>) {
+    ///
+    /// IPv6 is built where the pod has an IPv6 address and, across a link, where the link
+    /// carries IPv6 ([`IPV6_MIN_MTU`]). Returns the programming nodes that publish it over IPv6.
+    pub fn add(
+        &mut self,
+        p: &Placement,
+        ends: &BTreeMap<String, (LinkEnd, LinkEnd)>,
+        pod_device: Option<&str>,
+    ) -> BTreeSet<String> {
+        let mut over_v6 = BTreeSet::new();
+        let pods =
+            [(Family::V4, Some(IpAddr::V4(p.endpoint.address))), (Family::V6, p.endpoint.address6.map(IpAddr::V6))];
+        for (fam, pod) in pods {
+            let Some(pod) = pod else { continue };
+            for node in self.add_family(fam, p, pod, ends, pod_device) {
+                if fam == Family::V6 {
+                    over_v6.insert(node);
+                }
+            }
+        }
+        over_v6
+    }
+
+    /// [`Builder::add`] for one family; returns the programming nodes it published on.
+    fn add_family(
+        &mut self,
+        fam: Family,
+        p: &Placement,
+        pod: IpAddr,
+        ends: &BTreeMap<String, (LinkEnd, LinkEnd)>,
+        pod_device: Option<&str>,
+    ) -> Vec<String> {
         let proto = l4(p.admitted.protocol);
         let ports = p.admitted.ports;
-        let pod = p.endpoint.address;
         let pod_ports = p.pod_ports();
         let single = !p.admitted.is_range();
+        let mut published = Vec::new();
         for (node, ifaces) in &p.nodes {
             if *node == p.endpoint.node {
-                let parts = self.nodes.entry(node.clone()).or_default();
+                let parts = self.nodes.entry(node.clone()).or_default().family(fam);
                 for iface in ifaces {
                     parts.published.entry((iface.clone(), proto)).or_default().push(ports);
                     if single {
@@ -193,65 +326,78 @@ impl<'s> Builder<'s> {
                 if let Some(dev) = pod_device {
                     parts.claim.entry((dev.to_string(), pod, proto)).or_default().push(pod_ports);
                 }
+                published.push(node.clone());
                 continue;
             }
             let Some((near, far)) = ends.get(node) else { continue };
+            let Some((far_address, _)) = far.addresses(fam) else { continue };
             // The accepting end: translate to the far end of the link, keep the port.
-            let parts = self.nodes.entry(node.clone()).or_default();
+            let node_parts = self.nodes.entry(node.clone()).or_default();
+            node_parts.links.insert(near.device.clone(), near.clone());
+            if fam == Family::V6 {
+                node_parts.carry_v6.insert(near.device.clone());
+            }
+            let parts = node_parts.family(fam);
             for iface in ifaces {
                 parts.published.entry((iface.clone(), proto)).or_default().push(ports);
                 if single {
-                    parts.publish_port.insert((iface.clone(), proto, ports.0), (far.address, ports.0));
+                    parts.publish_port.insert((iface.clone(), proto, ports.0), (far_address, ports.0));
                 } else {
-                    parts.publish_range.insert((iface.clone(), proto, ports), far.address);
+                    parts.publish_range.insert((iface.clone(), proto, ports), far_address);
                 }
             }
-            parts.claim.entry((near.device.clone(), far.address, proto)).or_default().push(ports);
-            parts.links.insert(near.device.clone(), near.clone());
+            parts.claim.entry((near.device.clone(), far_address, proto)).or_default().push(ports);
+            published.push(node.clone());
             // The pod's end: finish the translation, claim both directions, return the reply.
-            let parts = self.nodes.entry(p.endpoint.node.clone()).or_default();
+            let node_parts = self.nodes.entry(p.endpoint.node.clone()).or_default();
+            node_parts.links.insert(far.device.clone(), far.clone());
+            node_parts.diverted.insert(far.device.clone());
+            if fam == Family::V6 {
+                node_parts.carry_v6.insert(far.device.clone());
+            }
+            if matches!(p.admitted.class.spec.serving_mode, ServingMode::Multi) {
+                node_parts.ct_mark.insert(far.device.clone(), far.numbers.mark());
+            }
+            let parts = node_parts.family(fam);
             if single {
-                parts.link_port.insert((far.device.clone(), far.address, proto, ports.0), (pod, p.endpoint.port));
+                parts.link_port.insert((far.device.clone(), far_address, proto, ports.0), (pod, p.endpoint.port));
             } else {
-                parts.link_range.insert((far.device.clone(), far.address, proto, ports), pod);
+                parts.link_range.insert((far.device.clone(), far_address, proto, ports), pod);
             }
             if let Some(dev) = pod_device {
                 parts.claim.entry((dev.to_string(), pod, proto)).or_default().push(pod_ports);
             }
             parts.reply_claim.entry((pod, proto)).or_default().push(pod_ports);
-            match p.admitted.class.spec.serving_mode {
-                ServingMode::Single => {
-                    parts.return_mark.entry((pod, proto, far.numbers.mark())).or_default().push(pod_ports);
-                }
-                ServingMode::Multi => {
-                    parts.ct_mark.insert(far.device.clone(), far.numbers.mark());
-                }
+            if matches!(p.admitted.class.spec.serving_mode, ServingMode::Single) {
+                parts.return_mark.entry((pod, proto, far.numbers.mark())).or_default().push(pod_ports);
             }
-            parts.links.insert(far.device.clone(), far.clone());
-            parts.diverted.insert(far.device.clone());
         }
+        published
     }
 
     /// Every node's host namespace as the port maps need it (empty for a node without any).
     /// `view` gives each node's published addresses, for the steering chain.
     pub fn finish(self, view: &View) -> BTreeMap<String, NetnsState> {
-        let settings = self.settings;
         self.nodes
             .into_iter()
             .map(|(node, parts)| {
                 let v = view.node(&node);
                 // Past a host firewall (docs/portmap/firewall.md): requests to the accepting
                 // interfaces' addresses, and on the pod's node those to this end of a link.
-                let mut to_node = super::steer::accepting(&parts.published, |i| v.addresses_of(i));
-                for (dev, me, pr, port) in parts.link_port.keys() {
-                    to_node.entry((dev.clone(), *me, *pr)).or_default().push((*port, *port));
-                }
-                for (dev, me, pr, ports) in parts.link_range.keys() {
-                    to_node.entry((dev.clone(), *me, *pr)).or_default().push(*ports);
+                let mut to_node = super::steer::Destinations::new();
+                for fam in Family::BOTH {
+                    let f = parts.of(fam);
+                    to_node.extend(super::steer::accepting(&f.published, fam, |i| v.addresses_of(i)));
+                    for (dev, me, pr, port) in f.link_port.keys() {
+                        to_node.entry((dev.clone(), *me, *pr)).or_default().push((*port, *port));
+                    }
+                    for (dev, me, pr, ports) in f.link_range.keys() {
+                        to_node.entry((dev.clone(), *me, *pr)).or_default().push(*ports);
+                    }
                 }
                 let steer = super::steer::steering(&to_node);
                 let stand_in = steer.as_ref().map(|s| s.stand_in.clone()).unwrap_or_default();
-                let mut ns = render(settings, parts, &stand_in);
+                let mut ns = render(parts, &stand_in);
                 if let (Some(t), Some(s)) = (ns.nft_tables.first_mut(), steer) {
                     t.sets.extend(s.sets);
                     t.chains.push(s.chain);
@@ -263,11 +409,13 @@ impl<'s> Builder<'s> {
 }
 
 /// `stand_in`: the steering chain's stand-in of each address it rewrites (steer.rs).
-fn render(settings: &Settings, parts: NodeParts, stand_in: &BTreeMap<Ipv4Addr, Ipv4Addr>) -> NetnsState {
+fn render(parts: NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>) -> NetnsState {
     let mut ns = NetnsState::default();
-    let table = table(settings, &parts, stand_in);
-    if let Some(table) = table {
+    if let Some(table) = table(&parts, stand_in) {
         ns.sysctls.push(Sysctl { key: FORWARDING.into(), value: "1".into() });
+        if !parts.v6.is_empty() {
+            ns.sysctls.push(Sysctl { key: FORWARDING6.into(), value: "1".into() });
+        }
         ns.nft_tables.push(table);
     }
     for end in parts.links.values() {
@@ -283,34 +431,49 @@ fn render(settings: &Settings, parts: NodeParts, stand_in: &BTreeMap<Ipv4Addr, I
             })),
             mac: end.mac.clone(),
         });
-        ns.addresses.push(Address { dev: end.device.clone(), cidr: format!("{}/31", end.address) });
-        // The far end resolved for good: no ARP between a rebuilt link and traffic.
-        ns.neighbours.push(Neighbour {
-            dev: end.device.clone(),
-            address: end.peer_address.to_string(),
-            mac: end.peer_mac.clone(),
-        });
-        if parts.diverted.contains(&end.device) {
+        for fam in Family::BOTH {
+            let Some((me, peer)) = end.addresses(fam) else { continue };
+            if fam == Family::V6 && !parts.carry_v6.contains(&end.device) {
+                continue;
+            }
+            let len = if fam == Family::V4 { 31 } else { 127 };
+            ns.addresses.push(Address { dev: end.device.clone(), cidr: format!("{me}/{len}") });
+            // The far end resolved for good: no ARP (or neighbour discovery) between a rebuilt
+            // link and traffic.
+            ns.neighbours.push(Neighbour {
+                dev: end.device.clone(),
+                address: peer.to_string(),
+                mac: end.peer_mac.clone(),
+            });
+            if !parts.diverted.contains(&end.device) {
+                continue;
+            }
             let mark = end.numbers.mark();
             ns.routes.push(Route {
                 table: end.numbers.table(),
                 dst: "default".into(),
-                via: end.peer_address.to_string(),
+                via: peer.to_string(),
                 dev: end.device.clone(),
             });
-            ns.ip_rules.push(IpRule {
-                pref: Rule::LoopGuard.preference(),
-                fwmark: mark,
-                fwmask: u32::MAX,
-                to: format!("{}/32", end.peer_underlay),
-                table: MAIN_TABLE,
-            });
+            // The underlay is IPv4: only its family needs the guard that keeps the link's own
+            // outer packets out of the link.
+            if fam == Family::V4 {
+                ns.ip_rules.push(IpRule {
+                    pref: Rule::LoopGuard.preference(),
+                    fwmark: mark,
+                    fwmask: u32::MAX,
+                    to: format!("{}/32", end.peer_underlay),
+                    table: MAIN_TABLE,
+                    ipv6: false,
+                });
+            }
             ns.ip_rules.push(IpRule {
                 pref: Rule::Divert.preference(),
                 fwmark: mark,
                 fwmask: u32::MAX,
                 to: String::new(),
                 table: end.numbers.table(),
+                ipv6: fam == Family::V6,
             });
         }
     }
@@ -323,115 +486,16 @@ fn render(settings: &Settings, parts: NodeParts, stand_in: &BTreeMap<Ipv4Addr, I
 /// The link maps are keyed by the stand-in of this end's address: the steering chain has
 /// rewritten the destination to it before the DNAT runs. An address without a stand-in (past
 /// the 254th, steer.rs) is not steered and keys its elements itself.
-fn table(_settings: &Settings, p: &NodeParts, stand_in: &BTreeMap<Ipv4Addr, Ipv4Addr>) -> Option<NftTable> {
-    let steered = |a: &Ipv4Addr| *stand_in.get(a).unwrap_or(a);
-    use NftType::{Ifname, InetProto, InetService, Ipv4Addr as Addr, Mark};
-    use Selector::{CtDirection, CtMark, Iifname, IpDaddr, IpSaddr, L4proto, Oifname, ThDport, ThSport};
+fn table(p: &NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>) -> Option<NftTable> {
     let mut sets = Vec::new();
-    let mut pre = Vec::new();
-    let mut post = Vec::new();
-    let mut mangle = Vec::new();
-
-    if !p.publish_port.is_empty() {
-        let elements = p
-            .publish_port
-            .iter()
-            .map(|((i, pr, port), (a, to))| {
-                el(vec![ifname(i), proto(*pr), port_v(*port, *port)], vec![addr(*a), port_v(*to, *to)])
-            })
-            .collect();
-        sets.push(dnat_target_map(set(
-            MAP_PUBLISH_PORT,
-            &[Ifname, InetProto, InetService],
-            &[Addr, InetService],
-            false,
-            elements,
-        )));
-        pre.push(dnat_map(&[Iifname, L4proto, ThDport], MAP_PUBLISH_PORT));
+    let (mut pre, mut post, mut mangle) = (Vec::new(), Vec::new(), Vec::new());
+    for fam in Family::BOTH {
+        family_rules(fam, p.of(fam), stand_in, &mut sets, [&mut pre, &mut post, &mut mangle]);
     }
-    if !p.publish_range.is_empty() {
-        let elements = p
-            .publish_range
-            .iter()
-            .map(|((i, pr, (a, b)), to)| el(vec![port_v(*a, *b), ifname(i), proto(*pr)], vec![addr(*to)]))
-            .collect();
-        sets.push(dnat_target_map(set(MAP_PUBLISH_RANGE, &[InetService, Ifname, InetProto], &[Addr], true, elements)));
-        pre.push(dnat_map(&[ThDport, Iifname, L4proto], MAP_PUBLISH_RANGE));
-    }
-    if !p.link_port.is_empty() {
-        let elements = p
-            .link_port
-            .iter()
-            .map(|((i, me, pr, port), (a, to))| {
-                let key = vec![ifname(i), addr(steered(me)), proto(*pr), port_v(*port, *port)];
-                el(key, vec![addr(*a), port_v(*to, *to)])
-            })
-            .collect();
-        sets.push(dnat_target_map(set(
-            MAP_LINK_PORT,
-            &[Ifname, Addr, InetProto, InetService],
-            &[Addr, InetService],
-            false,
-            elements,
-        )));
-        pre.push(dnat_map(&[Iifname, IpDaddr, L4proto, ThDport], MAP_LINK_PORT));
-    }
-    if !p.link_range.is_empty() {
-        let elements = p
-            .link_range
-            .iter()
-            .map(|((i, me, pr, (a, b)), to)| {
-                el(vec![port_v(*a, *b), ifname(i), addr(steered(me)), proto(*pr)], vec![addr(*to)])
-            })
-            .collect();
-        sets.push(dnat_target_map(set(
-            MAP_LINK_RANGE,
-            &[InetService, Ifname, Addr, InetProto],
-            &[Addr],
-            true,
-            elements,
-        )));
-        pre.push(dnat_map(&[ThDport, Iifname, IpDaddr, L4proto], MAP_LINK_RANGE));
-    }
-    let (port, range) = split(&p.claim, |(o, a, pr)| (vec![ifname(o), addr(*a), proto(*pr)], vec![]));
-    if !port.is_empty() {
-        sets.push(set(SET_CLAIM_PORT, &[Ifname, Addr, InetProto, InetService], &[], false, port));
-        post.push(rule(vec![lookup(&[Oifname, IpDaddr, L4proto, ThDport], SET_CLAIM_PORT)], vec![identity_snat()]));
-    }
-    if !range.is_empty() {
-        sets.push(set(SET_CLAIM_RANGE, &[InetService, Ifname, Addr, InetProto], &[], true, range));
-        post.push(rule(vec![lookup(&[ThDport, Oifname, IpDaddr, L4proto], SET_CLAIM_RANGE)], vec![identity_snat()]));
-    }
-    let (port, range) = split(&p.reply_claim, |(a, pr)| (vec![addr(*a), proto(*pr)], vec![]));
-    // Only a reply that leaves into one of kuport's links: there the CNI's egress masquerade
-    // would rewrite it, and kuport alone decides which replies go that way.
-    let into_link = || compare(Oifname, CmpOp::Eq, ifname(&format!("{}*", kuport_proto::owned::LINK_PREFIX)), 0);
-    if !port.is_empty() {
-        sets.push(set(SET_REPLY_CLAIM_PORT, &[Addr, InetProto, InetService], &[], false, port));
-        let claim = lookup(&[IpSaddr, L4proto, ThSport], SET_REPLY_CLAIM_PORT);
-        post.push(rule(vec![into_link(), claim], vec![identity_snat()]));
-    }
-    if !range.is_empty() {
-        sets.push(set(SET_REPLY_CLAIM_RANGE, &[InetService, Addr, InetProto], &[], true, range));
-        let claim = lookup(&[ThSport, IpSaddr, L4proto], SET_REPLY_CLAIM_RANGE);
-        post.push(rule(vec![into_link(), claim], vec![identity_snat()]));
-    }
-    let (port, range) = split(&p.return_mark, |(a, pr, m)| (vec![addr(*a), proto(*pr)], vec![mark(*m)]));
-    let mark_from = |k: &[Selector], map| {
-        let from = SetMark { from: Some(set_mark::From::Map(map_lookup(k, map))) };
-        rule(vec![], vec![stmt(nft_statement::Kind::MetaMarkSet(from))])
-    };
-    if !port.is_empty() {
-        sets.push(set(MAP_RETURN_MARK_PORT, &[Addr, InetProto, InetService], &[Mark], false, port));
-        mangle.push(mark_from(&[IpSaddr, L4proto, ThSport], MAP_RETURN_MARK_PORT));
-    }
-    if !range.is_empty() {
-        sets.push(set(MAP_RETURN_MARK_RANGE, &[InetService, Addr, InetProto], &[Mark], true, range));
-        mangle.push(mark_from(&[ThSport, IpSaddr, L4proto], MAP_RETURN_MARK_RANGE));
-    }
+    use Selector::{CtDirection, CtMark, Iifname};
     if !p.ct_mark.is_empty() {
         let elements = p.ct_mark.iter().map(|(dev, m)| el(vec![ifname(dev)], vec![mark(*m)])).collect();
-        let mut s = set(MAP_CT_MARK, &[Ifname], &[Mark], false, elements);
+        let mut s = set(MAP_CT_MARK, &[NftType::Ifname], &[NftType::Mark], false, elements);
         s.counter = false;
         sets.push(s);
         let save = SetMark { from: Some(set_mark::From::Map(map_lookup(&[Iifname], MAP_CT_MARK))) };
@@ -462,7 +526,121 @@ fn table(_settings: &Settings, p: &NodeParts, stand_in: &BTreeMap<Ipv4Addr, Ipv4
             rules,
         });
     }
-    Some(NftTable { family: NftFamily::Ip as i32, name: TABLE.into(), sets, chains })
+    Some(NftTable { family: NftFamily::Inet as i32, name: TABLE.into(), sets, chains })
+}
+
+/// One family's maps and sets, and the rules that read them, into kup-pre, kup-post and
+/// kup-mangle (in that order in `chains`).
+fn family_rules(
+    fam: Family,
+    p: &FamilyParts,
+    stand_in: &BTreeMap<IpAddr, IpAddr>,
+    sets: &mut Vec<NftSet>,
+    chains: [&mut Vec<NftRule>; 3],
+) {
+    let [pre, post, mangle] = chains;
+    let steered = |a: &IpAddr| *stand_in.get(a).unwrap_or(a);
+    let n = |base: &str| fam.name(base);
+    let (addr_t, saddr, daddr) = (fam.addr_type(), fam.saddr(), fam.daddr());
+    use NftType::{Ifname, InetProto, InetService, Mark};
+    use Selector::{Iifname, L4proto, Oifname, ThDport, ThSport};
+
+    if !p.publish_port.is_empty() {
+        let elements = p
+            .publish_port
+            .iter()
+            .map(|((i, pr, port), (a, to))| {
+                el(vec![ifname(i), proto(*pr), port_v(*port, *port)], vec![addr(*a), port_v(*to, *to)])
+            })
+            .collect();
+        let name = n(MAP_PUBLISH_PORT);
+        sets.push(dnat_target_map(set(
+            &name,
+            &[Ifname, InetProto, InetService],
+            &[addr_t, InetService],
+            false,
+            elements,
+        )));
+        pre.push(dnat_map(fam, &[Iifname, L4proto, ThDport], &name));
+    }
+    if !p.publish_range.is_empty() {
+        let elements = p
+            .publish_range
+            .iter()
+            .map(|((i, pr, (a, b)), to)| el(vec![port_v(*a, *b), ifname(i), proto(*pr)], vec![addr(*to)]))
+            .collect();
+        let name = n(MAP_PUBLISH_RANGE);
+        sets.push(dnat_target_map(set(&name, &[InetService, Ifname, InetProto], &[addr_t], true, elements)));
+        pre.push(dnat_map(fam, &[ThDport, Iifname, L4proto], &name));
+    }
+    if !p.link_port.is_empty() {
+        let elements = p
+            .link_port
+            .iter()
+            .map(|((i, me, pr, port), (a, to))| {
+                let key = vec![ifname(i), addr(steered(me)), proto(*pr), port_v(*port, *port)];
+                el(key, vec![addr(*a), port_v(*to, *to)])
+            })
+            .collect();
+        let name = n(MAP_LINK_PORT);
+        let key = [Ifname, addr_t, InetProto, InetService];
+        sets.push(dnat_target_map(set(&name, &key, &[addr_t, InetService], false, elements)));
+        pre.push(dnat_map(fam, &[Iifname, daddr, L4proto, ThDport], &name));
+    }
+    if !p.link_range.is_empty() {
+        let elements = p
+            .link_range
+            .iter()
+            .map(|((i, me, pr, (a, b)), to)| {
+                el(vec![port_v(*a, *b), ifname(i), addr(steered(me)), proto(*pr)], vec![addr(*to)])
+            })
+            .collect();
+        let name = n(MAP_LINK_RANGE);
+        sets.push(dnat_target_map(set(&name, &[InetService, Ifname, addr_t, InetProto], &[addr_t], true, elements)));
+        pre.push(dnat_map(fam, &[ThDport, Iifname, daddr, L4proto], &name));
+    }
+    let (port, range) = split(&p.claim, |(o, a, pr)| (vec![ifname(o), addr(*a), proto(*pr)], vec![]));
+    if !port.is_empty() {
+        let name = n(SET_CLAIM_PORT);
+        sets.push(set(&name, &[Ifname, addr_t, InetProto, InetService], &[], false, port));
+        post.push(rule(vec![lookup(&[Oifname, daddr, L4proto, ThDport], &name)], vec![identity_snat(fam)]));
+    }
+    if !range.is_empty() {
+        let name = n(SET_CLAIM_RANGE);
+        sets.push(set(&name, &[InetService, Ifname, addr_t, InetProto], &[], true, range));
+        post.push(rule(vec![lookup(&[ThDport, Oifname, daddr, L4proto], &name)], vec![identity_snat(fam)]));
+    }
+    let (port, range) = split(&p.reply_claim, |(a, pr)| (vec![addr(*a), proto(*pr)], vec![]));
+    // Only a reply that leaves into one of kuport's links: there the CNI's egress masquerade
+    // would rewrite it, and kuport alone decides which replies go that way.
+    let into_link = || compare(Oifname, CmpOp::Eq, ifname(&format!("{}*", kuport_proto::owned::LINK_PREFIX)), 0);
+    if !port.is_empty() {
+        let name = n(SET_REPLY_CLAIM_PORT);
+        sets.push(set(&name, &[addr_t, InetProto, InetService], &[], false, port));
+        let claim = lookup(&[saddr, L4proto, ThSport], &name);
+        post.push(rule(vec![into_link(), claim], vec![identity_snat(fam)]));
+    }
+    if !range.is_empty() {
+        let name = n(SET_REPLY_CLAIM_RANGE);
+        sets.push(set(&name, &[InetService, addr_t, InetProto], &[], true, range));
+        let claim = lookup(&[ThSport, saddr, L4proto], &name);
+        post.push(rule(vec![into_link(), claim], vec![identity_snat(fam)]));
+    }
+    let (port, range) = split(&p.return_mark, |(a, pr, m)| (vec![addr(*a), proto(*pr)], vec![mark(*m)]));
+    let mark_from = |k: &[Selector], map: &str| {
+        let from = SetMark { from: Some(set_mark::From::Map(map_lookup(k, map))) };
+        rule(vec![], vec![stmt(nft_statement::Kind::MetaMarkSet(from))])
+    };
+    if !port.is_empty() {
+        let name = n(MAP_RETURN_MARK_PORT);
+        sets.push(set(&name, &[addr_t, InetProto, InetService], &[Mark], false, port));
+        mangle.push(mark_from(&[saddr, L4proto, ThSport], &name));
+    }
+    if !range.is_empty() {
+        let name = n(MAP_RETURN_MARK_RANGE);
+        sets.push(set(&name, &[InetService, addr_t, InetProto], &[Mark], true, range));
+        mangle.push(mark_from(&[ThSport, saddr, L4proto], &name));
+    }
 }
 
 /// Merges each group's port ranges, then splits the merged intervals: single ports keyed in the
@@ -531,7 +709,7 @@ fn value(v: nft_value::Value) -> NftValue {
 fn ifname(s: &str) -> NftValue {
     value(nft_value::Value::Ifname(s.to_string()))
 }
-fn addr(a: Ipv4Addr) -> NftValue {
+fn addr(a: IpAddr) -> NftValue {
     value(nft_value::Value::Addr(a.to_string()))
 }
 fn proto(p: L4Proto) -> NftValue {
@@ -564,21 +742,21 @@ fn compare(sel: Selector, op: CmpOp, v: NftValue, mask: u32) -> NftMatch {
         kind: Some(nft_match::Kind::Compare(Compare { selector: sel as i32, op: op as i32, value: Some(v), mask })),
     }
 }
-fn dnat_map(k: &[Selector], map: &str) -> NftRule {
+fn dnat_map(fam: Family, k: &[Selector], map: &str) -> NftRule {
     let nat = Nat {
         kind: NatKind::Dnat as i32,
-        family: NftFamily::Ip as i32,
+        family: fam.nat() as i32,
         to: Some(kuport_proto::v1::nat::To::Map(map_lookup(k, map))),
     };
     rule(vec![], vec![stmt(nft_statement::Kind::Nat(nat))])
 }
-/// `snat ip to ip saddr`: changes nothing, but claims the connection's source NAT for this
-/// hook, so the CNI's masquerade, which sorts later, never rewrites the client's address.
-fn identity_snat() -> NftStatement {
+/// `snat ip to ip saddr` (or ip6): changes nothing, but claims the connection's source NAT for
+/// this hook, so the CNI's masquerade, which sorts later, never rewrites the client's address.
+fn identity_snat(fam: Family) -> NftStatement {
     let nat = Nat {
         kind: NatKind::Snat as i32,
-        family: NftFamily::Ip as i32,
-        to: Some(kuport_proto::v1::nat::To::Selector(Selector::IpSaddr as i32)),
+        family: fam.nat() as i32,
+        to: Some(kuport_proto::v1::nat::To::Selector(fam.saddr() as i32)),
     };
     stmt(nft_statement::Kind::Nat(nat))
 }

@@ -34,10 +34,11 @@ fn golden_tables_load_and_list_unchanged() {
                     "{name}/{node}: nft -f refused:\n{}\n{text}",
                     String::from_utf8_lossy(&load.stderr)
                 );
-                let list = ns.run(&["nft", "-s", "list", "table", "ip", &table.name]);
+                let family = if table.family == kuport_proto::v1::NftFamily::Inet as i32 { "inet" } else { "ip" };
+                let list = ns.run(&["nft", "-s", "list", "table", family, &table.name]);
                 let listed = String::from_utf8_lossy(&list.stdout);
                 assert_eq!(listed, text, "{name}/{node}: nft lists the table differently");
-                let del = ns.run(&["nft", "delete", "table", "ip", &table.name]);
+                let del = ns.run(&["nft", "delete", "table", family, &table.name]);
                 assert!(del.status.success());
             }
         }

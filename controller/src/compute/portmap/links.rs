@@ -3,13 +3,13 @@
 //!
 //! A slot is claimed in the class's status the first time a pair needs a link and never changes
 //! while the pair uses it. A link's slot is a slot of both its nodes, drawn from the node-scoped
-//! allocator ([`numbers`]), which makes its mark and routing table unique on each node; its VNI
-//! and /31 are checked unique per node here.
+//! allocator ([`numbers`]), which makes its mark and routing table unique on each node; its VNI,
+//! /31 and /127 are checked unique per node here.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use sha2::{Digest, Sha256};
@@ -27,6 +27,8 @@ pub const VXLAN_TTL: u32 = 64;
 pub const MAX_VNI: u32 = 0x00ff_ffff;
 /// An unused pair keeps its slot this long, so a pod moving back finds the same numbers.
 pub const RELEASE_AFTER_SECONDS: i64 = 24 * 60 * 60;
+/// Where the steering's IPv6 stand-ins live (docs/portmap/firewall.md): no link may end there.
+const STAND_IN_NET6: Ipv6Net = Ipv6Net::new_assert(Ipv6Addr::new(0xfd6b, 0x7570, 0, 0, 0, 0, 0, 0), 96);
 
 /// A class's link settings, checked.
 #[derive(Clone, Debug)]
@@ -34,6 +36,7 @@ pub struct ClassVxlan {
     pub vni: u32,
     pub port: u16,
     pub subnet: Ipv4Net,
+    pub subnet6: Ipv6Net,
 }
 
 /// Checks a class's spec.returnPath.vxlan. The error is (reason, message). The port must
@@ -63,6 +66,7 @@ pub fn class_vxlan(class: &PortMapClass, view: &View) -> Result<ClassVxlan, (&'s
             ),
         ));
     }
+    let subnet6 = class_subnet6(&v.subnet6, subnet)?;
     if v.port == 0 {
         return Err((reason::VXLAN_PORT_CONFLICT, "spec.returnPath.vxlan.port: 0 is not a UDP port".into()));
     }
@@ -87,7 +91,34 @@ pub fn class_vxlan(class: &PortMapClass, view: &View) -> Result<ClassVxlan, (&'s
         vni: v.vni,
         port: v.port,
         subnet: Ipv4Net::new(subnet.network(), subnet.prefix_len()).unwrap_or(subnet),
+        subnet6,
     })
+}
+
+/// Checks spec.returnPath.vxlan.subnet6 against its IPv4 `subnet`: an IPv6 prefix with a /127
+/// for every /31 (the same slot indexes both), outside the IPv6 stand-ins' network.
+fn class_subnet6(text: &str, subnet: Ipv4Net) -> Result<Ipv6Net, (&'static str, String)> {
+    let field = "spec.returnPath.vxlan.subnet6";
+    let subnet6: Ipv6Net =
+        text.parse().map_err(|_| (reason::INVALID_SUBNET, format!("{field}: {text:?} is not an IPv6 prefix")))?;
+    let subnet6 = subnet6.trunc();
+    let (p4, p6) = (u32::from(subnet.prefix_len()), u32::from(subnet6.prefix_len()));
+    if 128 - p6 < 32 - p4 {
+        return Err((
+            reason::INVALID_SUBNET,
+            format!(
+                "{field}: {subnet6} has fewer /127s than spec.returnPath.vxlan.subnet {subnet} has /31s (a prefix length of at most {} is needed)",
+                96 + p4
+            ),
+        ));
+    }
+    if subnet6.contains(&STAND_IN_NET6.network()) || STAND_IN_NET6.contains(&subnet6.network()) {
+        return Err((
+            reason::INVALID_SUBNET,
+            format!("{field}: {subnet6} overlaps {STAND_IN_NET6}, where kuport's steering takes its IPv6 stand-ins"),
+        ));
+    }
+    Ok(subnet6)
 }
 
 /// A link: one class, one node pair (sorted).
@@ -116,6 +147,8 @@ pub struct LinkNumbers {
     pub port: u16,
     /// The pair's /31; the first node of the pair takes the lower address.
     pub net: Ipv4Net,
+    /// The pair's /127, at the same slot and taken the same way.
+    pub net6: Ipv6Net,
 }
 
 impl LinkNumbers {
@@ -132,6 +165,20 @@ impl LinkNumbers {
         let low = self.net.network();
         if key.pair.0 == node { low } else { Ipv4Addr::from(u32::from(low) + 1) }
     }
+
+    /// The IPv6 link address of `node` on link `key`.
+    pub fn address6_of(&self, key: &LinkKey, node: &str) -> Ipv6Addr {
+        let low = self.net6.network();
+        if key.pair.0 == node { low } else { Ipv6Addr::from(u128::from(low) + 1) }
+    }
+}
+
+/// The /127 of `slot` in `subnet6`: its network plus twice the slot, as the /31 in the IPv4
+/// subnet. None past the subnet's end.
+pub fn slot_net6(subnet6: Ipv6Net, slot: u32) -> Option<Ipv6Net> {
+    let low = u128::from(subnet6.network()).checked_add(2 * u128::from(slot))?;
+    let net = Ipv6Net::new(Ipv6Addr::from(low), 127).ok()?;
+    subnet6.contains(&net).then_some(net)
 }
 
 /// The device name of a link on one node: kup- and 8 hex digits of sha256 over the class and
@@ -168,8 +215,8 @@ pub struct Allocation {
     pub rows: BTreeMap<String, Vec<LinkSlot>>,
 }
 
-/// The VNIs and /31s one node's links already use, across classes (their slots are in the
-/// node's [`Numbers`]).
+/// The VNIs, /31s and /127s one node's links already use, across classes (their slots are in
+/// the node's [`Numbers`]).
 #[derive(Default)]
 struct NodeUse {
     vnis: BTreeSet<u32>,
@@ -178,20 +225,30 @@ struct NodeUse {
     nets31: BTreeSet<u32>,
     /// Wider subnets (only from hand-edited status rows): checked one by one.
     wider: Vec<Ipv4Net>,
+    /// The same for the /127s.
+    nets127: BTreeSet<u128>,
+    wider6: Vec<Ipv6Net>,
 }
 
 impl NodeUse {
-    fn add_net(&mut self, net: Ipv4Net) {
+    fn add_net(&mut self, net: Ipv4Net, net6: Ipv6Net) {
         if net.prefix_len() >= 31 {
             self.nets31.insert(u32::from(net.network()) & !1);
         } else {
             self.wider.push(net);
         }
+        if net6.prefix_len() >= 127 {
+            self.nets127.insert(u128::from(net6.network()) & !1);
+        } else {
+            self.wider6.push(net6);
+        }
     }
 
-    fn net_free(&self, net: &Ipv4Net) -> bool {
+    fn net_free(&self, net: &Ipv4Net, net6: &Ipv6Net) -> bool {
         !self.nets31.contains(&u32::from(net.network()))
             && !self.wider.iter().any(|n| n.contains(net) || net.contains(n))
+            && !self.nets127.contains(&u128::from(net6.network()))
+            && !self.wider6.iter().any(|n| n.contains(net6) || net6.contains(n))
     }
 }
 
@@ -219,6 +276,19 @@ pub fn allocate(
             if existing.contains_key(&key) || row.slot == 0 {
                 continue;
             }
+            // A row written before dual-stack has no /127: its slot's, in the class's subnet6
+            // (the checked one, else the spec's text).
+            let subnet6 = vxlan
+                .get(name)
+                .and_then(|v| v.as_ref().ok())
+                .map(|v| v.subnet6)
+                .or_else(|| class.spec.return_path.vxlan.subnet6.parse::<Ipv6Net>().ok().map(|n| n.trunc()));
+            let net6 = if row.subnet6.is_empty() {
+                subnet6.and_then(|s| slot_net6(s, row.slot))
+            } else {
+                row.subnet6.parse::<Ipv6Net>().ok()
+            };
+            let Some(net6) = net6 else { continue };
             let unused_since = if needed.contains(&key) {
                 None
             } else {
@@ -238,12 +308,14 @@ pub fn allocate(
                 vni: base.saturating_add(row.slot),
                 port: class.spec.return_path.vxlan.port,
                 net,
+                net6,
             };
             record(&mut per_node, numbers, &mut class_slots, &key, &link);
             alloc.rows.entry(name.clone()).or_default().push(LinkSlot {
                 pair: vec![key.pair.0.clone(), key.pair.1.clone()],
                 slot: row.slot,
                 subnet: net.to_string(),
+                subnet6: net6.to_string(),
                 unused_since,
             });
             existing.insert(key, link);
@@ -274,6 +346,7 @@ pub fn allocate(
                 pair: vec![key.pair.0.clone(), key.pair.1.clone()],
                 slot: n.slot,
                 subnet: n.net.to_string(),
+                subnet6: n.net6.to_string(),
                 unused_since: None,
             });
         }
@@ -296,7 +369,7 @@ fn record(
         numbers.take(node, Slot(n.slot));
         let u = per_node.entry(node.clone()).or_default();
         u.vnis.insert(n.vni);
-        u.add_net(n.net);
+        u.add_net(n.net, n.net6);
     }
     class_slots.entry(key.class.clone()).or_default().insert(n.slot);
 }
@@ -331,9 +404,11 @@ fn claim(
         let vni = v.vni.checked_add(slot).filter(|x| *x <= MAX_VNI)?;
         let low = u32::from(v.subnet.network()).checked_add(2 * slot)?;
         let net = Ipv4Net::new(Ipv4Addr::from(low), 31).ok()?;
-        let free = [a, b].iter().all(|u| !u.vnis.contains(&vni) && u.net_free(&net));
+        // The class check leaves a /127 for every /31.
+        let net6 = slot_net6(v.subnet6, slot)?;
+        let free = [a, b].iter().all(|u| !u.vnis.contains(&vni) && u.net_free(&net, &net6));
         if free {
-            return Some(LinkNumbers { slot, vni, port: v.port, net });
+            return Some(LinkNumbers { slot, vni, port: v.port, net, net6 });
         }
         slot += 1;
     }

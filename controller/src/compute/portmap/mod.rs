@@ -35,7 +35,7 @@ use status::{Refusal, reason};
 
 use super::conditions::condition;
 use super::numbers::Numbers;
-use super::{ObjectKey, Outputs, Settings, Tracked};
+use super::{ObjectKey, Outputs, Tracked};
 use crate::api::{
     ClassNodeStatus, EndpointStatus, InterfaceAddress, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus,
     Protocol, PublishedAddress, ReturnPathMode,
@@ -49,7 +49,6 @@ use crate::observe::index::{RouteTo, View};
 pub fn compute(
     view: &View,
     cluster: &Cluster,
-    settings: &Settings,
     numbers: &mut Numbers,
     out: &mut Outputs,
 ) -> BTreeMap<String, NetnsState> {
@@ -103,7 +102,7 @@ pub fn compute(
 
     // 4: build the nodes, refusing mappings whose links cannot be built.
     let all_nodes = view.nodes.keys().cloned().chain(view.classes.values().flat_map(|c| c.spec.nodes.keys().cloned()));
-    let mut builder = datapath::Builder::new(settings, all_nodes);
+    let mut builder = datapath::Builder::new(all_nodes);
     let previous: BTreeMap<MapKey, &PortMap> = cluster.port_maps.iter().map(|pm| (admission::key_of(pm), pm)).collect();
     for (key, verdict) in verdicts {
         let verdict = verdict.and_then(|p| {
@@ -113,7 +112,7 @@ pub fn compute(
                 RouteTo::Device(d) => Some(d.as_str()),
                 RouteTo::Local | RouteTo::Unknown => None,
             };
-            builder.add(&p, &ends, device);
+            let over_v6 = builder.add(&p, &ends, device);
             // Built without the pod node's request claim, which needs the route: the rest keeps
             // carrying traffic. A node that reported routes, none for the pod, is named in the
             // status; one that has not reported yet is waited for like any node that must apply
@@ -122,15 +121,17 @@ pub fn compute(
                 return Err(pod_route_unknown(&p));
             }
             let fingerprint = datapath::Builder::fingerprint(&p, &ends);
-            Ok((p, fingerprint))
+            Ok((p, fingerprint, over_v6))
         });
         let Some(pm) = previous.get(&key) else { continue };
-        let verdict = verdict.map(|(p, fingerprint)| {
+        let mut over_v6 = BTreeSet::new();
+        let verdict = verdict.map(|(p, fingerprint, v6)| {
             out.programming.insert(key.clone(), p.nodes.keys().cloned().collect());
             out.tracked.insert(ObjectKey::port_map(&key.0, &key.1), Tracked { nodes: must_ack(&p), fingerprint });
+            over_v6 = v6;
             p
         });
-        out.port_maps.insert(key, port_map_status(view, pm, &verdict, now));
+        out.port_maps.insert(key, port_map_status(view, pm, &verdict, &over_v6, now));
     }
     for (name, class) in &view.classes {
         let rows = alloc.rows.get(name).cloned().unwrap_or_default();
@@ -216,19 +217,31 @@ fn link_ends(
     Ok(ends)
 }
 
-fn port_map_status(view: &View, pm: &PortMap, verdict: &Result<Placement, Refusal>, now: Timestamp) -> PortMapStatus {
+/// `over_v6`: the programming nodes that publish the mapping over IPv6 too; the others list
+/// only their IPv4 addresses.
+fn port_map_status(
+    view: &View,
+    pm: &PortMap,
+    verdict: &Result<Placement, Refusal>,
+    over_v6: &BTreeSet<String>,
+    now: Timestamp,
+) -> PortMapStatus {
     let generation = pm.metadata.generation;
     let prev = pm.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
     let cond = |t: &str, ok: bool, r: &str, m: String| condition(prev, t, ok, r, m, generation, now);
     let mut st = PortMapStatus { observed_generation: generation, ..Default::default() };
     match verdict {
         Ok(p) => {
-            st.endpoint =
-                Some(EndpointStatus { node: p.endpoint.node.clone(), address: p.endpoint.address.to_string() });
+            st.endpoint = Some(EndpointStatus {
+                node: p.endpoint.node.clone(),
+                address: p.endpoint.address.to_string(),
+                address6: p.endpoint.address6.map(|a| a.to_string()).unwrap_or_default(),
+            });
             for (node, ifaces) in &p.nodes {
                 let v = view.node(node);
+                let v6 = over_v6.contains(node);
                 for iface in ifaces {
-                    let addrs = v.addresses_of(iface);
+                    let addrs: Vec<&String> = v.addresses_of(iface).iter().filter(|a| v6 || !a.contains(':')).collect();
                     if addrs.is_empty() {
                         st.published.push(PublishedAddress {
                             node: node.clone(),

@@ -4,7 +4,10 @@
 //! reading the same objects, picks the same pod and the same nodes.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::admission::{Admitted, proto_text};
 use super::status::{Refusal, reason};
@@ -17,6 +20,9 @@ pub struct Endpoint {
     pub node: String,
     pub pod: String,
     pub address: Ipv4Addr,
+    /// The same pod's IPv6 address, from the Service's IPv6 EndpointSlices (by targetRef), when
+    /// it is ready there; None otherwise, and the mapping is IPv4 only.
+    pub address6: Option<Ipv6Addr>,
     /// The pod's port for the Service's named port.
     pub port: u16,
 }
@@ -123,8 +129,9 @@ fn join(names: &[&String]) -> String {
     names.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
 }
 
-/// One ready endpoint of the Service's named port: accepting nodes first, then by node name,
-/// then by pod name. Endpoints on NotReady nodes come last.
+/// One ready endpoint of the Service's named port, from its IPv4 EndpointSlices: accepting
+/// nodes first, then by node name, then by pod name. Endpoints on NotReady nodes come last. Its
+/// IPv6 address is the same pod's in the IPv6 slices ([`address6_of`]).
 pub fn choose_endpoint(view: &View, a: &Admitted) -> Result<Endpoint, Refusal> {
     let (ns, _) = &a.key;
     let svc_ref = &a.pm.spec.service_ref;
@@ -154,37 +161,81 @@ pub fn choose_endpoint(view: &View, a: &Admitted) -> Result<Endpoint, Refusal> {
         )));
     }
     let port_name = svc_port.name.clone().unwrap_or_default();
+    let slices = view.slices.get(&(ns.clone(), svc_ref.name.clone())).map(Vec::as_slice).unwrap_or_default();
     let mut candidates = Vec::new();
-    for slice in view.slices.get(&(ns.clone(), svc_ref.name.clone())).into_iter().flatten() {
-        if slice.address_type != "IPv4" {
-            continue;
-        }
-        let Some(port) = slice.ports.iter().flatten().find(|p| {
-            p.name.clone().unwrap_or_default() == port_name
-                && p.protocol.as_deref().unwrap_or("TCP") == proto_text(a.protocol)
-        }) else {
+    // IPv6 slices (and FQDN ones) are not candidates: IPv4 stays the primary.
+    for (port, ep) in ready_endpoints(slices, "IPv4", &port_name, a.protocol) {
+        let (Some(node), Some(address)) =
+            (ep.node_name.clone(), ep.addresses.iter().find_map(|a| a.parse::<Ipv4Addr>().ok()))
+        else {
             continue;
         };
-        let Some(port) = port.port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0) else { continue };
-        for ep in slice.endpoints.iter().flatten() {
-            let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-            let (Some(node), Some(address)) =
-                (ep.node_name.clone(), ep.addresses.iter().find_map(|a| a.parse::<Ipv4Addr>().ok()))
-            else {
-                continue;
-            };
-            if !ready {
-                continue;
-            }
-            let pod = ep.target_ref.as_ref().and_then(|r| r.name.clone()).unwrap_or_else(|| address.to_string());
-            let order = (!view.node(&node).ready, !a.accepting.contains_key(&node), node.clone(), pod.clone(), address);
-            candidates.push((order, Endpoint { node, pod, address, port }));
-        }
+        let pod = ep.target_ref.as_ref().and_then(|r| r.name.clone()).unwrap_or_else(|| address.to_string());
+        let order = (!view.node(&node).ready, !a.accepting.contains_key(&node), node.clone(), pod.clone(), address);
+        candidates.push((order, ep.target_ref.as_ref(), Endpoint { node, pod, address, address6: None, port }));
     }
     candidates.sort_by(|x, y| x.0.cmp(&y.0));
-    candidates.into_iter().next().map(|(_, e)| e).ok_or_else(|| {
+    let (_, target, mut endpoint) = candidates.into_iter().next().ok_or_else(|| {
         no_endpoint(format!("Service {ns}/{} has no ready endpoint for port {port_name:?}", svc_ref.name))
+    })?;
+    endpoint.address6 = target.and_then(|t| address6_of(slices, ns, t, &port_name, a.protocol, endpoint.port));
+    Ok(endpoint)
+}
+
+/// The ready endpoints of `slices` of one address type that serve the named port, with the
+/// port's number (never 0): the one readiness rule both families follow (an endpoint without
+/// a ready condition counts as ready, as Kubernetes says).
+fn ready_endpoints<'s>(
+    slices: &'s [&'s EndpointSlice],
+    address_type: &'s str,
+    port_name: &'s str,
+    protocol: Protocol,
+) -> impl Iterator<Item = (u16, &'s k8s_openapi::api::discovery::v1::Endpoint)> + 's {
+    slices.iter().filter(move |s| s.address_type == address_type).flat_map(move |slice| {
+        let port = slice
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| {
+                p.name.as_deref().unwrap_or_default() == port_name
+                    && p.protocol.as_deref().unwrap_or("TCP") == proto_text(protocol)
+            })
+            .and_then(|p| p.port)
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0);
+        port.into_iter().flat_map(move |port| {
+            slice
+                .endpoints
+                .iter()
+                .flatten()
+                .filter(|ep| ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true))
+                .map(move |ep| (port, ep))
+        })
     })
+}
+
+/// The IPv6 address of the pod `target` (the chosen IPv4 endpoint's targetRef) in the
+/// Service's IPv6 slices: the same Pod by namespace and name (an absent namespace is the
+/// Service's), ready, serving the named port on the same number. None when any of that fails,
+/// and the mapping stays IPv4 only.
+pub fn address6_of(
+    slices: &[&EndpointSlice],
+    ns: &str,
+    target: &ObjectReference,
+    port_name: &str,
+    protocol: Protocol,
+    port: u16,
+) -> Option<Ipv6Addr> {
+    let pod = pod_ref(target, ns)?;
+    ready_endpoints(slices, "IPv6", port_name, protocol)
+        .filter(|(p, ep)| *p == port && ep.target_ref.as_ref().and_then(|t| pod_ref(t, ns)) == Some(pod))
+        .find_map(|(_, ep)| ep.addresses.iter().find_map(|a| a.parse::<Ipv6Addr>().ok()))
+}
+
+/// A targetRef as (namespace, name) when it names a Pod.
+fn pod_ref<'r>(r: &'r ObjectReference, ns: &'r str) -> Option<(&'r str, &'r str)> {
+    (r.kind.as_deref() == Some("Pod")).then_some(())?;
+    Some((r.namespace.as_deref().unwrap_or(ns), r.name.as_deref()?))
 }
 
 /// Whether two mappings' pod ports overlap, which makes their replies indistinguishable.

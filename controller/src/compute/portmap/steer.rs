@@ -21,18 +21,23 @@
 //! packets to a published address and port are rewritten. Single ports live in a hash map in
 //! that order; ranges in an interval map keyed ports first (datapath.rs explains why).
 //!
-//! IPv4 only: the IPv6 stand-ins (checksum-neutral, in `fd6b:7570::/96`) come with dual-stack.
+//! IPv6 has the same chain and maps, suffixed `6`, with stand-ins in `fd6b:7570::/96` chosen so
+//! that no checksum changes ([`stand_ins`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use kuport_proto::build::{addr, base_chain, element, ifname, ip_daddr_set_map, port, ports, proto, rule, set};
-use kuport_proto::v1::{ChainPolicy, ChainType, Hook, L4Proto, NftChain, NftSet, NftType, Selector};
+use kuport_proto::build::{addr, base_chain, element, ifname, port, ports, proto, rule, set};
+use kuport_proto::v1::{
+    AddressSet, ChainPolicy, ChainType, Hook, L4Proto, NftChain, NftSet, NftStatement, NftType, Selector, nft_statement,
+};
+
+use super::datapath::Family;
 
 pub const CHAIN_STEER: &str = "kup-steer";
-/// Single ports: (interface, address, protocol, port) to the stand-in.
+/// Single ports: (interface, address, protocol, port) to the stand-in; `steer_port6` for IPv6.
 pub const MAP_STEER_PORT: &str = "steer_port";
-/// Ranges: (ports, interface, address, protocol) to the stand-in.
+/// Ranges: (ports, interface, address, protocol) to the stand-in; `steer_range6` for IPv6.
 pub const MAP_STEER_RANGE: &str = "steer_range";
 
 /// `dstnat - 20`, after a mesh's mangle rules at -150 and kuport's own marks at -140 (which
@@ -41,49 +46,88 @@ pub const MAP_STEER_RANGE: &str = "steer_range";
 /// -110. The gap of 10 on the firewall's side leaves room for a firewall a little earlier.
 pub const STEER_PRIORITY: i32 = super::datapath::PRIORITY_DSTNAT - 20;
 
-/// The stand-ins' network, 169.254.76.0/24: link-local, so never a node's or a client's address,
-/// and beside the links' 169.254.77.0/24.
+/// The IPv4 stand-ins' network, 169.254.76.0/24: link-local, so never a node's or a client's
+/// address, and beside the links' 169.254.77.0/24.
 pub const STAND_IN_NET: [u8; 3] = [169, 254, 76];
+/// The IPv6 stand-ins' network, fd6b:7570::/96 (a ULA, "kp"), the first six of its words.
+pub const STAND_IN_NET6: [u16; 6] = [0xfd6b, 0x7570, 0, 0, 0, 0];
 
 type Ports = (u16, u16);
 
-/// The stand-in of each of a node's published addresses, in 169.254.76.1 to .254.
+/// The stand-in of each of a node's published addresses: IPv4 ones in 169.254.76.1 to .254,
+/// IPv6 ones in fd6b:7570::/96.
 ///
-/// The rule: an address's preferred host number is a hash of its four bytes (FNV-1a) into 1 to
-/// 254; addresses are taken in ascending order and each gets its preferred number, or on a
-/// clash the next free one after it. So an address keeps its stand-in when another is added or
-/// removed, unless the two hash alike. A stand-in that moves breaks nothing: it lives only
-/// between this chain and the DNAT in one packet's pass through prerouting, and neither
-/// conntrack nor any map remembers it. More than 254 addresses on one node are not steered past
-/// the 254th.
-pub fn stand_ins(addresses: &BTreeSet<Ipv4Addr>) -> BTreeMap<Ipv4Addr, Ipv4Addr> {
-    let mut taken = [false; 256];
+/// The rule: an address's preferred number is a hash of its bytes (FNV-1a), in 1 to 254 for
+/// IPv4 and in 1 to 65,535 for IPv6 (the stand-in's seventh word); addresses are taken in
+/// ascending order and each gets its preferred number, or on a clash the next free one after
+/// it. So an address keeps its stand-in when another is added or removed, unless the two hash
+/// alike. A stand-in that moves breaks nothing: it lives only between this chain and the DNAT in
+/// one packet's pass through prerouting, and neither conntrack nor any map remembers it. More
+/// than 254 IPv4 addresses on one node are not steered past the 254th.
+///
+/// An IPv6 stand-in's last word makes its one's-complement sum that of the address it stands in
+/// for (RFC 6296's checksum neutrality): IPv6 has no header checksum, and the transport
+/// checksum's pseudo-header sum stays the same, so the rewrite touches no checksum.
+pub fn stand_ins(addresses: &BTreeSet<IpAddr>) -> BTreeMap<IpAddr, IpAddr> {
     let mut out = BTreeMap::new();
+    let mut taken4 = [false; 256];
+    let mut taken6 = BTreeSet::new();
     for a in addresses {
-        let mut h = preferred(*a);
-        let mut tries = 0;
-        while taken[usize::from(h)] && tries < 254 {
-            h = if h == 254 { 1 } else { h + 1 };
-            tries += 1;
+        match a {
+            IpAddr::V4(a) => {
+                let Some(h) = next_free(preferred(&a.octets(), 254), 254, |h| taken4[h as usize]) else {
+                    continue;
+                };
+                taken4[h as usize] = true;
+                let [x, y, z] = STAND_IN_NET;
+                out.insert(IpAddr::V4(*a), IpAddr::V4(Ipv4Addr::new(x, y, z, h as u8)));
+            }
+            IpAddr::V6(a) => {
+                let Some(h) = next_free(preferred(&a.octets(), 65_535), 65_535, |h| taken6.contains(&h)) else {
+                    continue;
+                };
+                taken6.insert(h);
+                out.insert(IpAddr::V6(*a), IpAddr::V6(neutral(*a, h as u16)));
+            }
         }
-        if taken[usize::from(h)] {
-            break;
-        }
-        taken[usize::from(h)] = true;
-        let [x, y, z] = STAND_IN_NET;
-        out.insert(*a, Ipv4Addr::new(x, y, z, h));
     }
     out
 }
 
-/// FNV-1a of the address's bytes, folded into 1..=254.
-fn preferred(a: Ipv4Addr) -> u8 {
+/// The first number from `first` on, wrapping within 1..=`last`, that is not `taken`.
+fn next_free(first: u32, last: u32, taken: impl Fn(u32) -> bool) -> Option<u32> {
+    (0..last).map(|i| (first - 1 + i) % last + 1).find(|h| !taken(*h))
+}
+
+/// FNV-1a of the address's bytes, folded into 1..=`last`.
+fn preferred(bytes: &[u8], last: u32) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
-    for b in a.octets() {
-        h ^= u32::from(b);
+    for b in bytes {
+        h ^= u32::from(*b);
         h = h.wrapping_mul(0x0100_0193);
     }
-    (h % 254) as u8 + 1
+    h % last + 1
+}
+
+/// fd6b:7570::`number`:X, with X chosen so that its one's-complement sum equals `a`'s.
+fn neutral(a: Ipv6Addr, number: u16) -> Ipv6Addr {
+    let mut w = [0u16; 8];
+    w[..6].copy_from_slice(&STAND_IN_NET6);
+    w[6] = number;
+    // X = sum(a) - sum(the other words), in one's-complement arithmetic: adding the complement.
+    let fixed = ones_sum(&w[..7]);
+    w[7] = ones_add(ones_sum(&a.segments()), !fixed);
+    Ipv6Addr::from(w)
+}
+
+fn ones_add(a: u16, b: u16) -> u16 {
+    let s = u32::from(a) + u32::from(b);
+    ((s & 0xffff) + (s >> 16)) as u16
+}
+
+/// The one's-complement sum of 16-bit words.
+pub fn ones_sum(words: &[u16]) -> u16 {
+    words.iter().fold(0, |s, w| ones_add(s, *w))
 }
 
 /// What one node publishes: for each accepting interface and protocol, the published ports.
@@ -91,17 +135,17 @@ pub type Published = BTreeMap<(String, L4Proto), Vec<Ports>>;
 
 /// Where a node receives requests to published ports addressed to itself: (arrival interface,
 /// destination, protocol) to the ports. An accepting interface with each of its addresses, and
-/// on the pod's node a link with this end's address.
-pub type Destinations = BTreeMap<(String, Ipv4Addr, L4Proto), Vec<Ports>>;
+/// on the pod's node a link with this end's addresses.
+pub type Destinations = BTreeMap<(String, IpAddr, L4Proto), Vec<Ports>>;
 
-/// The published ports of each accepting interface at each of its IPv4 addresses. `addresses`
-/// gives an interface's addresses as the executor reports them (`203.0.113.9` or
-/// `203.0.113.9/24`; IPv6 ones are skipped).
-pub fn accepting<'a>(published: &Published, addresses: impl Fn(&str) -> &'a [String]) -> Destinations {
+/// The ports published in family `fam` on each accepting interface, at each of its addresses of
+/// that family. `addresses` gives an interface's addresses as the executor reports them
+/// (`203.0.113.9`, `2001:db8::9/64`).
+pub fn accepting<'a>(published: &Published, fam: Family, addresses: impl Fn(&str) -> &'a [String]) -> Destinations {
     let mut out = Destinations::new();
     for ((iface, pr), list) in published {
-        let v4 = addresses(iface).iter().filter_map(|a| a.split('/').next().and_then(|a| a.parse().ok()));
-        for dst in v4.collect::<BTreeSet<Ipv4Addr>>() {
+        let all = addresses(iface).iter().filter_map(|a| a.split('/').next().and_then(|a| a.parse().ok()));
+        for dst in all.filter(|a| fam.holds(a)).collect::<BTreeSet<IpAddr>>() {
             out.entry((iface.clone(), dst, *pr)).or_default().extend(list);
         }
     }
@@ -110,42 +154,47 @@ pub fn accepting<'a>(published: &Published, addresses: impl Fn(&str) -> &'a [Str
 
 /// One node's steering: the stand-in of each destination address, and the chain and its maps.
 pub struct Steering {
-    pub stand_in: BTreeMap<Ipv4Addr, Ipv4Addr>,
+    pub stand_in: BTreeMap<IpAddr, IpAddr>,
     pub sets: Vec<NftSet>,
     pub chain: NftChain,
 }
 
 /// The steering chain and its maps for one node, or None when it receives nothing published.
 pub fn steering(destinations: &Destinations) -> Option<Steering> {
-    let all: BTreeSet<Ipv4Addr> = destinations.keys().map(|(_, a, _)| *a).collect();
+    let all: BTreeSet<IpAddr> = destinations.keys().map(|(_, a, _)| *a).collect();
     let stand_in = stand_ins(&all);
-    let (mut single, mut range) = (Vec::new(), Vec::new());
-    for ((iface, dst, pr), list) in destinations {
-        let Some(s) = stand_in.get(dst) else { continue };
-        // Admission refuses overlapping mappings on one interface: merging only joins duplicates.
-        for (a, b) in super::datapath::merge(list) {
-            if a == b {
-                single.push(element(vec![ifname(iface), addr(dst), proto(*pr), port(u32::from(a))], vec![addr(s)]));
-            } else {
-                range.push(element(
-                    vec![ports(u32::from(a), u32::from(b)), ifname(iface), addr(dst), proto(*pr)],
-                    vec![addr(s)],
-                ));
+    let (mut sets, mut rules) = (Vec::new(), Vec::new());
+    for fam in Family::BOTH {
+        let (mut single, mut range) = (Vec::new(), Vec::new());
+        for ((iface, dst, pr), list) in destinations.iter().filter(|((_, a, _), _)| fam.holds(a)) {
+            let Some(s) = stand_in.get(dst) else { continue };
+            // Admission refuses overlapping mappings on one interface: merging only joins duplicates.
+            for (a, b) in super::datapath::merge(list) {
+                if a == b {
+                    single.push(element(vec![ifname(iface), addr(dst), proto(*pr), port(u32::from(a))], vec![addr(s)]));
+                } else {
+                    range.push(element(
+                        vec![ports(u32::from(a), u32::from(b)), ifname(iface), addr(dst), proto(*pr)],
+                        vec![addr(s)],
+                    ));
+                }
             }
         }
-    }
-    use NftType::{Ifname, InetProto, InetService, Ipv4Addr as Addr};
-    use Selector::{Iifname, IpDaddr, L4proto, ThDport};
-    let (mut sets, mut rules) = (Vec::new(), Vec::new());
-    if !single.is_empty() {
-        let s = set(MAP_STEER_PORT, &[Ifname, Addr, InetProto, InetService], &[Addr], single);
-        sets.push(NftSet { counter: true, ..s });
-        rules.push(rule(vec![], vec![ip_daddr_set_map(&[Iifname, IpDaddr, L4proto, ThDport], MAP_STEER_PORT)]));
-    }
-    if !range.is_empty() {
-        let s = set(MAP_STEER_RANGE, &[InetService, Ifname, Addr, InetProto], &[Addr], range);
-        sets.push(NftSet { counter: true, interval: true, ..s });
-        rules.push(rule(vec![], vec![ip_daddr_set_map(&[ThDport, Iifname, IpDaddr, L4proto], MAP_STEER_RANGE)]));
+        use NftType::{Ifname, InetProto, InetService};
+        use Selector::{Iifname, L4proto, ThDport};
+        let (a, daddr) = (fam.addr_type(), fam.daddr());
+        if !single.is_empty() {
+            let name = fam.name(MAP_STEER_PORT);
+            let s = set(&name, &[Ifname, a, InetProto, InetService], &[a], single);
+            sets.push(NftSet { counter: true, ..s });
+            rules.push(rule(vec![], vec![daddr_set_map(daddr, &[Iifname, daddr, L4proto, ThDport], &name)]));
+        }
+        if !range.is_empty() {
+            let name = fam.name(MAP_STEER_RANGE);
+            let s = set(&name, &[InetService, Ifname, a, InetProto], &[a], range);
+            sets.push(NftSet { counter: true, interval: true, ..s });
+            rules.push(rule(vec![], vec![daddr_set_map(daddr, &[ThDport, Iifname, daddr, L4proto], &name)]));
+        }
     }
     if rules.is_empty() {
         return None;
@@ -155,11 +204,17 @@ pub fn steering(destinations: &Destinations) -> Option<Steering> {
     Some(Steering { stand_in, sets, chain })
 }
 
+/// `ip daddr set K map @m`, or `ip6 daddr set ...`.
+fn daddr_set_map(daddr: Selector, key: &[Selector], map: &str) -> NftStatement {
+    let a = AddressSet { selector: daddr as i32, map: Some(kuport_proto::build::map_lookup(key, map)) };
+    NftStatement { kind: Some(nft_statement::Kind::AddressSet(a)) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn a(s: &str) -> Ipv4Addr {
+    fn a(s: &str) -> IpAddr {
         s.parse().expect("an address")
     }
 
@@ -176,6 +231,7 @@ mod tests {
         let distinct: BTreeSet<_> = after.values().collect();
         assert_eq!(distinct.len(), 3);
         for s in after.values() {
+            let IpAddr::V4(s) = s else { panic!("an IPv4 stand-in for an IPv4 address") };
             assert_eq!(s.octets()[..3], STAND_IN_NET);
             assert!((1..=254).contains(&s.octets()[3]));
         }
@@ -183,8 +239,10 @@ mod tests {
 
     #[test]
     fn clashing_addresses_get_distinct_stand_ins() {
-        let many: BTreeSet<_> =
-            (0..=255u8).flat_map(|x| [Ipv4Addr::new(10, 0, x, 1), Ipv4Addr::new(10, 1, x, 1)]).collect();
+        let many: BTreeSet<_> = (0..=255u8)
+            .flat_map(|x| [Ipv4Addr::new(10, 0, x, 1), Ipv4Addr::new(10, 1, x, 1)])
+            .map(IpAddr::V4)
+            .collect();
         let s = stand_ins(&many);
         assert_eq!(s.len(), 254, "every host number used once, the rest not steered");
         let distinct: BTreeSet<_> = s.values().collect();
@@ -192,32 +250,57 @@ mod tests {
     }
 
     #[test]
-    fn steering_keys_each_published_address_and_skips_ipv6() {
+    fn steering_keys_each_published_address_of_the_families_published() {
         let published: Published = [
             (("enp1s0".to_string(), L4Proto::Udp), vec![(27015, 27115)]),
             (("enp1s0".to_string(), L4Proto::Tcp), vec![(3000, 3000), (3000, 3000)]),
         ]
         .into();
         let addrs = vec!["203.0.113.9/24".to_string(), "2001:db8::9/64".to_string()];
-        let s = steering(&accepting(&published, |_| addrs.as_slice())).expect("steering");
+        let s = steering(&accepting(&published, Family::V4, |_| addrs.as_slice())).expect("steering");
         assert_eq!(s.sets.len(), 2);
-        assert_eq!(s.sets[0].elements.len(), 1, "duplicates merged, IPv6 skipped");
+        assert_eq!(s.sets[0].elements.len(), 1, "duplicates merged, IPv6 not published");
         assert_eq!(s.sets[1].elements.len(), 1);
         assert!(s.sets[1].interval);
         assert_eq!(s.chain.rules.len(), 2);
         assert_eq!(s.stand_in.keys().collect::<Vec<_>>(), [&a("203.0.113.9")]);
-        assert!(steering(&accepting(&published, |_| &[])).is_none());
+        assert!(steering(&accepting(&published, Family::V4, |_| &[])).is_none());
+
+        let mut d = accepting(&published, Family::V4, |_| addrs.as_slice());
+        d.extend(accepting(&published, Family::V6, |_| addrs.as_slice()));
+        let both = steering(&d).expect("steering");
+        let names: Vec<&str> = both.sets.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["steer_port", "steer_range", "steer_port6", "steer_range6"]);
+        assert_eq!(both.chain.rules.len(), 4);
+        assert_eq!(both.stand_in[&a("2001:db8::9")], a("fd6b:7570::5eb8:5c2d"));
     }
 
     #[test]
     fn a_link_and_an_interface_share_one_stand_in_rule() {
         let published: Published = [(("enp1s0".to_string(), L4Proto::Tcp), vec![(3000, 3000)])].into();
         let addrs = vec!["203.0.113.9/24".to_string()];
-        let mut d = accepting(&published, |_| addrs.as_slice());
+        let mut d = accepting(&published, Family::V4, |_| addrs.as_slice());
         d.insert(("kup-1".to_string(), a("169.254.77.3"), L4Proto::Tcp), vec![(8080, 8080)]);
         let s = steering(&d).expect("steering");
         let both: BTreeSet<_> = [a("203.0.113.9"), a("169.254.77.3")].into();
         assert_eq!(s.stand_in, stand_ins(&both));
         assert_eq!(s.sets[0].elements.len(), 2);
+    }
+
+    /// The example pair: 2001:db8::9 and fd6b:7570::1:bae4 sum alike.
+    #[test]
+    fn ipv6_stand_ins_are_checksum_neutral() {
+        let IpAddr::V6(doc) = a("2001:db8::9") else { unreachable!() };
+        assert_eq!(neutral(doc, 1), "fd6b:7570::1:bae4".parse::<Ipv6Addr>().expect("an address"));
+        let many: BTreeSet<IpAddr> =
+            (0..500u16).map(|i| IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, i, 0, 0, 0, 0xffff, i))).collect();
+        let s = stand_ins(&many);
+        assert_eq!(s.len(), 500);
+        assert_eq!(s.values().collect::<BTreeSet<_>>().len(), 500, "distinct");
+        for (addr, stand_in) in &s {
+            let (IpAddr::V6(addr), IpAddr::V6(stand_in)) = (addr, stand_in) else { panic!("IPv6") };
+            assert_eq!(stand_in.segments()[..6], STAND_IN_NET6);
+            assert_eq!(ones_sum(&addr.segments()), ones_sum(&stand_in.segments()), "{addr} and {stand_in}");
+        }
     }
 }

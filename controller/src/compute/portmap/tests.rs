@@ -637,6 +637,7 @@ fn build(g: &Gen) -> World {
         let s = *subnet;
         w = w.edit_class(&format!("c{ci}"), |spec| {
             spec.return_path.vxlan.subnet = format!("169.254.{}.0/24", 77 + s);
+            spec.return_path.vxlan.subnet6 = format!("fd64:f5ac:e961:{s}::/112");
             spec.return_path.vxlan.vni = 4200 + 5 * s;
         });
     }
@@ -678,17 +679,20 @@ fn check_unique_links(state: &NodeState) -> Result<(), TestCaseError> {
             }
         }
         for a in &ns.addresses {
-            let net: ipnet::Ipv4Net = a.cidr.parse().map_err(|e| TestCaseError::fail(format!("{e}")))?;
-            prop_assert!(addrs.insert(net.trunc()), "/31 {} twice on {}", net, state.node);
+            // Both families: each link's /31 and /127 are its own on the node.
+            let net: ipnet::IpNet = a.cidr.parse().map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            prop_assert!(addrs.insert(net.trunc()), "{} twice on {}", net, state.node);
         }
+        // One route per table and family: an IPv6 route's `via` (or `dst`) holds a colon.
         let mut tables = BTreeSet::new();
         for r in &ns.routes {
-            prop_assert!(tables.insert(r.table), "table {} twice on {}", r.table, state.node);
+            let v6 = r.via.contains(':') || r.dst.contains(':');
+            prop_assert!(tables.insert((r.table, v6)), "table {} twice on {}", r.table, state.node);
             prop_assert!(!numbers::RESERVED_TABLES.contains(&r.table));
         }
         let mut marks = BTreeSet::new();
         for r in ns.ip_rules.iter().filter(|r| r.pref == Rule::Divert.preference()) {
-            prop_assert!(marks.insert(r.fwmark), "mark {:#x} twice on {}", r.fwmark, state.node);
+            prop_assert!(marks.insert((r.fwmark, r.ipv6)), "mark {:#x} twice on {}", r.fwmark, state.node);
             prop_assert!(
                 r.fwmark & numbers::MARK_PREFIX_MASK == numbers::MARK_PREFIX && r.fwmark != numbers::MARK_PREFIX
             );
@@ -737,7 +741,10 @@ proptest! {
         for (class, st) in &first.classes {
             for row in &st.links {
                 let kept = second.classes[class].links.iter().find(|r| r.pair == row.pair);
-                prop_assert_eq!(kept.map(|r| (r.slot, r.subnet.clone())), Some((row.slot, row.subnet.clone())));
+                prop_assert_eq!(
+                    kept.map(|r| (r.slot, r.subnet.clone(), r.subnet6.clone())),
+                    Some((row.slot, row.subnet.clone(), row.subnet6.clone()))
+                );
             }
         }
         for state in second.node_states.values() {
@@ -769,4 +776,199 @@ fn only_routes_that_contain_a_local_endpoint_recompute() {
     // The endpoint's own /32: it did.
     let own = facts(&[("10.244.1.0/24", "cni0"), ("10.244.1.7/32", "cali7")]);
     assert_ne!(read(before), read(own));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dual-stack: subnet6, the /127s, the pod's IPv6 address (docs/portmap/links.md)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn subnet6_refusals_name_the_field_the_value_and_why() {
+    let w = || base().class("c", Single, Vxlan, PUBLIC);
+    let ready = |w: World| {
+        let c = w.run().classes["c"].conditions[0].clone();
+        (c.status, c.reason, c.message)
+    };
+    assert_eq!(ready(w()).1, reason::READY, "the default subnet6 is accepted");
+    let cases: [(&str, &str, &str); 5] = [
+        ("169.254.77.0/24", "169.254.77.0/24", "not an IPv6 prefix"),
+        ("fd64:f5ac:e961::", "fd64:f5ac:e961::", "not an IPv6 prefix"),
+        // The default /24 holds 128 /31s; a /121 only 64 /127s.
+        ("fd64:f5ac:e961::/121", "fd64:f5ac:e961::/121", "fewer /127s"),
+        ("fd6b:7570::1:0/112", "fd6b:7570::1:0/112", "overlaps fd6b:7570::/96"),
+        ("fd6b:7570::/64", "fd6b:7570::/64", "overlaps fd6b:7570::/96"),
+    ];
+    for (subnet6, shown, why) in cases {
+        let (status, r, message) = ready(w().edit_class("c", |s| s.return_path.vxlan.subnet6 = subnet6.into()));
+        assert_eq!((status.as_str(), r.as_str()), ("False", reason::INVALID_SUBNET), "{subnet6}: {message}");
+        for part in ["spec.returnPath.vxlan.subnet6", shown, why] {
+            assert!(message.contains(part), "{subnet6}: {message:?} should contain {part:?}");
+        }
+    }
+    // Exactly as many /127s as /31s is enough, whatever the IPv4 prefix.
+    for (subnet, subnet6) in [("169.254.77.0/24", "fd64:f5ac:e961::/120"), ("169.254.77.0/30", "fd64::/126")] {
+        let edit = |s: &mut PortMapClassSpec| {
+            s.return_path.vxlan.subnet = subnet.into();
+            s.return_path.vxlan.subnet6 = subnet6.into();
+        };
+        assert_eq!(ready(w().edit_class("c", edit)).1, reason::READY, "{subnet} {subnet6}");
+    }
+}
+
+/// A world where edge-a publishes and pods sit on worker-b, worker-c and a fourth node, so
+/// edge-a's links take slots 1, 2 and 3.
+fn three_links() -> World {
+    let mut w = base().node("worker-d", "100.64.0.4", true).class("c", Multi, Vxlan, PUBLIC);
+    for (i, node) in ["worker-b", "worker-c", "worker-d"].into_iter().enumerate() {
+        let svc = format!("s{i}");
+        let port = 3000 + i as u16;
+        w = w
+            .service("ns", &svc, "TCP", i32::from(port), &[("pod", node, &format!("10.244.{}.7", i + 1), true)])
+            .port_map("ns", &format!("m{i}"), "c", Tcp, port, None, &svc, i as i64);
+    }
+    w
+}
+
+#[test]
+fn slot_s_takes_the_127_at_subnet6_plus_2s_like_its_31() {
+    let w = three_links().edit_class("c", |s| s.return_path.vxlan.subnet6 = "fd64:f5ac:e961::100/112".into());
+    let out = w.run();
+    let rows = &out.classes["c"].links;
+    assert_eq!(rows.iter().map(|r| r.slot).collect::<Vec<_>>(), [1, 2, 3]);
+    for r in rows {
+        // The spec's host bits are dropped, as for subnet.
+        assert_eq!(r.subnet, format!("169.254.77.{}/31", 2 * r.slot), "{r:?}");
+        assert_eq!(r.subnet6, format!("fd64:f5ac:e961::{}/127", 2 * r.slot), "{r:?}");
+    }
+    // The numbers each end computes: the pair's first node takes the low address of both.
+    let class = &w.c.classes[0];
+    let cluster = w.cluster();
+    let view = crate::observe::index::View::new(&cluster);
+    let v = links::class_vxlan(class, &view).expect("class is valid");
+    assert_eq!(v.subnet6.to_string(), "fd64:f5ac:e961::/112");
+    for slot in 1..=3u32 {
+        let net6 = links::slot_net6(v.subnet6, slot).expect("in the subnet");
+        let n = links::LinkNumbers {
+            slot,
+            vni: v.vni + slot,
+            port: v.port,
+            net: format!("169.254.77.{}/31", 2 * slot).parse().expect("prefix"),
+            net6,
+        };
+        let key = links::LinkKey::new("c", "worker-b", "edge-a");
+        assert_eq!(n.address6_of(&key, "edge-a").to_string(), format!("fd64:f5ac:e961::{}", 2 * slot));
+        assert_eq!(n.address6_of(&key, "worker-b").to_string(), format!("fd64:f5ac:e961::{}", 2 * slot + 1));
+        assert_eq!(n.address_of(&key, "edge-a").to_string(), format!("169.254.77.{}", 2 * slot));
+    }
+    assert_eq!(links::slot_net6("fd64::/126".parse().expect("prefix"), 2), None, "past the subnet's end");
+}
+
+#[test]
+fn a_row_without_subnet6_takes_its_slots_127_and_keeps_it() {
+    let mut w = three_links();
+    let first = w.run();
+    let mut old = first.classes["c"].clone();
+    for r in &mut old.links {
+        r.subnet6.clear();
+    }
+    let text = serde_json::to_string(&old.links[0]).expect("json");
+    assert!(!text.contains("subnet6"), "an empty subnet6 is not written: {text}");
+    w.c.classes[0].status = Some(old);
+    let second = w.run();
+    assert_eq!(second.classes["c"].links, first.classes["c"].links);
+    // A later change of the spec's subnet6 moves no existing link.
+    w.c.classes[0].status = Some(first.classes["c"].clone());
+    w.c.classes[0].spec.return_path.vxlan.subnet6 = "fd64:1::/112".into();
+    assert_eq!(w.run().classes["c"].links, first.classes["c"].links);
+}
+
+/// The chosen endpoint of mapping `m`, straight from placement.
+fn endpoint_of(w: &World) -> Option<placement::Endpoint> {
+    let cluster = w.cluster();
+    let view = crate::observe::index::View::new(&cluster);
+    admission::admit(&view, &cluster.port_maps)
+        .into_iter()
+        .filter(|((_, n), _)| n == "m")
+        .find_map(|(_, a)| placement::choose_endpoint(&view, &a.ok()?).ok())
+}
+
+#[test]
+fn the_pods_ipv6_address_is_the_same_pod_in_the_ipv6_slice() {
+    let v4 = &[("pod-a", "edge-a", "10.244.0.1", true), ("pod-b", "edge-a", "10.244.0.2", true)];
+    let w = || {
+        base()
+            .class("public", Single, Vxlan, PUBLIC)
+            .service("ns", "svc", "TCP", 3000, v4)
+            .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
+    };
+    let six = |w: World| endpoint_of(&w).map(|e| (e.pod, e.address6.map(|a| a.to_string())));
+    // pod-a is chosen over IPv4; its IPv6 twin is found by targetRef, not by order or node.
+    let found = w().slice6(
+        "ns",
+        "svc",
+        "v6",
+        "TCP",
+        3000,
+        &[("pod-b", "edge-a", "fd00:10:244::2", true), ("pod-a", "edge-a", "fd00:10:244::1", true)],
+    );
+    assert_eq!(six(found), Some(("pod-a".into(), Some("fd00:10:244::1".into()))));
+    // No IPv6 slice: IPv4 only, as before.
+    assert_eq!(six(w()), Some(("pod-a".into(), None)));
+    // pod-a not ready in the IPv6 slice: no IPv6 address (not pod-b's).
+    let not_ready = w().slice6(
+        "ns",
+        "svc",
+        "v6",
+        "TCP",
+        3000,
+        &[("pod-a", "edge-a", "fd00:10:244::1", false), ("pod-b", "edge-a", "fd00:10:244::2", true)],
+    );
+    assert_eq!(six(not_ready), Some(("pod-a".into(), None)));
+    // Only another pod in the IPv6 slice.
+    let other = w().slice6("ns", "svc", "v6", "TCP", 3000, &[("pod-b", "edge-a", "fd00:10:244::2", true)]);
+    assert_eq!(six(other), Some(("pod-a".into(), None)));
+    // The same pod name in another namespace is another pod.
+    let mut elsewhere = w().slice6("ns", "svc", "v6", "TCP", 3000, &[("pod-a", "edge-a", "fd00:10:244::1", true)]);
+    for s in &mut elsewhere.c.endpoint_slices.iter_mut().filter(|s| s.address_type == "IPv6") {
+        for ep in s.endpoints.iter_mut().flatten() {
+            ep.target_ref.iter_mut().for_each(|t| t.namespace = Some("other".into()));
+        }
+    }
+    assert_eq!(six(elsewhere), Some(("pod-a".into(), None)));
+    // An IPv6 slice serving another port number is not the same endpoint.
+    let port = w().slice6("ns", "svc", "v6", "TCP", 3001, &[("pod-a", "edge-a", "fd00:10:244::1", true)]);
+    assert_eq!(six(port), Some(("pod-a".into(), None)));
+    // The IPv6 address reaches the PortMap's status.
+    let out = w().slice6("ns", "svc", "v6", "TCP", 3000, &[("pod-a", "edge-a", "fd00:10:244::1", true)]).run();
+    let st = &out.port_maps[&("ns".to_string(), "m".to_string())];
+    let e = st.endpoint.as_ref().expect("an endpoint");
+    assert_eq!((e.address.as_str(), e.address6.as_str()), ("10.244.0.1", "fd00:10:244::1"));
+    let text = serde_json::to_string(&EndpointStatus { address6: String::new(), ..e.clone() }).expect("json");
+    assert!(!text.contains("address6"), "an empty address6 is not written: {text}");
+}
+
+#[test]
+fn ipv6_slices_are_never_the_ipv4_choice() {
+    let v4 = &[("pod-z", "worker-b", "10.244.1.1", true)];
+    let w = || {
+        base()
+            .class("public", Single, Vxlan, PUBLIC)
+            .service("ns", "svc", "TCP", 3000, v4)
+            .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
+    };
+    // pod-a on the accepting node would sort first, but only its IPv6 slice lists it.
+    let both = w().slice6("ns", "svc", "v6", "TCP", 3000, &[("pod-a", "edge-a", "fd00:10:244::1", true)]);
+    let e = endpoint_of(&both).expect("an endpoint");
+    assert_eq!((e.pod.as_str(), e.address.to_string(), e.address6), ("pod-z", "10.244.1.1".into(), None));
+    // A Service with only an IPv6 slice has no endpoint: IPv4 stays the primary.
+    let mut only6 = both.clone();
+    only6.c.endpoint_slices.retain(|s| s.address_type == "IPv6");
+    let out = only6.run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).1, reason::NO_READY_ENDPOINT);
+    // An IPv6 address listed in an IPv4 slice (a hand-written folder) is skipped, not misread.
+    let mut mixed = w();
+    for ep in mixed.c.endpoint_slices[0].endpoints.iter_mut().flatten() {
+        ep.addresses.insert(0, "fd00:10:244::9".into());
+    }
+    assert_eq!(endpoint_of(&mixed).map(|e| e.address.to_string()), Some("10.244.1.1".into()));
 }

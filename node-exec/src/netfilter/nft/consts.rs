@@ -165,6 +165,8 @@ pub const NFTA_PAYLOAD_SREG: u16 = 5;
 pub const NFTA_PAYLOAD_CSUM_TYPE: u16 = 6;
 pub const NFTA_PAYLOAD_CSUM_OFFSET: u16 = 7;
 pub const NFTA_PAYLOAD_CSUM_FLAGS: u16 = 8;
+/// No checksum of the field's own header (`csum_type 0`): IPv6 has none.
+pub const NFT_PAYLOAD_CSUM_NONE: u32 = 0;
 /// The internet checksum (`csum_type 1`).
 pub const NFT_PAYLOAD_CSUM_INET: u32 = 1;
 /// Also update the transport checksum's pseudo-header part (`csum_flags 0x1`).

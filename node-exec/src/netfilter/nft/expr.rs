@@ -181,9 +181,15 @@ impl Expr {
                 w.put_u32(NFTA_PAYLOAD_BASE, *base);
                 w.put_u32(NFTA_PAYLOAD_OFFSET, *offset);
                 w.put_u32(NFTA_PAYLOAD_LEN, *len);
-                w.put_u32(NFTA_PAYLOAD_CSUM_TYPE, *csum_type);
-                w.put_u32(NFTA_PAYLOAD_CSUM_OFFSET, *csum_offset);
-                w.put_u32(NFTA_PAYLOAD_CSUM_FLAGS, *csum_flags);
+                // As libnftnl sends them: the checksum's type and offset only with an offset
+                // (an IPv6 write has none), the flags only when set. The kernel dumps all three.
+                if *csum_offset != 0 {
+                    w.put_u32(NFTA_PAYLOAD_CSUM_TYPE, *csum_type);
+                    w.put_u32(NFTA_PAYLOAD_CSUM_OFFSET, *csum_offset);
+                }
+                if *csum_flags != 0 {
+                    w.put_u32(NFTA_PAYLOAD_CSUM_FLAGS, *csum_flags);
+                }
             }
             Expr::Cmp { sreg, op, data } => {
                 w.put_u32(NFTA_CMP_SREG, *sreg);

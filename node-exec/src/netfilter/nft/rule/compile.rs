@@ -496,21 +496,31 @@ fn compile_statement(
             });
         }
         nft_statement::Kind::AddressSet(a) => {
-            // What nft sends for `ip daddr set K map @m`: the lookup, then a payload write over
-            // the destination that updates the IPv4 header checksum (at offset 10) and the
-            // transport checksum's pseudo-header part. IPv4 tables only for now: in an inet
-            // table nft puts a `meta nfproto` in front (docs/portmap/firewall.md).
+            // What nft sends for `ip daddr set K map @m` / `ip6 daddr set K map @m`: the
+            // lookup, then a payload write over the destination. IPv4 updates its header
+            // checksum (at offset 10) and the transport checksum's pseudo-header part; IPv6 has
+            // no header checksum, so nft asks only for the pseudo-header part (docs/portmap/
+            // firewall.md, "Checksums"). In an inet table the write's `meta nfproto` comes
+            // first, before the key's own dependencies, as nft emits it.
             let (s, info) = sel(object, a.selector)?;
-            if s != Selector::IpDaddr || ctx.family != NftFamily::Ip {
-                return Err(NftError::Unsupported {
-                    object: object.to_string(),
-                    what: format!("{} set outside an ip table", s.as_str_name()),
-                });
-            }
+            let (want, csum_type, csum_offset) = match (s, ctx.family) {
+                (Selector::IpDaddr, NftFamily::Ip | NftFamily::Inet) => {
+                    (NftType::Ipv4Addr, NFT_PAYLOAD_CSUM_INET, IPV4_CSUM_OFFSET)
+                }
+                (Selector::Ip6Daddr, NftFamily::Ip6 | NftFamily::Inet) => (NftType::Ipv6Addr, NFT_PAYLOAD_CSUM_NONE, 0),
+                _ => {
+                    return Err(NftError::Unsupported {
+                        object: object.to_string(),
+                        what: format!("{} set in a table of this family", s.as_str_name()),
+                    });
+                }
+            };
             let m = a.map.as_ref().ok_or_else(|| invalid(object, "address set without a map"))?;
+            nfproto_dep(out, &mut deps.l3, ctx, object, s)?;
             let set = map_lookup(out, deps, ctx, object, m)?;
-            if set.data != [NftType::Ipv4Addr] {
-                return Err(invalid(object, format!("@{} does not map to an IPv4 address", m.map)));
+            if set.data != [want] {
+                let what = if want == NftType::Ipv4Addr { "an IPv4" } else { "an IPv6" };
+                return Err(invalid(object, format!("@{} does not map to {what} address", m.map)));
             }
             let Source::Payload(base, offset) = info.source else {
                 return Err(invalid(object, "address set of a field outside the packet"));
@@ -520,8 +530,8 @@ fn compile_statement(
                 offset,
                 len: info.len,
                 sreg: r1,
-                csum_type: NFT_PAYLOAD_CSUM_INET,
-                csum_offset: IPV4_CSUM_OFFSET,
+                csum_type,
+                csum_offset,
                 csum_flags: NFT_PAYLOAD_L4CSUM_PSEUDOHDR,
             });
         }

@@ -206,19 +206,27 @@ pub(crate) fn decompile(exprs: &[Expr], table: NftFamily, object: &str) -> Resul
                     Expr::CtSet { key: NFT_CT_MARK, .. } => {
                         nft_statement::Kind::CtMarkSet(SetMark { from: Some(set_mark::From::Map(map)) })
                     }
-                    // `ip daddr set K map @m`, exactly as compile writes it.
+                    // `ip daddr set K map @m` and `ip6 daddr set K map @m`, exactly as compile
+                    // writes them; the write uses the rule's `meta nfproto` in an inet table.
                     Expr::PayloadSet {
                         base: NFT_PAYLOAD_NETWORK_HEADER,
-                        offset: IPV4_DADDR_OFFSET,
-                        len: 4,
-                        csum_type: NFT_PAYLOAD_CSUM_INET,
-                        csum_offset: IPV4_CSUM_OFFSET,
+                        offset,
+                        len,
+                        csum_type,
+                        csum_offset,
                         csum_flags: NFT_PAYLOAD_L4CSUM_PSEUDOHDR,
                         ..
-                    } if table == NftFamily::Ip => nft_statement::Kind::AddressSet(AddressSet {
-                        selector: Selector::IpDaddr as i32,
-                        map: Some(map),
-                    }),
+                    } => {
+                        let (selector, f) = match (*offset, *len, *csum_type, *csum_offset) {
+                            (IPV4_DADDR_OFFSET, 4, NFT_PAYLOAD_CSUM_INET, IPV4_CSUM_OFFSET) => {
+                                (Selector::IpDaddr, NFPROTO_IPV4)
+                            }
+                            (IPV6_DADDR_OFFSET, 16, NFT_PAYLOAD_CSUM_NONE, 0) => (Selector::Ip6Daddr, NFPROTO_IPV6),
+                            _ => return Err(shape(object, "a payload write kuport never writes")),
+                        };
+                        nfproto.address(object, table, f)?;
+                        nft_statement::Kind::AddressSet(AddressSet { selector: selector as i32, map: Some(map) })
+                    }
                     _ => return Err(shape(object, "a map lookup feeding an unknown statement")),
                 };
                 rule.statements.push(NftStatement { kind: Some(kind) });
