@@ -3,13 +3,15 @@
 
 #[path = "common/host.rs"]
 mod host;
+#[path = "common/notified.rs"]
+mod notified;
 use host::{root, run};
+use notified::notified;
 
 use std::{
     path::PathBuf,
     process::Command,
     sync::atomic::{AtomicUsize, Ordering},
-    time::Duration,
 };
 
 use kuport_node_exec::rtnl::{self, Change, Desired, Subject};
@@ -273,22 +275,6 @@ fn removing_everything_leaves_no_trace_and_spares_foreign_objects() {
     assert_eq!(ns.ip(&["route", "show", "table", "201"]).trim(), "");
     ns.assert_foreign();
     assert_eq!(diff(&ns, &NetnsState::default()), []);
-}
-
-/// Waits up to a second for a notification about `subject`.
-fn notified(rt: &tokio::runtime::Runtime, sub: &mut rtnl::Subscription, subject: Subject) -> bool {
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(1), async {
-            while let Some(n) = sub.recv().await {
-                if n.subject == subject && n.removed {
-                    return true;
-                }
-            }
-            false
-        })
-        .await
-        .unwrap_or(false)
-    })
 }
 
 #[test]

@@ -9,12 +9,15 @@
 
 #[path = "common/host.rs"]
 mod host;
+#[path = "common/notified.rs"]
+mod notified;
+use notified::notified;
 #[path = "common/netns.rs"]
 mod netns;
 use host::{root, run};
 use netns::Netns;
 
-use std::{process::Command, time::Duration};
+use std::process::Command;
 
 use kuport_node_exec::rtnl::{self, Desired, Subject};
 use kuport_proto::v1::{Address, IpRule, Link, Neighbour, NetnsState, Route, Sysctl, Vxlan, link};
@@ -177,22 +180,6 @@ fn assert_applied(ns: &Netns, me: &End, peer: &End) {
         ]
     );
     assert_eq!(sysctl(ns, "net.ipv6.conf.all.forwarding"), "1");
-}
-
-/// Waits up to a second for a removal notification about `subject`.
-fn notified(rt: &tokio::runtime::Runtime, sub: &mut rtnl::Subscription, subject: Subject) -> bool {
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(1), async {
-            while let Some(n) = sub.recv().await {
-                if n.subject == subject && n.removed {
-                    return true;
-                }
-            }
-            false
-        })
-        .await
-        .unwrap_or(false)
-    })
 }
 
 #[test]
