@@ -30,7 +30,9 @@ fn one_port_map_changing_leaves_the_others_on_its_nodes_acknowledged() {
     hub.set_inputs(cluster.clone());
     hub.recompute();
     for node in ["edge-a", "worker-2"] {
-        let _ = hub.connect(&Hello { node: node.into(), executor_version: "test".into(), applied: None });
+        // No facts come: each first state goes out when its hold times out.
+        let session = hub.connect(&Hello { node: node.into(), executor_version: "test".into(), applied: None });
+        hub.release_hold(node, session.id);
     }
     let (web, game) = (key("web", "web"), key("games", "game"));
     let (edge, pod) = (vec!["edge-a".to_string()], vec!["edge-a".to_string(), "worker-2".to_string()]);
@@ -97,4 +99,52 @@ async fn only_facts_the_computation_reads_trigger_a_recompute() {
 
     hub.receive("edge-a", facts(vec![iface("enp1s0", "203.0.113.10"), iface("wt0", "100.64.0.10")]));
     assert_eq!(settled().await, first + 1, "a named interface's address is");
+}
+
+/// A fresh executor's first state waits for its facts (docs/portmap/datapath.md, "Which device
+/// reaches the pod"): sent before them, it lacked the request claim on the pod's device, and the
+/// first flows reached the pod from the node's address (the chart lab saw 10.244.2.1).
+#[tokio::test]
+async fn a_fresh_executors_first_state_waits_for_its_facts_and_carries_the_claim() {
+    use kuport_proto::v1::{NodeFacts, RouteFacts};
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster");
+    let mut cluster = render::load_dir(&dir, k8s_openapi::jiff::Timestamp::now()).expect("examples load");
+    // No routes but what the executor reports.
+    for f in &mut cluster.facts {
+        f.routes = None;
+    }
+    let (_tx, rx) = leader::standalone("127.0.0.1:1".into());
+    let hub = Hub::new(Settings::default(), rx, true);
+    hub.set_inputs(cluster);
+    hub.recompute();
+    let text = |hub: &Hub| {
+        let d = hub.node("worker-2").and_then(|v| v.desired).expect("a desired state");
+        kuport_proto::text::node_state(d.state.as_ref().expect("a state"))
+    };
+    assert!(!text(&hub).contains("\"cilium_host\" . 10.244.2.107"), "no claim without the routes");
+
+    let session = hub.connect(&Hello { node: "worker-2".into(), executor_version: "test".into(), applied: None });
+    assert!(*session.held.borrow() && session.hold_until.is_some(), "held until its facts");
+    let facts = NodeFacts {
+        underlay_address: "100.64.0.12".into(),
+        underlay_mtu: 1420,
+        underlay_interface: "wt0".into(),
+        kernel: "test".into(),
+        routes: vec![RouteFacts { dst: "10.244.2.0/24".into(), dev: "cilium_host".into() }],
+        ..Default::default()
+    };
+    hub.receive("worker-2", ExecutorMessage { message: Some(executor_message::Message::Facts(facts)) });
+    assert!(*session.held.borrow(), "until a compute read them");
+    hub.recompute();
+    assert!(!*session.held.borrow(), "let go by the compute that read the facts");
+    assert!(
+        text(&hub).contains("\"cilium_host\" . 10.244.2.107"),
+        "the first state sent claims the pod:\n{}",
+        text(&hub)
+    );
+
+    // A reconnect with facts known is not held.
+    let again = hub.connect(&Hello { node: "worker-2".into(), executor_version: "test".into(), applied: None });
+    assert!(!*again.held.borrow() && again.hold_until.is_none());
 }

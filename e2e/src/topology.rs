@@ -920,8 +920,13 @@ mod tests {
         assert_eq!(six("game-0").as_deref(), Some("fd10:244:2::6b"), "10.244.2.107 is offset 107 in its /24");
         assert_eq!(six("web-0").as_deref(), Some("fd10:244:18::7"));
         assert_eq!(router6(edge).map(|a| a.to_string()).as_deref(), Some("fd10:244:18::1"));
-        // Without a podCidr6 a pod has no IPv6 address; other topologies stay IPv4.
-        assert!(Topology::multi_lab().pods.iter().all(|p| Topology::multi_lab().pod_address6(p).is_none()));
+        let multi = Topology::multi_lab();
+        assert_eq!(
+            multi.pod_address6(multi.pod("dns-0").unwrap()).map(|a| a.to_string()).as_deref(),
+            Some("fd10:244:1::35")
+        );
+        // Without a podCidr6 a pod has no IPv6 address; the overlay's topologies stay IPv4.
+        assert!(Topology::sites_lab().pods.iter().all(|p| Topology::sites_lab().pod_address6(p).is_none()));
         let node = "nodes:\n- name: a\n  podCidr: 10.244.1.0/24\n  podCidr6: fd10:1::/64\n  underlay: {address: 100.64.0.1/16, address6: \"2001:db8:64::1/64\"}\n  public: [{interface: enp1s0, address: 203.0.113.9/24, address6: \"2001:db8::9/64\"}]\n";
         let full = format!(
             "{node}pods:\n- {{name: p, namespace: n, node: a, address: 10.244.1.5}}\nclients:\n- {{name: c, address: 198.51.100.7, address6: \"2001:db8:100::7\", attach: [a/enp1s0]}}\n- {{name: d, address: 100.64.0.9, address6: \"2001:db8:64::9\", network: underlay}}\n"

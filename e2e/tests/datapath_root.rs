@@ -5,6 +5,7 @@
 
 mod common;
 use common::cni::{default_lab_on, multi_lab_on, on_each_cni};
+use common::dual::assert_maps_any;
 use common::*;
 
 use std::net::{Ipv4Addr, UdpSocket};
@@ -36,7 +37,7 @@ fn emulation(cni: Cni) {
 on_each_cni!(cni_emulation_reaches_pods_and_the_outside = emulation);
 
 /// The first shape of docs/portmap/datapath.md: the pod sits on the node that accepts the
-/// packet. No link.
+/// packet. No link. Over IPv4 and IPv6.
 #[test]
 fn single_pod_on_accepting_node_tcp() {
     if !root() {
@@ -49,6 +50,8 @@ fn single_pod_on_accepting_node_tcp() {
     assert!(links(&out.node_states, "edge-a").is_empty(), "a local pod needs no link");
     for client in ["client-1", "client-2"] {
         assert_maps(&lab, client, "203.0.113.9:3000", Tcp, "web-0");
+        // The same over IPv6: web-0's IPv6 address, edge-a's 2001:db8::9.
+        assert_maps_any(&lab, client, "[2001:db8::9]:3000", Tcp, "web-0");
     }
 }
 
@@ -96,7 +99,7 @@ fn udp_range_of_101_ports() {
 /// Multi: every worker accepts the `intranet` class (docs/portmap/modes.md) on wt0; the pod is on worker-1. Clients
 /// enter at each worker: worker-1 delivers locally, worker-2 and worker-3 over their links,
 /// and worker-1 returns each reply by the link its request came in on (the ct mark). On each
-/// CNI emulation.
+/// CNI emulation, over IPv4 and IPv6.
 fn multi(cni: Cni) {
     let mut lab = multi_lab_on(cni);
     let out = program(&mut lab, &Manifests::multi_lab()).expect("programs");
@@ -104,14 +107,25 @@ fn multi(cni: Cni) {
         assert_eq!(condition(&out, "intranet", name, "Programmed").0, "True", "{name}");
     }
     assert_eq!(links(&out.node_states, "worker-1").len(), 2, "worker-1 has a link to each other worker");
-    for (client, entry) in [("client-1", "100.64.0.11"), ("client-2", "100.64.0.12"), ("client-3", "100.64.0.13")] {
-        let to = format!("{entry}:5353");
-        assert_maps(&lab, client, &to, Udp, "dns-0");
-        assert_maps(&lab, client, &to, Tcp, "dns-0");
+    // Each worker's wt0 in both families (the topology is dual-stack): each client's own
+    // address of the family at dns-0, the replies by the links the requests came in on.
+    let entries = [
+        ("client-1", "100.64.0.11", "fd7a:64::11"),
+        ("client-2", "100.64.0.12", "fd7a:64::12"),
+        ("client-3", "100.64.0.13", "fd7a:64::13"),
+    ];
+    let dialed = |v4: &str, v6: &str| [format!("{v4}:5353"), format!("[{v6}]:5353")];
+    for (client, v4, v6) in entries {
+        for to in dialed(v4, v6) {
+            assert_maps_any(&lab, client, &to, Udp, "dns-0");
+            assert_maps_any(&lab, client, &to, Tcp, "dns-0");
+        }
     }
     // Any client through any worker, not only its own.
-    for entry in ["100.64.0.11", "100.64.0.12", "100.64.0.13"] {
-        assert_maps(&lab, "client-2", &format!("{entry}:5353"), Udp, "dns-0");
+    for (_, v4, v6) in entries {
+        for to in dialed(v4, v6) {
+            assert_maps_any(&lab, "client-2", &to, Udp, "dns-0");
+        }
     }
 }
 on_each_cni!(multi_three_accepting_nodes = multi);

@@ -44,6 +44,17 @@ pub type NewestRx = watch::Receiver<u64>;
 /// peers, or one too old to report on Hello, then gets its state anyway.
 pub const FIRST_STATE_HOLD: Duration = Duration::from_secs(2);
 
+/// The report a held first state waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaited {
+    /// The node's facts: without its routes the state lacks the port maps' request claims
+    /// (docs/portmap/datapath.md, "Which device reaches the pod").
+    Facts,
+    /// The peer report, which the executor sends after its facts: without it a relayed pair
+    /// would be direct for a moment (docs/overlay/status.md, "A new leader").
+    Peers,
+}
+
 /// What [`Hub::connect`] gives a new session.
 #[derive(Debug)]
 pub struct Session {
@@ -61,9 +72,9 @@ pub struct Session {
 enum Hold {
     /// States go out as they are computed.
     Free,
-    /// Held until this session's first peer report (`reported`) and the keys of every Node
-    /// that carries a published one (its peers, as the last leader computed them)...
-    Waiting { session: u64, reported: bool },
+    /// Held until this session's first report of the kind it `awaits` (`reported`) and the keys
+    /// of every Node that carries a published one (its peers, as the last leader computed them)...
+    Waiting { session: u64, awaits: Awaited, reported: bool },
     /// ...and then until a compute that read them is published: one that began after `after`
     /// computes had begun.
     Compute { session: u64, after: u64 },
@@ -103,6 +114,18 @@ struct NodeEntry {
     /// The leadership term whose states this node was last let have: its executor's report
     /// (if any) is in what this term computed. A new term holds its first state again.
     served_term: u64,
+}
+
+impl Hold {
+    /// `session` sent a report of kind `kind`: the one a held first state waits for, or not.
+    fn report(&mut self, session: u64, kind: Awaited) {
+        if let Hold::Waiting { session: s, awaits, reported } = self
+            && *s == session
+            && *awaits == kind
+        {
+            *reported = true;
+        }
+    }
 }
 
 impl NodeEntry {
@@ -325,14 +348,20 @@ impl Hub {
             o.public_key.is_none() && o.refused.iter().all(|r| r.reason != overlay_reason::NO_PUBLIC_KEY)
         });
         let entry = inner.nodes.entry(hello.node.clone()).or_insert_with(NodeEntry::new);
-        // Without the overlay, an executor that holds a state and has sent this replica no facts
-        // yet waits for its first report the same way: computed without its routes, the state
-        // would lack the port maps' request claims (docs/portmap/datapath.md, "Which device
-        // reaches the pod").
-        let no_facts = !overlay && hello.applied.is_some() && entry.facts.is_none();
-        let hold = no_facts || (overlay && hello.applied.is_some() && entry.served_term != term && !not_member);
-        if hold {
-            entry.hold = Hold::Waiting { session, reported: false };
+        // Every executor's first state also waits for its facts, fresh or not: computed without
+        // its routes, the state would lack the port maps' request claims and new flows would
+        // reach pods from the node's address (docs/portmap/datapath.md, "Which device reaches
+        // the pod").
+        let awaits = if overlay && hello.applied.is_some() && entry.served_term != term && !not_member {
+            Some(Awaited::Peers)
+        } else if entry.facts.is_none() {
+            Some(Awaited::Facts)
+        } else {
+            None
+        };
+        let hold = awaits.is_some();
+        if let Some(awaits) = awaits {
+            entry.hold = Hold::Waiting { session, awaits, reported: false };
             entry.held.send_replace(true);
         } else {
             entry.release(term);
@@ -425,10 +454,7 @@ impl Hub {
                     recompute = entry.refused_facts.take().is_some()
                         || entry.facts.as_ref().is_none_or(|(_, old)| read(old) != read(&checked));
                     entry.facts = Some((f, checked));
-                    // Without the overlay a held first state waits for this report only.
-                    if self.settings.overlay.is_none() && entry.hold == (Hold::Waiting { session, reported: false }) {
-                        entry.hold = Hold::Waiting { session, reported: true };
-                    }
+                    entry.hold.report(session, Awaited::Facts);
                 }
                 Err(refused) => {
                     // Refused whole; the previous facts stay in use.
@@ -459,9 +485,7 @@ impl Hub {
                     recompute = self.settings.overlay.is_some() && digest != entry.peer_digest;
                     entry.peer_digest = digest;
                     entry.peers = Some(checked);
-                    if entry.hold == (Hold::Waiting { session, reported: false }) {
-                        entry.hold = Hold::Waiting { session, reported: true };
-                    }
+                    entry.hold.report(session, Awaited::Peers);
                 }
                 Err(e) => tracing::warn!(%node, error = %e, "executor peer report refused"),
             },
@@ -807,7 +831,7 @@ fn advance_holds(inner: &mut Inner) -> bool {
     }
     let after = inner.reads;
     for e in inner.nodes.values_mut() {
-        if let Hold::Waiting { session, reported: true } = e.hold {
+        if let Hold::Waiting { session, reported: true, .. } = e.hold {
             e.hold = Hold::Compute { session, after };
         }
     }
@@ -1052,11 +1076,15 @@ mod reach_tests {
             annotations["home-a"][crate::compute::overlay::ROUTES_ANNOTATION],
             r#"{"cloud":"direct","home-b":"via cloud"}"#
         );
-        // A reconnect in the same term is not held: this term's computes have its report.
+        // A reconnect in the same term does not wait for its report: this term's computes have
+        // it. It waits only for the facts this replica never got from home-a (the test's are
+        // inputs).
         let again = hub.connect(&hello("home-a"));
-        assert!(!*again.held.borrow() && again.hold_until.is_none());
-        // Nor is an executor that holds no state yet.
+        assert!(matches!(hub.lock().nodes["home-a"].hold, Hold::Waiting { awaits: Awaited::Facts, .. }));
+        hub.release_hold("home-a", again.id);
+        assert!(!*again.held.borrow());
+        // A fresh executor waits for its facts.
         let fresh = hub.connect(&Hello { node: "home-c".into(), executor_version: "test".into(), applied: None });
-        assert!(!*fresh.held.borrow());
+        assert!(*fresh.held.borrow(), "held for its facts");
     }
 }
