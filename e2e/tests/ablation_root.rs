@@ -13,6 +13,7 @@
 
 mod common;
 use common::cni::{default_lab_on, multi_lab_on, on_each_cni, pod_device};
+use common::dual::assert_maps_any;
 use common::*;
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::Duration;
 
 use kuport_lab::Protocol::{Tcp, Udp};
+use kuport_lab::probe::parse_target;
 use kuport_lab::program::{apply, compute};
 use kuport_lab::sys::in_netns;
 use kuport_lab::topology::{Cni, PodSpec, Protocol as P, ServicePortSpec, ServiceSpec};
@@ -199,6 +201,52 @@ fn return_mark(cni: Cni) {
     wrong_way(&lab);
 }
 on_each_cni!(without_the_return_mark_the_reply_leaves_by_the_wrong_way = return_mark);
+
+/// The IPv6 twins (docs/portmap/datapath.md, "The table and its chains") are elements of their
+/// own: the default lab is dual-stack, so edge-a publishes the game range on 2001:db8::9 too.
+const GAME6: &str = "[2001:db8::9]:27015";
+
+/// The request claim's IPv6 twin (@claim_range6) on the Cilium-like node, whose masquerade into
+/// the pod network has an IPv6 twin: without it an IPv6 client's request is masqueraded on its
+/// way into the pod network, and the pod sees worker-2's IPv6 router address, while IPv4 clients,
+/// claimed by @claim_range, still reach it intact.
+#[test]
+fn without_the_ipv6_request_claim_the_pod_sees_the_node_over_ipv6() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = single_lab(Cni::Cilium);
+    assert_maps_any(&lab, "client-1", GAME6, Udp, "game-0");
+    let n = drop_elements(host_state(&mut states, "worker-2"), "claim_range6", |e| is_ifname(e, "cilium_host"));
+    assert_eq!(n, 1, "one IPv6 claim element names cilium_host");
+    apply(&mut lab, &states).unwrap();
+    for client in ["client-1", "client-2"] {
+        let a = lab.probe_any(client, parse_target(GAME6).unwrap(), Udp).expect("still answered");
+        println!("without the IPv6 request claim: {client} -> {a}");
+        assert_eq!(a.pod, "game-0");
+        assert_eq!(a.seen.ip().to_string(), "fd10:244:2::1", "the pod sees worker-2's IPv6 router address: {a}");
+        assert_eq!(a.reply_from, a.dialed, "{a}");
+        assert_maps(&lab, client, GAME, Udp, "game-0");
+    }
+}
+
+/// The return mark's IPv6 twin (@return_mark_range6): without it an IPv6 reply is routed by
+/// worker-2's main table, which has no IPv6 route to the clients (worker-2's own connection is
+/// IPv4 only), so no IPv6 client gets an answer; IPv4 replies, marked by @return_mark_range,
+/// still take the link.
+fn return_mark6(cni: Cni) {
+    let (mut lab, mut states) = single_lab(cni);
+    assert_maps_any(&lab, "client-1", GAME6, Udp, "game-0");
+    assert_eq!(drop_elements(host_state(&mut states, "worker-2"), "return_mark_range6", |_| true), 1);
+    apply(&mut lab, &states).unwrap();
+    for client in ["client-1", "client-2"] {
+        let r = lab.probe_any_with(client, parse_target(GAME6).unwrap(), Udp, SHORT);
+        println!("{cni}: without the IPv6 return mark: {client} -> {GAME6}/UDP: {r:?}");
+        assert!(matches!(r, Err(ProbeError::NoAnswer { .. })), "{cni}: {client} gets nothing over IPv6: {r:?}");
+        assert_maps(&lab, client, GAME, Udp, "game-0");
+    }
+}
+on_each_cni!(without_the_ipv6_return_mark_ipv6_replies_are_lost = return_mark6);
 
 /// The divert rule (ip rule pref 102): without it a marked reply is routed by main, as without
 /// the mark.
