@@ -314,8 +314,9 @@ async fn a_cut_direct_path_is_reported_unreachable_and_its_return_direct() {
     p.end().await;
 }
 
-/// The reset (docs/overlay/reach.md): with the keepalive off (a non-direct pair's entry), at the
-/// end of a's turn of probes the executor makes a's entry for b anew, and then nothing at all
+/// The reset (docs/overlay/reach.md): with the keepalive off (a non-direct pair's entry), a keeps
+/// probing every second through the window right after the break (`AFTER_BREAK`), and at the
+/// end of its first turn after it the executor makes a's entry for b anew, and then nothing at all
 /// goes from a toward b through b's turn: WireGuard's handshake retries after the probes are
 /// gone with the old entry. A path restored in that quiet is found at a's next turn, at most
 /// a turn (40 s) after the reset, not after the 155 s of the quiet without a reset.
@@ -335,10 +336,18 @@ async fn a_reset_entry_sends_nothing_in_the_quiet_and_a_path_restored_then_is_di
     p.b.nft(CUT_COUNTED);
     let cut = Instant::now();
     let (broke, _) = reach(&mut p.seen, Reach::Unreachable, Duration::from_secs(30)).await;
+    // Right after the break a probes every second, whosever turn it is, and resets nothing
+    // (docs/overlay/reach.md, "Right after a break").
+    let counted_at_break = counted(&p.b);
+    while cut.elapsed() < turns::AFTER_BREAK - Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(p.a_dump().handshake(&p.key_b) > 0, "reset {:?} after the cut, inside the window", cut.elapsed());
+    }
+    let probed = counted(&p.b) - counted_at_break;
     // The reset: a's entry has no session and its counters start again. The one that ends a's
     // turn (docs/overlay/reach.md, "Turns"): a reset in b's turn with at least 30 s of it left.
     // A break late in b's turn is reset at once and probed again at a's turn a few seconds on,
-    // so the test waits for the next one then (at most two turns after the break).
+    // so the test waits for the next one then (at most two turns after the window).
     let even = p.key_a < p.key_b;
     let reset = loop {
         let d = p.a_dump();
@@ -350,10 +359,16 @@ async fn a_reset_entry_sends_nothing_in_the_quiet_and_a_path_restored_then_is_di
         {
             break cut.elapsed();
         }
-        assert!(cut.elapsed() < Duration::from_secs(100), "no reset ending a's turn within 100 s of the cut: {d:?}");
+        assert!(
+            cut.elapsed() < turns::AFTER_BREAK + Duration::from_secs(100),
+            "no reset ending a's turn within AFTER_BREAK + 100 s of the cut: {d:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let reset_at = Instant::now();
+    // a kept sending through the window: probes while its session lasts, WireGuard's handshake
+    // initiations (one every 5 s) for the probes staged after it.
+    assert!(probed >= 15, "a sent b only {probed} packets in the {:?} after the break", turns::AFTER_BREAK);
     assert_eq!(p.a_dump().peer_set(), entry, "made again exactly as the state has it");
     // b's side too, so that only a's next burst can find the path (b's own handshake retries
     // would otherwise find it as soon as it is restored).
@@ -381,7 +396,7 @@ async fn a_reset_entry_sends_nothing_in_the_quiet_and_a_path_restored_then_is_di
     let (back, _) = reach(&mut p.seen, Reach::Direct, Duration::from_secs(60)).await;
     let cycle = reset_at.elapsed();
     println!(
-        "MEASURE reach reset: unreachable {:.1} s after the cut, the entry reset {:.1} s after the cut; nothing on the wire for {:.0} s; restored {:.1} s after the reset, direct {:.1} s later ({:.1} s after the reset); drift repairs {}",
+        "MEASURE reach reset: unreachable {:.1} s after the cut, {probed} packets from a in the window after it, the entry reset {:.1} s after the cut; nothing on the wire for {:.0} s; restored {:.1} s after the reset, direct {:.1} s later ({:.1} s after the reset); drift repairs {}",
         broke.as_secs_f64(),
         reset.as_secs_f64(),
         restored.as_secs_f64(),
@@ -406,10 +421,10 @@ fn counted(b: &Netns) -> u64 {
 /// unreachable entry goes silent on the wire for longer than a NAT's 30 s UDP timeout between
 /// bursts: the executor resets the entry after each burst, so neither the probes nor the
 /// retries WireGuard would make after them go out. Prints the packets a sent, second by second,
-/// so the cycle can be read off. Takes about 2.5 minutes, hence ignored by default:
+/// so the cycle can be read off. Takes about 4.5 minutes, hence ignored by default:
 /// `cargo test -p kuport-node-exec --test reach_root -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "about 2.5 minutes: the quiet gaps between bursts, on the wire"]
+#[ignore = "about 4.5 minutes: the quiet gaps between bursts, on the wire"]
 async fn an_unreachable_entry_goes_quiet_on_the_wire_for_longer_than_a_nat_timeout() {
     if !root() {
         return;
@@ -418,7 +433,9 @@ async fn an_unreachable_entry_goes_quiet_on_the_wire_for_longer_than_a_nat_timeo
     reach(&mut p.seen, Reach::Direct, Duration::from_secs(30)).await;
     p.b.nft(CUT_COUNTED);
     let (broke, _) = reach(&mut p.seen, Reach::Unreachable, Duration::from_secs(30)).await;
-    // Every second, what reached b from a: the longest run without a packet.
+    // Every second, what reached b from a after the probes of the window right after the
+    // break (docs/overlay/reach.md): the longest run without a packet.
+    tokio::time::sleep(turns::AFTER_BREAK).await;
     let start = Instant::now();
     let (mut last, mut last_change, mut longest, mut trace) = (counted(&p.b), Instant::now(), Duration::ZERO, vec![]);
     while start.elapsed() < Duration::from_secs(130) {

@@ -14,8 +14,10 @@
 //! Each probe makes WireGuard retry its handshake for about 100 s, so on a non-direct pair's
 //! entry (no keepalive) the executor resets the entry right after an unanswered burst (removed
 //! and added again as the state has it: no session, nothing staged) and waits [`NAT_FORGETS`];
-//! on any other entry it waits [`QUIET`], past WireGuard's retries. A new endpoint in the state
-//! is a new path: it starts a burst at once. The measurements are in docs/overlay/reach.md.
+//! on any other entry it waits [`QUIET`], past WireGuard's retries. A non-direct pair's entry
+//! whose path worked probes every second for [`AFTER_BREAK`] after the break before that. A new
+//! endpoint in the state is a new path: it starts a burst at once. The measurements are in
+//! docs/overlay/reach.md.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
@@ -63,6 +65,12 @@ pub const QUIET: Duration = Duration::from_secs(RETRY_WINDOW.as_secs() + NAT_FOR
 /// (docs/overlay/reach.md, "Turns"): one side probes through its turn while the other is silent
 /// toward it. Longer than a NAT's memory ([`NAT_FORGETS`]) with 5 s for the two clocks to differ.
 pub const TURN: Duration = Duration::from_secs(NAT_FORGETS.as_secs() + 5);
+/// After a path that worked breaks, a non-direct pair's entry goes on probing every second this
+/// long before it takes turns (docs/overlay/reach.md, "Right after a break"): a cut path comes
+/// back on the NAT mappings it worked on, with no stale flow to wait out, so the side that can
+/// reopen it finds it within a second or two. Only a port forward removed and added again during
+/// these 120 s waits for the turns' silence after them.
+pub const AFTER_BREAK: Duration = Duration::from_secs(120);
 
 /// Whether the turn at `wall` (since the Unix epoch) is the side's whose turns are the even ones
 /// (`even`) or the odd ones.
@@ -98,6 +106,8 @@ pub struct Watch {
     unanswered: u32,
     /// Whether the path was ever seen working (which threshold applies).
     worked: bool,
+    /// When a path that worked was last found unreachable ([`AFTER_BREAK`]).
+    broke_at: Option<Instant>,
     next_probe: Instant,
     /// Probes of the current burst (unreachable only).
     burst: u32,
@@ -120,6 +130,7 @@ impl Watch {
             unanswered_since: None,
             unanswered: 0,
             worked: false,
+            broke_at: None,
             next_probe: now,
             burst: 0,
             resettable: false,
@@ -145,7 +156,10 @@ impl Watch {
     /// Whether the entry's reset is due at `now`: a burst went unanswered, and the path is still
     /// unreachable.
     pub fn reset_due(&self, now: Instant) -> bool {
-        self.resettable && self.reach == Reach::Unreachable && self.reset_at.is_some_and(|at| now >= at)
+        self.resettable
+            && self.reach == Reach::Unreachable
+            && self.reset_at.is_some_and(|at| now >= at)
+            && !self.just_broke(now)
     }
 
     /// The entry was reset at `now` (`done`), or the reset failed. Done: nothing from the entry
@@ -187,6 +201,14 @@ impl Watch {
         self.next_probe
     }
 
+    /// Whether the entry is a non-direct pair's whose path worked and broke less than
+    /// [`AFTER_BREAK`] before `now`: probed every second, never reset.
+    fn just_broke(&self, now: Instant) -> bool {
+        self.resettable
+            && self.reach == Reach::Unreachable
+            && self.broke_at.is_some_and(|at| now.saturating_duration_since(at) < AFTER_BREAK)
+    }
+
     /// Whether the entry takes turns now: unreachable, resettable, with its side's turns set.
     fn turns(&self) -> Option<bool> {
         self.turn.filter(|_| self.resettable && self.reach == Reach::Unreachable)
@@ -199,6 +221,10 @@ impl Watch {
         }
         self.unanswered = self.unanswered.saturating_add(1);
         self.next_probe = now + PROBE_EVERY;
+        if self.just_broke(now) {
+            self.burst = 0;
+            return;
+        }
         if let Some(even) = self.turns() {
             // Probes every second through this side's turn; at its end the entry is reset and
             // nothing goes out until the next one.
@@ -243,6 +269,7 @@ impl Watch {
             self.unanswered_since = None;
             self.unanswered = 0;
             self.worked = true;
+            self.broke_at = None;
             self.reset_at = None;
             if self.reach != Reach::Direct {
                 self.reach = Reach::Direct;
@@ -255,9 +282,16 @@ impl Watch {
             let (after, probes) = if self.worked { (BREAK_AFTER, BREAK_PROBES) } else { (FIRST_AFTER, 2) };
             if self.unanswered >= probes && now.saturating_duration_since(since) >= after {
                 self.reach = Reach::Unreachable;
+                self.broke_at = self.worked.then_some(now);
                 // The first burst starts now, at the probe cadence.
                 self.burst = 0;
             }
+        }
+        // The entry became a non-direct pair's after its burst had ended: back to a probe a
+        // second, and no reset, until AFTER_BREAK has passed.
+        if self.just_broke(now) && self.next_probe > now + PROBE_EVERY {
+            self.next_probe = now;
+            self.reset_at = None;
         }
         self.reach != before
     }
@@ -709,7 +743,8 @@ mod tests {
         let mut sim = Sim::resettable(true);
         sim.run(s(5.0));
         sim.up = false;
-        while sim.resets.is_empty() && sim.at() < s(30.0) {
+        // The first reset comes once AFTER_BREAK has passed.
+        while sim.resets.is_empty() && sim.at() < AFTER_BREAK + s(30.0) {
             sim.run(TICK);
         }
         assert_eq!(sim.w.reach(), Reach::Unreachable);
@@ -722,6 +757,40 @@ mod tests {
         assert_eq!(reach, Reach::Direct);
         assert!(at - back <= NAT_FORGETS + TICK, "direct {:?} after the return", at - back);
         assert_eq!(sim.resets.len(), 1, "a working entry is never reset: {:?}", sim.resets);
+    }
+
+    /// Right after a break (docs/overlay/reach.md): a non-direct pair's entry whose path worked
+    /// probes every second and is never reset for AFTER_BREAK, so a cut path that comes back in
+    /// that time is direct within two seconds, whosever turn it is; after AFTER_BREAK it takes
+    /// turns, with a NAT's silence between them.
+    #[test]
+    fn a_broken_path_is_probed_every_second_for_a_while_and_then_in_turns() {
+        let mut sim = Sim::resettable(true);
+        sim.w.set_turn(Some(true));
+        sim.run(s(5.0));
+        sim.up = false;
+        sim.run(s(10.0));
+        assert_eq!(sim.w.reach(), Reach::Unreachable);
+        let broke = sim.changes[1].0;
+        sim.run(AFTER_BREAK - s(12.0));
+        let during: Vec<Duration> = sim.sent.iter().copied().filter(|t| *t >= broke).collect();
+        assert!(during.windows(2).all(|w| w[1] - w[0] == PROBE_EVERY), "a probe a second: {during:?}");
+        assert!(sim.resets.is_empty(), "no reset while just broken: {:?}", sim.resets);
+        // Restored late in the window, in either side's turn: direct at the next probe.
+        sim.up = true;
+        let back = sim.at();
+        sim.run(s(3.0));
+        let (at, reach) = *sim.changes.last().expect("a change");
+        assert_eq!(reach, Reach::Direct);
+        assert!(at - back <= s(2.0), "direct {:?} after the return", at - back);
+        // Broken again: a new window from the new break, then turns.
+        sim.up = false;
+        sim.run(AFTER_BREAK + s(200.0));
+        let again = sim.changes.last().expect("a change").0;
+        let later: Vec<Duration> = sim.sent.iter().copied().filter(|t| *t > again + AFTER_BREAK + s(1.0)).collect();
+        let gaps: Vec<Duration> = later.windows(2).map(|w| w[1] - w[0]).filter(|g| *g > s(1.5)).collect();
+        assert!(!gaps.is_empty() && gaps.iter().all(|g| *g >= NAT_FORGETS), "turns after the window: {gaps:?}");
+        assert!(!sim.resets.is_empty() && sim.resets[0] >= again + AFTER_BREAK, "{:?}", sim.resets);
     }
 
     #[test]
