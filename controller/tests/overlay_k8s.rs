@@ -10,7 +10,9 @@ use common::{ControlPlane, Controller, bearer, free_address, node_sync, repo, wi
 use std::process::Command;
 use std::time::Duration;
 
-use kuport_controller::compute::overlay::{ENDPOINT_ANNOTATION, PUBLIC_KEY_ANNOTATION, reason};
+use kuport_controller::compute::overlay::{
+    ENDPOINT_ANNOTATION, KEY_HELD_LABEL, PUBLIC_KEY_ANNOTATION, key_tag, reason,
+};
 use kuport_proto::v1::{ExecutorMessage, Hello, NodeFacts, executor_message};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -131,6 +133,15 @@ async fn scenario() {
     .await;
     let n3 = annotations("n3");
     assert!(!n3.contains_key(PUBLIC_KEY_ANNOTATION) && !n3.contains_key(ENDPOINT_ANNOTATION), "{n3:?}");
+    // Each member's Node holds its key: the label no kubelet can write (docs/overlay/mesh.md).
+    let held =
+        |node: &str| cp.json(&["get", "node", node])["metadata"]["labels"][KEY_HELD_LABEL].as_str().map(str::to_string);
+    within(Duration::from_secs(30), "the members' key labels", || {
+        let got = (held("n1"), held("n2"));
+        if got == (Some(key_tag(&key(1))), Some(key_tag(&key(2)))) { Ok(()) } else { Err(format!("{got:?}")) }
+    })
+    .await;
+    assert_eq!(held("n3"), None, "n3 is no member");
 
     // kuportctl: nodes shows each node's place, mesh the members and why n3 is not one.
     let debugger = cp.debug_token(NS, "debugger", true);

@@ -139,8 +139,8 @@ pub struct View<'a> {
     /// pick theirs by `addressType` (IPv4 for the endpoint, IPv6 for its IPv6 twin).
     pub slices: BTreeMap<(String, String), Vec<&'a EndpointSlice>>,
     pub classes: BTreeMap<String, &'a PortMapClass>,
-    /// UDP ports that carry VXLAN: every class's and every port a node reports for the CNI's
-    /// VXLAN devices.
+    /// UDP ports that carry kuport's VXLAN links: every class's. (The ports a node reports for
+    /// its CNI's VXLAN devices are in its [`KnownNode`].)
     pub vxlan_ports: BTreeSet<u16>,
 }
 
@@ -229,8 +229,8 @@ impl<'a> View<'a> {
             list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         }
         let classes = cluster.classes.iter().filter_map(|c| Some((c.metadata.name.clone()?, c))).collect();
-        let reported = nodes.values().flat_map(|n| n.vxlan_ports.iter().copied());
-        let vxlan_ports = cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).chain(reported).collect();
+        // A node's reported ports bound only that node's mappings (portmap::admission).
+        let vxlan_ports = cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).collect();
         View { nodes, namespaces, services, slices, classes, vxlan_ports }
     }
 
@@ -264,8 +264,13 @@ pub fn node_inputs(node: &Node) -> NodeInputs<'_> {
                 .and_then(|a| a.get(crate::compute::overlay::EXTERNAL_ENDPOINT_ANNOTATION)),
         ),
         // Who may relay (docs/overlay/relays.md).
-        [crate::compute::overlay::relays::CONTROL_PLANE_LABEL, crate::compute::overlay::relays::RELAY_LABEL]
-            .map(|k| node.metadata.labels.as_ref().and_then(|l| l.get(k))),
+        // And who holds which key (docs/overlay/mesh.md).
+        [
+            crate::compute::overlay::relays::CONTROL_PLANE_LABEL,
+            crate::compute::overlay::relays::RELAY_LABEL,
+            crate::compute::overlay::KEY_HELD_LABEL,
+        ]
+        .map(|k| node.metadata.labels.as_ref().and_then(|l| l.get(k))),
         // Not read by the computation: a change (someone removed them) wakes the status
         // writer, which puts back what it publishes.
         crate::compute::overlay::WRITTEN_ANNOTATIONS.map(|k| node.metadata.annotations.as_ref().and_then(|a| a.get(k))),
@@ -277,7 +282,7 @@ pub type NodeInputs<'a> = (
     (bool, Option<Ipv4Addr>, Vec<Ipv4Addr>),
     Vec<(&'a str, &'a str)>,
     (Option<&'a [String]>, Option<&'a str>, Option<&'a String>),
-    [Option<&'a String>; 2],
+    [Option<&'a String>; 3],
     [Option<&'a String>; 4],
 );
 

@@ -215,6 +215,7 @@ impl Writer {
         }
         let (out, _) = self.hub.outputs();
         let wanted = overlay::annotations(&out.overlay);
+        let held_labels = overlay::labels(&out.overlay);
         let api: Api<Node> = Api::all(self.client.clone());
         let params = PatchParams { field_manager: Some(OVERLAY_FIELD_MANAGER.into()), ..Default::default() };
         for (name, place) in &out.overlay {
@@ -227,9 +228,18 @@ impl Writer {
             if young && !(settled(name, place, |n| self.hub.served_this_term(n)) && self.hub.reported(name)) {
                 continue;
             }
-            if let Some(change) = annotation_patch(node.metadata.annotations.as_ref(), wanted.get(name)) {
+            let change = annotation_patch(node.metadata.annotations.as_ref(), wanted.get(name));
+            let held = label_patch(node.metadata.labels.as_ref(), held_labels.get(name));
+            if change.is_some() || held.is_some() {
                 let before = events::stored_routes(node.metadata.annotations.as_ref());
-                let patch = Patch::Merge(serde_json::json!({ "metadata": { "annotations": change } }));
+                let mut metadata = serde_json::Map::new();
+                if let Some(change) = change {
+                    metadata.insert("annotations".into(), change.into());
+                }
+                if let Some(held) = held {
+                    metadata.insert("labels".into(), held.into());
+                }
+                let patch = Patch::Merge(serde_json::json!({ "metadata": metadata }));
                 self.hub.metrics().api_write(WriteKind::NodeAnnotations);
                 match api.patch(name, &params, &patch).await {
                     Ok(_) => {
@@ -368,6 +378,22 @@ fn annotation_patch(
     (!change.is_empty()).then_some(change)
 }
 
+/// The merge patch of a Node's labels that sets the ones the overlay writes to `want`
+/// (`overlay::labels`), or None when they agree. Never a removal: a key stays held by its Node
+/// while it is out of the mesh (docs/overlay/mesh.md, "Who holds a key").
+fn label_patch(
+    have: Option<&BTreeMap<String, String>>,
+    want: Option<&BTreeMap<String, String>>,
+) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let change: serde_json::Map<String, serde_json::Value> = want
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| have.and_then(|h| h.get(*k)) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone().into()))
+        .collect();
+    (!change.is_empty()).then_some(change)
+}
+
 /// `computed` with Programmed=False (Pending) while `pending` nodes have not applied it.
 fn with_pending(
     computed: &PortMapStatus,
@@ -414,6 +440,20 @@ mod tests {
             )],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_key_label_is_set_when_it_differs_and_never_removed() {
+        let map = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let held = overlay::KEY_HELD_LABEL;
+        let want: BTreeMap<String, String> = map(&[(held, "aa")]);
+        let other: BTreeMap<String, String> = map(&[("kubernetes.io/hostname", "n")]);
+        let patch = label_patch(Some(&other), Some(&want)).expect("a patch");
+        assert_eq!(serde_json::Value::Object(patch), serde_json::json!({ held: "aa" }));
+        assert_eq!(label_patch(Some(&want), Some(&want)), None);
+        let patch = label_patch(Some(&map(&[(held, "bb")])), Some(&want)).expect("a new key");
+        assert_eq!(serde_json::Value::Object(patch), serde_json::json!({ held: "aa" }));
+        assert_eq!(label_patch(Some(&want), None), None, "a node out of the mesh keeps its key held");
     }
 
     #[test]

@@ -347,7 +347,10 @@ pub fn scenario(tag: &str, hold: Duration) -> Homes {
 
     // A second relay; the path cut again, the pair goes through one of the two; that relay
     // stops: the pair moves to the other.
-    h.mesh.api().kubectl(&["label", "node", "cloud-2", "kuport.wlz.li/relay=true"], None).expect("label cloud-2");
+    h.mesh
+        .api()
+        .kubectl(&["label", "node", "cloud-2", "node-restriction.kubernetes.io/kuport-relay=true"], None)
+        .expect("label cloud-2");
     std::thread::sleep(Duration::from_secs(2));
     h.cut(A, B, true);
     let (_, first) = h.wait_applied_any_relay(WITHIN);

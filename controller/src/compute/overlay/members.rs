@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 
-use super::{EXTERNAL_ENDPOINT_ANNOTATION, OverlaySettings, Refusal, reason};
+use super::{EXTERNAL_ENDPOINT_ANNOTATION, KEY_HELD_LABEL, OverlaySettings, Refusal, key_tag, reason};
 use crate::observe::facts;
 use crate::observe::{Cluster, KnownFacts, ObservedPeer};
 
@@ -103,7 +103,9 @@ pub fn choose(cluster: &Cluster, node: &str, key: &str, candidates: &[SocketAddr
 /// Every member's endpoint candidates, in this order, each once:
 /// 1. the endpoint it announces ([`Member::endpoint`]);
 /// 2. the endpoints other members' WireGuard learned for it from its packets (their reports
-///    of a live session with it: where its packets come from, NAT-mapped), in address order;
+///    of a live session with it: where its packets come from, NAT-mapped), in address order,
+///    each only when its address is vouched for ([`vouched`]): one node's report alone never
+///    puts an address on other pairs' paths;
 /// 3. the address its executor's stream reaches the controller from, at its announced port
 ///    (else the listen port).
 ///
@@ -119,7 +121,9 @@ pub fn candidates(
 ) -> BTreeMap<String, Vec<SocketAddr>> {
     let observed = &cluster.overlay_observed;
     let by_key: BTreeMap<&str, &str> = members.iter().map(|(n, m)| (m.public_key.as_str(), n.as_str())).collect();
-    let mut seen: BTreeMap<&str, Vec<SocketAddr>> = BTreeMap::new();
+    let nodes: BTreeMap<&str, &Node> =
+        cluster.nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, n))).collect();
+    let mut seen: BTreeMap<&str, Vec<(SocketAddr, &str)>> = BTreeMap::new();
     for (reporter, peers) in &observed.reports {
         if !members.contains_key(reporter) {
             continue;
@@ -127,7 +131,7 @@ pub fn candidates(
         for (key, p) in peers {
             let Some(peer) = by_key.get(key.as_str()).filter(|n| **n != reporter) else { continue };
             if let Some(e) = p.endpoint.filter(|e| !silent(p, cluster.now) && usable(e.ip()) && e.port() != 0) {
-                seen.entry(peer).or_default().push(e);
+                seen.entry(peer).or_default().push((e, reporter.as_str()));
             }
         }
     }
@@ -138,8 +142,6 @@ pub fn candidates(
             if m.endpoint.is_some() && announces(cluster, name) {
                 return (name.clone(), out);
             }
-            let mut learned = seen.remove(name.as_str()).unwrap_or_default();
-            learned.sort();
             let port = m.endpoint.map_or(listen_port, |e| e.port());
             let connect = observed
                 .connect_addresses
@@ -147,6 +149,11 @@ pub fn candidates(
                 .map(|ip| ip.to_canonical())
                 .filter(|ip| usable(*ip))
                 .map(|ip| SocketAddr::new(ip, port));
+            let reports = seen.remove(name.as_str()).unwrap_or_default();
+            let node = nodes.get(name.as_str()).copied();
+            let mut learned: Vec<SocketAddr> =
+                reports.iter().map(|(e, _)| *e).filter(|e| vouched(node, m, connect, &reports, e.ip())).collect();
+            learned.sort();
             for e in learned.into_iter().chain(connect) {
                 if !out.contains(&e) {
                     out.push(e);
@@ -155,6 +162,31 @@ pub fn candidates(
             (name.clone(), out)
         })
         .collect()
+}
+
+/// Whether an address another member observed member `name`'s packets come from may be one of
+/// its candidates for every pair (docs/overlay/status.md, "Candidates"): it is an address the
+/// member itself stands for (its announced endpoint's, its Node's `status.addresses`, which its
+/// own kubelet writes), the address its executor's stream reaches the controller from
+/// (`connect`, what the controller sees, not what a node says), or two or more distinct members
+/// report it. A node's own report of a peer is what its WireGuard holds, never rewritten here;
+/// so one compromised node cannot steer other pairs' handshakes to an address of its choosing.
+fn vouched(
+    node: Option<&Node>,
+    m: &Member,
+    connect: Option<SocketAddr>,
+    reports: &[(SocketAddr, &str)],
+    ip: IpAddr,
+) -> bool {
+    let own = m.endpoint.iter().chain(connect.iter()).any(|e| e.ip() == ip)
+        || node
+            .into_iter()
+            .flat_map(|n| n.status.iter().flat_map(|s| s.addresses.iter().flatten()))
+            .any(|a| a.address.parse::<IpAddr>().is_ok_and(|a| a.to_canonical() == ip.to_canonical()));
+    let mut reporters: Vec<&str> = reports.iter().filter(|(e, _)| e.ip() == ip).map(|(_, r)| *r).collect();
+    reporters.sort_unstable();
+    reporters.dedup();
+    own || reporters.len() >= 2
 }
 
 /// Whether `node`'s Node carries the external-endpoint annotation.
@@ -190,6 +222,7 @@ pub fn judge(cluster: &Cluster, settings: &OverlaySettings) -> Judged {
             }
         }
     }
+    refuse_held(cluster, &mut out);
     refuse_clashes(&mut out);
     out.candidates = candidates(cluster, &out.members, settings.listen_port);
     out
@@ -295,9 +328,46 @@ fn endpoint(node: &str, n: &Node, port: u16, why: &mut Vec<Refusal>) -> Option<S
     })
 }
 
-/// Members that share a public key, or whose pod CIDRs overlap, are refused, each naming the
-/// others: a peer listed twice, or two peers claiming one prefix, would make every node's state
-/// ambiguous. As with a clashing underlay (docs/security.md), none of them is used.
+/// A member whose key another Node holds (that Node carries the key's [`KEY_HELD_LABEL`], which
+/// the controller wrote when it joined the mesh with it, and no kubelet can write) is refused;
+/// the holder keeps its place. So a node that reports another member's published key takes no
+/// one out but itself (docs/overlay/mesh.md, "Who holds a key"). The label is an input like any
+/// other: every replica and every new leader decides the same.
+fn refuse_held(cluster: &Cluster, out: &mut Judged) {
+    let mut held: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for n in &cluster.nodes {
+        if let (Some(name), Some(tag)) =
+            (n.metadata.name.as_deref(), n.metadata.labels.as_ref().and_then(|l| l.get(KEY_HELD_LABEL)))
+        {
+            held.entry(tag.as_str()).or_default().push(name);
+        }
+    }
+    let mut refused = Vec::new();
+    for (name, m) in &out.members {
+        let holders: Vec<&str> =
+            held.get(key_tag(&m.public_key).as_str()).into_iter().flatten().copied().filter(|h| h != name).collect();
+        if !holders.is_empty() {
+            refused.push(refuse(
+                name,
+                FIELD_KEY,
+                reason::PUBLIC_KEY_HELD,
+                format!(
+                    "node {} holds this public key (its label {KEY_HELD_LABEL}); this node is not in the mesh until its executor reports a key of its own",
+                    holders.join(", ")
+                ),
+            ));
+        }
+    }
+    for r in refused {
+        out.members.remove(&r.node);
+        out.refused.entry(r.node.clone()).or_default().push(r);
+    }
+}
+
+/// Members that share a public key no Node holds, or whose pod CIDRs overlap, are refused,
+/// each naming the others: a peer listed twice, or two peers claiming one prefix, would make
+/// every node's state ambiguous. As with a clashing underlay (docs/security.md), none of them
+/// is used.
 fn refuse_clashes(out: &mut Judged) {
     let mut clashes: BTreeMap<String, Vec<Refusal>> = BTreeMap::new();
     let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -496,8 +566,10 @@ mod rotation_tests {
             let o = &mut c.overlay_observed;
             let home_sees_vm = ObservedPeer { endpoint: None, last_handshake: handshake.map(at), ..Default::default() };
             o.reports.insert("home".into(), BTreeMap::from([(VM.into(), home_sees_vm)]));
-            // cloud sees vm's packets from its 1:1 NAT's public address.
+            // cloud sees vm's packets from its 1:1 NAT's public address, where vm's stream
+            // reaches the controller from too (one node's observation alone is no candidate).
             o.reports.insert("cloud".into(), BTreeMap::from([(VM.into(), live("198.51.100.4:51820", now))]));
+            o.connect_addresses.insert("vm".into(), "198.51.100.4".parse().expect("ip"));
             endpoint(&c, "home", VM)
         };
         let (a, b) = (Some(ep("172.31.5.4:51820")), Some(ep("198.51.100.4:51820")));
@@ -527,6 +599,50 @@ mod rotation_tests {
             c.overlay_observed.last_endpoints.clear();
             assert_eq!(endpoint(&c, "home", CLOUD), Some(ep("203.0.113.7:51820")), "at {now}");
         }
+    }
+
+    /// Issue 25, finding 6: home (compromised) reports a live session with vm at its own
+    /// address. cloud is silent toward vm and rotates through vm's candidates: never onto
+    /// home's address. What one node observes becomes a candidate for every pair only when the
+    /// address is vm's own (its Node's, or where its stream reaches the controller from), or a
+    /// second node observes it too.
+    #[test]
+    fn one_nodes_observed_endpoint_never_puts_its_address_on_another_pairs_path() {
+        let attacked = |now: i64| {
+            let mut c = sites(now);
+            let o = &mut c.overlay_observed;
+            o.reports.insert("home".into(), BTreeMap::from([(VM.into(), live("198.51.100.20:40000", now))]));
+            o.reports.insert("cloud".into(), BTreeMap::from([(VM.into(), silent_peer(None))]));
+            o.connect_addresses.insert("home".into(), "198.51.100.20".parse().expect("ip"));
+            c
+        };
+        for slot in 0..6 {
+            let now = T0 + slot * ROTATE_EVERY_SECONDS;
+            let got = endpoint(&attacked(now), "cloud", VM);
+            assert_eq!(got, Some(ep("172.31.5.4:51820")), "at +{} s", slot * ROTATE_EVERY_SECONDS);
+        }
+        let judged = judge(&attacked(T0), &OverlaySettings::default());
+        assert_eq!(judged.candidates["vm"], [ep("172.31.5.4:51820")]);
+        // The real use: vm's 1:1 NAT maps it to 198.51.100.4, where its stream reaches the
+        // controller from; a mapping another node observes there is a candidate.
+        let mut c = attacked(T0);
+        c.overlay_observed.connect_addresses.insert("vm".into(), "198.51.100.4".parse().expect("ip"));
+        c.overlay_observed.reports.get_mut("home").expect("home").insert(VM.into(), live("198.51.100.4:40001", T0));
+        let judged = judge(&c, &OverlaySettings::default());
+        assert_eq!(
+            judged.candidates["vm"],
+            [ep("172.31.5.4:51820"), ep("198.51.100.4:40001"), ep("198.51.100.4:51820")]
+        );
+        // Or two nodes observe the same address.
+        let mut c = attacked(T0);
+        c.overlay_observed
+            .reports
+            .insert("cloud".into(), BTreeMap::from([(VM.into(), live("198.51.100.20:40002", T0))]));
+        let judged = judge(&c, &OverlaySettings::default());
+        assert_eq!(
+            judged.candidates["vm"],
+            [ep("172.31.5.4:51820"), ep("198.51.100.20:40000"), ep("198.51.100.20:40002")]
+        );
     }
 
     #[test]

@@ -56,6 +56,12 @@ pub const ROUTES_ANNOTATION: &str = "kuport.wlz.li/wireguard-routes";
 /// object of peer name to its state (`direct`, `unreachable` or `unknown`) and the endpoint its
 /// WireGuard holds (docs/overlay/relays.md).
 pub const PEERS_ANNOTATION: &str = "kuport.wlz.li/wireguard-peers";
+/// Written by the controller on each member's Node: [`key_tag`] of its public key. A key whose
+/// tag is on a Node is held by that Node: another node that reports it is refused, and the holder
+/// keeps its place (docs/overlay/mesh.md, "Who holds a key"). A label under NodeRestriction's
+/// prefix, so that no kubelet can set, change or remove it on its own Node; written for members
+/// only and never removed, so a holder that leaves the mesh for a while keeps its key held.
+pub const KEY_HELD_LABEL: &str = "node-restriction.kubernetes.io/kuport-key";
 /// Every annotation the controller writes on a Node (and removes when it leaves the mesh).
 pub const WRITTEN_ANNOTATIONS: [&str; 4] =
     [PUBLIC_KEY_ANNOTATION, ENDPOINT_ANNOTATION, PEERS_ANNOTATION, ROUTES_ANNOTATION];
@@ -123,8 +129,10 @@ pub mod reason {
     pub const NO_PUBLIC_KEY: &str = "NoPublicKey";
     /// Not 32 bytes of base64.
     pub const INVALID_PUBLIC_KEY: &str = "InvalidPublicKey";
-    /// Another node reports the same key.
+    /// Another node reports the same key, and no Node holds it.
     pub const PUBLIC_KEY_CLASH: &str = "PublicKeyClash";
+    /// Another Node holds the key (its [`super::KEY_HELD_LABEL`]): only this node is refused.
+    pub const PUBLIC_KEY_HELD: &str = "PublicKeyHeld";
     /// spec.podCIDRs is empty.
     pub const NO_POD_CIDRS: &str = "NoPodCIDRs";
     /// A pod CIDR does not parse or has host bits set.
@@ -389,6 +397,24 @@ pub fn annotations(nodes: &BTreeMap<String, NodeOverlay>) -> BTreeMap<String, BT
             a.insert(ROUTES_ANNOTATION.to_string(), routes_json(&o.routes));
             a.insert(PEERS_ANNOTATION.to_string(), peers_json(&o.seen));
             Some((n.clone(), a))
+        })
+        .collect()
+}
+
+/// The value of [`KEY_HELD_LABEL`] for `key`: the first 30 bytes of its SHA-256 in hex (60
+/// characters: a label value holds at most 63, and a key's base64 has `+`, `/` and `=`).
+pub fn key_tag(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(key.as_bytes()).iter().take(30).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The labels the controller writes on each member's Node: [`KEY_HELD_LABEL`]. Never removed.
+pub fn labels(nodes: &BTreeMap<String, NodeOverlay>) -> BTreeMap<String, BTreeMap<String, String>> {
+    nodes
+        .iter()
+        .filter_map(|(n, o)| {
+            let key = o.public_key.as_deref()?;
+            Some((n.clone(), BTreeMap::from([(KEY_HELD_LABEL.to_string(), key_tag(key))])))
         })
         .collect()
 }

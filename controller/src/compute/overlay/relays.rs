@@ -29,8 +29,13 @@ use crate::observe::Cluster;
 /// the one with a public address that every site reaches.
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 /// `true` makes a node a relay candidate, `false` keeps it out (a control-plane node too).
-/// Any other value is as if the label were not there.
-pub const RELAY_LABEL: &str = "kuport.wlz.li/relay";
+/// Any other value is as if the label were not there. Under NodeRestriction's prefix: a kubelet
+/// can set neither it nor the control-plane role on its own Node, so a compromised node cannot
+/// make itself a relay of other pairs (docs/overlay/relays.md, "Who may relay").
+pub const RELAY_LABEL: &str = "node-restriction.kubernetes.io/kuport-relay";
+/// The label relay candidacy came from before: any kubelet may set it on its own Node, so it is
+/// ignored (docs/overlay/relays.md).
+pub const OLD_RELAY_LABEL: &str = "kuport.wlz.li/relay";
 
 /// The keepalive of the direct entry of a pair that is not direct (relayed, or unreachable):
 /// off. The pair's direct path is what failed; keepalives toward it would keep refreshing the

@@ -865,3 +865,79 @@ fn plain(mut tables: Vec<kuport_proto::v1::NftTable>) -> Vec<kuport_proto::v1::N
     }
     tables
 }
+
+// ---- one node cannot act for another (issue 25, finding 6) ----------------------------------
+
+/// The label the controller writes on a member's Node for its key, spelled out: the first 30
+/// bytes of the key's SHA-256 in hex, under NodeRestriction's prefix.
+fn held(n: &mut Node, k: &str) {
+    use sha2::{Digest, Sha256};
+    let tag: String = Sha256::digest(k.as_bytes()).iter().take(30).map(|b| format!("{b:02x}")).collect();
+    label(n, "node-restriction.kubernetes.io/kuport-key", &tag);
+}
+
+/// A compromised node (home) reports cloud's published key, and forges the key annotation on
+/// its own Node (its kubelet may): cloud, whose Node holds the key, keeps its place and its
+/// peers on every other node; only home is refused, with a reason naming cloud. The same when
+/// cloud is out of the mesh for a while (no key reported): home does not take its key.
+#[test]
+fn a_node_that_reports_another_members_key_is_refused_and_the_holder_stays() {
+    let world = || {
+        let mut w = sites();
+        w.c.nodes.push(node("edge", &[("InternalIP", "10.0.0.9")], &["10.42.3.0/24"], &[]));
+        w.c.facts.push(facts("edge", Some(key(4)), None));
+        held(&mut w.c.nodes[0], &key(1));
+        w.c.facts[1].wireguard_public_key = Some(key(1));
+        w.c.nodes[1].metadata.annotations = Some([(PUBLIC_KEY_ANNOTATION.into(), key(1))].into());
+        w
+    };
+    let out = run(&world());
+    assert_refused(&out, "home", "PublicKeyHeld", "wireguardPublicKey");
+    let why = &out.overlay["home"].refused[0];
+    assert!(why.message.contains("node cloud holds this public key"), "{why}");
+    assert_eq!(out.overlay["cloud"].public_key, Some(key(1)), "cloud stays");
+    for other in ["vm", "edge"] {
+        assert!(out.overlay[other].peers.iter().any(|p| p == "cloud"), "{other} keeps cloud");
+        let device = &out.node_states[other].netns[0].wireguard_devices[0];
+        let cloud = device.peers.iter().filter(|p| p.public_key == key(1)).count();
+        assert_eq!(cloud, 1, "{other}: cloud's entry, once");
+    }
+    // cloud out of the mesh for a while: its key stays held, home is still refused.
+    let mut w = world();
+    w.c.facts[0].wireguard_public_key = None;
+    let out = run(&w);
+    assert_refused(&out, "home", "PublicKeyHeld", "wireguardPublicKey");
+    // With no Node holding it (a new cluster), two reporters of one key are both refused.
+    let mut w = world();
+    w.c.nodes[0].metadata.labels = None;
+    let out = run(&w);
+    assert_refused(&out, "home", reason::PUBLIC_KEY_CLASH, "wireguardPublicKey");
+    assert_refused(&out, "cloud", reason::PUBLIC_KEY_CLASH, "wireguardPublicKey");
+}
+
+/// A kubelet may set `kuport.wlz.li/relay=true` on its own Node: it makes no relay. Only the
+/// label under NodeRestriction's prefix (which no kubelet may set) does; the old one is
+/// ignored, whatever its value.
+#[test]
+fn the_old_relay_label_a_kubelet_can_set_makes_no_relay() {
+    let route = |old: Option<&str>, new: Option<&str>| {
+        let mut w = homes();
+        w.c.nodes[0].metadata.labels = None;
+        if let Some(v) = old {
+            label(&mut w.c.nodes[0], "kuport.wlz.li/relay", v);
+        }
+        if let Some(v) = new {
+            label(&mut w.c.nodes[0], "node-restriction.kubernetes.io/kuport-relay", v);
+        }
+        let out = run(&w);
+        (out.overlay["cloud"].relay, out.overlay["home-a"].routes["home-b"].clone())
+    };
+    assert_eq!(route(Some("true"), None), (false, PeerRoute::Unreachable));
+    assert_eq!(route(None, Some("true")), (true, PeerRoute::Via("cloud".into())));
+    assert_eq!(route(Some("true"), Some("true")), (true, PeerRoute::Via("cloud".into())));
+    assert_eq!(route(Some("false"), Some("true")), (true, PeerRoute::Via("cloud".into())));
+    assert_eq!(route(None, None), (false, PeerRoute::Unreachable));
+    let mut w = homes();
+    label(&mut w.c.nodes[0], "kuport.wlz.li/relay", "false");
+    assert!(run(&w).overlay["cloud"].relay, "a control-plane node is a candidate whatever the old label says");
+}

@@ -116,16 +116,21 @@ fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> 
     {
         return Err(Refusal::accepted(
             reason::RESERVED_PORT,
-            format!("spec.port: UDP {p} carries VXLAN links (kuport's or the CNI's)"),
+            format!("spec.port: UDP {p} carries kuport's VXLAN links"),
         ));
     }
+    // A node's CNI VXLAN port (as it reports it) is closed to UDP mappings on that node only.
+    let cni_vxlan = |node: &str| {
+        let ports = &view.node(node).vxlan_ports;
+        ports.iter().copied().find(|p| spec.protocol == Protocol::Udp && (first..=last).contains(p))
+    };
     let mut accepting = BTreeMap::new();
     for (node, cn) in &class.spec.nodes {
         let ifaces: Vec<String> = match &spec.interfaces {
             None => cn.interfaces.clone(),
             Some(want) => cn.interfaces.iter().filter(|i| want.contains(i)).cloned().collect(),
         };
-        if !ifaces.is_empty() {
+        if !ifaces.is_empty() && cni_vxlan(node).is_none() {
             accepting.insert(node.clone(), ifaces);
         }
     }
@@ -137,6 +142,14 @@ fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> 
                 format!("spec.interfaces: {bad:?} is not an interface of any node in PortMapClass {class_name:?}"),
             ));
         }
+    }
+    let clashing: Vec<String> =
+        class.spec.nodes.keys().filter_map(|n| cni_vxlan(n).map(|p| format!("node {n} (UDP {p})"))).collect();
+    if accepting.is_empty() && !clashing.is_empty() {
+        return Err(Refusal::accepted(
+            reason::RESERVED_PORT,
+            format!("spec.port: carries a VXLAN device of the CNI on {}", clashing.join(", ")),
+        ));
     }
     if accepting.is_empty() {
         return Err(Refusal::accepted(

@@ -94,7 +94,10 @@ pub fn compute(
     for (_, v) in &verdicts {
         if let Ok(p) = v {
             for node in p.remote_nodes() {
-                needed.insert(LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node));
+                let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
+                if vxlan_port_clash(view, &vxlan, &key).is_none() {
+                    needed.insert(key);
+                }
             }
         }
     }
@@ -106,7 +109,7 @@ pub fn compute(
     let previous: BTreeMap<MapKey, &PortMap> = cluster.port_maps.iter().map(|pm| (admission::key_of(pm), pm)).collect();
     for (key, verdict) in verdicts {
         let verdict = verdict.and_then(|p| {
-            let ends = link_ends(view, &alloc, &p)?;
+            let ends = link_ends(view, &vxlan, &alloc, &p)?;
             let route = view.node(&p.endpoint.node).route_to(p.endpoint.address);
             let device = match &route {
                 RouteTo::Device(d) => Some(d.as_str()),
@@ -175,15 +178,39 @@ fn pod_route_unknown(p: &Placement) -> Refusal {
     )
 }
 
+/// The classes' VXLAN settings, or why each is out of service.
+type ClassVxlans = BTreeMap<String, Result<links::ClassVxlan, (&'static str, String)>>;
+
+/// The end of link `key` that reports its class's VXLAN port for its CNI's VXLAN device, with
+/// the port: that node's CNI socket would take the link's packets, so no link of the class ends
+/// there. What a node reports bounds only its own links (docs/portmap/datapath.md).
+fn vxlan_port_clash<'k>(view: &View, vxlan: &ClassVxlans, key: &'k LinkKey) -> Option<(&'k str, u16)> {
+    let port = vxlan.get(&key.class)?.as_ref().ok()?.port;
+    [key.pair.0.as_str(), key.pair.1.as_str()]
+        .into_iter()
+        .find(|n| view.node(n).vxlan_ports.contains(&port))
+        .map(|n| (n, port))
+}
+
 /// Both ends of every link a placement needs, or why one cannot be built.
 fn link_ends(
     view: &View,
+    vxlan: &ClassVxlans,
     alloc: &links::Allocation,
     p: &Placement,
 ) -> Result<BTreeMap<String, (LinkEnd, LinkEnd)>, Refusal> {
     let mut ends = BTreeMap::new();
     for node in p.remote_nodes() {
         let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
+        if let Some((n, port)) = vxlan_port_clash(view, vxlan, &key) {
+            return Err(Refusal::programmed(
+                reason::VXLAN_PORT_CONFLICT,
+                format!(
+                    "node {n} reports UDP {port}, PortMapClass {:?}'s spec.returnPath.vxlan.port, for a VXLAN device of its CNI: no link of the class ends on node {n}",
+                    key.class
+                ),
+            ));
+        }
         let numbers = match alloc.needed.get(&key) {
             Some(Ok(n)) => n,
             Some(Err((_, message))) => {
@@ -321,6 +348,15 @@ fn class_status(
             };
             // What of the executor's reports is refused: reason, field and why.
             message.extend(v.refused.iter().map(|r| format!("{}: {}: {}", r.reason, r.field, r.message)));
+            if let Ok(x) = vxlan
+                && v.vxlan_ports.contains(&x.port)
+            {
+                message.push(format!(
+                    "{}: vxlanPorts: the node reports UDP {} for a VXLAN device of its CNI; no link of the class ends here",
+                    reason::VXLAN_PORT_CONFLICT,
+                    x.port
+                ));
+            }
             let message = message.join("; ");
             let interfaces = class.spec.nodes.get(&n).and_then(|cn| v.known_interfaces(&cn.interfaces));
             ClassNodeStatus {

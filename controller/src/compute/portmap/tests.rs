@@ -452,15 +452,17 @@ fn class_conditions() {
     };
     let w = || base().class("c", Single, Vxlan, PUBLIC);
     assert_eq!(ready(w()), ("True".into(), reason::READY.into()));
-    // The CNI's VXLAN port as a node reports it, on a node of the class or any other: a link
-    // may end on any node that runs a pod. Unreported, the same port is free.
+    // The CNI's VXLAN port as a node reports it bounds only that node's links: the class stays
+    // Ready, and the node's row says why no link ends there (issue 25, finding 6).
     assert_eq!(ready(w().edit_class("c", |s| s.return_path.vxlan.port = 8472)).1, reason::READY);
     for node in ["edge-a", "worker-c"] {
         let conflict = w().vxlan_ports(node, &[4789, 8472]).edit_class("c", |s| s.return_path.vxlan.port = 8472);
         let out = conflict.run();
         let c = &out.classes["c"].conditions[0];
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason::VXLAN_PORT_CONFLICT));
-        assert!(c.message.contains(&format!("node {node}")) && c.message.contains("8472"), "{}", c.message);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", reason::READY));
+        if let Some(row) = out.classes["c"].nodes.iter().find(|r| r.name == node) {
+            assert!(row.message.contains(reason::VXLAN_PORT_CONFLICT) && row.message.contains("8472"), "{row:?}");
+        }
     }
     assert_eq!(ready(w().edit_class("c", |s| s.return_path.vxlan.port = 0)).1, reason::VXLAN_PORT_CONFLICT);
     assert_eq!(
@@ -971,4 +973,41 @@ fn ipv6_slices_are_never_the_ipv4_choice() {
         ep.addresses.insert(0, "fd00:10:244::9".into());
     }
     assert_eq!(endpoint_of(&mixed).map(|e| e.address.to_string()), Some("10.244.1.1".into()));
+}
+
+/// Finding 6 of issue 25: a node that reports VXLAN ports of its CNI (a compromised node can
+/// report any) bounds only its own links and mappings. worker-c reports the class's VXLAN port
+/// and UDP 8472: mappings between edge-a and worker-b stay Programmed, UDP 8472 included, the
+/// class stays Ready, and only a mapping whose link would end on worker-c is refused, naming it.
+#[test]
+fn a_nodes_reported_vxlan_ports_bound_only_its_own_links_and_mappings() {
+    let w = base()
+        .class("c", Single, Vxlan, PUBLIC)
+        .service("ns", "tcp", "TCP", 3000, &[("pod-b", "worker-b", "10.244.1.7", true)])
+        .service("ns", "udp", "UDP", 8472, &[("pod-u", "worker-b", "10.244.1.8", true)])
+        .service("ns", "on-c", "TCP", 3001, &[("pod-c", "worker-c", "10.244.2.7", true)])
+        .port_map("ns", "tcp", "c", Tcp, 3000, None, "tcp", 0)
+        .port_map("ns", "udp", "c", Udp, 8472, None, "udp", 1)
+        .port_map("ns", "on-c", "c", Tcp, 3001, None, "on-c", 2);
+    let out = w.clone().vxlan_ports("worker-c", &[4790, 8472]).run();
+    for m in ["tcp", "udp"] {
+        assert_eq!(cond(&out, m, status::PROGRAMMED).0, "True", "{m}: {:?}", cond(&out, m, status::PROGRAMMED));
+    }
+    let (st, rsn, message) = cond(&out, "on-c", status::PROGRAMMED);
+    assert_eq!((st, rsn), ("False", "VxlanPortConflict"), "{message}");
+    assert!(message.contains("node worker-c") && message.contains("4790"), "{message}");
+    assert_eq!(out.classes["c"].conditions[0].status, "True", "{:?}", out.classes["c"].conditions[0]);
+    assert_eq!(links_on(&out, "worker-c"), 0, "no link ends on worker-c");
+    assert_eq!(links_on(&out, "worker-b"), 1);
+    // Unreported, all three are Programmed.
+    let clean = w.clone().run();
+    assert_eq!(cond(&clean, "on-c", status::PROGRAMMED).0, "True");
+    // The accepting node's own report closes UDP 8472 there: the mapping is refused, naming it.
+    let out = w.vxlan_ports("edge-a", &[8472]).run();
+    let (st, rsn, message) = cond(&out, "udp", status::PROGRAMMED);
+    assert_eq!((st, rsn), ("False", reason::NOT_ACCEPTED), "{message}");
+    let (_, rsn, message) = cond(&out, "udp", status::ACCEPTED);
+    assert_eq!(rsn, reason::RESERVED_PORT);
+    assert!(message.contains("node edge-a") && message.contains("8472"), "{message}");
+    assert_eq!(cond(&out, "tcp", status::PROGRAMMED).0, "True");
 }
