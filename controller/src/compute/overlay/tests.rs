@@ -576,7 +576,9 @@ fn a_node_watch_recomputes_for_pod_cidrs_addresses_the_endpoint_annotation_and_r
     control_plane.metadata.labels = Some([(relays::CONTROL_PLANE_LABEL.into(), String::new())].into());
     let mut routes = base.clone();
     routes.metadata.annotations = Some([(WRITTEN_ANNOTATIONS[2].into(), "x".into())].into());
-    for c in changed.into_iter().chain([relay, control_plane, routes]) {
+    let mut key_held = base.clone();
+    key_held.metadata.labels = Some([(KEY_HELD_LABEL.into(), "aa".into())].into());
+    for c in changed.into_iter().chain([relay, control_plane, routes, key_held]) {
         assert_ne!(digest(&c), digest(&base), "{c:?}");
     }
     let mut other_label = base.clone();
