@@ -369,6 +369,9 @@ fn a_pods_forged_vxlan_packet_is_dropped_and_counted_while_the_link_flows() {
     }
     let (mut lab, mut states) = push_lab(Cni::Cilium);
     kuport_lab::program::apply(&mut lab, &states).expect("applies");
+    for node in ["edge-a", "worker-2"] {
+        common::boundary::assert_lists_as_computed(&lab, &mut states, node);
+    }
     let pod = socket(&lab, "push-0", "0.0.0.0:7000", Duration::from_secs(1));
     let client = socket(&lab, "client-1", "0.0.0.0:0", Duration::from_secs(1));
     let forger = Forger::new(&lab, &mut states, "worker-2", "api-0", Ipv4Addr::new(198, 51, 100, 66));

@@ -90,6 +90,14 @@ pub fn element_packets(lab: &Lab, node: &str, set: &str) -> u64 {
     w.windows(2).filter(|p| p[0] == "packets").map(|p| p[1].trim_end_matches(',').parse::<u64>().unwrap_or(0)).sum()
 }
 
+/// `node`'s kuport table as the kernel lists it (`nft -s`) is the computed table's canonical text:
+/// the codec encoded each rule as nft would.
+pub fn assert_lists_as_computed(lab: &Lab, states: &mut BTreeMap<String, NodeState>, node: &str) {
+    let listed = lab.exec(node, &["nft", "-s", "list", "table", "inet", "kuport"]).expect("nft lists the table");
+    let computed = kuport_proto::text::nft_table(kuport_table(host_state(states, node)));
+    assert_eq!(listed, computed, "{node}: the kernel lists the table as computed");
+}
+
 /// The port push-0 (on worker-2, 10.244.2.70) listens on, published on edge-a: no echo server
 /// owns it, the test does.
 pub const PUSH: &str = "203.0.113.9:7000";
