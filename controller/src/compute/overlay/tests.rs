@@ -174,7 +174,8 @@ fn the_overlay_adds_to_port_maps_state_and_changes_nothing_of_it() {
                 (v.local, v.remote, link.mtu) = (o.local.clone(), o.remote.clone(), old.mtu);
             }
             // The link peer filter names each link's peer by the address its packets come from.
-            let peer_sets = s.netns[0].nft_tables.iter_mut().flat_map(|t| &mut t.sets).filter(|s| s.name == "link_peers");
+            let peer_sets =
+                s.netns[0].nft_tables.iter_mut().flat_map(|t| &mut t.sets).filter(|s| s.name == "link_peers");
             for v in peer_sets.flat_map(|s| &mut s.elements).flat_map(|e| &mut e.key) {
                 if let Some(kuport_proto::v1::nft_value::Value::Addr(a)) = &mut v.value
                     && let Some(o) = peers.get(a.as_str())
