@@ -1,7 +1,7 @@
 //! The rule shapes: where every nftables element, link, route and ip rule of a port map is
 //! decided; docs/portmap/datapath.md explains each, with its measurement and its test.
 //!
-//! One table, `inet kuport`, with three chains at the priorities below (and the steering chain,
+//! One table, `inet kuport`, with the chains at the priorities below (and the steering chain,
 //! steer.rs). Every map and set that holds an address has an IPv6 twin named with a `6`, and
 //! so has the rule that reads it; the rest serves both families. Mappings are elements of
 //! maps and sets keyed by concatenations, never rules of their own, so a new connection costs
@@ -9,12 +9,15 @@
 //!
 //! | chain      | hook, priority       | rule                                                      |
 //! |------------|----------------------|-----------------------------------------------------------|
-//! | kup-pre    | nat prerouting -110  | DNAT published ports to the pod or to the link's far end  |
+//! | kup-pre    | nat prerouting -110  | DNAT published ports (the node's address's stand-in, steer.rs) to the pod or the link's far end |
 //! |            |                      | DNAT link arrivals (this end's stand-in, steer.rs) to the pod |
+//! |            |                      | drop a new connection out of a link that nothing translated |
 //! | kup-post   | nat postrouting 90   | identity SNAT claiming the request before the CNI's masquerade |
 //! |            |                      | identity SNAT claiming the pod's reply into a kup- link   |
-//! | kup-mangle | filter prerouting -140 | Single: mark replies by pod address, protocol and port  |
-//! |            |                      | Multi: save the arrival link in ct mark, restore on ct reply |
+//! | kup-mangle | filter prerouting -140 | save the arrival link in ct mark (original direction)   |
+//! |            |                      | Single: mark replies by that ct mark, pod address, protocol and port |
+//! |            |                      | Multi: restore the ct mark on replies                     |
+//! | kup-links  | filter input -10     | drop what reaches a link's VXLAN port from anyone but its peer |
 //!
 //! Single ports live in hash sets keyed in their natural order (interface or address first, the
 //! port last); only ranges live in interval sets.
