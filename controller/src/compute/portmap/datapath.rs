@@ -92,6 +92,8 @@ pub const LINKS_PRIORITY: i32 = -10;
 pub const SET_LINK_PORTS: &str = "link_ports";
 /// (peer's underlay or overlay address, port) of each link on this node.
 pub const SET_LINK_PEERS: &str = "link_peers";
+/// This node's link devices, whose untranslated new connections kup-pre drops.
+pub const SET_LINK_DEVICES: &str = "link_devices";
 
 /// Each accepting interface's addresses.
 type Addresses = BTreeMap<String, BTreeSet<IpAddr>>;
@@ -526,11 +528,13 @@ fn table(p: &NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addresses)
         family_rules(fam, p.of(fam), stand_in, ifaces, &mut sets, [&mut pre, &mut post, &mut mangle]);
     }
     use Selector::{CtDirection, CtMark, Iifname, IpSaddr, UdpDport};
-    let link_prefix = || ifname(&format!("{}*", kuport_proto::owned::LINK_PREFIX));
     if !p.links.is_empty() {
         // A new connection out of a link that no link map translated: kuport sent no such thing
         // into the link (its replies belong to known connections, which skip the nat chains).
-        let from_link = compare(Iifname, CmpOp::Eq, link_prefix(), 0);
+        // The links by name: the mesh's `kup-wg` shares their prefix.
+        let elements = p.links.keys().map(|dev| el(vec![ifname(dev)], vec![])).collect();
+        sets.push(NftSet { counter: false, ..set(SET_LINK_DEVICES, &[NftType::Ifname], &[], false, elements) });
+        let from_link = lookup(&[Iifname], SET_LINK_DEVICES);
         pre.push(rule(vec![from_link], vec![counter(), verdict(VerdictKind::Drop)]));
     }
     if !p.ct_mark.is_empty() {
