@@ -53,7 +53,7 @@ fn cli_renders_the_examples() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("=== node edge-a"));
-    assert!(text.contains("dnat ip to th dport . iifname . meta l4proto map @publish_range"));
+    assert!(text.contains("dnat ip to th dport . iifname . ip daddr . meta l4proto map @publish_range"));
 }
 
 fn load_err(yaml: &str) -> String {

@@ -12,6 +12,7 @@
 //! Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1. Each lab is removed on drop.
 
 mod common;
+use common::boundary::{Forger, PUSH, drop_counter, push_lab, receive, return_mark_on_any_packet, socket};
 use common::cni::{default_lab_on, multi_lab_on, on_each_cni, pod_device};
 use common::dual::assert_maps_any;
 use common::*;
@@ -24,8 +25,8 @@ use kuport_lab::Protocol::{Tcp, Udp};
 use kuport_lab::probe::parse_target;
 use kuport_lab::program::{apply, compute};
 use kuport_lab::sys::in_netns;
-use kuport_lab::topology::{Cni, PodSpec, Protocol as P, ServicePortSpec, ServiceSpec};
-use kuport_lab::{Lab, Manifests, ProbeError, Topology};
+use kuport_lab::topology::Cni;
+use kuport_lab::{Lab, Manifests, ProbeError};
 use kuport_proto::v1::{NftRule, NodeState, nft_statement, nft_value, set_mark};
 
 const GAME: &str = "203.0.113.9:27015";
@@ -102,33 +103,21 @@ fn reply_claim(cni: Cni) {
 }
 on_each_cni!(without_the_reply_claim_client_opened_flows_still_work = reply_claim);
 
-/// Where the reply claim does act: a datagram the pod sends first from its published port after
-/// its own node's conntrack entry has expired while edge-a's lives on (docs/portmap/datapath.md,
-/// "The reply claim"). Observed: with the claim it reaches the client from the pod's own
-/// address; without it the CNI masquerades it to worker-2's end of the link, which edge-a's
-/// live entry translates back, so it arrives from the address the client dialed. All three CNI
-/// emulations masquerade a pod's traffic to outside the cluster, so all three show that. With
-/// the claim, the Calico-like edge-a masquerades the datagram once more (see below).
+/// A datagram the pod sends first from its published port, after its own node's conntrack
+/// entry has expired while edge-a's lives on (docs/portmap/datapath.md, "The reply claim" and
+/// "kup-mangle"): to worker-2 it is a new connection the pod opens, not a reply of one the link
+/// brought in, so it is not marked into the link and leaves by worker-2's own connection,
+/// masqueraded by the CNI to worker-2's address like any pod's traffic to the outside (all
+/// three CNI emulations do that). So does a connection the pod opens from its published port to
+/// any other host.
+///
+/// Under the return mark as it was (any packet from the pod's address and port), it went into
+/// the link, where the reply claim acted: with the claim it keeps the pod's own address, and
+/// edge-a, whose live entry does not match it, drops it as a new connection out of the link (the
+/// link drop); without the claim the CNI masqueraded it to worker-2's end of the link, which
+/// edge-a's live entry translated back, so it arrived from the address the client dialed.
 fn pod_first_datagram(cni: Cni) {
-    // A pod without an echo server on UDP 7000: the test owns that socket.
-    let mut t = Topology::default_lab().with_cni(cni);
-    t.pods.push(PodSpec {
-        name: "push-0".into(),
-        namespace: "apps".into(),
-        node: "worker-2".into(),
-        labels: [("app".to_string(), "push".to_string())].into(),
-        address: "10.244.2.70".parse().unwrap(),
-        ready: true,
-        tcp: vec![],
-        udp: vec![],
-    });
-    t.services.push(ServiceSpec {
-        name: "push".into(),
-        namespace: "apps".into(),
-        selector: [("app".to_string(), "push".to_string())].into(),
-        ports: vec![ServicePortSpec { name: "push".into(), protocol: P::Udp, port: 7000, target_port: None }],
-    });
-    let mut lab = Lab::up(&t).expect("builds");
+    let (mut lab, full) = push_lab(cni);
     // worker-2 forgets UDP flows after a second; edge-a keeps them (30 s / 120 s).
     let worker2 = lab.netns("worker-2").unwrap();
     kuport_lab::sys::sysctls(
@@ -136,22 +125,23 @@ fn pod_first_datagram(cni: Cni) {
         &[("net.netfilter.nf_conntrack_udp_timeout", "1"), ("net.netfilter.nf_conntrack_udp_timeout_stream", "1")],
     )
     .unwrap();
-    let m = with_classes(&port_map("apps", "push", "public", "UDP", "7000", "push", "push"));
-    let out = compute(&mut lab, &m);
-    let full = out.node_states.clone();
-    let mut ablated = out.node_states;
-    assert_eq!(drop_elements(host_state(&mut ablated, "worker-2"), "reply_claim_port", |_| true), 1);
+    let mut old = full.clone();
+    return_mark_on_any_packet(host_state(&mut old, "worker-2"));
+    let mut old_unclaimed = old.clone();
+    assert_eq!(drop_elements(host_state(&mut old_unclaimed, "worker-2"), "reply_claim_port", |_| true), 1);
 
     let pod_ns = lab.netns("push-0").unwrap();
     let client_ns = lab.netns("client-1").unwrap();
     let pod = in_netns(&pod_ns, || UdpSocket::bind("0.0.0.0:7000")).unwrap();
     pod.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
     let mut results = Vec::new();
-    for (label, states) in [("with the reply claim", &full), ("without the reply claim", &ablated)] {
+    for (label, states) in
+        [("replies only", &full), ("the old mark", &old), ("the old mark without the reply claim", &old_unclaimed)]
+    {
         apply(&mut lab, states).unwrap();
         let client = in_netns(&client_ns, || UdpSocket::bind("0.0.0.0:0")).unwrap();
         client.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
-        let dialed: SocketAddrV4 = addr("203.0.113.9:7000");
+        let dialed: SocketAddrV4 = addr(PUSH);
         client.send_to(b"hello", dialed).unwrap();
         let mut buf = [0u8; 64];
         let (_, seen) = pod.recv_from(&mut buf).expect("the pod receives the client's datagram");
@@ -168,27 +158,83 @@ fn pod_first_datagram(cni: Cni) {
 
         results.push(got);
     }
-    match cni {
-        Cni::Cilium | Cni::Bridge => {
-            assert_eq!(results[0], "10.244.2.70:7000", "{cni}, with the claim: from the pod's own address")
-        }
-        // Calico's natOutgoing matches every pool, not only the node's own pod CIDR: edge-a,
-        // which cannot match the claimed datagram (from the pod's address) to its live entry
-        // (whose reply comes from worker-2's end of the link), masquerades it as a new flow of
-        // a pod to the outside, to its own address and, as 203.0.113.9:7000 is the live
-        // entry's, another port.
-        Cni::Calico => {
-            let (ip, port) = results[0].split_once(':').expect("an address");
-            assert!(
-                ip == "203.0.113.9" && port != "7000",
-                "{cni}, with the claim: masqueraded by edge-a: {}",
-                results[0]
-            );
-        }
-    }
-    assert_eq!(results[1], "203.0.113.9:7000", "{cni}, without the claim: masqueraded, then translated back by edge-a");
+    let ip = |r: &str| r.split_once(':').map(|(ip, _)| ip.to_string()).unwrap_or_default();
+    assert_eq!(ip(&results[0]), "192.0.2.12", "{cni}: by worker-2's own connection, masqueraded: {}", results[0]);
+    // The claimed datagram keeps the pod's address: edge-a's live entry does not take it as a
+    // reply, and as a new connection out of the link the link drop refuses it. (Before the link
+    // drop it reached the client from 10.244.2.70:7000, or, on the Calico-like edge-a, which
+    // masqueraded it, from 203.0.113.9 and another port.)
+    assert!(results[1].starts_with("nothing"), "{cni}, the old mark with the claim: dropped by edge-a: {}", results[1]);
+    assert_eq!(
+        results[2], "203.0.113.9:7000",
+        "{cni}, the old mark without the claim: masqueraded, then translated back by edge-a"
+    );
 }
-on_each_cni!(reply_claim_on_a_pod_first_datagram = pod_first_datagram);
+on_each_cni!(a_pods_first_datagram_leaves_by_its_own_node_not_the_link = pod_first_datagram);
+
+/// The link peer filter (`kup-links` on worker-2: a packet to a link's VXLAN port from anyone
+/// but the link's peer is dropped): without it api-0, a pod on worker-2, sends a VXLAN packet of
+/// its own with the link's VNI to worker-2's underlay address; worker-2's link device takes it
+/// from a third address, decapsulates it, and the link's DNAT delivers it to push-0 with a
+/// forged client address.
+#[test]
+fn without_the_link_peer_filter_a_pod_forges_a_client_for_a_published_pod() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = push_lab(Cni::Cilium);
+    assert_eq!(drop_rules(host_state(&mut states, "worker-2"), "kup-links", |_| true), 1);
+    apply(&mut lab, &states).unwrap();
+    let pod = socket(&lab, "push-0", "0.0.0.0:7000", Duration::from_secs(1));
+    let forger = Forger::new(&lab, &mut states, "worker-2", "api-0", Ipv4Addr::new(198, 51, 100, 66));
+    forger.send(&lab, "api-0", SocketAddrV4::new(forger.link_end, 7000), b"forged");
+    let got = receive(&pod);
+    println!("without kup-links: push-0 received {got:?}");
+    let (payload, src) = got.expect("the forged datagram reaches push-0");
+    assert_eq!(payload, "forged");
+    assert!(src.starts_with("198.51.100.66:"), "with the forged client address: {src}");
+}
+
+/// The link drop (the last rule of `kup-pre`: a new connection out of a `kup-` link that no
+/// link map translated is dropped and counted). The link's peer, or anyone once the peer filter
+/// is gone, sends into the link a datagram addressed to push-0's own address rather than to
+/// the published port: worker-2 drops it and counts it. Without the rule worker-2 forwards it
+/// to push-0 untranslated, with its forged source.
+#[test]
+fn without_the_link_drop_what_no_mapping_sent_reaches_a_pod() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = push_lab(Cni::Cilium);
+    let from_link = |r: &NftRule| r.statements.iter().any(|s| matches!(s.kind, Some(nft_statement::Kind::Verdict(_))));
+    assert_eq!(drop_rules(host_state(&mut states, "worker-2"), "kup-links", |_| true), 1);
+    let mut ablated = states.clone();
+    assert_eq!(drop_rules(host_state(&mut ablated, "worker-2"), "kup-pre", from_link), 1);
+    let pod = socket(&lab, "push-0", "0.0.0.0:7000", Duration::from_secs(1));
+    let forger = Forger::new(&lab, &mut states, "worker-2", "api-0", Ipv4Addr::new(198, 51, 100, 66));
+    let to = addr("10.244.2.70:7000");
+
+    apply(&mut lab, &states).unwrap();
+    let before = drop_counter(&lab, "worker-2", "kup-pre");
+    forger.send(&lab, "api-0", to, b"forged");
+    let got = receive(&pod);
+    let after = drop_counter(&lab, "worker-2", "kup-pre");
+    println!("with the link drop: push-0 received {got:?}; kup-pre drops {before} -> {after}");
+    assert!(got.is_none(), "dropped: {got:?}");
+    assert_eq!(after - before, 1, "and counted");
+    let real = socket(&lab, "client-1", "0.0.0.0:0", Duration::from_secs(1));
+    real.send_to(b"real", PUSH).unwrap();
+    let (_, src) = receive(&pod).expect("the real client's datagram still arrives");
+    assert!(src.starts_with("198.51.100.7:"), "{src}");
+
+    apply(&mut lab, &ablated).unwrap();
+    forger.send(&lab, "api-0", to, b"forged");
+    let got = receive(&pod);
+    println!("without the link drop: push-0 received {got:?}");
+    let (payload, src) = got.expect("the forged datagram reaches push-0");
+    assert_eq!(payload, "forged");
+    assert!(src.starts_with("198.51.100.66:"), "untranslated, with the forged source: {src}");
+}
 
 /// The return mark (@return_mark_range on the pod's node): without it the reply is routed by the
 /// main table. client-1, which worker-2 reaches over its own internet connection, receives it

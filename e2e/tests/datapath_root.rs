@@ -300,3 +300,138 @@ fn cli_up_probe_down() {
     }
     assert!(!dir.exists(), "the state dir is removed");
 }
+
+/// A published port reaches only what it publishes (docs/portmap/datapath.md, "kup-pre"):
+/// client-2, whose default route is edge-a, sends to client-1's address on the published ports.
+/// edge-a routes those packets on to client-1; only what is addressed to edge-a's own published
+/// address is delivered to the pods. With the publish maps as they were before (keyed by
+/// interface, protocol and port only), edge-a delivered them to the pods: game-0 and web-0 take
+/// traffic meant for another host.
+#[test]
+fn a_published_port_catches_only_what_is_addressed_to_the_node() {
+    use common::boundary::{publish_maps_of_any_destination, receive, socket};
+    use kuport_lab::probe::parse_target;
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let m = Manifests::default_lab().add("web.yaml", &port_map("web", "web", "public", "TCP", "3000", "web", "http"));
+    let out = kuport_lab::program::compute(&mut lab, &m.expect("loads"));
+    let full = out.node_states;
+    let mut old = full.clone();
+    publish_maps_of_any_destination(host_state(&mut old, "edge-a"));
+    for (label, states) in [("keyed by the destination", &full), ("the old maps", &old)] {
+        kuport_lab::program::apply(&mut lab, states).expect("applies");
+        // The published address still works.
+        assert_maps(&lab, "client-2", "203.0.113.9:27015", Udp, "game-0");
+        assert_maps(&lab, "client-2", "203.0.113.9:3000", Tcp, "web-0");
+        assert_maps_any(&lab, "client-2", "[2001:db8::9]:3000", Tcp, "web-0");
+        // Routed through edge-a to client-1, on the published ports.
+        let at_client1 = socket(&lab, "client-1", "0.0.0.0:27015", Duration::from_secs(1));
+        let from = socket(&lab, "client-2", "0.0.0.0:0", Duration::from_secs(1));
+        from.send_to(b"through", "198.51.100.7:27015").unwrap();
+        let udp = receive(&at_client1);
+        let tcp = lab.probe_with("client-2", addr("198.51.100.7:3000"), Tcp, Duration::from_secs(1));
+        let tcp6 = lab.probe_any_with(
+            "client-2",
+            parse_target("[2001:db8:100::7]:3000").unwrap(),
+            Tcp,
+            Duration::from_secs(1),
+        );
+        println!("{label}: UDP to client-1 -> {udp:?}; TCP -> {tcp:?}; TCP over IPv6 -> {tcp6:?}");
+        if std::ptr::eq(states, &full) {
+            let (payload, src) = udp.expect("client-1 receives what was sent to it");
+            assert_eq!(
+                (payload.as_str(), src.as_str()),
+                ("through", &*format!("198.51.100.8:{}", from.local_addr().unwrap().port()))
+            );
+            assert!(tcp.is_err(), "no pod answers for client-1's address: {tcp:?}");
+            assert!(tcp6.is_err(), "no pod answers for client-1's IPv6 address: {tcp6:?}");
+        } else {
+            assert!(udp.is_none(), "the old maps took the datagram meant for client-1");
+            assert_eq!(tcp.expect("web-0 answers for client-1's address").pod, "web-0");
+            assert_eq!(tcp6.expect("web-0 answers for client-1's IPv6 address").pod, "web-0");
+        }
+    }
+}
+
+/// Links accept only their peer (docs/portmap/datapath.md, "kup-links"): api-0, a pod on
+/// worker-2, builds a VXLAN device of its own with the VNI and port of worker-2's link from
+/// edge-a and sends a datagram with a forged client address (198.51.100.66) to worker-2's end
+/// of the link, port 7000, which edge-a publishes to push-0. worker-2 drops it before
+/// decapsulation and counts it; push-0 receives only the real client's datagrams, sent over
+/// the link before, between and after the forged ones.
+#[test]
+fn a_pods_forged_vxlan_packet_is_dropped_and_counted_while_the_link_flows() {
+    use common::boundary::{Forger, PUSH, drop_counter, push_lab, receive, socket};
+    if !root() {
+        return;
+    }
+    let (mut lab, mut states) = push_lab(Cni::Cilium);
+    kuport_lab::program::apply(&mut lab, &states).expect("applies");
+    for node in ["edge-a", "worker-2"] {
+        common::boundary::assert_lists_as_computed(&lab, &mut states, node);
+    }
+    let pod = socket(&lab, "push-0", "0.0.0.0:7000", Duration::from_secs(1));
+    let client = socket(&lab, "client-1", "0.0.0.0:0", Duration::from_secs(1));
+    let forger = Forger::new(&lab, &mut states, "worker-2", "api-0", Ipv4Addr::new(198, 51, 100, 66));
+    let before = drop_counter(&lab, "worker-2", "kup-links");
+    println!("kup-links drops before the attack: {before}");
+    for i in 0..3 {
+        client.send_to(format!("real {i}").as_bytes(), PUSH).unwrap();
+        forger.send(
+            &lab,
+            "api-0",
+            std::net::SocketAddrV4::new(forger.link_end, 7000),
+            format!("forged {i}").as_bytes(),
+        );
+    }
+    client.send_to(b"real 3", PUSH).unwrap();
+    let mut got = Vec::new();
+    while let Some(r) = receive(&pod) {
+        got.push(r);
+    }
+    let after = drop_counter(&lab, "worker-2", "kup-links");
+    println!("push-0 received {got:?}; worker-2's kup-links drops {before} -> {after}");
+    assert_eq!(after - before, 3, "each forged packet dropped and counted");
+    assert_eq!(got.len(), 4, "every real datagram arrives: {got:?}");
+    for (i, (payload, src)) in got.iter().enumerate() {
+        assert_eq!(payload, &format!("real {i}"));
+        assert!(src.starts_with("198.51.100.7:"), "from the real client: {src}");
+    }
+}
+
+/// Return marking only for replies of published flows (docs/portmap/datapath.md, "kup-mangle"):
+/// api-0, a pod beside game-0 on worker-2, reaches game-0 directly on its published port. The
+/// answer is not a reply of a flow the link brought in, so worker-2 does not mark it for the
+/// link (no element of the return mark map counts it) and api-0 gets it by the pod network. The
+/// return mark as it was (any packet from the pod's address and port) marked it for the link.
+#[test]
+fn a_pods_answer_to_a_flow_not_from_the_link_stays_out_of_the_link() {
+    use common::boundary::{element_packets, return_mark_on_any_packet};
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let out = kuport_lab::program::compute(&mut lab, &Manifests::default_lab());
+    let full = out.node_states;
+    let mut old = full.clone();
+    return_mark_on_any_packet(host_state(&mut old, "worker-2"));
+    for (label, states) in [("replies only", &full), ("the old mark", &old)] {
+        kuport_lab::program::apply(&mut lab, states).expect("applies");
+        let before = element_packets(&lab, "worker-2", "return_mark_range");
+        assert_maps(&lab, "client-1", "203.0.113.9:27015", Udp, "game-0");
+        let between = element_packets(&lab, "worker-2", "return_mark_range");
+        let a = lab.probe_with("api-0", addr("10.244.2.107:27016"), Udp, Duration::from_secs(1));
+        let after = element_packets(&lab, "worker-2", "return_mark_range");
+        println!("{label}: api-0 -> game-0: {a:?}; return marks counted {before} -> {between} -> {after}");
+        assert_eq!(between - before, 1, "{label}: the client's reply is marked for the link");
+        if std::ptr::eq(states, &full) {
+            let a = a.expect("api-0 gets game-0's answer");
+            assert_eq!((a.pod.as_str(), *a.seen.ip()), ("game-0", Ipv4Addr::new(10, 244, 2, 9)));
+            assert_eq!(after, between, "game-0's answer to api-0 is not marked");
+        } else {
+            assert_eq!(after - between, 1, "the old mark marked game-0's answer to api-0 for the link");
+        }
+    }
+}

@@ -26,10 +26,10 @@ pub const RESERVED_TABLES: [u32; 4] = [0, 253, MAIN_TABLE, 255];
 
 // The DNAT maps; the executor reads them too, to find the UDP flows a moved target strands.
 
-/// Published single ports: (iifname, proto, port) to (address, port).
+/// Published single ports: (iifname, the node address's stand-in, proto, port) to (address, port).
 pub const MAP_PUBLISH_PORT: &str = "publish_port";
-/// Published ranges: (ports, iifname, proto) to the address; the port is kept. Every interval
-/// set's key starts with its ports (see the controller's datapath module).
+/// Published ranges: (ports, iifname, stand-in, proto) to the address; the port is kept. Every
+/// interval set's key starts with its ports (see the controller's datapath module).
 pub const MAP_PUBLISH_RANGE: &str = "publish_range";
 /// Link arrivals, single ports: (iifname, this end, proto, port) to (pod, port).
 pub const MAP_LINK_PORT: &str = "link_port";

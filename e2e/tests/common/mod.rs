@@ -2,6 +2,7 @@
 //! test-only edits of computed node states that the ablations make.
 #![allow(dead_code)]
 
+pub mod boundary;
 pub mod cni;
 pub mod dual;
 pub mod homes;

@@ -162,6 +162,7 @@ fn the_overlay_adds_to_port_maps_state_and_changes_nothing_of_it() {
             // loop guard's destination with them; otherwise they are the same links.
             let device_mtu: BTreeMap<String, u32> =
                 with.overlay.values().filter_map(|o| Some((o.address?.to_string(), o.mtu))).collect();
+            let mut peers = BTreeMap::new();
             for (link, old) in s.netns[0].links.iter_mut().zip(&before.netns[0].links) {
                 let Some(Vxlan(v)) = &mut link.kind else { continue };
                 let (Some(a), Some(b)) = (device_mtu.get(&v.local), device_mtu.get(&v.remote)) else {
@@ -169,7 +170,18 @@ fn the_overlay_adds_to_port_maps_state_and_changes_nothing_of_it() {
                 };
                 assert_eq!(link.mtu, a.min(b) - 50, "{name}/{node}: {}", link.name);
                 let Some(Vxlan(o)) = &old.kind else { continue };
+                peers.insert(v.remote.clone(), o.remote.clone());
                 (v.local, v.remote, link.mtu) = (o.local.clone(), o.remote.clone(), old.mtu);
+            }
+            // The link peer filter names each link's peer by the address its packets come from.
+            let peer_sets =
+                s.netns[0].nft_tables.iter_mut().flat_map(|t| &mut t.sets).filter(|s| s.name == "link_peers");
+            for v in peer_sets.flat_map(|s| &mut s.elements).flat_map(|e| &mut e.key) {
+                if let Some(kuport_proto::v1::nft_value::Value::Addr(a)) = &mut v.value
+                    && let Some(o) = peers.get(a.as_str())
+                {
+                    *a = o.clone();
+                }
             }
             for (rule, old) in s.netns[0].ip_rules.iter_mut().zip(&before.netns[0].ip_rules) {
                 rule.to = old.to.clone();

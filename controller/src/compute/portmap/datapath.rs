@@ -1,7 +1,7 @@
 //! The rule shapes: where every nftables element, link, route and ip rule of a port map is
 //! decided; docs/portmap/datapath.md explains each, with its measurement and its test.
 //!
-//! One table, `inet kuport`, with three chains at the priorities below (and the steering chain,
+//! One table, `inet kuport`, with the chains at the priorities below (and the steering chain,
 //! steer.rs). Every map and set that holds an address has an IPv6 twin named with a `6`, and
 //! so has the rule that reads it; the rest serves both families. Mappings are elements of
 //! maps and sets keyed by concatenations, never rules of their own, so a new connection costs
@@ -9,12 +9,15 @@
 //!
 //! | chain      | hook, priority       | rule                                                      |
 //! |------------|----------------------|-----------------------------------------------------------|
-//! | kup-pre    | nat prerouting -110  | DNAT published ports to the pod or to the link's far end  |
+//! | kup-pre    | nat prerouting -110  | DNAT published ports (the node's address's stand-in, steer.rs) to the pod or the link's far end |
 //! |            |                      | DNAT link arrivals (this end's stand-in, steer.rs) to the pod |
+//! |            |                      | drop a new connection out of a link that nothing translated |
 //! | kup-post   | nat postrouting 90   | identity SNAT claiming the request before the CNI's masquerade |
 //! |            |                      | identity SNAT claiming the pod's reply into a kup- link   |
-//! | kup-mangle | filter prerouting -140 | Single: mark replies by pod address, protocol and port  |
-//! |            |                      | Multi: save the arrival link in ct mark, restore on ct reply |
+//! | kup-mangle | filter prerouting -140 | save the arrival link in ct mark (original direction)   |
+//! |            |                      | Single: mark replies by that ct mark, pod address, protocol and port |
+//! |            |                      | Multi: restore the ct mark on replies                     |
+//! | kup-links  | filter input -10     | drop what reaches a link's VXLAN port from anyone but its peer |
 //!
 //! Single ports live in hash sets keyed in their natural order (interface or address first, the
 //! port last); only ranges live in interval sets.
@@ -30,9 +33,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use kuport_proto::v1::{
-    Address, BaseChain, ChainType, CmpOp, Compare, Hook, IpRule, L4Proto, Link, MapLookup, Nat, NatKind, Neighbour,
-    NetnsState, NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue,
-    PortRange, Route, Selector, SetLookup, SetMark, Sysctl, Vxlan, link, nft_match, nft_statement, nft_value, set_mark,
+    Address, BaseChain, ChainType, CmpOp, Compare, Counter, Hook, IpRule, L4Proto, Link, MapLookup, Nat, NatKind,
+    Neighbour, NetnsState, NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType,
+    NftValue, PortRange, Route, Selector, SetLookup, SetMark, Sysctl, Verdict, VerdictKind, Vxlan, link, nft_match,
+    nft_statement, nft_value, set_mark,
 };
 
 use super::links::{LinkKey, LinkNumbers, VXLAN_OVERHEAD, VXLAN_TTL, device_name, link_mac, mac_text};
@@ -77,6 +81,22 @@ const FORWARDING6: &str = "net.ipv6.conf.all.forwarding";
 pub const IPV6_MIN_MTU: u32 = 1280;
 /// `ct direction reply` (IP_CT_DIR_REPLY).
 const CT_DIRECTION_REPLY: u32 = 1;
+/// `ct direction original` (IP_CT_DIR_ORIGINAL).
+const CT_DIRECTION_ORIGINAL: u32 = 0;
+/// Drops what reaches a link's VXLAN port from anyone but the link's peer, before decapsulation.
+pub const CHAIN_LINKS: &str = "kup-links";
+/// nft's `filter`, less 10: before a host firewall's input chain, so every refused packet is
+/// counted here whatever the firewall does with it.
+pub const LINKS_PRIORITY: i32 = -10;
+/// The links' VXLAN ports on this node.
+pub const SET_LINK_PORTS: &str = "link_ports";
+/// (peer's underlay or overlay address, port) of each link on this node.
+pub const SET_LINK_PEERS: &str = "link_peers";
+/// This node's link devices, whose untranslated new connections kup-pre drops.
+pub const SET_LINK_DEVICES: &str = "link_devices";
+
+/// Each accepting interface's addresses.
+type Addresses = BTreeMap<String, BTreeSet<IpAddr>>;
 
 /// One end of a link, as one node sees it.
 #[derive(Clone, Debug, Hash)]
@@ -220,7 +240,12 @@ impl FamilyParts {
 struct NodeParts {
     v4: FamilyParts,
     v6: FamilyParts,
+    /// Every link whose replies this node diverts, to its mark: a request arriving on it saves
+    /// the mark in its connection, so only that connection's replies are marked (Single and Multi).
     ct_mark: BTreeMap<String, u32>,
+    /// Some link here serves Multi: the reply takes the saved mark as it is (Single's replies
+    /// take theirs from the return mark maps, keyed by it).
+    restore: bool,
     links: BTreeMap<String, LinkEnd>,
     /// Links whose replies this node diverts (it holds the pod).
     diverted: BTreeSet<String>,
@@ -355,8 +380,9 @@ impl Builder {
             if fam == Family::V6 {
                 node_parts.carry_v6.insert(far.device.clone());
             }
+            node_parts.ct_mark.insert(far.device.clone(), far.numbers.mark());
             if matches!(p.admitted.class.spec.serving_mode, ServingMode::Multi) {
-                node_parts.ct_mark.insert(far.device.clone(), far.numbers.mark());
+                node_parts.restore = true;
             }
             let parts = node_parts.family(fam);
             if single {
@@ -397,7 +423,15 @@ impl Builder {
                 }
                 let steer = super::steer::steering(&to_node);
                 let stand_in = steer.as_ref().map(|s| s.stand_in.clone()).unwrap_or_default();
-                let mut ns = render(parts, &stand_in);
+                // Each accepting interface's addresses: the publish maps are keyed by their
+                // stand-ins, so that only what is addressed to the node is delivered.
+                let mut ifaces = BTreeMap::new();
+                for fam in Family::BOTH {
+                    for (iface, _) in parts.of(fam).published.keys() {
+                        ifaces.entry(iface.clone()).or_insert_with(|| super::steer::addresses(v.addresses_of(iface)));
+                    }
+                }
+                let mut ns = render(parts, &stand_in, &ifaces);
                 if let (Some(t), Some(s)) = (ns.nft_tables.first_mut(), steer) {
                     t.sets.extend(s.sets);
                     t.chains.push(s.chain);
@@ -408,10 +442,11 @@ impl Builder {
     }
 }
 
-/// `stand_in`: the steering chain's stand-in of each address it rewrites (steer.rs).
-fn render(parts: NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>) -> NetnsState {
+/// `stand_in`: the steering chain's stand-in of each address it rewrites (steer.rs); `ifaces`:
+/// each accepting interface's addresses.
+fn render(parts: NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addresses) -> NetnsState {
     let mut ns = NetnsState::default();
-    if let Some(table) = table(&parts, stand_in) {
+    if let Some(table) = table(&parts, stand_in, ifaces) {
         ns.sysctls.push(Sysctl { key: FORWARDING.into(), value: "1".into() });
         if !parts.v6.is_empty() {
             ns.sysctls.push(Sysctl { key: FORWARDING6.into(), value: "1".into() });
@@ -486,26 +521,59 @@ fn render(parts: NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>) -> NetnsState {
 /// The link maps are keyed by the stand-in of this end's address: the steering chain has
 /// rewritten the destination to it before the DNAT runs. An address without a stand-in (past
 /// the 254th, steer.rs) is not steered and keys its elements itself.
-fn table(p: &NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>) -> Option<NftTable> {
+fn table(p: &NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addresses) -> Option<NftTable> {
     let mut sets = Vec::new();
     let (mut pre, mut post, mut mangle) = (Vec::new(), Vec::new(), Vec::new());
     for fam in Family::BOTH {
-        family_rules(fam, p.of(fam), stand_in, &mut sets, [&mut pre, &mut post, &mut mangle]);
+        family_rules(fam, p.of(fam), stand_in, ifaces, &mut sets, [&mut pre, &mut post, &mut mangle]);
     }
-    use Selector::{CtDirection, CtMark, Iifname};
+    use Selector::{CtDirection, CtMark, Iifname, IpSaddr, UdpDport};
+    if !p.links.is_empty() {
+        // A new connection out of a link that no link map translated: kuport sent no such thing
+        // into the link (its replies belong to known connections, which skip the nat chains).
+        // The links by name: the mesh's `kup-wg` shares their prefix.
+        let elements = p.links.keys().map(|dev| el(vec![ifname(dev)], vec![])).collect();
+        sets.push(NftSet { counter: false, ..set(SET_LINK_DEVICES, &[NftType::Ifname], &[], false, elements) });
+        let from_link = lookup(&[Iifname], SET_LINK_DEVICES);
+        pre.push(rule(vec![from_link], vec![counter(), verdict(VerdictKind::Drop)]));
+    }
     if !p.ct_mark.is_empty() {
         let elements = p.ct_mark.iter().map(|(dev, m)| el(vec![ifname(dev)], vec![mark(*m)])).collect();
         let mut s = set(MAP_CT_MARK, &[NftType::Ifname], &[NftType::Mark], false, elements);
         s.counter = false;
         sets.push(s);
+        // The request a link brings in; never a reply arriving on it.
+        let original = compare(CtDirection, CmpOp::Eq, value(nft_value::Value::Id(CT_DIRECTION_ORIGINAL)), 0);
         let save = SetMark { from: Some(set_mark::From::Map(map_lookup(&[Iifname], MAP_CT_MARK))) };
-        mangle.push(rule(vec![], vec![stmt(nft_statement::Kind::CtMarkSet(save))]));
+        mangle.push(rule(vec![original], vec![stmt(nft_statement::Kind::CtMarkSet(save))]));
+    }
+    if p.restore {
         let restore = SetMark { from: Some(set_mark::From::Selector(CtMark as i32)) };
         // The replies of connections a link brought in: never the request itself, which is in
         // the original direction, whatever device either arrives on.
         let reply = compare(CtDirection, CmpOp::Eq, value(nft_value::Value::Id(CT_DIRECTION_REPLY)), 0);
         let ours = compare(CtMark, CmpOp::Eq, mark(MARK_PREFIX), MARK_PREFIX_MASK);
         mangle.push(rule(vec![reply, ours], vec![stmt(nft_statement::Kind::MetaMarkSet(restore))]));
+    }
+    // Each link's VXLAN port takes packets from its peer only (docs/portmap/datapath.md, "kup-links").
+    let mut links = Vec::new();
+    if !p.links.is_empty() {
+        let peers: BTreeSet<(Ipv4Addr, u16)> = p.links.values().map(|e| (e.peer_underlay, e.numbers.port)).collect();
+        let ports: BTreeSet<u16> = peers.iter().map(|(_, port)| *port).collect();
+        let elements = ports.iter().map(|x| el(vec![port_v(*x, *x)], vec![])).collect();
+        sets.push(NftSet { counter: false, ..set(SET_LINK_PORTS, &[NftType::InetService], &[], false, elements) });
+        let elements = peers.iter().map(|(a, x)| el(vec![addr(IpAddr::V4(*a)), port_v(*x, *x)], vec![])).collect();
+        let key = [NftType::Ipv4Addr, NftType::InetService];
+        sets.push(NftSet { counter: false, ..set(SET_LINK_PEERS, &key, &[], false, elements) });
+        let to_link = lookup(&[UdpDport], SET_LINK_PORTS);
+        let not_peer = NftMatch {
+            kind: Some(nft_match::Kind::Lookup(SetLookup {
+                key: keys(&[IpSaddr, UdpDport]),
+                set: SET_LINK_PEERS.into(),
+                negate: true,
+            })),
+        };
+        links.push(rule(vec![to_link, not_peer], vec![counter(), verdict(VerdictKind::Drop)]));
     }
     if pre.is_empty() && post.is_empty() && mangle.is_empty() {
         return None;
@@ -515,11 +583,16 @@ fn table(p: &NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>) -> Option<NftTable>
         (CHAIN_PRE, ChainType::Nat, PRE_PRIORITY, pre),
         (CHAIN_POST, ChainType::Nat, POST_PRIORITY, post),
         (CHAIN_MANGLE, ChainType::Filter, MANGLE_PRIORITY, mangle),
+        (CHAIN_LINKS, ChainType::Filter, LINKS_PRIORITY, links),
     ] {
         if rules.is_empty() {
             continue;
         }
-        let hook = if name == CHAIN_POST { Hook::Postrouting } else { Hook::Prerouting };
+        let hook = match name {
+            CHAIN_POST => Hook::Postrouting,
+            CHAIN_LINKS => Hook::Input,
+            _ => Hook::Prerouting,
+        };
         chains.push(NftChain {
             name: name.into(),
             base: Some(BaseChain { r#type: type_ as i32, hook: hook as i32, priority: prio, policy: 0 }),
@@ -535,43 +608,49 @@ fn family_rules(
     fam: Family,
     p: &FamilyParts,
     stand_in: &BTreeMap<IpAddr, IpAddr>,
+    ifaces: &Addresses,
     sets: &mut Vec<NftSet>,
     chains: [&mut Vec<NftRule>; 3],
 ) {
     let [pre, post, mangle] = chains;
     let steered = |a: &IpAddr| *stand_in.get(a).unwrap_or(a);
+    // An accepting interface's addresses of this family, as the steering chain rewrote them.
+    let dsts = |i: &str| -> Vec<IpAddr> {
+        ifaces.get(i).into_iter().flatten().filter(|a| fam.holds(a)).map(steered).collect()
+    };
     let n = |base: &str| fam.name(base);
     let (addr_t, saddr, daddr) = (fam.addr_type(), fam.saddr(), fam.daddr());
     use NftType::{Ifname, InetProto, InetService, Mark};
-    use Selector::{Iifname, L4proto, Oifname, ThDport, ThSport};
+    use Selector::{CtDirection, CtMark, Iifname, L4proto, Oifname, ThDport, ThSport};
 
-    if !p.publish_port.is_empty() {
-        let elements = p
-            .publish_port
-            .iter()
-            .map(|((i, pr, port), (a, to))| {
-                el(vec![ifname(i), proto(*pr), port_v(*port, *port)], vec![addr(*a), port_v(*to, *to)])
+    // Keyed by the destination too (its stand-in): a packet routed through the node to another
+    // address on a published port is not the node's to deliver.
+    let elements: Vec<NftElement> = p
+        .publish_port
+        .iter()
+        .flat_map(|((i, pr, port), (a, to))| {
+            dsts(i).into_iter().map(move |d| {
+                el(vec![ifname(i), addr(d), proto(*pr), port_v(*port, *port)], vec![addr(*a), port_v(*to, *to)])
             })
-            .collect();
+        })
+        .collect();
+    if !elements.is_empty() {
         let name = n(MAP_PUBLISH_PORT);
-        sets.push(dnat_target_map(set(
-            &name,
-            &[Ifname, InetProto, InetService],
-            &[addr_t, InetService],
-            false,
-            elements,
-        )));
-        pre.push(dnat_map(fam, &[Iifname, L4proto, ThDport], &name));
+        let key = [Ifname, addr_t, InetProto, InetService];
+        sets.push(dnat_target_map(set(&name, &key, &[addr_t, InetService], false, elements)));
+        pre.push(dnat_map(fam, &[Iifname, daddr, L4proto, ThDport], &name));
     }
-    if !p.publish_range.is_empty() {
-        let elements = p
-            .publish_range
-            .iter()
-            .map(|((i, pr, (a, b)), to)| el(vec![port_v(*a, *b), ifname(i), proto(*pr)], vec![addr(*to)]))
-            .collect();
+    let elements: Vec<NftElement> = p
+        .publish_range
+        .iter()
+        .flat_map(|((i, pr, (a, b)), to)| {
+            dsts(i).into_iter().map(move |d| el(vec![port_v(*a, *b), ifname(i), addr(d), proto(*pr)], vec![addr(*to)]))
+        })
+        .collect();
+    if !elements.is_empty() {
         let name = n(MAP_PUBLISH_RANGE);
-        sets.push(dnat_target_map(set(&name, &[InetService, Ifname, InetProto], &[addr_t], true, elements)));
-        pre.push(dnat_map(fam, &[ThDport, Iifname, L4proto], &name));
+        sets.push(dnat_target_map(set(&name, &[InetService, Ifname, addr_t, InetProto], &[addr_t], true, elements)));
+        pre.push(dnat_map(fam, &[ThDport, Iifname, daddr, L4proto], &name));
     }
     if !p.link_port.is_empty() {
         let elements = p
@@ -626,20 +705,23 @@ fn family_rules(
         let claim = lookup(&[ThSport, saddr, L4proto], &name);
         post.push(rule(vec![into_link(), claim], vec![identity_snat(fam)]));
     }
-    let (port, range) = split(&p.return_mark, |(a, pr, m)| (vec![addr(*a), proto(*pr)], vec![mark(*m)]));
+    // Keyed by the ct mark the link's request saved (kup-mangle's save): only the replies of
+    // connections that link brought in to the pod are marked, never the pod's other traffic.
+    let (port, range) = split(&p.return_mark, |(a, pr, m)| (vec![mark(*m), addr(*a), proto(*pr)], vec![mark(*m)]));
     let mark_from = |k: &[Selector], map: &str| {
         let from = SetMark { from: Some(set_mark::From::Map(map_lookup(k, map))) };
-        rule(vec![], vec![stmt(nft_statement::Kind::MetaMarkSet(from))])
+        let reply = compare(CtDirection, CmpOp::Eq, value(nft_value::Value::Id(CT_DIRECTION_REPLY)), 0);
+        rule(vec![reply], vec![stmt(nft_statement::Kind::MetaMarkSet(from))])
     };
     if !port.is_empty() {
         let name = n(MAP_RETURN_MARK_PORT);
-        sets.push(set(&name, &[addr_t, InetProto, InetService], &[Mark], false, port));
-        mangle.push(mark_from(&[saddr, L4proto, ThSport], &name));
+        sets.push(set(&name, &[Mark, addr_t, InetProto, InetService], &[Mark], false, port));
+        mangle.push(mark_from(&[CtMark, saddr, L4proto, ThSport], &name));
     }
     if !range.is_empty() {
         let name = n(MAP_RETURN_MARK_RANGE);
-        sets.push(set(&name, &[InetService, addr_t, InetProto], &[Mark], true, range));
-        mangle.push(mark_from(&[ThSport, saddr, L4proto], &name));
+        sets.push(set(&name, &[InetService, Mark, addr_t, InetProto], &[Mark], true, range));
+        mangle.push(mark_from(&[ThSport, CtMark, saddr, L4proto], &name));
     }
 }
 
@@ -722,6 +804,12 @@ fn mark(m: u32) -> NftValue {
     value(nft_value::Value::Mark(m))
 }
 
+fn counter() -> NftStatement {
+    stmt(nft_statement::Kind::Counter(Counter {}))
+}
+fn verdict(kind: VerdictKind) -> NftStatement {
+    stmt(nft_statement::Kind::Verdict(Verdict { kind: kind as i32, chain: String::new() }))
+}
 fn rule(matches: Vec<NftMatch>, statements: Vec<NftStatement>) -> NftRule {
     NftRule { matches, statements }
 }

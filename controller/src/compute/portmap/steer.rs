@@ -8,8 +8,9 @@
 //! a published port from the node's address to a stand-in address from 169.254.76.0/24, which
 //! is no address of the node. Conntrack has recorded the dialed address already (it runs at
 //! -200), so the reply still leaves from it. kuport's publish maps are keyed by the arrival
-//! interface, protocol and port, not by the destination, so they translate the rewritten
-//! packet as they would the original.
+//! interface, the stand-in, the protocol and the port, so they translate only what was
+//! addressed to the node: a packet routed through it to another address on a published port
+//! keeps its destination and is not delivered.
 //!
 //! On the pod's node a request arrives over kuport's link addressed to this end of the link,
 //! also an address of the node: the same chain rewrites it to the link address's stand-in, and
@@ -138,14 +139,17 @@ pub type Published = BTreeMap<(String, L4Proto), Vec<Ports>>;
 /// on the pod's node a link with this end's addresses.
 pub type Destinations = BTreeMap<(String, IpAddr, L4Proto), Vec<Ports>>;
 
+/// An interface's addresses as the executor reports them (`203.0.113.9`, `2001:db8::9/64`).
+pub fn addresses(reported: &[String]) -> BTreeSet<IpAddr> {
+    reported.iter().filter_map(|a| a.split('/').next().and_then(|a| a.parse().ok())).collect()
+}
+
 /// The ports published in family `fam` on each accepting interface, at each of its addresses of
-/// that family. `addresses` gives an interface's addresses as the executor reports them
-/// (`203.0.113.9`, `2001:db8::9/64`).
+/// that family. `addresses` gives an interface's addresses as the executor reports them.
 pub fn accepting<'a>(published: &Published, fam: Family, addresses: impl Fn(&str) -> &'a [String]) -> Destinations {
     let mut out = Destinations::new();
     for ((iface, pr), list) in published {
-        let all = addresses(iface).iter().filter_map(|a| a.split('/').next().and_then(|a| a.parse().ok()));
-        for dst in all.filter(|a| fam.holds(a)).collect::<BTreeSet<IpAddr>>() {
+        for dst in self::addresses(addresses(iface)).into_iter().filter(|a| fam.holds(a)) {
             out.entry((iface.clone(), dst, *pr)).or_default().extend(list);
         }
     }
