@@ -1,7 +1,9 @@
 //! The Intercept resource against a real kube-apiserver and etcd (e2e/controlplane), with a
 //! fake executor: a selected pod's namespace lands in its node's desired state with the
 //! kuport-intercept table, status reports Accepted and Programmed after the ack, a host-network
-//! pod is refused with its reason, and CEL refuses bad ports and subnets.
+//! pod is refused with its reason, and CEL refuses bad ports and subnets. A pod that existed
+//! before its Intercept, relabelled out of the selector with no event in between, leaves the
+//! desired state within a second (issue 25, finding 8).
 //! docs/intercept/resource.md describes the resource.
 
 mod common;
@@ -154,6 +156,34 @@ const BAD: &[(&str, &str)] = &[
     ),
 ];
 
+/// A pod created before its Intercept, and the Intercept selecting it.
+const LATE_POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: late, namespace: dev, labels: {tier: late}}
+spec: {nodeName: worker-2, containers: [{name: app, image: app}]}
+"#;
+const LATE_INTERCEPT: &str = r#"
+apiVersion: kuport.wlz.li/v1alpha1
+kind: Intercept
+metadata: {name: late, namespace: dev}
+spec:
+  podSelector: {matchLabels: {tier: late}}
+  intercepts: [{protocol: TCP, containerPort: 8080, agentPort: 9900}]
+"#;
+
+/// The pods' names in the last state worker-2's fake executor received.
+fn programmed(state: &Mutex<Option<NodeState>>) -> Vec<String> {
+    let st = state.lock().expect("lock").clone().unwrap_or_default();
+    st.netns
+        .iter()
+        .filter_map(|n| match n.target.as_ref().and_then(|t| t.kind.as_ref()) {
+            Some(Kind::Pod(p)) => Some(p.name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn running(cp: &ControlPlane, pod: &str, ip: &str) {
     let status = format!(r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}]}}}}"#);
     cp.ok(&["patch", "pod", "-n", "dev", pod, "--subresource=status", "--type=merge", "-p", &status], None);
@@ -240,4 +270,27 @@ async fn intercept_selects_programs_and_reports() {
         columns.contains("SELECTED") && columns.contains("PROGRAMMED") && columns.contains("ACCEPTED"),
         "{columns}"
     );
+
+    // Issue 25, finding 8: a pod whose last event came before any Intercept selected it.
+    cp.ok(&["apply", "-f", "-"], Some(LATE_POD));
+    running(&cp, "late", "10.0.1.8");
+    // Its events seen by the controller while nothing selects it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cp.ok(&["apply", "-f", "-"], Some(LATE_INTERCEPT));
+    within(Duration::from_secs(15), "the late pod programmed", || match programmed(&state).as_slice() {
+        [a, l] if a == "app" && l == "late" => Ok(()),
+        other => Err(format!("{other:?}")),
+    })
+    .await;
+    // Relabelled out of the selector: gone from the state within a second; app stays.
+    cp.ok(&["label", "pod", "-n", "dev", "late", "tier-"], None);
+    let relabelled = Instant::now();
+    within(Duration::from_secs(1), "the relabelled pod's namespace leaves the state", || {
+        match programmed(&state).as_slice() {
+            [a] if a == "app" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    println!("the relabelled pod left the state in {:.2} s", relabelled.elapsed().as_secs_f64());
 }

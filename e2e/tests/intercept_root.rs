@@ -4,7 +4,10 @@
 //! address; a real connection to the intercepted port reaches the agent in the pod (issue 18's
 //! behaviour 1); a host-network pod the Intercept also selects is refused in its status; and
 //! deleting the Intercept restores the pod's ruleset exactly (behaviour 8), the application
-//! answering again.
+//! answering again. Then an Intercept selecting two pods that existed before it (echo-0 and
+//! api-0, untouched since): api-0 relabelled out of the selector loses its table within a
+//! second, by its ruleset and by packets, while echo-0 stays intercepted (issue 25, finding 8:
+//! such a pod kept its table until some unrelated change recomputed).
 //! One test in its own binary: the executors find pods by address, so two labs at once (the same
 //! pod addresses) would make it ambiguous. Without root it fails, unless KUPORT_SKIP_ROOT_TESTS=1.
 
@@ -21,12 +24,16 @@ const POD: &str = "echo-0";
 const POD_ADDRESS: &str = "10.244.1.20";
 const APP_PORT: u16 = 8080;
 const AGENT_PORT: u16 = 9900;
+/// The second pod (on worker-2) and its application's port.
+const API: &str = "api-0";
+const API_ADDRESS: &str = "10.244.2.9";
+const API_PORT: u16 = 9000;
 
 /// echo-0 as the kubelet would report it, and a host-network pod with the same label on the same
 /// node (worker-1's address).
 const PODS: &str = "apiVersion: v1
 kind: Pod
-metadata: {name: echo-0, namespace: apps, labels: {app: echo}}
+metadata: {name: echo-0, namespace: apps, labels: {app: echo, tier: both}}
 spec:
   nodeName: worker-1
   containers: [{name: echo, image: kuport-lab-echo}]
@@ -47,6 +54,17 @@ status:
   podIP: 100.64.0.11
   podIPs: [{ip: 100.64.0.11}]
 ---
+apiVersion: v1
+kind: Pod
+metadata: {name: api-0, namespace: apps, labels: {app: api, tier: both}}
+spec:
+  nodeName: worker-2
+  containers: [{name: api, image: kuport-lab-echo}]
+status:
+  phase: Running
+  podIP: 10.244.2.9
+  podIPs: [{ip: 10.244.2.9}]
+---
 ";
 
 const INTERCEPT: &str = "apiVersion: kuport.wlz.li/v1alpha1
@@ -57,6 +75,19 @@ spec:
     matchLabels: {app: echo}
   intercepts:
     - {protocol: TCP, containerPort: 8080, agentPort: 9900}
+---
+";
+
+/// An Intercept selecting echo-0 and api-0 (by `tier: both`), created after both pods.
+const BOTH: &str = "apiVersion: kuport.wlz.li/v1alpha1
+kind: Intercept
+metadata: {name: both, namespace: apps}
+spec:
+  podSelector:
+    matchLabels: {tier: both}
+  intercepts:
+    - {protocol: TCP, containerPort: 8080, agentPort: 9900}
+    - {protocol: TCP, containerPort: 9000, agentPort: 9900}
 ---
 ";
 
@@ -88,14 +119,23 @@ impl Drop for Agent {
 
 /// What answers a TCP connection from worker-1 (the pod's node) to the pod's `port`.
 fn dial(lab: &kuport_lab::Lab, port: u16) -> String {
+    dial_from(lab, "worker-1", POD_ADDRESS, port)
+}
+
+/// What answers a TCP connection from `node` to `address`:`port`.
+fn dial_from(lab: &kuport_lab::Lab, node: &str, address: &str, port: u16) -> String {
     let code = format!(
-        "import socket\ntry:\n    s = socket.create_connection(('{POD_ADDRESS}', {port}), 3); print(s.recv(200).decode().strip())\nexcept OSError as e:\n    print('ERR', e)\n"
+        "import socket\ntry:\n    s = socket.create_connection(('{address}', {port}), 3); print(s.recv(200).decode().strip())\nexcept OSError as e:\n    print('ERR', e)\n"
     );
-    lab.exec("worker-1", &["python3", "-c", &code]).unwrap_or_else(|e| format!("ERR {e}")).trim().to_string()
+    lab.exec(node, &["python3", "-c", &code]).unwrap_or_else(|e| format!("ERR {e}")).trim().to_string()
 }
 
 fn ruleset(lab: &kuport_lab::Lab) -> String {
-    lab.exec(POD, &["nft", "list", "ruleset"]).expect("the pod's ruleset")
+    ruleset_of(lab, POD)
+}
+
+fn ruleset_of(lab: &kuport_lab::Lab, pod: &str) -> String {
+    lab.exec(pod, &["nft", "list", "ruleset"]).expect("the pod's ruleset")
 }
 
 /// Waits until `what` holds, or fails naming it.
@@ -160,6 +200,31 @@ fn an_intercept_programs_a_lab_pod_and_its_deletion_restores_it() {
     let took = wait("the pod's ruleset as before", Duration::from_secs(20), || ruleset(&lab) == before);
     println!("the pod's ruleset was restored {:.2} s after the Intercept's deletion", took.as_secs_f64());
     assert!(dial(&lab, APP_PORT).starts_with(POD), "(8) the application answers again");
+
+    // Issue 25, finding 8: an Intercept created after echo-0 and api-0, neither touched since.
+    let api_before = ruleset_of(&lab, API);
+    let _api_agent = Agent::start(&lab.netns_name(API));
+    wait("api-0's agent listens", Duration::from_secs(10), || {
+        dial_from(&lab, "worker-2", API_ADDRESS, AGENT_PORT) == "AGENT"
+    });
+    let both = without.clone().add("both.yaml", BOTH).expect("loads");
+    lab.plane_mut().expect("a plane").set_manifests(&both).expect("the Intercept is created");
+    wait("both pods' tables", Duration::from_secs(20), || {
+        ruleset(&lab).contains("table ip kuport-intercept")
+            && ruleset_of(&lab, API).contains("table ip kuport-intercept")
+    });
+    assert_eq!(dial(&lab, APP_PORT), "AGENT", "echo-0 intercepted");
+    assert_eq!(dial_from(&lab, "worker-2", API_ADDRESS, API_PORT), "AGENT", "api-0 intercepted");
+    // api-0 relabelled out of the selector: its table goes within a second.
+    api.0.kubectl(&["label", "pod", "-n", "apps", API, "tier-"], None).expect("api-0 relabelled");
+    let took = wait("api-0's ruleset as before", Duration::from_secs(1), || ruleset_of(&lab, API) == api_before);
+    println!("the relabelled pod's ruleset was restored {:.2} s after the relabel", took.as_secs_f64());
+    assert!(
+        dial_from(&lab, "worker-2", API_ADDRESS, API_PORT).starts_with(API),
+        "api-0's traffic reaches its application, not the agent"
+    );
+    assert!(ruleset(&lab).contains("table ip kuport-intercept"), "echo-0 keeps its table");
+    assert_eq!(dial(&lab, APP_PORT), "AGENT", "echo-0 still intercepted");
     // The plane's and the API server's folders go once both have stopped.
     drop(lab);
     drop(api);

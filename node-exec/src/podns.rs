@@ -1,13 +1,17 @@
 //! Namespaces kept by reference: a pod's network namespace found on this node without trusting
 //! any name, and a namespace held open for as long as it is kept.
 //!
-//! A pod is found by asking the container runtime when its CRI socket is there ([`cri`]: the
-//! pod's ready sandbox by its UID, and the network namespace its verbose status names).
-//! Otherwise, or when the runtime knows no ready sandbox of the pod or does not answer, it is
-//! found among the namespaces pinned under /var/run/netns and those of running processes
-//! (/proc/*/ns/net), each counted once by its inode: its namespace is the one that holds one of
-//! the pod's addresses on a link other than loopback. The host's namespace (this process's, and
-//! the one configured for the node's own entry) is never a pod's, whoever names it.
+//! A pod is found by asking the container runtime when a CRI socket is set ([`cri`]: the pod's
+//! ready sandbox by its UID, and the network namespace its verbose status names). The runtime's
+//! answer is final: when it has no ready sandbox of the pod, or does not answer, or its socket
+//! is gone, the pod is not found (refused with that reason; the next state asks again), never
+//! searched for by address, since a pod address the runtime no longer backs may already be
+//! another pod's. Only on a node without a runtime socket (the lab) is a pod found among the
+//! namespaces pinned under /var/run/netns and those of running processes (/proc/*/ns/net), each
+//! counted once by its inode: its namespace is the one that holds every one of the pod's
+//! addresses on a link other than loopback, and none of whose processes is in another pod's
+//! cgroup (the kubelet names a pod's cgroup by its UID). The host's namespace (this process's,
+//! and the one configured for the node's own entry) is never a pod's, whoever names it.
 //!
 //! A held pod namespace also knows how the kernel reads socket owners in it ([`ids`]).
 //!
@@ -78,6 +82,19 @@ pub enum PodnsError {
     CriHost { sandbox: String, path: Option<PathBuf> },
     #[error("the container runtime names {path} for sandbox {sandbox}, which cannot be opened: {source}", path = path.display())]
     CriPath { sandbox: String, path: PathBuf, source: std::io::Error },
+    /// The runtime has no ready sandbox of the pod: final (see the module's text).
+    #[error(
+        "the container runtime at {socket} has no ready sandbox of the pod{}; a pod the runtime does not run is not searched for by address",
+        uid.as_ref().map(|u| format!(" (uid {u})")).unwrap_or_default(),
+        socket = socket.display()
+    )]
+    CriNoSandbox { socket: PathBuf, uid: Option<String> },
+    /// The runtime did not answer, or its socket is gone: not searched for by address either.
+    #[error("{0}; a pod is not searched for by address while a runtime socket is set")]
+    Cri(#[from] cri::CriError),
+    /// A process in the namespace found by address is in another pod's cgroup.
+    #[error("network namespace not found on this node: the one holding its addresses runs pod {other}'s processes")]
+    OtherPod { other: String },
     /// Its rules' socket owners cannot be matched in it ([`IdError`]).
     #[error(transparent)]
     Owners(#[from] IdError),
@@ -168,21 +185,22 @@ pub fn resolve(pod: &PodRef, host: &[NsId]) -> Result<Held, PodnsError> {
     resolve_with(pod, host, None)
 }
 
-/// Finds `pod`'s namespace, asking the runtime at `cri` first when that socket exists.
+/// Finds `pod`'s namespace: named by the runtime at `cri` when a socket is set (its answer is
+/// final), else by address.
 pub fn resolve_with(pod: &PodRef, host: &[NsId], cri: Option<&Path>) -> Result<Held, PodnsError> {
     let name = || format!("{}/{}", pod.namespace, pod.name);
-    if let Some(socket) = cri.filter(|s| s.exists()) {
-        match cri::sandbox(socket, pod) {
-            Ok(Some(sandbox)) => return from_sandbox(name(), sandbox, host),
-            Ok(None) => {
-                tracing::info!(pod = %name(), socket = %socket.display(), "the runtime has no ready sandbox of the pod; finding it by address")
-            }
-            Err(e) => {
-                tracing::warn!(pod = %name(), error = %e, "the runtime did not answer; finding the pod by address")
-            }
+    let Some(socket) = cri else { return by_address(pod, host) };
+    if !socket.exists() {
+        let reason = "the socket does not exist".to_string();
+        return Err(cri::CriError::Unreachable { socket: socket.to_path_buf(), reason }.into());
+    }
+    match cri::sandbox(socket, pod)? {
+        Some(sandbox) => from_sandbox(name(), sandbox, host),
+        None => {
+            let uid = Some(pod.uid.clone()).filter(|u| !u.is_empty());
+            Err(PodnsError::CriNoSandbox { socket: socket.to_path_buf(), uid })
         }
     }
-    by_address(pod, host)
 }
 
 /// Holds the namespace the runtime named for the pod's sandbox, unless it is the host's.
@@ -230,6 +248,9 @@ fn by_address(pod: &PodRef, host: &[NsId]) -> Result<Held, PodnsError> {
     };
     let c = candidates.swap_remove(index);
     let id = NsId::of_file(&c.file).map_err(|source| PodnsError::Io { path: c.path.clone(), source })?;
+    if let Some(other) = other_pod(id, &pod.uid) {
+        return Err(PodnsError::OtherPod { other });
+    }
     let owners = ids::owner_ids(&c.file, id, None);
     Ok(Held {
         file: c.file,
@@ -266,19 +287,57 @@ fn addresses(pod: &PodRef) -> Vec<IpAddr> {
     pod.addresses.iter().filter_map(|a| a.parse().ok()).collect()
 }
 
-/// The one candidate holding any of `wanted`.
+/// The one candidate holding all of `wanted`. Ambiguous also when another holds some of them:
+/// two namespaces claiming one pod's addresses are not told apart by guessing.
 fn pick(wanted: &[IpAddr], candidates: &[Candidate]) -> Result<usize, PodnsError> {
-    let holding: Vec<usize> = candidates
+    let some: Vec<usize> = candidates
         .iter()
         .enumerate()
         .filter(|(_, c)| c.addresses.iter().any(|a| wanted.contains(a)))
         .map(|(i, _)| i)
         .collect();
-    match holding[..] {
-        [one] => Ok(one),
-        [] => Err(PodnsError::NotFound),
-        _ => Err(PodnsError::Ambiguous { count: holding.len() }),
+    let all = |i: &usize| wanted.iter().all(|w| candidates[*i].addresses.contains(w));
+    match some[..] {
+        [one] if all(&one) => Ok(one),
+        [] | [_] => Err(PodnsError::NotFound),
+        _ => Err(PodnsError::Ambiguous { count: some.len() }),
     }
+}
+
+/// The UID of another pod than `uid` that some process in namespace `id` belongs to, by its
+/// cgroup (the kubelet names a pod's cgroup by its UID). None when no process names a pod,
+/// as in the lab, whose namespaces are not the kubelet's.
+fn other_pod(id: NsId, uid: &str) -> Option<String> {
+    let pids =
+        namespaces().into_iter().filter(|(_, i)| *i == id).filter_map(|(p, _)| p.parent().map(Path::to_path_buf));
+    for dir in pids.filter(|d| d.starts_with(PROC)) {
+        let Ok(text) = std::fs::read_to_string(dir.join("cgroup")) else { continue };
+        if let Some(other) = cgroup_pod_uids(&text).into_iter().find(|u| *u != uid) {
+            return Some(other);
+        }
+    }
+    None
+}
+
+/// The pod UIDs a /proc/PID/cgroup names: `.../pod<UID>/...` (cgroupfs) or
+/// `...-pod<UID with _>.slice` (systemd).
+fn cgroup_pod_uids(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for segment in text.lines().filter_map(|l| l.splitn(3, ':').nth(2)).flat_map(|p| p.split('/')) {
+        let segment = segment.strip_suffix(".slice").unwrap_or(segment);
+        let Some(rest) = segment.strip_prefix("pod").or_else(|| segment.rsplit_once("-pod").map(|(_, r)| r)) else {
+            continue;
+        };
+        let rest = rest.replace('_', "-");
+        let uuid = rest.len() == 36
+            && rest
+                .char_indices()
+                .all(|(i, c)| if [8, 13, 18, 23].contains(&i) { c == '-' } else { c.is_ascii_hexdigit() });
+        if uuid && !out.contains(&rest) {
+            out.push(rest);
+        }
+    }
+    out
 }
 
 /// Every namespace file on the node, pins first, with its identity.
@@ -339,10 +398,24 @@ mod tests {
     fn the_namespace_holding_an_address_is_the_pods() {
         let candidates = vec![candidate(&["10.0.0.1"]), candidate(&["10.244.1.7", "fd00::7"]), candidate(&[])];
         assert_eq!(pick(&[ip("10.244.1.7")], &candidates).expect("found"), 1);
-        assert_eq!(pick(&[ip("10.9.9.9"), ip("fd00::7")], &candidates).expect("by its IPv6 address"), 1);
+        assert_eq!(pick(&[ip("10.244.1.7"), ip("fd00::7")], &candidates).expect("by both addresses"), 1);
+        // A namespace holding only some of the pod's addresses is not the pod's.
+        assert!(matches!(pick(&[ip("10.9.9.9"), ip("fd00::7")], &candidates), Err(PodnsError::NotFound)));
         assert!(matches!(pick(&[ip("10.9.9.9")], &candidates), Err(PodnsError::NotFound)));
+        let split = vec![candidate(&["10.244.1.7"]), candidate(&["10.244.1.7", "fd00::7"])];
+        assert!(matches!(pick(&[ip("10.244.1.7"), ip("fd00::7")], &split), Err(PodnsError::Ambiguous { count: 2 })));
         let twice = vec![candidate(&["10.244.1.7"]), candidate(&["10.244.1.7"])];
         assert!(matches!(pick(&[ip("10.244.1.7")], &twice), Err(PodnsError::Ambiguous { count: 2 })));
+    }
+
+    #[test]
+    fn a_processs_cgroup_names_its_pod() {
+        let cgroupfs = "0::/kubepods/burstable/pod0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b/abc123\n";
+        assert_eq!(cgroup_pod_uids(cgroupfs), ["0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"]);
+        let systemd = "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0f1e2d3c_4b5a_6978_8a9b_0c1d2e3f4a5b.slice/cri-containerd-abc.scope\n";
+        assert_eq!(cgroup_pod_uids(systemd), ["0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"]);
+        assert!(cgroup_pod_uids("0::/user.slice/user-0.slice/session-3.scope\n").is_empty());
+        assert!(cgroup_pod_uids("0::/podman/pod-notauuid\n").is_empty());
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! (docs/intercept/table.md, "Finding a pod's namespace"): a fake runtime (tonic, runtime.v1,
 //! on a unix socket in a scratch directory) names a sandbox's network namespace, and
 //! `NodeKeepers` programs exactly that one; a runtime that names the host's namespace or a
-//! path that does not exist is refused, naming why; without the socket, or when the runtime
-//! knows no ready sandbox of the pod, the pod is found by its address.
+//! path that does not exist is refused, naming why. The runtime's "no such pod" is final: when
+//! it knows no ready sandbox of the pod, does not answer, or its socket is gone, the pod is
+//! refused even though another namespace holds its address (a reused pod address is another
+//! pod's). Only without a runtime socket is the pod found by its address.
 //! They fail when not run as root unless KUPORT_SKIP_ROOT_TESTS=1.
 
 #[path = "common/host.rs"]
@@ -218,13 +220,41 @@ async fn the_runtime_names_the_pods_namespace() {
         )
     );
 
-    // The runtime knows no ready sandbox of the pod: found by its address (the decoy is it now).
+    // The runtime knows no ready sandbox of the pod while the decoy holds its address (a pod
+    // address reused by another tenant's pod): refused, and nothing lands in the decoy.
     fake.clear();
     let p = PodRef { name: "byaddr".into(), uid: "uid-byaddr".into(), ..pod.clone() };
     let mut k = NodeKeepers::new(Some(host_path.clone())).with_cri(Some(socket.clone()));
-    k.apply(state(&p)).await.expect("found by address");
-    assert!(decoy.tables().contains("table ip kuport-intercept"), "{}", decoy.tables());
-    assert_eq!(fake.asked.lock().unwrap().len(), 1, "asked, then searched by address");
+    assert_eq!(
+        refusal(k.apply(state(&p)).await),
+        format!(
+            "pod web/byaddr: the container runtime at {} has no ready sandbox of the pod (uid uid-byaddr); a pod the runtime does not run is not searched for by address",
+            socket.display()
+        )
+    );
+    assert!(!decoy.tables().contains("kuport-intercept"), "not the decoy: {}", decoy.tables());
+    assert_eq!(fake.asked.lock().unwrap().len(), 1, "asked once, and not searched by address");
+    // Also when only a sandbox that is not ready names the decoy.
+    fake.sandbox("sb-down", &p.uid, 5, PodSandboxState::SandboxNotready, &decoy.path());
+    let mut k = NodeKeepers::new(Some(host_path.clone())).with_cri(Some(socket.clone()));
+    assert!(refusal(k.apply(state(&p)).await).contains("has no ready sandbox of the pod"));
+    assert!(!decoy.tables().contains("kuport-intercept"), "not the decoy: {}", decoy.tables());
+
+    // A socket that does not answer (a file no runtime serves), or that is gone (the runtime
+    // restarting): refused, not searched by address either.
+    let dead = dir.0.join("dead.sock");
+    std::fs::write(&dead, b"").unwrap();
+    let gone = dir.0.join("gone.sock");
+    for s in [&dead, &gone] {
+        let mut k = NodeKeepers::new(Some(host_path.clone())).with_cri(Some(s.clone()));
+        let why = refusal(k.apply(state(&p)).await);
+        assert!(
+            why.starts_with(&format!("pod web/byaddr: CRI {}: ", s.display()))
+                && why.ends_with("; a pod is not searched for by address while a runtime socket is set"),
+            "{why}"
+        );
+        assert!(!decoy.tables().contains("kuport-intercept"), "not the decoy: {}", decoy.tables());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,9 +267,28 @@ async fn without_the_socket_the_address_is_searched() {
     let pod =
         PodRef { namespace: "web".into(), name: "web-1".into(), uid: "uid-web-1".into(), addresses: vec![address(1)] };
     sandbox.pod_interface(&pod.addresses[0]);
-    let socket = std::env::temp_dir().join(format!("kuport-cri-none-{}/cri.sock", std::process::id()));
-    assert!(!socket.exists());
-    let mut keepers = NodeKeepers::new(Some(PathBuf::from(host.path()))).with_cri(Some(socket));
+    let mut keepers = NodeKeepers::new(Some(PathBuf::from(host.path()))).with_cri(None);
     keepers.apply(state(&pod)).await.expect("found by address");
     assert!(sandbox.tables().contains("table ip kuport-intercept"), "{}", sandbox.tables());
+}
+
+/// Without a runtime, the namespace found by address must hold every address of the pod: a
+/// namespace holding only its IPv4 address is not a dual-stack pod's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_socket_every_address_must_be_held() {
+    if !root() {
+        return;
+    }
+    let host = Netns::new("allhost");
+    let partial = Netns::new("partial");
+    let pod = PodRef {
+        namespace: "web".into(),
+        name: "web-2".into(),
+        uid: "uid-web-2".into(),
+        addresses: vec![address(2), "fd00:150::2".into()],
+    };
+    partial.pod_interface(&pod.addresses[0]);
+    let mut keepers = NodeKeepers::new(Some(PathBuf::from(host.path())));
+    assert_eq!(refusal(keepers.apply(state(&pod)).await), "pod web/web-2: network namespace not found on this node");
+    assert!(!partial.tables().contains("kuport-intercept"), "{}", partial.tables());
 }

@@ -8,9 +8,10 @@
 //! longer be reached ends on its own; it is forgotten, and a later state that names the
 //! namespace again starts a new one.
 //!
-//! A pod's namespace is found by asking the container runtime's CRI when a socket is set, else
-//! by its address ([`podns::resolve_with`]), and its rules' socket owners are translated to how
-//! the kernel reads them there ([`podns::OwnerIds`]) before they are applied.
+//! A pod's namespace is found by asking the container runtime's CRI when a socket is set (its
+//! "no such pod" is final), else by its address ([`podns::resolve_with`]), and its rules'
+//! socket owners are translated to how the kernel reads them there ([`podns::OwnerIds`]) before
+//! they are applied.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

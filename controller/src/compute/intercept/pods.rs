@@ -185,8 +185,9 @@ pub fn compute(intercepts: &[Intercept], pods: &[Pod], now: Timestamp) -> Decide
     });
     let mut pods: Vec<&Pod> = pods.iter().collect();
     pods.sort_by(|a, b| (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name)));
-    // Pod UID -> the Intercept programming it.
-    let mut claimed: BTreeMap<String, InterceptKey> = BTreeMap::new();
+    // Pod (namespace, name, UID) -> the Intercept programming it. The name too: a manifest
+    // folder's pods have no UID, and each is a pod of its own.
+    let mut claimed: BTreeMap<(String, String, String), InterceptKey> = BTreeMap::new();
     let mut out = Decided::default();
     for ic in order {
         let key = key_of(ic);
@@ -221,7 +222,8 @@ pub fn compute(intercepts: &[Intercept], pods: &[Pod], now: Timestamp) -> Decide
                 refuse(r, m);
                 continue;
             }
-            if let Some((ns, other)) = claimed.get(&uid) {
+            let claim = (key.0.clone(), name.clone(), uid.clone());
+            if let Some((ns, other)) = claimed.get(&claim) {
                 refuse(reason::ALREADY_INTERCEPTED, format!("the older Intercept {ns}/{other} programs this pod"));
                 continue;
             }
@@ -237,7 +239,7 @@ pub fn compute(intercepts: &[Intercept], pods: &[Pod], now: Timestamp) -> Decide
                     continue;
                 }
             };
-            claimed.insert(uid.clone(), key.clone());
+            claimed.insert(claim, key.clone());
             let target =
                 kuport_proto::netns::pod(PodRef { namespace: key.0.clone(), name: name.clone(), uid, addresses });
             let ns = NetnsState { target, nft_tables: tables, ..Default::default() };
@@ -445,6 +447,37 @@ mod tests {
         // Only the older one's table is in each pod's namespace (app and userns).
         let ns = out.node_states["worker-2"].netns.iter().filter(|n| !n.is_host()).count();
         assert_eq!(ns, 2);
+    }
+
+    /// Issue 25, finding 8: a manifest folder's pods have no UID; each is a pod of its own, and
+    /// the Intercept programs every one (it programmed only the first, the others
+    /// AlreadyIntercepted by itself).
+    #[test]
+    fn pods_without_a_uid_are_each_programmed() {
+        let mut w = World::new().node("worker-2", "100.64.0.12", true);
+        let unnamed = |name: &str, ip: &str| {
+            let mut p = pod(name, "Running", &[ip], |_| {});
+            p.metadata.uid = None;
+            p
+        };
+        w.c.pods = vec![unnamed("a", "10.0.1.5"), unnamed("b", "10.0.1.6"), unnamed("c", "10.0.1.7")];
+        w.c.intercepts = vec![intercept("web", 0, &[(8080, 9900)]), intercept("young", 10, &[(9090, 9902)])];
+        let out = w.run();
+        let st = &out.intercepts[&("dev".to_string(), "web".to_string())];
+        assert_eq!((st.selected_pods, st.programmed_pods), (3, 3), "{:?}", reasons(st));
+        let ns: Vec<String> =
+            out.node_states["worker-2"].netns.iter().filter(|n| !n.is_host()).map(|n| n.describe()).collect();
+        assert_eq!(ns, ["pod dev/a ", "pod dev/b ", "pod dev/c "]);
+        // A younger Intercept still finds each of them taken by the older one.
+        let young = &out.intercepts[&("dev".to_string(), "young".to_string())];
+        assert_eq!(
+            reasons(young),
+            [
+                ("a", reason::ALREADY_INTERCEPTED),
+                ("b", reason::ALREADY_INTERCEPTED),
+                ("c", reason::ALREADY_INTERCEPTED)
+            ]
+        );
     }
 
     #[test]
