@@ -242,7 +242,8 @@ async fn oversize_unauthenticated_debug_calls_leave_memory_flat() {
     let address = loop {
         let mut line = String::new();
         assert!(out.read_line(&mut line).expect("read") > 0, "the child ended before listening");
-        if let Some(a) = line.trim().strip_prefix("listening ") {
+        // After the harness's "test debug_replica_child ... " on the same line.
+        if let Some((_, a)) = line.trim().split_once("listening ") {
             break a.to_string();
         }
     };
@@ -253,7 +254,11 @@ async fn oversize_unauthenticated_debug_calls_leave_memory_flat() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     // A small call first: the replica at rest, its buffers warm.
-    let small = client.get_node(GetNodeRequest { node: "worker-1".into() }).await.unwrap_err();
+    let small =
+        tokio::time::timeout(Duration::from_secs(10), client.get_node(GetNodeRequest { node: "worker-1".into() }))
+            .await
+            .expect("the small call is answered")
+            .unwrap_err();
     assert_eq!(small.code(), tonic::Code::Unauthenticated, "{small:?}");
     let before = status_kb(pid, "VmHWM");
     let big = "x".repeat(8 * 1024 * 1024);
@@ -262,7 +267,8 @@ async fn oversize_unauthenticated_debug_calls_leave_memory_flat() {
         let node = big.clone();
         async move { c.get_node(GetNodeRequest { node }).await }
     });
-    let answers = futures::future::join_all(calls).await;
+    let answers =
+        tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(calls)).await.expect("answered");
     for a in &answers {
         let status = a.as_ref().expect_err("refused");
         assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
