@@ -14,6 +14,7 @@ use std::sync::Arc;
 use kuport_proto::v1::debug_server::DebugServer;
 use kuport_proto::v1::node_sync_server::NodeSyncServer;
 use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::compute::Settings;
 use crate::observe;
@@ -24,8 +25,14 @@ use crate::trust::access::DebugAccess;
 use crate::trust::identity::{Executors, KubeReviewer, Reviewer};
 use crate::trust::tls::{self, Tls};
 
-/// The largest message either side accepts: a 50,000-mapping node state is about 20 MB.
+/// The largest answer Debug sends (a node's state among them; states themselves are bounded by
+/// [`kuport_proto::channel::MAX_STATE_MESSAGE`]).
 pub const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+/// The largest request Debug, health and reflection decode, all before any authorization: the
+/// largest legitimate one is an ExplainPortMap naming a 63-byte namespace and a 253-byte name
+/// (322 bytes encoded; reflection's symbol names are shorter), so 4 KiB leaves room and an
+/// unauthenticated caller makes a replica buffer KiB, not MiB (docs/security.md).
+pub const MAX_DEBUG_REQUEST: usize = 4 * 1024;
 /// The largest message an executor may send (facts, acks, drift): 4 MiB holds the largest
 /// report the bounds admit (1,024 interfaces of 64 addresses: 1,138,842 bytes) with room to spare;
 /// only states going down need [`MAX_MESSAGE`] (docs/security.md).
@@ -80,19 +87,20 @@ where
     };
     let mut router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .add_service(health_service)
+        .add_service(health_service.max_decoding_message_size(MAX_DEBUG_REQUEST))
         .add_service(
             NodeSyncServer::new(sync::SyncService::new(hub.clone(), trust.executors))
                 .max_decoding_message_size(MAX_EXECUTOR_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
+                .max_encoding_message_size(kuport_proto::channel::MAX_STATE_MESSAGE),
         )
-        .add_service(
-            DebugServer::new(debug::DebugService::new(hub.clone(), trust.debug))
-                .max_decoding_message_size(MAX_MESSAGE)
+        .add_service(InterceptedService::new(
+            DebugServer::new(debug::DebugService::new(hub.clone(), trust.debug.clone()))
+                .max_decoding_message_size(MAX_DEBUG_REQUEST)
                 .max_encoding_message_size(MAX_MESSAGE),
-        );
+            token_first(trust.debug.is_some(), hub.clone()),
+        ));
     if let Ok(r) = reflection {
-        router = router.add_service(r);
+        router = router.add_service(r.max_decoding_message_size(MAX_DEBUG_REQUEST));
     }
     let tls_refused = hub.metrics().tls_refusals.clone();
     match trust.tls {
@@ -104,6 +112,19 @@ where
             let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             router.serve_with_incoming_shutdown(incoming, stop).await
         }
+    }
+}
+
+/// Refuses a Debug call without a bearer token from its headers alone, before its body is read
+/// (the handler then authorizes the token by RBAC); `required` false: the folder mode.
+fn token_first(required: bool, hub: Arc<Hub>) -> impl tonic::service::Interceptor + Clone {
+    move |request: tonic::Request<()>| {
+        if required && let Err(refusal) = crate::trust::identity::bearer(request.metadata()) {
+            hub.metrics().debug_refused(refusal.reason);
+            tracing::info!(reason = refusal.reason, detail = %refusal.detail, "debug call refused before its body");
+            return Err(refusal.into());
+        }
+        Ok(request)
     }
 }
 

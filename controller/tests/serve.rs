@@ -159,3 +159,125 @@ fn the_insecure_folder_mode_is_refused_off_loopback() {
     assert!(!out.status.success());
     assert!(err.contains("--insecure-manifests") && err.contains("loopback") && err.contains("0.0.0.0:0"), "{err}");
 }
+
+/// Set in the child process [`debug_replica_child`] runs in.
+const CHILD: &str = "KUPORT_DEBUG_REPLICA_CHILD";
+
+/// A reviewer that refuses every token (no call here should reach it).
+struct NoOne;
+
+impl kuport_controller::trust::identity::Reviewer for NoOne {
+    fn token_review<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a [String],
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<kuport_controller::trust::identity::Reviewed, kuport_controller::trust::identity::ReviewError>,
+    > {
+        Box::pin(async { Ok(Default::default()) })
+    }
+    fn access_review<'a>(
+        &'a self,
+        _: &'a kuport_controller::trust::identity::Reviewed,
+        _: &'a kuport_controller::trust::identity::Access,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<kuport_controller::trust::identity::Decision, kuport_controller::trust::identity::ReviewError>,
+    > {
+        Box::pin(async { Ok(kuport_controller::trust::identity::Decision { allowed: false, reason: "no one".into() }) })
+    }
+}
+
+/// Not a test by itself: the replica of [`oversize_unauthenticated_debug_calls_leave_memory_flat`],
+/// in a process of its own so that its memory is its own. It serves Debug as a Kubernetes-mode
+/// replica does (every call authorized) and prints its address; it ends when its stdin closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_replica_child() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    use kuport_controller::stream::{Hub, leader};
+    use kuport_controller::trust::access::DebugAccess;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    let (_lead, rx) = leader::standalone(address.clone());
+    let hub = Hub::new(Settings::default(), rx, true);
+    let debug = DebugAccess::new(std::sync::Arc::new(NoOne));
+    let trust = kuport_controller::serve::Trust { debug: Some(std::sync::Arc::new(debug)), ..Default::default() };
+    let stop = async {
+        let _ = tokio::task::spawn_blocking(|| std::io::copy(&mut std::io::stdin(), &mut std::io::sink())).await;
+    };
+    println!("listening {address}");
+    kuport_controller::serve::serve_grpc(hub, listener, trust, stop).await.expect("serve");
+}
+
+/// kB of `field` (VmRSS, VmHWM) in /proc/`pid`/status.
+fn status_kb(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.trim().strip_suffix("kB")?.trim().parse().ok())
+        .expect(field)
+}
+
+/// Finding 4 (docs/security.md): 50 concurrent 8 MiB Debug calls without a token are refused
+/// as unauthenticated from their headers, and the replica's peak memory stays flat. Before,
+/// each was read and decoded whole (256 MiB allowed) and only then refused: its peak grew by
+/// hundreds of MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_unauthenticated_debug_calls_leave_memory_flat() {
+    use kuport_proto::v1::GetNodeRequest;
+    use kuport_proto::v1::debug_client::DebugClient;
+    use std::io::BufRead;
+    let mut child = Command::new(std::env::current_exe().expect("exe"))
+        .args(["--exact", "debug_replica_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("child");
+    let pid = child.id();
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let address = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).expect("read") > 0, "the child ended before listening");
+        // After the harness's "test debug_replica_child ... " on the same line.
+        if let Some((_, a)) = line.trim().split_once("listening ") {
+            break a.to_string();
+        }
+    };
+    let mut client = loop {
+        if let Ok(c) = DebugClient::connect(format!("http://{address}")).await {
+            break c.max_encoding_message_size(64 * 1024 * 1024);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // A small call first: the replica at rest, its buffers warm.
+    let small =
+        tokio::time::timeout(Duration::from_secs(10), client.get_node(GetNodeRequest { node: "worker-1".into() }))
+            .await
+            .expect("the small call is answered")
+            .unwrap_err();
+    assert_eq!(small.code(), tonic::Code::Unauthenticated, "{small:?}");
+    let before = status_kb(pid, "VmHWM");
+    let big = "x".repeat(8 * 1024 * 1024);
+    let calls = (0..50).map(|_| {
+        let mut c = client.clone();
+        let node = big.clone();
+        async move { c.get_node(GetNodeRequest { node }).await }
+    });
+    let answers =
+        tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(calls)).await.expect("answered");
+    for a in &answers {
+        let status = a.as_ref().expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        assert!(status.message().contains("no_token"), "{status:?}");
+    }
+    let after = status_kb(pid, "VmHWM");
+    let rss = status_kb(pid, "VmRSS");
+    drop(child.stdin.take());
+    let _ = child.wait();
+    // 400 MiB were sent; the old code's peak grew by several times 8 MiB at the least.
+    assert!(after - before < 16 * 1024, "peak RSS grew from {before} kB to {after} kB (now {rss} kB)");
+}

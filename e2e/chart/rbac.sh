@@ -201,7 +201,8 @@ audit_lines() { wc -l <"$audit_log" 2>/dev/null || echo 0; }
 
 # ----------------------------------------------------------------------------- the install
 install() {
-  helm install "$release" "$chart" -n "$ns" --create-namespace --wait=false >/dev/null
+  # The overlay on: the controller runs with --overlay, and `patch nodes` is granted only then.
+  helm install "$release" "$chart" -n "$ns" --create-namespace --wait=false --set overlay.enabled=true >/dev/null
   kubectl wait --for=condition=Established --timeout=60s crd/portmapclasses.kuport.wlz.li crd/portmaps.kuport.wlz.li crd/intercepts.kuport.wlz.li
   kubectl -n "$ns" get sa "$sa" -o name
   kubectl get clusterrole "$cr" -o name

@@ -13,6 +13,18 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 /// address it dials: a NotLeader redirect to a pod address verifies without per-pod certificates.
 pub const SERVER_NAME: &str = "controller.kuport.internal";
 
+/// The largest message an executor decodes, and so the largest node state the controller sends
+/// (it refuses a larger one and reports it instead): 32 MiB is 3.6 times a 50,000-mapping node's
+/// state (8.8 MB), and buffered and decoded it stays within the executor's 256 Mi memory limit
+/// in the chart (docs/decisions.md, "The executor's limits").
+pub const MAX_STATE_MESSAGE: usize = 32 * 1024 * 1024;
+
+/// The size of `state` on the stream: encoded as a ControllerMessage, whose limit is
+/// [`MAX_STATE_MESSAGE`].
+pub fn state_message_len(state: &crate::v1::DesiredState) -> usize {
+    prost::encoding::message::encoded_len(1, state)
+}
+
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// HTTP/2 keepalive: a ping every 10 s, the connection dropped after 10 s without an answer.

@@ -35,3 +35,78 @@ pub const MAP_PUBLISH_RANGE: &str = "publish_range";
 pub const MAP_LINK_PORT: &str = "link_port";
 /// Link arrivals, ranges: (ports, iifname, this end, proto) to the pod.
 pub const MAP_LINK_RANGE: &str = "link_range";
+
+// What a state may name, the executor's own line (docs/design.md, "What the executor refuses"):
+// the controller computes nothing outside these, and the executor refuses a state that does.
+
+/// Slot n's routing table is this plus n (slot 1 uses table 201).
+pub const TABLE_BASE: u32 = 200;
+/// The highest slot whose mark still fits under the prefix.
+pub const MAX_SLOT: u32 = 0xffff;
+
+/// Whether `table` is a slot's table (TABLE_BASE + 1 to TABLE_BASE + MAX_SLOT, the kernel's
+/// reserved ones excepted): the only tables whose routes kuport owns whole.
+pub fn is_slot_table(table: u32) -> bool {
+    table > TABLE_BASE && table - TABLE_BASE <= MAX_SLOT && !RESERVED_TABLES.contains(&table)
+}
+
+/// Whether a route in `table` leaving through `dev` is one kuport may place: in a slot's table,
+/// or in main on one of kuport's own links (the overlay's pod routes on `kup-wg`).
+pub fn route_allowed(table: u32, dev: &str) -> bool {
+    is_slot_table(table) || (table == MAIN_TABLE && dev.starts_with(LINK_PREFIX))
+}
+
+/// Whether an ip rule may look up `table`: a slot's table, or main (the loop guard).
+pub fn rule_table_allowed(table: u32) -> bool {
+    is_slot_table(table) || table == MAIN_TABLE
+}
+
+/// IPv4 forwarding, which every datapath kuport computes needs.
+pub const SYSCTL_FORWARDING: &str = "net.ipv4.ip_forward";
+/// IPv6 forwarding, for a node with IPv6 pods or an IPv6 mapping.
+pub const SYSCTL_FORWARDING6: &str = "net.ipv6.conf.all.forwarding";
+/// Every sysctl kuport computes; the executor sets no other.
+pub const SYSCTLS: [&str; 2] = [SYSCTL_FORWARDING, SYSCTL_FORWARDING6];
+
+/// The directories a state's namespace files may be in: where `ip netns` (and the lab) puts them.
+pub const NETNS_DIRS: [&str; 2] = ["/run/netns/", "/var/run/netns/"];
+
+/// Whether `path` names a namespace file kuport may enter: one name directly under one of
+/// [`NETNS_DIRS`], never `.` or `..`. Empty is the host's namespace.
+pub fn netns_path_allowed(path: &str) -> bool {
+    path.is_empty()
+        || NETNS_DIRS.iter().any(|dir| {
+            path.strip_prefix(dir)
+                .is_some_and(|name| !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0']))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_slot_tables_main_on_own_links_and_lab_namespaces() {
+        assert!(is_slot_table(201) && is_slot_table(TABLE_BASE + MAX_SLOT) && is_slot_table(256));
+        for t in [0, 100, 200, 253, 254, 255, TABLE_BASE + MAX_SLOT + 1, u32::MAX] {
+            assert!(!is_slot_table(t), "{t}");
+        }
+        assert!(route_allowed(MAIN_TABLE, "kup-wg") && !route_allowed(MAIN_TABLE, "eth0"));
+        assert!(!route_allowed(100, "kup-1") && route_allowed(201, "eth0"));
+        assert!(rule_table_allowed(MAIN_TABLE) && !rule_table_allowed(255) && !rule_table_allowed(100));
+        assert!(
+            netns_path_allowed("/run/netns/node-1") && netns_path_allowed("/var/run/netns/x") && netns_path_allowed("")
+        );
+        for p in [
+            "/proc/1/ns/net",
+            "/etc/passwd",
+            "/run/netns/../../etc/passwd",
+            "/run/netns/",
+            "/run/netns/..",
+            "/run/netns/a/b",
+            "run/netns/a",
+        ] {
+            assert!(!netns_path_allowed(p), "{p}");
+        }
+    }
+}

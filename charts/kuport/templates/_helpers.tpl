@@ -81,3 +81,16 @@ minted for another audience (the API server's own, say) never passes as an execu
 {{- define "kuport.executorAudience" -}}
 kuport.wlz.li/node-exec
 {{- end }}
+
+{{/*
+The ConfigMap holding the CA (key ca.crt) executors verify the controller against: the
+controller's own kuport-ca, or with controller.tls.secretName the operator's
+controller.tls.caConfigMap (required then: the executors never mount the serving Secret).
+*/}}
+{{- define "kuport.caConfigMap" -}}
+{{- if .Values.controller.tls.secretName -}}
+{{- required "controller.tls.caConfigMap: with controller.tls.secretName, name a ConfigMap in the release namespace holding only the CA as ca.crt (the executors never mount the serving Secret, which holds the key)" .Values.controller.tls.caConfigMap -}}
+{{- else -}}
+kuport-ca
+{{- end -}}
+{{- end }}

@@ -9,12 +9,7 @@
 
 use std::collections::BTreeMap;
 
-pub use kuport_proto::owned::{MAIN_TABLE, MARK_PREFIX, MARK_PREFIX_MASK, RESERVED_TABLES};
-
-/// Slot n's routing table is this plus n (slot 1 uses table 201).
-pub const TABLE_BASE: u32 = 200;
-/// The highest slot whose mark still fits under the prefix.
-pub const MAX_SLOT: u32 = 0xffff;
+pub use kuport_proto::owned::{MAIN_TABLE, MARK_PREFIX, MARK_PREFIX_MASK, MAX_SLOT, RESERVED_TABLES, TABLE_BASE};
 
 /// One slot of a node: a packet mark and a routing table. Slot 0 is never used: its mark would
 /// be the bare prefix, which means "no link".

@@ -72,6 +72,8 @@ pub struct Metrics {
     pub nacks: Counter,
     /// Executor reports refused whole for breaking a bound (docs/security.md).
     pub facts_refused: Counter,
+    /// Computed node states not sent for exceeding what an executor decodes.
+    pub states_oversize: Counter,
     /// Writes sent to the API server, failed ones included: a replica that does not lead
     /// sends none.
     api_writes: Family<WriteLabel, Counter>,
@@ -114,6 +116,7 @@ impl Default for Metrics {
         let reconcile_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let nacks = Counter::default();
         let facts_refused = Counter::default();
+        let states_oversize = Counter::default();
         let api_writes = Family::<WriteLabel, Counter>::default();
         let executor_refusals = Family::<ReasonLabel, Counter>::default();
         let debug_refusals = Family::<ReasonLabel, Counter>::default();
@@ -135,6 +138,11 @@ impl Default for Metrics {
         registry.register("reconcile_seconds", "Time of one recompute", reconcile_seconds.clone());
         registry.register("nacks", "States an executor refused", nacks.clone());
         registry.register("facts_refused", "Executor fact reports refused for breaking a bound", facts_refused.clone());
+        registry.register(
+            "states_oversize",
+            "Computed node states not sent: larger than an executor decodes",
+            states_oversize.clone(),
+        );
         registry.register(
             "api_writes",
             "Writes sent to the API server (failed ones too): class and PortMap statuses, events",
@@ -193,6 +201,7 @@ impl Default for Metrics {
             reconciles,
             reconcile_seconds,
             nacks,
+            states_oversize,
             facts_refused,
             api_writes,
             executor_refusals,

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
+use kuport_proto::channel::MAX_STATE_MESSAGE;
 use kuport_proto::v1::{
     Applied, DesiredState, ExecutorMessage, Hello, NodeFacts as WireFacts, NodeState, ObjectError, PeerStatus,
     executor_message,
@@ -95,6 +96,8 @@ struct NodeEntry {
     acked: Option<Applied>,
     /// The refusal of the latest answer, empty after an ok.
     errors: Vec<ObjectError>,
+    /// The newest computed state, when it was too large to send (the executor has the one before).
+    oversize: Option<Oversize>,
     drift_repairs: u64,
     last_drift: Vec<String>,
     /// The last report that passed [`facts::check`], as sent and as checked.
@@ -138,6 +141,7 @@ impl NodeEntry {
             since: Instant::now(),
             acked: None,
             errors: Vec::new(),
+            oversize: None,
             drift_repairs: 0,
             last_drift: Vec::new(),
             facts: None,
@@ -160,6 +164,25 @@ impl NodeEntry {
 
     fn desired(&self) -> Option<Arc<DesiredState>> {
         self.tx.borrow().clone()
+    }
+}
+
+/// A computed state larger than [`MAX_STATE_MESSAGE`], not sent.
+#[derive(Debug)]
+struct Oversize {
+    version: String,
+    bytes: usize,
+}
+
+impl Oversize {
+    fn error(&self) -> ObjectError {
+        ObjectError {
+            object: format!("node state {}", self.version),
+            reason: format!(
+                "{} bytes, more than the {MAX_STATE_MESSAGE} an executor decodes: not sent, the node keeps its last state",
+                self.bytes
+            ),
+        }
     }
 }
 
@@ -750,12 +773,29 @@ impl Hub {
             let same =
                 inner.nodes.get(&name).and_then(NodeEntry::desired).is_some_and(|d| d.version == version && !restamp);
             if same {
+                if let Some(e) = inner.nodes.get_mut(&name) {
+                    e.oversize = None;
+                }
+                continue;
+            }
+            let ds = DesiredState { term, sequence: inner.sequence + 1, version, state: Some(state) };
+            // A state the executor would not decode is not sent: the node keeps its last one,
+            // and the refusal is logged, counted and shown as the node's error.
+            let bytes = kuport_proto::channel::state_message_len(&ds);
+            if bytes > MAX_STATE_MESSAGE {
+                let entry = inner.nodes.entry(name.clone()).or_insert_with(NodeEntry::new);
+                if entry.oversize.as_ref().is_none_or(|o| o.version != ds.version) {
+                    tracing::error!(node = %name, bytes, limit = MAX_STATE_MESSAGE, version = %ds.version,
+                        "node state larger than an executor decodes: not sent, the node keeps its last state");
+                    self.metrics.states_oversize.inc();
+                }
+                entry.oversize = Some(Oversize { version: ds.version, bytes });
                 continue;
             }
             inner.sequence += 1;
-            let sequence = inner.sequence;
             let entry = inner.nodes.entry(name).or_insert_with(NodeEntry::new);
-            entry.tx.send_replace(Some(Arc::new(DesiredState { term, sequence, version, state: Some(state) })));
+            entry.oversize = None;
+            entry.tx.send_replace(Some(Arc::new(ds)));
             published += 1;
         }
         let mut since = std::mem::take(&mut inner.holds_since);
@@ -907,7 +947,7 @@ fn snapshot(node: &str, e: &NodeEntry) -> NodeSnapshot {
         executor_version: e.executor_version.clone(),
         since: e.since.elapsed(),
         acked: e.acked.clone(),
-        errors: e.errors.clone(),
+        errors: e.oversize.iter().map(Oversize::error).chain(e.errors.iter().cloned()).collect(),
         drift_repairs: e.drift_repairs,
         last_drift: e.last_drift.clone(),
         facts: e.facts.as_ref().map(|(f, _)| f.clone()),
@@ -1086,5 +1126,53 @@ mod reach_tests {
         // A fresh executor waits for its facts.
         let fresh = hub.connect(&Hello { node: "home-c".into(), executor_version: "test".into(), applied: None });
         assert!(*fresh.held.borrow(), "held for its facts");
+    }
+}
+
+/// A computed state larger than an executor decodes is not sent: the node keeps its last one and
+/// the refusal is counted and shown (docs/design.md, "What the executor refuses").
+#[cfg(test)]
+mod oversize_tests {
+    use kuport_proto::v1::{NetnsState, Sysctl};
+
+    use super::*;
+    use crate::stream::leader;
+
+    fn outputs(value_bytes: usize) -> Computed {
+        let ns = NetnsState {
+            sysctls: vec![Sysctl {
+                key: kuport_proto::owned::SYSCTL_FORWARDING.into(),
+                value: "1".repeat(value_bytes),
+            }],
+            ..Default::default()
+        };
+        let mut state = NodeState { node: "n1".into(), netns: vec![ns] };
+        kuport_proto::canonicalize(&mut state);
+        let mut out = Outputs::default();
+        out.node_states.insert("n1".into(), state);
+        Computed { outputs: Arc::new(out), term: 1, read: 0 }
+    }
+
+    #[test]
+    fn an_oversize_state_is_kept_back_counted_and_shown() {
+        let (_tx, rx) = leader::standalone("127.0.0.1:1".into());
+        let hub = Hub::new(Settings::default(), rx, true);
+        hub.publish(outputs(1));
+        let first = hub.node("n1").and_then(|n| n.desired).expect("the small state is sent");
+        for _ in 0..2 {
+            hub.publish(outputs(MAX_STATE_MESSAGE));
+        }
+        let n = hub.node("n1").expect("n1");
+        assert_eq!(n.desired.map(|d| d.version.clone()), Some(first.version.clone()), "the last state stays");
+        assert_eq!(hub.metrics().states_oversize.get(), 1, "counted once per state");
+        assert!(
+            n.errors.len() == 1 && n.errors[0].reason.contains("more than the 33554432 an executor decodes"),
+            "{:?}",
+            n.errors
+        );
+        // A state that fits again is sent, and the refusal goes.
+        hub.publish(outputs(2));
+        let n = hub.node("n1").expect("n1");
+        assert!(n.desired.is_some_and(|d| d.version != first.version) && n.errors.is_empty(), "{:?}", n.errors);
     }
 }

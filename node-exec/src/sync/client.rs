@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kuport_proto::channel::{self, ChannelError};
-use kuport_proto::v1::node_sync_client::NodeSyncClient;
 use kuport_proto::v1::{
     Ack, ControllerMessage, DesiredState, DriftReport, ExecutorMessage, Hello, NetnsState, NodeFacts, NodeState,
     ObjectError, PeerReport, PeerStatus, controller_message, executor_message,
@@ -16,10 +15,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::fence::Fence;
-use super::{facts, store};
+use super::{bounds, facts, store, wire};
 
-/// The largest message either side accepts: a 50,000-mapping node state is about 20 MB.
-pub const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+/// The largest state the executor decodes; the controller sends none larger (docs/design.md,
+/// "What the executor refuses").
+pub use kuport_proto::channel::MAX_STATE_MESSAGE;
+/// The largest message the executor sends: the controller decodes 4 MiB from an executor.
+pub const MAX_UP_MESSAGE: usize = 4 * 1024 * 1024;
 /// At most this many refused objects or drift differences go up in one message: the
 /// controller accepts 4 MiB from an executor (docs/security.md), and the first ones say enough.
 pub const MAX_REPORTED: usize = 1000;
@@ -192,7 +194,9 @@ pub async fn run<A: NodeApplier, F: Future<Output = ()>>(cfg: Config, mut applie
         match store::load(dir) {
             Ok(Some(mut stored)) => {
                 let state = stored.state.take().unwrap_or_default();
-                match applier.apply(state).await {
+                let outside = bounds::check(&state);
+                let applied = if outside.is_empty() { applier.apply(state).await } else { Err(outside) };
+                match applied {
                     Ok(()) => tracing::info!(version = %stored.version, term = stored.term, "keeping the stored state"),
                     Err(e) => tracing::warn!(version = %stored.version, errors = ?e, "the stored state was refused"),
                 }
@@ -398,9 +402,6 @@ async fn session<A: NodeApplier>(
         .await
         .map_err(|e| SyncError::Connect { address: address.to_string(), reason: error_chain(&e) })
         .map_err(not_connected)?;
-    let mut client =
-        NodeSyncClient::new(conn).max_decoding_message_size(MAX_MESSAGE).max_encoding_message_size(MAX_MESSAGE);
-
     let (tx, rx) = mpsc::channel::<ExecutorMessage>(16);
     let send = |m: executor_message::Message| ExecutorMessage { message: Some(m) };
     let hello = Hello {
@@ -427,7 +428,7 @@ async fn session<A: NodeApplier>(
     if let Some(token) = &token {
         channel::authorize(&mut request, token).map_err(SyncError::Channel).map_err(not_connected)?;
     }
-    let mut inbound = client.sync(request).await.map_err(stream_err).map_err(not_connected)?.into_inner();
+    let mut inbound = wire::sync(conn, request, MAX_UP_MESSAGE).await.map_err(stream_err).map_err(not_connected)?;
     tracing::info!(controller = %address, node = %cfg.node, "connected");
 
     let connected = |e| (e, true);
@@ -444,12 +445,33 @@ async fn session<A: NodeApplier>(
         let mut read_peers = false;
         tokio::select! {
             msg = inbound.message() => {
-                let msg = msg.map_err(stream_err).map_err(connected)?;
-                let Some(ControllerMessage { message: Some(m) }) = msg else {
-                    if msg.is_none() {
-                        return Err(connected(SyncError::Ended { address: address.to_string() }));
+                let bytes = match msg {
+                    Ok(Some(b)) => b,
+                    Ok(None) => return Err(connected(SyncError::Ended { address: address.to_string() })),
+                    Err(status) if wire::is_oversize(&status) => {
+                        // Not read, so not known which state it was: refused by its size, and the
+                        // stream (which cannot go on past it) ends once the refusal is out.
+                        let reason = format!("a message larger than the executor decodes: {}", status.message());
+                        tracing::warn!(%reason, "state refused");
+                        let nack = refusal(&DesiredState::default(), "state", reason);
+                        let _ = tx.send(send(executor_message::Message::Ack(nack))).await;
+                        flushed(&tx).await;
+                        return Err(connected(stream_err(status)));
                     }
-                    continue;
+                    Err(status) => return Err(connected(stream_err(status))),
+                };
+                let m = match wire::decode(bytes) {
+                    Ok(ControllerMessage { message: Some(m) }) => m,
+                    Ok(ControllerMessage { message: None }) => continue,
+                    Err(bad) => {
+                        tracing::warn!(version = %bad.state.version, reason = %bad.reason, "state refused");
+                        if fence.admits(&bad.state) {
+                            fence.record(&bad.state, false);
+                        }
+                        let nack = refusal(&bad.state, "state", bad.reason);
+                        let _ = tx.send(send(executor_message::Message::Ack(nack))).await;
+                        continue;
+                    }
                 };
                 match m {
                     controller_message::Message::NotLeader(n) => {
@@ -493,6 +515,27 @@ async fn session<A: NodeApplier>(
     }
 }
 
+/// A NACK of `ds` for one reason, the executor keeping what it holds.
+fn refusal(ds: &DesiredState, object: &str, reason: String) -> Ack {
+    Ack {
+        term: ds.term,
+        sequence: ds.sequence,
+        version: ds.version.clone(),
+        ok: false,
+        errors: vec![ObjectError { object: object.to_string(), reason }],
+    }
+}
+
+/// Waits (at most a second) until the stream has taken every message queued on `tx`, and a
+/// moment for the transport to send them.
+async fn flushed(tx: &mpsc::Sender<ExecutorMessage>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+    while tx.capacity() < tx.max_capacity() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
 /// Applies one incoming state if the fence admits it; the answer to send, if any.
 async fn receive<A: NodeApplier>(
     cfg: &Config,
@@ -507,6 +550,19 @@ async fn receive<A: NodeApplier>(
         }
         tracing::warn!(term = ds.term, sequence = ds.sequence, version = %ds.version, "ignoring a stale state");
         return None;
+    }
+    // Outside kuport's line: refused whole before anything is applied.
+    let outside = ds.state.as_ref().map(bounds::check).unwrap_or_default();
+    if !outside.is_empty() {
+        fence.record(&ds, false);
+        tracing::warn!(version = %ds.version, errors = ?outside, "refused: outside what kuport may program");
+        return Some(Ack {
+            term: ds.term,
+            sequence: ds.sequence,
+            version: ds.version,
+            ok: false,
+            errors: outside.into_iter().take(MAX_REPORTED).collect(),
+        });
     }
     // Encoded for the store now, so the state itself can be handed over, not copied.
     let pending = cfg.state_dir.is_some().then(|| store::Pending::new(&ds));

@@ -4,11 +4,13 @@
 //! Fail static: the last applied state is stored on disk and kept (drift repaired) whether or
 //! not the controller is reachable, across the executor's own restarts too.
 
+pub mod bounds;
 pub mod client;
 pub mod facts;
 pub mod fence;
 mod keepers;
 pub mod store;
+pub mod wire;
 
 pub use client::{Config, NodeApplier, run};
 pub use keepers::NodeKeepers;

@@ -77,8 +77,8 @@ pub const PODS_SET_V4: &str = "pods_v4";
 /// Their IPv6 pod CIDRs, when some member has one.
 pub const PODS_SET_V6: &str = "pods_v6";
 
-const IPV4_FORWARDING: &str = "net.ipv4.ip_forward";
-const IPV6_FORWARDING: &str = "net.ipv6.conf.all.forwarding";
+const IPV4_FORWARDING: &str = kuport_proto::owned::SYSCTL_FORWARDING;
+const IPV6_FORWARDING: &str = kuport_proto::owned::SYSCTL_FORWARDING6;
 
 /// The overlay's settings; the overlay is on when the controller has them (`--overlay`).
 #[derive(Clone, Debug, PartialEq, Eq)]

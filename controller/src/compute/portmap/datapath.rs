@@ -75,8 +75,8 @@ pub const MAP_RETURN_MARK_RANGE: &str = "return_mark_range";
 /// Multi: the arrival link to its mark, saved in conntrack.
 pub const MAP_CT_MARK: &str = "ct_mark";
 
-const FORWARDING: &str = "net.ipv4.ip_forward";
-const FORWARDING6: &str = "net.ipv6.conf.all.forwarding";
+const FORWARDING: &str = kuport_proto::owned::SYSCTL_FORWARDING;
+const FORWARDING6: &str = kuport_proto::owned::SYSCTL_FORWARDING6;
 /// IPv6 needs a link MTU of 1280 (RFC 8200): a thinner link carries IPv4 only.
 pub const IPV6_MIN_MTU: u32 = 1280;
 /// `ct direction reply` (IP_CT_DIR_REPLY).
