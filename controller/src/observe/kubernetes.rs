@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use super::Cluster;
 use super::index::node_inputs;
 use crate::api::{Intercept, PortMap, PortMapClass};
-use crate::compute::intercept::pods::{InterceptKey, selected_by_any};
+use crate::compute::intercept::pods::InterceptKey;
 use crate::compute::portmap::MapKey;
 use crate::stream::Hub;
 
@@ -52,7 +52,7 @@ impl Stores {
             classes: all(&self.classes),
             port_maps: all(&self.port_maps),
             intercepts: all(&self.intercepts),
-            pods: self.selected_pods(),
+            pods: all(&self.pods),
             facts: Vec::new(),
             refused_facts: Default::default(),
             overlay_observed: Default::default(),
@@ -68,13 +68,6 @@ impl Stores {
     /// The stored class `name`.
     pub fn class(&self, name: &str) -> Option<Arc<PortMapClass>> {
         self.classes.get(&ObjectRef::new(name))
-    }
-
-    /// The pods some Intercept selects: the only ones the computation reads.
-    fn selected_pods(&self) -> Vec<Pod> {
-        let intercepts = self.intercepts.state();
-        let intercepts: Vec<&Intercept> = intercepts.iter().map(|i| &**i).collect();
-        self.pods.state().iter().filter(|p| selected_by_any(&intercepts, p)).map(|p| (**p).clone()).collect()
     }
 
     /// The stored Intercept `ns/name`.
@@ -101,8 +94,22 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
+    reflect_stripped(api, changed, reads, |_| {})
+}
+
+/// [`reflect`], storing each object as `strip` leaves it (what the computation reads of it).
+fn reflect_stripped<K>(
+    api: Api<K>,
+    changed: Arc<Notify>,
+    reads: Option<Reads<K>>,
+    strip: impl FnMut(&mut K) + Send + 'static,
+) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default()).default_backoff().reflect(writer);
+    let stream = watcher(api, watcher::Config::default()).default_backoff().modify(strip).reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut seen: std::collections::HashMap<ObjectRef<K>, u64> = Default::default();
@@ -148,7 +155,36 @@ fn digest(what: &impl Hash) -> u64 {
     h.finish()
 }
 
-/// A digest of what the computation reads of a pod (compute::intercept::pods).
+/// A Pod as the controller keeps it: what vouching for endpoints (compute::portmap::placement)
+/// and interception (compute::intercept::pods) read, and nothing else. Every pod of the cluster
+/// is kept; the rest of a Pod (its containers, volumes, managed fields) is most of its size
+/// (docs/performance.md, "Pods in memory").
+pub fn strip_pod(p: &mut Pod) {
+    let m = &mut p.metadata;
+    *m = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        name: m.name.take(),
+        namespace: m.namespace.take(),
+        uid: m.uid.take(),
+        labels: m.labels.take(),
+        deletion_timestamp: m.deletion_timestamp.take(),
+        ..Default::default()
+    };
+    p.spec = p.spec.take().map(|s| k8s_openapi::api::core::v1::PodSpec {
+        node_name: s.node_name,
+        host_network: s.host_network,
+        host_users: s.host_users,
+        ..Default::default()
+    });
+    p.status = p.status.take().map(|s| k8s_openapi::api::core::v1::PodStatus {
+        phase: s.phase,
+        pod_ip: s.pod_ip,
+        pod_ips: s.pod_ips,
+        ..Default::default()
+    });
+}
+
+/// A digest of what the computation reads of a pod (compute::intercept::pods and the
+/// endpoints' vouching).
 fn pod_inputs(p: &Pod) -> u64 {
     let spec = p.spec.as_ref();
     let status = p.status.as_ref();
@@ -164,15 +200,11 @@ fn pod_inputs(p: &Pod) -> u64 {
 /// view would tear down what works), then a fresh snapshot after every change.
 pub fn watch(client: &Client, hub: Arc<Hub>) -> Stores {
     let changed = Arc::new(Notify::new());
-    // Intercepts: every update, as PortMaps. Pods: only what the computation reads of a pod some
-    // Intercept selects; a change in the Intercepts themselves recomputes on its own.
+    // Intercepts: every update, as PortMaps. Pods: every pod (an endpoint is believed only when
+    // its Pod vouches for it), stripped to what the computation reads, and only a change in that
+    // recomputes.
     let intercepts: Store<Intercept> = reflect(Api::all(client.clone()), changed.clone(), None);
-    let selecting = intercepts.clone();
-    let pod_reads: Reads<Pod> = Arc::new(move |p: &Pod| {
-        let state = selecting.state();
-        let all: Vec<&Intercept> = state.iter().map(|i| &**i).collect();
-        selected_by_any(&all, p).then(|| pod_inputs(p))
-    });
+    let pod_reads: Reads<Pod> = Arc::new(|p: &Pod| Some(pod_inputs(p)));
     let node_reads: Reads<Node> = Arc::new(|n: &Node| Some(digest(&node_inputs(n))));
     let stores = Stores {
         nodes: reflect(Api::all(client.clone()), changed.clone(), Some(node_reads)),
@@ -185,7 +217,7 @@ pub fn watch(client: &Client, hub: Arc<Hub>) -> Stores {
         classes: reflect(Api::all(client.clone()), changed.clone(), None),
         port_maps: reflect(Api::all(client.clone()), changed.clone(), None),
         intercepts,
-        pods: reflect(Api::all(client.clone()), changed.clone(), Some(pod_reads)),
+        pods: reflect_stripped(Api::all(client.clone()), changed.clone(), Some(pod_reads), strip_pod),
     };
     let s = stores.clone();
     tokio::spawn(async move {
