@@ -22,20 +22,9 @@ const POD_ADDRESS: &str = "10.244.1.20";
 const APP_PORT: u16 = 8080;
 const AGENT_PORT: u16 = 9900;
 
-/// echo-0 as the kubelet would report it, and a host-network pod with the same label on the same
-/// node (worker-1's address).
+/// A host-network pod with echo-0's label on the same node (worker-1's address); echo-0 itself,
+/// as the kubelet would report it, is among the lab's generated objects.
 const PODS: &str = "apiVersion: v1
-kind: Pod
-metadata: {name: echo-0, namespace: apps, labels: {app: echo}}
-spec:
-  nodeName: worker-1
-  containers: [{name: echo, image: kuport-lab-echo}]
-status:
-  phase: Running
-  podIP: 10.244.1.20
-  podIPs: [{ip: 10.244.1.20}]
----
-apiVersion: v1
 kind: Pod
 metadata: {name: echo-hostnet, namespace: apps, labels: {app: echo}}
 spec:
