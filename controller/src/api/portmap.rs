@@ -53,7 +53,8 @@ pub struct PortMapClassSpec {
     /// PortMap's namespace (docs/portmap/modes.md, "Which endpoints are believed").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("each externalEndpoints entry must be a CIDR such as 192.168.50.0/24"))]
-    #[schemars(length(max = 64))]
+    // At most 16 prefixes: the API server's CEL cost budget for isCIDR over unbounded strings.
+    #[schemars(length(max = 16))]
     pub external_endpoints: Vec<String>,
     /// What one namespace may hold in this class; beyond it the newest PortMaps are refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
