@@ -443,7 +443,7 @@ async fn scenario() {
         .replace("10.244.2.107", "10.244.1.107")
         .replace("game-0", "game-1")
         .replace("nodeName: worker-2", "nodeName: worker-1");
-    let pod = moved.split("---\n").find(|d| d.contains("kind: Pod")).expect("game.yaml has the Pod");
+    let pod = moved.split("---\n").find(|d| d.contains("\nkind: Pod\n")).expect("game.yaml has the Pod");
     cp.ok(&["apply", "-f", "-"], Some(pod));
     pod_status(&cp, "games", "game-1", "10.244.1.107");
     cp.ok(&["apply", "-f", "-"], Some(&moved));
