@@ -135,7 +135,8 @@ fn stages(c: &Cluster) -> Vec<(&'static str, Duration)> {
             }
         }
     }
-    let alloc = links::allocate(&view.classes, &vxlan, &needed, c.now, &mut Numbers::default());
+    let alloc =
+        links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &needed, c.now, &mut Numbers::default());
     times.push(("links (needed set + allocate)", t.elapsed()));
     let t = Instant::now();
     let all_nodes =

@@ -115,6 +115,12 @@ fn facts(node: &str) -> NodeFacts {
     }
 }
 
+/// Pod `ns/name`'s status as its kubelet would write it: Running at `ip`.
+fn pod_status(cp: &ControlPlane, ns: &str, name: &str, ip: &str) {
+    let patch = format!(r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}]}}}}"#);
+    cp.ok(&["patch", "pod", "-n", ns, name, "--subresource=status", "--type=merge", "-p", &patch], None);
+}
+
 fn condition(pm: &Value, type_: &str) -> (String, String, String) {
     let c = pm["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == type_));
     let s = |k: &str| c.and_then(|c| c[k].as_str()).unwrap_or_default().to_string();
@@ -280,6 +286,13 @@ async fn scenario() {
     for f in ["classes", "nodes", "web", "game", "dns"] {
         cp.apply_file(&examples.join(format!("{f}.yaml")));
     }
+    // The pods behind the examples' slices, as their kubelets would report them: what vouches
+    // for each endpoint.
+    for (ns, pod, ip) in
+        [("web", "web-0", "10.244.18.7"), ("games", "game-0", "10.244.2.107"), ("intranet", "dns-0", "10.244.1.53")]
+    {
+        pod_status(&cp, ns, pod, ip);
+    }
     // The executors' Pods, whose bound tokens prove their nodes.
     cp.executor_pods("default", &["edge-a", "worker-1", "worker-2", "worker-3"]);
     cp.ok(
@@ -422,11 +435,17 @@ async fn scenario() {
     assert_eq!(links(&cp), slots, "slots unchanged after restart");
     assert_eq!(versions(&cp), before, "a restarted controller rewrote no unchanged status");
 
-    // The pod moves to worker-1: the status follows and an event says so.
+    // The pod moves to worker-1 (a new Pod there, running before its endpoint changes): the
+    // status follows and an event says so.
     let moved = std::fs::read_to_string(examples.join("game.yaml"))
         .expect("game.yaml")
         .replace("[10.244.2.107]", "[10.244.1.107]")
+        .replace("10.244.2.107", "10.244.1.107")
+        .replace("game-0", "game-1")
         .replace("nodeName: worker-2", "nodeName: worker-1");
+    let pod = moved.split("---\n").find(|d| d.contains("\nkind: Pod\n")).expect("game.yaml has the Pod");
+    cp.ok(&["apply", "-f", "-"], Some(pod));
+    pod_status(&cp, "games", "game-1", "10.244.1.107");
     cp.ok(&["apply", "-f", "-"], Some(&moved));
     // worker-1 has no executor and c1 leads for only a few seconds: its status waits for the
     // reconnect grace (10 s) to end.
@@ -471,7 +490,8 @@ async fn scenario() {
     // The pod moves back to worker-2 (one request, so that c1 freezes before its debounced
     // recompute ran and resumes with it due).
     let back = r#"[{"op":"replace","path":"/endpoints/0/nodeName","value":"worker-2"},
-        {"op":"replace","path":"/endpoints/0/addresses","value":["10.244.2.107"]}]"#;
+        {"op":"replace","path":"/endpoints/0/addresses","value":["10.244.2.107"]},
+        {"op":"replace","path":"/endpoints/0/targetRef/name","value":"game-0"}]"#;
     cp.ok(&["patch", "endpointslice", "-n", "games", "game-abcde", "--type=json", "-p", back], None);
     c1.signal("-STOP");
     let frozen = Instant::now();

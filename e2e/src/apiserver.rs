@@ -2,8 +2,8 @@
 //! `e2e/controlplane/`) and the objects the lab registers in it, kept equal to the plane's
 //! manifest folder.
 //!
-//! There is no kubelet: the lab writes Node status itself (through the status subresource), and
-//! the EndpointSlices stand for the endpoint controller's.
+//! There is no kubelet: the lab writes Node and Pod status itself (through the status
+//! subresource), and the EndpointSlices stand for the endpoint controller's.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -154,7 +154,20 @@ pub async fn sync(client: &kube::Client, old: &[serde_yaml::Value], new: &[serde
         let status = value.as_object_mut().and_then(|m| m.remove("status"));
         let what = format!("{} {}", key.kind, key.name);
         let params = PatchParams::apply(MANAGER).force();
-        api.patch(&key.name, &params, &Patch::Apply(&value)).await.with_context(|| format!("applying {what}"))?;
+        match api.patch(&key.name, &params, &Patch::Apply(&value)).await {
+            // A pod moved to another node: its nodeName is immutable, so it is a new Pod (as a
+            // rescheduled one would be); without a kubelet only a force delete removes the old.
+            Err(kube::Error::Api(e)) if e.code == 422 && key.kind == "Pod" => {
+                let force = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+                api.delete(&key.name, &force).await.with_context(|| format!("deleting {what} to recreate it"))?;
+                api.patch(&key.name, &params, &Patch::Apply(&value))
+                    .await
+                    .with_context(|| format!("recreating {what}"))?;
+            }
+            r => {
+                r.with_context(|| format!("applying {what}"))?;
+            }
+        }
         if let Some(status) = status.filter(|_| STATUS_KINDS.contains(&key.kind.as_str())) {
             let body = serde_json::json!({
                 "apiVersion": key.api_version, "kind": key.kind,
@@ -177,7 +190,13 @@ pub async fn sync(client: &kube::Client, old: &[serde_yaml::Value], new: &[serde
     gone.sort_by_key(|k| k.kind == "Namespace");
     for key in gone {
         let api = api(client, &mut resources, &key).await?;
-        match api.delete(&key.name, &DeleteParams::default()).await {
+        // No kubelet finishes a Pod's graceful deletion.
+        let params = if key.kind == "Pod" {
+            DeleteParams { grace_period_seconds: Some(0), ..Default::default() }
+        } else {
+            DeleteParams::default()
+        };
+        match api.delete(&key.name, &params).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(e).with_context(|| format!("deleting {} {}", key.kind, key.name)),

@@ -1,5 +1,6 @@
 //! The cluster objects a topology stands for: Nodes, Namespaces, Services, EndpointSlices, and
-//! the NodeFacts each node's executor would report. Pure: the same topology always gives the
+//! the NodeFacts each node's executor would report, and the Pods (as their kubelets would
+//! report them) that vouch for the slices' endpoints. Pure: the same topology always gives the
 //! same objects, so they can feed the offline computation now and the API server later.
 //!
 //! Dual-stack: a node's IPv6 addresses follow its IPv4 ones in its facts (IPv4 first, as the
@@ -13,8 +14,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Namespace, Node, NodeAddress, NodeCondition, NodeSpec as K8sNodeSpec, NodeStatus, ObjectReference, Service,
-    ServicePort, ServiceSpec as K8sServiceSpec,
+    Container, Namespace, Node, NodeAddress, NodeCondition, NodeSpec as K8sNodeSpec, NodeStatus, ObjectReference, Pod,
+    PodIP, PodSpec as K8sPodSpec, PodStatus, Service, ServicePort, ServiceSpec as K8sServiceSpec,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -39,6 +40,9 @@ pub struct Objects {
     pub namespaces: Vec<Namespace>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
+    /// The topology's pods as the kubelet would report them (node, addresses): what vouches for
+    /// their endpoints (docs/portmap/modes.md, "Which endpoints are believed").
+    pub pods: Vec<Pod>,
     pub facts: Vec<KnownFacts>,
 }
 
@@ -132,6 +136,28 @@ pub fn generate(t: &Topology) -> Objects {
         }
     }
 
+    for p in &t.pods {
+        let ips = std::iter::once(p.address.to_string()).chain(t.pod_address6(p).map(|a| a.to_string()));
+        out.pods.push(Pod {
+            metadata: meta(&p.name, Some(&p.namespace), p.labels.clone()),
+            spec: Some(K8sPodSpec {
+                node_name: Some(p.node.clone()),
+                containers: vec![Container {
+                    name: "echo".into(),
+                    image: Some("kuport-lab-echo".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                pod_ip: Some(p.address.to_string()),
+                pod_ips: Some(ips.map(|ip| PodIP { ip }).collect()),
+                ..Default::default()
+            }),
+        });
+    }
+
     for s in &t.services {
         out.services.push(Service {
             metadata: meta(&s.name, Some(&s.namespace), BTreeMap::new()),
@@ -220,6 +246,7 @@ impl Objects {
         c.namespaces.extend(self.namespaces.iter().cloned());
         c.services.extend(self.services.iter().cloned());
         c.endpoint_slices.extend(self.endpoint_slices.iter().cloned());
+        c.pods.extend(self.pods.iter().cloned());
         c.facts.extend(self.facts.iter().cloned());
         c
     }
@@ -240,6 +267,9 @@ impl Objects {
         }
         for s in &self.endpoint_slices {
             push(value(s));
+        }
+        for p in &self.pods {
+            push(value(p));
         }
         for f in &self.facts {
             let mut m = serde_yaml::Mapping::new();
@@ -370,6 +400,7 @@ mod tests {
         assert_eq!(c.namespaces, o.namespaces);
         assert_eq!(c.services, o.services);
         assert_eq!(c.endpoint_slices, o.endpoint_slices);
+        assert_eq!(c.pods, o.pods);
         assert_eq!(c.facts, o.facts);
     }
 

@@ -29,20 +29,10 @@ const API: &str = "api-0";
 const API_ADDRESS: &str = "10.244.2.9";
 const API_PORT: u16 = 9000;
 
-/// echo-0 as the kubelet would report it, and a host-network pod with the same label on the same
-/// node (worker-1's address).
+/// A host-network pod with echo-0's label on the same node (worker-1's address); echo-0 and api-0
+/// themselves (both labelled `tier: both` by the topology), as the kubelet would report them, are
+/// among the lab's generated objects.
 const PODS: &str = "apiVersion: v1
-kind: Pod
-metadata: {name: echo-0, namespace: apps, labels: {app: echo, tier: both}}
-spec:
-  nodeName: worker-1
-  containers: [{name: echo, image: kuport-lab-echo}]
-status:
-  phase: Running
-  podIP: 10.244.1.20
-  podIPs: [{ip: 10.244.1.20}]
----
-apiVersion: v1
 kind: Pod
 metadata: {name: echo-hostnet, namespace: apps, labels: {app: echo}}
 spec:
@@ -53,17 +43,6 @@ status:
   phase: Running
   podIP: 100.64.0.11
   podIPs: [{ip: 100.64.0.11}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: api-0, namespace: apps, labels: {app: api, tier: both}}
-spec:
-  nodeName: worker-2
-  containers: [{name: api, image: kuport-lab-echo}]
-status:
-  phase: Running
-  podIP: 10.244.2.9
-  podIPs: [{ip: 10.244.2.9}]
 ---
 ";
 

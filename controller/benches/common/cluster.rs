@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use k8s_openapi::api::core::v1::{
-    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, ObjectReference, Service, ServicePort, ServiceSpec,
+    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, ObjectReference, Pod, PodIP, PodSpec, PodStatus, Service,
+    ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -109,6 +110,14 @@ pub fn add_mapping(c: &mut Cluster, m: Mapping) {
         }),
         ..Default::default()
     });
+    // The Pods behind the endpoints, as the kubelet reports them: what vouches for each.
+    for (k, (address, node)) in m.pods.iter().enumerate() {
+        c.pods.push(Pod {
+            metadata: meta(Some(&m.ns), format!("{svc}-{k}")),
+            spec: Some(PodSpec { node_name: Some(node.clone()), ..Default::default() }),
+            status: Some(PodStatus { pod_ips: Some(vec![PodIP { ip: address.clone() }]), ..Default::default() }),
+        });
+    }
     let endpoints = m
         .pods
         .iter()
@@ -190,6 +199,8 @@ pub fn build(n_nodes: usize, n_maps: usize, rng: &mut Rng) -> Cluster {
                 mode: ReturnPathMode::Vxlan,
                 vxlan: VxlanSpec { vni, port, subnet: subnet.into(), ..Default::default() },
             },
+            external_endpoints: Vec::new(),
+            limits: None,
         };
         let mut class = PortMapClass::new(name, spec);
         class.metadata.generation = Some(1);

@@ -20,7 +20,7 @@ pub const DEFAULT_LINK_SUBNET: &str = "169.254.77.0/24";
 pub const DEFAULT_LINK_SUBNET6: &str = "fd64:f5ac:e961::/112";
 
 /// Which nodes accept a class's traffic and how it is carried to the pod.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[kube(
     group = "kuport.wlz.li",
     version = "v1alpha1",
@@ -48,6 +48,29 @@ pub struct PortMapClassSpec {
     /// How a reply returns when the pod is not on the node that accepted the request.
     #[serde(default)]
     pub return_path: ReturnPath,
+    /// Endpoint addresses that are no Pod (a device behind a selector-less Service) that this
+    /// class may deliver to, as IPv4 or IPv6 prefixes; any other endpoint must be a Pod of the
+    /// PortMap's namespace (docs/portmap/modes.md, "Which endpoints are believed").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("each externalEndpoints entry must be a CIDR such as 192.168.50.0/24"))]
+    // At most 16 prefixes: the API server's CEL cost budget for isCIDR over unbounded strings.
+    #[schemars(length(max = 16))]
+    pub external_endpoints: Vec<String>,
+    /// What one namespace may hold in this class; beyond it the newest PortMaps are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<NamespaceLimits>,
+}
+
+/// Per-namespace bounds of a class (docs/portmap/modes.md, "Bounds per namespace").
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceLimits {
+    /// How many PortMaps of this class one namespace may hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_port_maps_per_namespace: Option<u32>,
+    /// How many ports (a range counts each of its ports) one namespace may publish in this class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ports_per_namespace: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -76,8 +99,12 @@ pub struct PortPolicy {
     pub reserved: Vec<u16>,
 }
 
+/// Ports below this are published only when a class names them in `ports.min`
+/// (docs/portmap/modes.md, "Ports no class publishes").
+pub const DEFAULT_MIN_PORT: u16 = 1024;
+
 fn default_min_port() -> u16 {
-    1
+    DEFAULT_MIN_PORT
 }
 fn default_max_port() -> u16 {
     65535

@@ -98,6 +98,7 @@ impl Outputs {
 
 pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
     let mut view = View::new(cluster);
+    view.wireguard_port = settings.overlay.as_ref().map(|o| o.listen_port);
     let mut numbers = numbers::Numbers::default();
     let mut out = Outputs::default();
     // The mesh first: port maps' links between members ride on it.

@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, ObjectReference, Service, ServicePort, ServiceSpec,
+    Namespace, Node, NodeAddress, NodeCondition, NodeStatus, ObjectReference, Pod, PodIP, PodSpec, PodStatus, Service,
+    ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -120,6 +121,8 @@ impl World {
             ports: PortPolicy::default(),
             namespace_selector: None,
             return_path: ReturnPath { mode: rp, vxlan: VxlanSpec::default() },
+            external_endpoints: Vec::new(),
+            limits: None,
         };
         let mut c = PortMapClass::new(name, spec);
         c.metadata.generation = Some(1);
@@ -163,6 +166,49 @@ impl World {
             ..Default::default()
         });
         self.c.endpoint_slices.push(slice(ns, name, "x", "IPv4", proto, port, eps));
+        self.pods_of(ns, eps)
+    }
+
+    /// The Pods behind endpoints (pod, node, address, ready), as the kubelet reports them: each
+    /// in `ns` on its node, its address in status.podIPs (added to a pod already made).
+    pub fn pods_of(mut self, ns: &str, eps: &[(&str, &str, &str, bool)]) -> Self {
+        for (pod, node, ip, _) in eps {
+            let found =
+                self.c.pods.iter().position(|p| {
+                    p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(*pod)
+                });
+            let at = match found {
+                Some(i) => i,
+                None => {
+                    self.c.pods.push(Pod {
+                        metadata: ObjectMeta {
+                            name: Some((*pod).into()),
+                            namespace: Some(ns.into()),
+                            ..Default::default()
+                        },
+                        spec: Some(PodSpec { node_name: Some((*node).into()), ..Default::default() }),
+                        status: Some(PodStatus::default()),
+                    });
+                    self.c.pods.len() - 1
+                }
+            };
+            let status = self.c.pods[at].status.get_or_insert_default();
+            status.pod_ips.get_or_insert_default().push(PodIP { ip: (*ip).into() });
+        }
+        self
+    }
+
+    /// Removes Pod `ns/name` (its endpoints stay in the slices).
+    pub fn without_pod(mut self, ns: &str, name: &str) -> Self {
+        self.c
+            .pods
+            .retain(|p| !(p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)));
+        self
+    }
+
+    /// Edits the EndpointSlices (a forged slice: another namespace's pod, a fake node).
+    pub fn edit_slices(mut self, f: impl FnOnce(&mut Vec<EndpointSlice>)) -> Self {
+        f(&mut self.c.endpoint_slices);
         self
     }
 
@@ -180,7 +226,7 @@ impl World {
         eps: &[(&str, &str, &str, bool)],
     ) -> Self {
         self.c.endpoint_slices.push(slice(ns, name, suffix, "IPv6", proto, port, eps));
-        self
+        self.pods_of(ns, eps)
     }
 
     #[allow(clippy::too_many_arguments)]

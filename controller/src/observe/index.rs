@@ -2,11 +2,11 @@
 //! (nodes with their facts, Services and their slices, classes by name), built once per compute.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::Ipv4Net;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -119,6 +119,30 @@ static UNKNOWN_NODE: KnownNode = KnownNode {
     vxlan_ports: Vec::new(),
 };
 
+/// What vouching reads of a Pod: its node and current addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnownPod<'a> {
+    pub name: &'a str,
+    pub node: Option<&'a str>,
+    pub ips: Vec<IpAddr>,
+}
+
+impl<'a> KnownPod<'a> {
+    fn of(p: &'a Pod) -> Self {
+        let status = p.status.as_ref();
+        let ips = status.iter().flat_map(|s| s.pod_ips.iter().flatten()).map(|i| i.ip.as_str());
+        let ips = ips.chain(status.and_then(|s| s.pod_ip.as_deref())).filter_map(|a| a.parse().ok());
+        let mut ips: Vec<IpAddr> = ips.collect();
+        ips.sort();
+        ips.dedup();
+        KnownPod {
+            name: p.metadata.name.as_deref().unwrap_or_default(),
+            node: p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+            ips,
+        }
+    }
+}
+
 /// The device of the longest prefix in `routes` that contains `addr`; of two equal prefixes
 /// (a folder's facts are not checked) the first.
 pub fn longest_prefix(routes: &[(Ipv4Net, String)], addr: Ipv4Addr) -> Option<&str> {
@@ -139,9 +163,16 @@ pub struct View<'a> {
     /// pick theirs by `addressType` (IPv4 for the endpoint, IPv6 for its IPv6 twin).
     pub slices: BTreeMap<(String, String), Vec<&'a EndpointSlice>>,
     pub classes: BTreeMap<String, &'a PortMapClass>,
+    /// Pods by (namespace, name): what vouches for an endpoint (docs/portmap/modes.md, "Which
+    /// endpoints are believed").
+    pub pods: BTreeMap<(String, String), KnownPod<'a>>,
+    /// Every address some Pod holds: never an external endpoint.
+    pub pod_addresses: BTreeSet<IpAddr>,
     /// UDP ports that carry kuport's VXLAN links: every class's. (The ports a node reports for
     /// its CNI's VXLAN devices are in its [`KnownNode`].)
     pub vxlan_ports: BTreeSet<u16>,
+    /// The overlay's WireGuard listen port when the mesh is on: no class publishes it on UDP.
+    pub wireguard_port: Option<u16>,
 }
 
 impl<'a> View<'a> {
@@ -231,7 +262,37 @@ impl<'a> View<'a> {
         let classes = cluster.classes.iter().filter_map(|c| Some((c.metadata.name.clone()?, c))).collect();
         // A node's reported ports bound only that node's mappings (portmap::admission).
         let vxlan_ports = cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).collect();
-        View { nodes, namespaces, services, slices, classes, vxlan_ports }
+        let pods: BTreeMap<(String, String), KnownPod> = cluster
+            .pods
+            .iter()
+            .filter_map(|p| Some(((p.metadata.namespace.clone()?, p.metadata.name.clone()?), KnownPod::of(p))))
+            .collect();
+        let pod_addresses = pods.values().flat_map(|p| p.ips.iter().copied()).collect();
+        View { nodes, namespaces, services, slices, classes, pods, pod_addresses, vxlan_ports, wireguard_port: None }
+    }
+
+    /// The pod of namespace `ns` (named `name`, else any) that holds `address` on `node`; what
+    /// is wrong otherwise.
+    pub fn pod_holding(&self, ns: &str, name: Option<&str>, node: &str, address: IpAddr) -> Result<&str, String> {
+        let Some(name) = name else {
+            return self
+                .pods
+                .range((ns.to_string(), String::new())..)
+                .take_while(|((n, _), _)| n == ns)
+                .find(|(_, p)| p.node == Some(node) && p.ips.contains(&address))
+                .map(|((_, name), _)| name.as_str())
+                .ok_or_else(|| format!("no Pod of namespace {ns} on node {node} has address {address}"));
+        };
+        let Some(pod) = self.pods.get(&(ns.to_string(), name.to_string())) else {
+            return Err(format!("names Pod {ns}/{name}, which does not exist"));
+        };
+        if !pod.ips.contains(&address) {
+            return Err(format!("names Pod {ns}/{name}, whose status.podIPs do not hold {address}"));
+        }
+        if pod.node != Some(node) {
+            return Err(format!("names Pod {ns}/{name}, which is not on node {node}"));
+        }
+        Ok(pod.name)
     }
 
     /// What is known of `name`; an unknown node is neither present nor ready.

@@ -31,7 +31,8 @@ pub struct Cluster {
     pub classes: Vec<PortMapClass>,
     pub port_maps: Vec<PortMap>,
     pub intercepts: Vec<Intercept>,
-    /// Pods; the Kubernetes source keeps only those some Intercept selects.
+    /// Pods, stripped to what the computation reads (`kubernetes::strip_pod`): what vouches
+    /// for an endpoint and what Intercepts select.
     pub pods: Vec<Pod>,
     pub facts: Vec<KnownFacts>,
     /// Per node, why its executor's latest report was refused ([`facts::check`]); its

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::status::{Refusal, reason};
-use crate::api::{PortMap, PortMapClass, Protocol};
+use crate::api::{DEFAULT_MIN_PORT, PortMap, PortMapClass, Protocol};
 use crate::observe::index::{View, selects};
 
 /// A PortMap's namespace and name.
@@ -45,22 +45,99 @@ pub fn key_of(pm: &PortMap) -> MapKey {
     (pm.metadata.namespace.clone().unwrap_or_default(), pm.metadata.name.clone().unwrap_or_default())
 }
 
+/// The ports a node needs for itself, which no class publishes whatever its range
+/// (docs/portmap/modes.md, "Ports no class publishes"): protocol, first and last port, whose.
+/// Besides these: every class's VXLAN port and every CNI VXLAN port a node reports (UDP), and the
+/// overlay's WireGuard listen port (UDP), see [`reserved_for_node`].
+pub const NODE_PORTS: &[(Protocol, u16, u16, &str)] = &[
+    (Protocol::Tcp, 2379, 2380, "etcd's client and peer ports"),
+    (Protocol::Tcp, 6443, 6443, "the Kubernetes API server's port"),
+    (Protocol::Tcp, 9090, 9090, "kuport's controller metrics port (the chart's default)"),
+    (Protocol::Tcp, 9443, 9443, "kuport's controller gRPC port (the chart's default)"),
+    (Protocol::Tcp, 10248, 10248, "the kubelet's healthz port"),
+    (Protocol::Tcp, 10249, 10249, "kube-proxy's metrics port"),
+    (Protocol::Tcp, 10250, 10250, "the kubelet's API port"),
+    (Protocol::Tcp, 10255, 10255, "the kubelet's read-only port"),
+    (Protocol::Tcp, 10256, 10256, "kube-proxy's health check port"),
+    (Protocol::Tcp, 10257, 10257, "kube-controller-manager's port"),
+    (Protocol::Tcp, 10259, 10259, "kube-scheduler's port"),
+    (Protocol::Udp, 51820, 51820, "WireGuard's default listen port (kuport's overlay or the nodes' own mesh)"),
+];
+
+/// The first port of `first..=last` a node keeps for itself under `protocol`, and why.
+fn reserved_for_node(view: &View, protocol: Protocol, (first, last): (u16, u16)) -> Option<(u16, String)> {
+    let fixed = NODE_PORTS
+        .iter()
+        .filter(|(p, a, b, _)| *p == protocol && *a <= last && first <= *b)
+        .map(|(_, a, _, why)| ((*a).max(first), why.to_string()));
+    let udp = protocol == Protocol::Udp;
+    let vxlan = view
+        .vxlan_ports
+        .iter()
+        .filter(|p| udp && (first..=last).contains(*p))
+        .map(|p| (*p, "a VXLAN port of links (kuport's or the CNI's)".to_string()));
+    let wireguard = view
+        .wireguard_port
+        .filter(|p| udp && (first..=last).contains(p))
+        .map(|p| (p, "the overlay's WireGuard listen port".to_string()));
+    fixed.chain(vxlan).chain(wireguard).min_by_key(|(p, _)| *p)
+}
+
+/// What one namespace already holds in one class: PortMaps and ports.
+type Held = BTreeMap<(String, String), (u32, u32)>;
+
 /// Judges every mapping, oldest first. The result is in that order.
 pub fn admit<'a>(view: &View<'a>, port_maps: &'a [PortMap]) -> Vec<(MapKey, Result<Admitted<'a>, Refusal>)> {
     let mut ordered: Vec<&PortMap> = port_maps.iter().collect();
     ordered.sort_by_cached_key(|pm| age_order(pm));
     let mut claims = Claims::default();
+    let mut held = Held::new();
     ordered
         .into_iter()
         .map(|pm| {
             let key = key_of(pm);
             let verdict = check(view, pm).and_then(|a| {
+                within_limits(&mut held, &a)?;
                 claims.claim(&a)?;
                 Ok(a)
             });
             (key, verdict)
         })
         .collect()
+}
+
+/// The class's spec.limits for the mapping's namespace, counting older accepted mappings only
+/// (so the oldest keep theirs); counts the mapping when it fits.
+fn within_limits(held: &mut Held, a: &Admitted) -> Result<(), Refusal> {
+    let ns = &a.key.0;
+    let ports = u32::from(a.ports.1 - a.ports.0) + 1;
+    let (maps, used) = held.get(&(a.class_name.clone(), ns.clone())).copied().unwrap_or_default();
+    if let Some(limits) = &a.class.spec.limits {
+        let class = &a.class_name;
+        if let Some(max) = limits.max_port_maps_per_namespace
+            && maps >= max
+        {
+            return Err(Refusal::accepted(
+                reason::NAMESPACE_LIMIT_EXCEEDED,
+                format!(
+                    "namespace {ns:?} already holds {maps} PortMaps of PortMapClass {class:?}, its spec.limits.maxPortMapsPerNamespace"
+                ),
+            ));
+        }
+        if let Some(max) = limits.max_ports_per_namespace
+            && used.saturating_add(ports) > max
+        {
+            return Err(Refusal::accepted(
+                reason::NAMESPACE_LIMIT_EXCEEDED,
+                format!(
+                    "spec.port: {ports} more ports would take namespace {ns:?} to {} in PortMapClass {class:?}, above its spec.limits.maxPortsPerNamespace {max}",
+                    used.saturating_add(ports)
+                ),
+            ));
+        }
+    }
+    held.insert((a.class_name.clone(), ns.clone()), (maps + 1, used.saturating_add(ports)));
+    Ok(())
 }
 
 fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> {
@@ -94,10 +171,15 @@ fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> 
     }
     let policy = &class.spec.ports;
     if first < policy.min || last > policy.max {
+        let low = if first < DEFAULT_MIN_PORT && policy.min >= DEFAULT_MIN_PORT {
+            format!("; ports below {DEFAULT_MIN_PORT} are published only when the class names them in spec.ports.min")
+        } else {
+            String::new()
+        };
         return Err(Refusal::accepted(
             reason::PORT_OUTSIDE_CLASS_RANGE,
             format!(
-                "spec.port: {} is outside PortMapClass {class_name:?} ports {}-{}",
+                "spec.port: {} is outside PortMapClass {class_name:?} ports {}-{}{low}",
                 port_text(first, last),
                 policy.min,
                 policy.max
@@ -110,13 +192,17 @@ fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> 
             format!("spec.port: {r} is reserved by PortMapClass {class_name:?}"),
         ));
     }
-    // A UDP mapping over a VXLAN port would swallow the links' own encapsulated traffic.
-    if spec.protocol == Protocol::Udp
-        && let Some(p) = view.vxlan_ports.iter().find(|p| (first..=last).contains(*p))
-    {
+    // What the nodes need for themselves: refused whole, never trimmed (docs/decisions.md,
+    // "A PortMap over a node's own ports is refused, not trimmed"). VXLAN is reserved for UDP
+    // only: the DNAT matches the protocol, so a TCP mapping never sees a VXLAN datagram.
+    if let Some((p, why)) = reserved_for_node(view, spec.protocol, (first, last)) {
         return Err(Refusal::accepted(
             reason::RESERVED_PORT,
-            format!("spec.port: UDP {p} carries kuport's VXLAN links"),
+            format!(
+                "spec.port: {} {} includes {p}, {why}, which no class publishes",
+                proto_text(spec.protocol),
+                port_text(first, last)
+            ),
         ));
     }
     // A node's CNI VXLAN port (as it reports it) is closed to UDP mappings on that node only.

@@ -240,9 +240,11 @@ impl NodeUse {
     }
 }
 
-/// Keeps existing claims, releases those unused for a day, and claims slots for new links,
-/// taking each link's slot on both its nodes in `numbers`.
+/// Keeps existing claims, releases those unused for a day (at once when a node of the pair is
+/// no Node: `is_node`), and claims slots for new links, taking each link's slot on both its
+/// nodes in `numbers`.
 pub fn allocate(
+    is_node: &dyn Fn(&str) -> bool,
     classes: &BTreeMap<String, &PortMapClass>,
     vxlan: &BTreeMap<String, Result<ClassVxlan, (&'static str, String)>>,
     needed: &BTreeSet<LinkKey>,
@@ -279,6 +281,9 @@ pub fn allocate(
             let Some(net6) = net6 else { continue };
             let unused_since = if needed.contains(&key) {
                 None
+            } else if !is_node(a) || !is_node(b) {
+                // A name that is no Node holds no slot (a forged or deleted node).
+                continue;
             } else {
                 let since = row.unused_since.as_ref().map(|t| t.0).unwrap_or(now);
                 if now.as_second() - since.as_second() >= RELEASE_AFTER_SECONDS {

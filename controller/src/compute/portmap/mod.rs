@@ -101,7 +101,7 @@ pub fn compute(
             }
         }
     }
-    let alloc = links::allocate(&view.classes, &vxlan, &needed, now, numbers);
+    let alloc = links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &needed, now, numbers);
 
     // 4: build the nodes, refusing mappings whose links cannot be built.
     let all_nodes = view.nodes.keys().cloned().chain(view.classes.values().flat_map(|c| c.spec.nodes.keys().cloned()));

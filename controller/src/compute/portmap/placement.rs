@@ -4,7 +4,9 @@
 //! reading the same objects, picks the same pod and the same nodes.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -129,9 +131,10 @@ fn join(names: &[&String]) -> String {
     names.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
 }
 
-/// One ready endpoint of the Service's named port, from its IPv4 EndpointSlices: accepting
-/// nodes first, then by node name, then by pod name. Endpoints on NotReady nodes come last. Its
-/// IPv6 address is the same pod's in the IPv6 slices ([`address6_of`]).
+/// One ready endpoint of the Service's named port, from its IPv4 EndpointSlices, that Kubernetes
+/// vouches for ([`vouch`]) on a Ready Node: accepting nodes first, then by node name, then by
+/// pod name. Its IPv6 address is the same pod's in the IPv6 slices ([`address6_of`]), when the
+/// pod holds it.
 pub fn choose_endpoint(view: &View, a: &Admitted) -> Result<Endpoint, Refusal> {
     let (ns, _) = &a.key;
     let svc_ref = &a.pm.spec.service_ref;
@@ -163,6 +166,8 @@ pub fn choose_endpoint(view: &View, a: &Admitted) -> Result<Endpoint, Refusal> {
     let port_name = svc_port.name.clone().unwrap_or_default();
     let slices = view.slices.get(&(ns.clone(), svc_ref.name.clone())).map(Vec::as_slice).unwrap_or_default();
     let mut candidates = Vec::new();
+    // Why endpoints were passed over: not vouched for, and on no Ready Node.
+    let (mut unvouched, mut not_ready) = (Vec::new(), Vec::new());
     // IPv6 slices (and FQDN ones) are not candidates: IPv4 stays the primary.
     for (port, ep) in ready_endpoints(slices, "IPv4", &port_name, a.protocol) {
         let (Some(node), Some(address)) =
@@ -170,16 +175,83 @@ pub fn choose_endpoint(view: &View, a: &Admitted) -> Result<Endpoint, Refusal> {
         else {
             continue;
         };
-        let pod = ep.target_ref.as_ref().and_then(|r| r.name.clone()).unwrap_or_else(|| address.to_string());
-        let order = (!view.node(&node).ready, !a.accepting.contains_key(&node), node.clone(), pod.clone(), address);
+        let pod = match vouch(view, a, ep.target_ref.as_ref(), &node, IpAddr::V4(address)) {
+            Ok(pod) => pod,
+            Err(why) => {
+                unvouched.push(why);
+                continue;
+            }
+        };
+        // Links, slots and marks are claimed for Ready Nodes only (docs/portmap/links.md).
+        if !view.node(&node).ready {
+            not_ready.push(format!("endpoint {address} is on node {node}, which is no Ready Node"));
+            continue;
+        }
+        let order = (!a.accepting.contains_key(&node), node.clone(), pod.clone(), address);
         candidates.push((order, ep.target_ref.as_ref(), Endpoint { node, pod, address, address6: None, port }));
     }
     candidates.sort_by(|x, y| x.0.cmp(&y.0));
-    let (_, target, mut endpoint) = candidates.into_iter().next().ok_or_else(|| {
-        no_endpoint(format!("Service {ns}/{} has no ready endpoint for port {port_name:?}", svc_ref.name))
-    })?;
-    endpoint.address6 = target.and_then(|t| address6_of(slices, ns, t, &port_name, a.protocol, endpoint.port));
+    let Some((_, target, mut endpoint)) = candidates.into_iter().next() else {
+        let svc = format!("Service {ns}/{}", svc_ref.name);
+        return Err(if !unvouched.is_empty() {
+            Refusal::programmed(
+                reason::ENDPOINT_NOT_VOUCHED,
+                format!("{svc} has no endpoint Kubernetes vouches for: {}", unvouched.join("; ")),
+            )
+        } else if !not_ready.is_empty() {
+            Refusal::programmed(reason::NODE_NOT_READY, format!("{svc}: {}", not_ready.join("; ")))
+        } else {
+            no_endpoint(format!("{svc} has no ready endpoint for port {port_name:?}"))
+        });
+    };
+    endpoint.address6 = target
+        .and_then(|t| address6_of(slices, ns, t, &port_name, a.protocol, endpoint.port))
+        .filter(|a6| vouch(view, a, target, &endpoint.node, IpAddr::V6(*a6)).is_ok());
     Ok(endpoint)
+}
+
+/// Whether Kubernetes vouches for an endpoint `address` on `node` (docs/portmap/modes.md,
+/// "Which endpoints are believed"): a Pod of the PortMap's own namespace (the one `target`
+/// names, else any) whose status.podIPs hold the address and whose spec.nodeName is the node;
+/// else an address no Pod holds, inside the class's spec.externalEndpoints. The pod's name
+/// (the address for an external endpoint), or why not, naming the address.
+fn vouch(
+    view: &View,
+    a: &Admitted,
+    target: Option<&ObjectReference>,
+    node: &str,
+    address: IpAddr,
+) -> Result<String, String> {
+    let ns = a.key.0.as_str();
+    let target = target.filter(|r| r.kind.as_deref() == Some("Pod"));
+    let by_pod = match target {
+        Some(r) => match (r.namespace.as_deref().unwrap_or(ns), r.name.as_deref()) {
+            (tns, _) if tns != ns => {
+                Err(format!("its targetRef names a Pod of namespace {tns}, not the PortMap's {ns}"))
+            }
+            (_, None) => Err("its targetRef names no Pod".to_string()),
+            (_, Some(name)) => {
+                view.pod_holding(ns, Some(name), node, address).map_err(|e| format!("its targetRef {e}"))
+            }
+        },
+        None => view.pod_holding(ns, None, node, address),
+    };
+    let why = match by_pod {
+        Ok(pod) => return Ok(pod.to_string()),
+        Err(why) => why,
+    };
+    let external = &a.class.spec.external_endpoints;
+    let allowed = external.iter().filter_map(|c| c.parse::<IpNet>().ok()).any(|c| c.contains(&address));
+    if allowed && !view.pod_addresses.contains(&address) {
+        return Ok(address.to_string());
+    }
+    let class = &a.class_name;
+    let external = if view.pod_addresses.contains(&address) {
+        "it is a Pod's address".to_string()
+    } else {
+        format!("PortMapClass {class:?} spec.externalEndpoints does not contain it")
+    };
+    Err(format!("endpoint {address} on node {node}: {why}, and {external}"))
 }
 
 /// The ready endpoints of `slices` of one address type that serve the named port, with the

@@ -16,10 +16,17 @@ pub mod reason {
     pub const RESERVED_PORT: &str = "ReservedPort";
     pub const PORT_CONFLICT: &str = "PortConflict";
     pub const INTERFACE_NOT_IN_CLASS: &str = "InterfaceNotInClass";
+    /// The namespace already holds as many PortMaps or ports of the class as its spec.limits
+    /// allow; older ones keep theirs.
+    pub const NAMESPACE_LIMIT_EXCEEDED: &str = "NamespaceLimitExceeded";
     // Programmed
     pub const PROGRAMMED: &str = "Programmed";
     pub const NOT_ACCEPTED: &str = "NotAccepted";
     pub const NO_READY_ENDPOINT: &str = "NoReadyEndpoint";
+    /// Every ready endpoint is one Kubernetes does not vouch for: no Pod of the PortMap's
+    /// namespace holds its address on its node, nor does the class's spec.externalEndpoints
+    /// contain it (docs/portmap/modes.md, "Which endpoints are believed").
+    pub const ENDPOINT_NOT_VOUCHED: &str = "EndpointNotVouched";
     pub const RETURN_PATH_UNAVAILABLE: &str = "ReturnPathUnavailable";
     pub const NODE_NOT_READY: &str = "NodeNotReady";
     pub const NO_INTERFACE_ON_NODE: &str = "NoInterfaceOnNode";

@@ -94,7 +94,7 @@ fn accepted_reasons() {
         ),
         (
             "reserved",
-            w().edit_class("public", |s| s.ports.reserved = vec![443]).port_map(
+            w().edit_class("public", |s| (s.ports.min, s.ports.reserved) = (1, vec![443])).port_map(
                 "ns",
                 "m",
                 "public",
@@ -825,7 +825,13 @@ fn three_links() -> World {
         let svc = format!("s{i}");
         let port = 3000 + i as u16;
         w = w
-            .service("ns", &svc, "TCP", i32::from(port), &[("pod", node, &format!("10.244.{}.7", i + 1), true)])
+            .service(
+                "ns",
+                &svc,
+                "TCP",
+                i32::from(port),
+                &[(&format!("pod{i}"), node, &format!("10.244.{}.7", i + 1), true)],
+            )
             .port_map("ns", &format!("m{i}"), "c", Tcp, port, None, &svc, i as i64);
     }
     w
@@ -1010,4 +1016,309 @@ fn a_nodes_reported_vxlan_ports_bound_only_its_own_links_and_mappings() {
     assert_eq!(rsn, reason::RESERVED_PORT);
     assert!(message.contains("node edge-a") && message.contains("8472"), "{message}");
     assert_eq!(cond(&out, "tcp", status::PROGRAMMED).0, "True");
+
+/// A tenant's Service in `ns` whose hand-written slice names an endpoint: (targetRef namespace
+/// and name or none, node, address).
+fn forged(w: World, target: Option<(&str, &str)>, node: &str, address: &str) -> World {
+    let (tns, tname) = target.unwrap_or(("ns", "x"));
+    w.service("ns", "svc", "TCP", 3000, &[(tname, node, address, true)]).without_pod("ns", tname).edit_slices(
+        |slices| {
+            let ep = slices
+                .iter_mut()
+                .filter(|s| s.metadata.namespace.as_deref() == Some("ns"))
+                .flat_map(|s| s.endpoints.iter_mut().flatten())
+                .next()
+                .expect("the tenant's endpoint");
+            match target {
+                Some(_) => {
+                    if let Some(r) = ep.target_ref.as_mut() {
+                        r.namespace = Some(tns.into());
+                    }
+                }
+                None => ep.target_ref = None,
+            }
+        },
+    )
+}
+
+/// Finding 1 (docs/portmap/modes.md, "Which endpoints are believed"): an endpoint no Pod of the
+/// PortMap's namespace vouches for is refused with a reason naming its address, and nothing is
+/// programmed for it.
+#[test]
+fn endpoints_kubernetes_does_not_vouch_for_are_refused() {
+    // apps/api-0 on worker-b: the victim.
+    let victim = || {
+        base().class("public", Single, Vxlan, PUBLIC).service(
+            "apps",
+            "api",
+            "TCP",
+            9000,
+            &[("api-0", "worker-b", "10.244.1.9", true)],
+        )
+    };
+    let m = |w: World| w.port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0);
+    let cases: Vec<(&str, World, &[&str])> = vec![
+        (
+            "another namespace's pod by targetRef",
+            m(forged(victim(), Some(("apps", "api-0")), "worker-b", "10.244.1.9")),
+            &["10.244.1.9", "namespace apps", "not the PortMap's ns"],
+        ),
+        (
+            "another namespace's pod by address alone",
+            m(forged(victim(), None, "worker-b", "10.244.1.9")),
+            &["10.244.1.9", "no Pod of namespace ns", "it is a Pod's address"],
+        ),
+        (
+            "own pod, not its address",
+            m(victim().service("ns", "svc", "TCP", 3000, &[("own-0", "worker-b", "10.244.1.10", true)]).edit_slices(
+                |slices| {
+                    for s in slices.iter_mut().filter(|s| s.metadata.namespace.as_deref() == Some("ns")) {
+                        for ep in s.endpoints.iter_mut().flatten() {
+                            ep.addresses = vec!["10.244.1.11".into()];
+                        }
+                    }
+                },
+            )),
+            &["10.244.1.11", "status.podIPs do not hold 10.244.1.11"],
+        ),
+        (
+            "own pod, another node",
+            m(victim().service("ns", "svc", "TCP", 3000, &[("own-0", "worker-b", "10.244.1.12", true)]).edit_slices(
+                |slices| {
+                    for s in slices.iter_mut().filter(|s| s.metadata.namespace.as_deref() == Some("ns")) {
+                        for ep in s.endpoints.iter_mut().flatten() {
+                            ep.node_name = Some("edge-a".into());
+                        }
+                    }
+                },
+            )),
+            &["10.244.1.12", "not on node edge-a"],
+        ),
+        (
+            "a deleted pod",
+            m(victim()
+                .service("ns", "svc", "TCP", 3000, &[("own-0", "worker-b", "10.244.1.12", true)])
+                .without_pod("ns", "own-0")),
+            &["10.244.1.12", "does not exist"],
+        ),
+        (
+            "an address that is no pod, not allowed by the class",
+            m(forged(victim(), None, "worker-b", "192.168.50.7")),
+            &["192.168.50.7", "spec.externalEndpoints does not contain it"],
+        ),
+        ("the node's kubelet address", m(forged(victim(), None, "worker-b", "100.64.0.2")), &["100.64.0.2"]),
+    ];
+    for (name, world, texts) in cases {
+        let out = world.run();
+        let (status, got, message) = cond(&out, "m", status::PROGRAMMED);
+        assert_eq!((status, got), ("False", reason::ENDPOINT_NOT_VOUCHED), "{name}: {message}");
+        for text in texts {
+            assert!(message.contains(text), "{name}: {message:?} should contain {text:?}");
+        }
+        assert!(out.node_states.values().all(|s| s.netns.iter().all(|n| n.nft_tables.is_empty())), "{name}");
+        assert_eq!(links_on(&out, "edge-a") + links_on(&out, "worker-b"), 0, "{name}: no link");
+        assert!(out.classes["public"].links.is_empty(), "{name}: no slot");
+    }
+}
+
+/// A forged endpoint beside a genuine one is passed over, even where it would sort first.
+#[test]
+fn a_vouched_endpoint_wins_over_a_forged_one() {
+    let out = base()
+        .class("public", Single, Vxlan, PUBLIC)
+        .service(
+            "ns",
+            "svc",
+            "TCP",
+            3000,
+            &[("fake", "edge-a", "10.244.0.99", true), ("pod", "worker-b", "10.244.1.7", true)],
+        )
+        .without_pod("ns", "fake")
+        .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
+        .run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).0, "True");
+    let ep = out.port_maps[&("ns".to_string(), "m".to_string())].endpoint.clone().expect("endpoint");
+    assert_eq!((ep.node.as_str(), ep.address.as_str()), ("worker-b", "10.244.1.7"));
+}
+
+/// An address no Pod holds is delivered to where the class's spec.externalEndpoints allows it,
+/// and only there; a Pod's address never counts as external.
+#[test]
+fn external_endpoints_only_by_the_class_prefix() {
+    let w = |prefix: &str, address: &str| {
+        forged(
+            base()
+                .class("public", Single, Vxlan, PUBLIC)
+                .edit_class("public", |s| s.external_endpoints = vec![prefix.into()])
+                .routes("worker-b", &[crate::compute::testkit::CILIUM_ROUTE, ("192.168.50.0/24", "eth1")])
+                .service("apps", "api", "TCP", 9000, &[("api-0", "worker-b", "10.244.1.9", true)]),
+            None,
+            "worker-b",
+            address,
+        )
+        .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
+    };
+    let out = w("192.168.50.0/24", "192.168.50.7").run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).0, "True", "{:?}", cond(&out, "m", status::PROGRAMMED));
+    assert_eq!(
+        out.port_maps[&("ns".to_string(), "m".to_string())].endpoint.as_ref().map(|e| e.address.as_str()),
+        Some("192.168.50.7")
+    );
+    let out = w("192.168.50.0/24", "192.168.51.7").run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).1, reason::ENDPOINT_NOT_VOUCHED);
+    // A careless prefix over the pod network still does not hand over another tenant's pod.
+    let out = w("10.244.0.0/16", "10.244.1.9").run();
+    let (_, got, message) = cond(&out, "m", status::PROGRAMMED);
+    assert_eq!(got, reason::ENDPOINT_NOT_VOUCHED);
+    assert!(message.contains("it is a Pod's address"), "{message}");
+}
+
+/// Finding 5: a nodeName that is no Node (or no Ready one) claims no slot, link or mark; a
+/// status row naming one is released at once, not after 24 h.
+#[test]
+fn fake_node_names_claim_no_slot() {
+    let w = || {
+        forged(
+            base()
+                .class("public", Single, Vxlan, PUBLIC)
+                .edit_class("public", |s| s.external_endpoints = vec!["192.168.50.0/24".into()]),
+            None,
+            "ghost",
+            "192.168.50.7",
+        )
+        .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
+    };
+    let out = w().run();
+    let (status, got, message) = cond(&out, "m", status::PROGRAMMED);
+    assert_eq!((status, got), ("False", reason::NODE_NOT_READY), "{message}");
+    assert!(message.contains("ghost") && message.contains("192.168.50.7"), "{message}");
+    assert!(out.classes["public"].links.is_empty(), "no slot: {:?}", out.classes["public"].links);
+    assert_eq!(links_on(&out, "edge-a"), 0);
+    // A row a forged slice made before (an older controller): gone now, not in 24 h.
+    let mut held = w();
+    held.c.classes[0].status = Some(PortMapClassStatus {
+        links: vec![LinkSlot {
+            pair: vec!["edge-a".into(), "ghost".into()],
+            slot: 1,
+            subnet: "169.254.77.2/31".into(),
+            subnet6: String::new(),
+            unused_since: None,
+        }],
+        ..Default::default()
+    });
+    assert!(held.run().classes["public"].links.is_empty());
+    // A NotReady node's pod: refused the same way.
+    let out = base()
+        .node("worker-d", "100.64.0.4", false)
+        .class("public", Single, Vxlan, PUBLIC)
+        .service("ns", "svc", "TCP", 3000, &[("pod", "worker-d", "10.244.4.7", true)])
+        .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
+        .run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).1, reason::NODE_NOT_READY);
+    assert!(out.classes["public"].links.is_empty());
+}
+
+/// Finding 2: the ports a node needs for itself are published by no class, whatever its range;
+/// the refusal names the port and whose it is.
+#[test]
+fn node_ports_are_published_by_no_class() {
+    let w = || {
+        base().class("public", Single, Vxlan, PUBLIC).edit_class("public", |s| s.ports.min = 1).service(
+            "ns",
+            "svc",
+            "TCP",
+            3000,
+            &[("pod", "edge-a", "10.244.0.7", true)],
+        )
+    };
+    let cases: Vec<(&str, Protocol, u16, Option<u16>, &str)> = vec![
+        ("everything over TCP", Tcp, 1, Some(65535), "2379, etcd"),
+        ("the kubelet", Tcp, 10250, None, "10250, the kubelet's API port"),
+        ("kube-proxy's health", Tcp, 10256, None, "10256, kube-proxy"),
+        ("the API server", Tcp, 6000, Some(7000), "6443"),
+        ("kuport's gRPC", Tcp, 9443, None, "9443, kuport's controller gRPC"),
+        ("everything over UDP", Udp, 1, Some(65535), "4790, a VXLAN port"),
+        ("WireGuard", Udp, 51000, Some(52000), "51820, WireGuard"),
+        ("a CNI's VXLAN", Udp, 8472, None, "8472"),
+    ];
+    for (name, proto, port, end, text) in cases {
+        let out = w().vxlan_ports("worker-b", &[8472]).port_map("ns", "m", "public", proto, port, end, "svc", 0).run();
+        let (status, got, message) = cond(&out, "m", status::ACCEPTED);
+        assert_eq!((status, got), ("False", reason::RESERVED_PORT), "{name}: {message}");
+        assert!(message.contains(text), "{name}: {message:?} should contain {text:?}");
+        assert!(out.node_states.values().all(|s| s.netns.iter().all(|n| n.nft_tables.is_empty())), "{name}");
+    }
+    // VXLAN is UDP: a TCP mapping on the links' port is fine.
+    let out = w().port_map("ns", "m", "public", Tcp, 4790, None, "svc", 0).run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).0, "True");
+    // The overlay's configured listen port, whatever it is.
+    let overlay = crate::compute::overlay::OverlaySettings { interface: "kup-wg".into(), listen_port: 51999 };
+    let settings = crate::compute::Settings { overlay: Some(overlay) };
+    let out =
+        crate::compute::compute(&w().port_map("ns", "m", "public", Udp, 51999, None, "svc", 0).cluster(), &settings);
+    let (_, got, message) = cond(&out, "m", status::ACCEPTED);
+    assert_eq!(got, reason::RESERVED_PORT, "{message}");
+    assert!(message.contains("51999, the overlay's WireGuard listen port"), "{message}");
+}
+
+/// Ports below 1024 only where the class names them.
+#[test]
+fn low_ports_only_where_the_class_names_them() {
+    let w = || {
+        base().class("public", Single, Vxlan, PUBLIC).service(
+            "ns",
+            "svc",
+            "TCP",
+            22,
+            &[("pod", "edge-a", "10.244.0.7", true)],
+        )
+    };
+    let out = w().port_map("ns", "m", "public", Tcp, 22, None, "svc", 0).run();
+    let (_, got, message) = cond(&out, "m", status::ACCEPTED);
+    assert_eq!(got, reason::PORT_OUTSIDE_CLASS_RANGE);
+    assert!(message.contains("below 1024") && message.contains("spec.ports.min"), "{message}");
+    let out =
+        w().edit_class("public", |s| s.ports.min = 22).port_map("ns", "m", "public", Tcp, 22, None, "svc", 0).run();
+    assert_eq!(cond(&out, "m", status::PROGRAMMED).0, "True");
+}
+
+/// A class's spec.limits bound what one namespace holds: the oldest keep theirs, the newest are
+/// refused, other namespaces are untouched.
+#[test]
+fn namespace_limits_refuse_the_newest() {
+    let w = || {
+        base()
+            .class("public", Single, Vxlan, PUBLIC)
+            .service("ns", "svc", "UDP", 3000, &[("pod", "edge-a", "10.244.0.7", true)])
+            .service("other", "svc", "UDP", 3000, &[("pod", "edge-a", "10.244.0.8", true)])
+    };
+    let limits = |maps, ports| {
+        move |s: &mut PortMapClassSpec| {
+            s.limits = Some(NamespaceLimits { max_port_maps_per_namespace: maps, max_ports_per_namespace: ports })
+        }
+    };
+    let out = w()
+        .edit_class("public", limits(Some(2), None))
+        .port_map("ns", "c", "public", Udp, 5002, None, "svc", 2)
+        .port_map("ns", "a", "public", Udp, 5000, None, "svc", 0)
+        .port_map("ns", "b", "public", Udp, 5001, None, "svc", 1)
+        .port_map("other", "d", "public", Udp, 5003, None, "svc", 3)
+        .run();
+    assert_eq!(cond(&out, "a", status::ACCEPTED).0, "True");
+    assert_eq!(cond(&out, "b", status::ACCEPTED).0, "True");
+    let (status, got, message) = cond(&out, "c", status::ACCEPTED);
+    assert_eq!((status, got), ("False", reason::NAMESPACE_LIMIT_EXCEEDED), "{message}");
+    assert!(message.contains("maxPortMapsPerNamespace"), "{message}");
+    assert_eq!(cond(&out, "d", status::ACCEPTED).0, "True", "another namespace");
+    let out = w()
+        .edit_class("public", limits(None, Some(10)))
+        .port_map("ns", "a", "public", Udp, 5000, Some(5007), "svc", 0)
+        .port_map("ns", "b", "public", Udp, 6000, Some(6004), "svc", 1)
+        .port_map("ns", "c", "public", Udp, 7000, Some(7001), "svc", 2)
+        .run();
+    assert_eq!(cond(&out, "a", status::ACCEPTED).0, "True");
+    let (_, got, message) = cond(&out, "b", status::ACCEPTED);
+    assert_eq!(got, reason::NAMESPACE_LIMIT_EXCEEDED, "{message}");
+    assert!(message.contains("maxPortsPerNamespace 10"), "{message}");
+    assert_eq!(cond(&out, "c", status::ACCEPTED).0, "True", "a refused mapping holds no ports");
 }

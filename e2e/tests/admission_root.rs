@@ -1,0 +1,236 @@
+//! What a tenant can make kuport publish, with the real API server and real packets
+//! (docs/portmap/modes.md, "Which endpoints are believed", "Ports no class publishes"):
+//!
+//! (a) a tenant's selector-less Service with a hand-written EndpointSlice naming apps/api-0 does
+//!     not publish api-0: the port stays closed for an internet client and the PortMap says why;
+//! (b) `port: 1, endPort: 65535` (and a UDP range over WireGuard's port) in a class that allows
+//!     every port leaves the node's own SSH-like and WireGuard-like listeners answering, while the
+//!     game's link keeps carrying traffic; the PortMaps say which reserved port refused them;
+//! (c) a slice naming a nodeName that is no Node claims no slot and builds no link.
+//!
+//! Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1. The lab is removed on drop.
+
+mod common;
+use common::*;
+
+use std::time::{Duration, Instant};
+
+use kuport_lab::Protocol::{Tcp, Udp};
+use kuport_lab::echo::PodServer;
+use kuport_lab::plane::{CONVERGE_TIMEOUT, PlaneOptions};
+use kuport_lab::topology::Ports;
+use kuport_lab::{Manifests, ProbeError};
+
+/// (a) and (c): what a tenant adds (a class admin allows a home network by prefix).
+const TENANT: &str = "apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata: {name: homes}
+spec:
+  nodes:
+    edge-a: {interfaces: [enp1s0]}
+  externalEndpoints: [192.168.50.0/24]
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: tenant}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: steal, namespace: tenant}
+spec:
+  ports: [{name: api, protocol: TCP, port: 9000}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: steal-1
+  namespace: tenant
+  labels: {kubernetes.io/service-name: steal}
+addressType: IPv4
+ports: [{name: api, protocol: TCP, port: 9000}]
+endpoints:
+  - addresses: [10.244.2.9]
+    conditions: {ready: true}
+    nodeName: worker-2
+    targetRef: {kind: Pod, namespace: apps, name: api-0}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: steal, namespace: tenant}
+spec:
+  className: public
+  protocol: TCP
+  port: 9000
+  serviceRef: {name: steal, port: api}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ghost, namespace: tenant}
+spec:
+  ports: [{name: dev, protocol: TCP, port: 7100}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: ghost-1
+  namespace: tenant
+  labels: {kubernetes.io/service-name: ghost}
+addressType: IPv4
+ports: [{name: dev, protocol: TCP, port: 7100}]
+endpoints:
+  - addresses: [192.168.50.7]
+    conditions: {ready: true}
+    nodeName: ghost-node
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: ghost, namespace: tenant}
+spec:
+  className: homes
+  protocol: TCP
+  port: 7100
+  serviceRef: {name: ghost, port: dev}
+---
+";
+
+/// (b): a class that allows every port, and mappings over all of them.
+const WIDE: &str = "apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata: {name: wide}
+spec:
+  nodes:
+    edge-a: {interfaces: [enp1s0]}
+  ports: {min: 1, max: 65535}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: everything, namespace: web}
+spec:
+  className: wide
+  protocol: TCP
+  port: 1
+  endPort: 65535
+  serviceRef: {name: web, port: http}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: udp-wide, namespace: apps}
+spec:
+  className: wide
+  protocol: UDP
+  port: 50000
+  endPort: 60000
+  serviceRef: {name: echo, port: udp}
+---
+";
+
+/// A condition of a PortMap as the API server holds it: (status, reason, message).
+fn condition_of(api: &kuport_lab::apiserver::ApiServer, ns: &str, name: &str, type_: &str) -> (String, String, String) {
+    let field = |f: &str| {
+        let path = format!("jsonpath={{.status.conditions[?(@.type=='{type_}')].{f}}}");
+        api.kubectl(&["get", "pm", "-n", ns, name, "-o", &path], None).unwrap_or_default()
+    };
+    (field("status"), field("reason"), field("message"))
+}
+
+/// The default lab with edge-a's own listeners (an SSH-like TCP 22 and a WireGuard-like UDP
+/// 51820, answering as `edge-a-itself`), on the API server with `extra` added to the default
+/// manifests; returns once every verdict named in `written` is in the API server and the game is
+/// programmed.
+struct Scene {
+    lab: kuport_lab::Lab,
+    api: OwnedApiServer,
+    _host: PodServer,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Scene {
+    fn start(tag: &str, extra: &str, written: &[(&str, &str, &str)]) -> Scene {
+        let dir = std::env::temp_dir().join(format!("kuport-admission-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let api = OwnedApiServer::up(&dir.join("controlplane"));
+        let mut lab = default_lab();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("a runtime");
+        let edge = lab.netns("edge-a").expect("edge-a");
+        let host = PodServer::start(
+            rt.handle(),
+            &edge,
+            "edge-a-itself",
+            &[Ports { first: 22, last: 22 }],
+            &[Ports { first: 51820, last: 51820 }],
+        )
+        .expect("edge-a's listeners start");
+        let manifests = Manifests::default_lab().add("test.yaml", extra).expect("the test's manifests load");
+        let mut options = PlaneOptions::new(env!("CARGO_BIN_EXE_kuport-lab"), &dir);
+        options.kubernetes = Some(api.source(None, 1));
+        lab.start_plane(&manifests, options).expect("the controller and executors start");
+        let scene = Scene { lab, api, _host: host, _rt: rt };
+        let begun = Instant::now();
+        loop {
+            let all = written.iter().all(|(ns, name, t)| !scene.condition(ns, name, t).1.is_empty());
+            if all && scene.condition("games", "game", "Programmed").0 == "True" {
+                break;
+            }
+            assert!(begun.elapsed() < Duration::from_secs(30), "the statuses were never written");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        scene.lab.plane().expect("a plane").wait_converged(CONVERGE_TIMEOUT).expect("the lab converges");
+        scene
+    }
+
+    fn condition(&self, ns: &str, name: &str, type_: &str) -> (String, String, String) {
+        condition_of(&self.api.0, ns, name, type_)
+    }
+}
+
+/// (a) and (c).
+#[test]
+fn a_forged_endpoint_slice_publishes_nothing_and_claims_no_slot() {
+    if !root() {
+        return;
+    }
+    let s = Scene::start("forged", TENANT, &[("tenant", "steal", "Programmed"), ("tenant", "ghost", "Programmed")]);
+    let lab = &s.lab;
+
+    // (a) The forged slice publishes nothing: api-0 is not reached at 203.0.113.9:9000.
+    let (status, reason, message) = s.condition("tenant", "steal", "Programmed");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "EndpointNotVouched"), "{message}");
+    assert!(message.contains("10.244.2.9") && message.contains("namespace apps"), "{message}");
+    match lab.probe("client-1", addr("203.0.113.9:9000"), Tcp) {
+        Err(ProbeError::Refused { .. } | ProbeError::NoAnswer { .. }) => {}
+        other => panic!("(a) the forged slice's port must stay closed: {other:?}"),
+    }
+    assert_maps(lab, "client-1", "203.0.113.9:27015", Udp, "game-0");
+
+    // (c) A nodeName that is no Node: no slot in the class status, no link on edge-a.
+    let (status, reason, message) = s.condition("tenant", "ghost", "Programmed");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "NodeNotReady"), "{message}");
+    let slots = s.api.0.kubectl(&["get", "pmc", "homes", "-o", "jsonpath={.status.links}"], None).expect("kubectl");
+    assert!(!slots.contains("ghost-node"), "(c) a slot was claimed for a node that does not exist: {slots}");
+    let vxlan = lab.ip("edge-a", &["-o", "link", "show", "type", "vxlan"]).expect("ip link");
+    assert_eq!(vxlan.lines().count(), 1, "(c) only the game's link on edge-a:\n{vxlan}");
+}
+
+/// (b).
+#[test]
+fn every_port_in_a_class_leaves_the_node_its_own() {
+    if !root() {
+        return;
+    }
+    let s = Scene::start("wide", WIDE, &[("web", "everything", "Accepted"), ("apps", "udp-wide", "Accepted")]);
+    let lab = &s.lab;
+    let (status, reason, message) = s.condition("web", "everything", "Accepted");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "ReservedPort"), "{message}");
+    assert!(message.contains("2379"), "{message}");
+    let (status, reason, message) = s.condition("apps", "udp-wide", "Accepted");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "ReservedPort"), "{message}");
+    assert!(message.contains("51820") && message.contains("WireGuard"), "{message}");
+    for (port, protocol) in [("22", Tcp), ("51820", Udp)] {
+        let a = lab
+            .probe("client-1", addr(&format!("203.0.113.9:{port}")), protocol)
+            .unwrap_or_else(|e| panic!("(b) edge-a's own {protocol} {port} must answer: {e}"));
+        assert_eq!(a.pod, "edge-a-itself", "(b) {protocol} {port} was taken from the node: {a}");
+    }
+    // The links' VXLAN port keeps carrying the game's traffic.
+    assert_maps(lab, "client-1", "203.0.113.9:27015", Udp, "game-0");
+}
