@@ -193,7 +193,7 @@ fn running(cp: &ControlPlane, pod: &str, ip: &str) {
 async fn intercept_selects_programs_and_reports() {
     let cp = ControlPlane::up("icpt");
     cp.ok(&["apply", "-f", &repo().join("crds/kuport.wlz.li.yaml").display().to_string()], None);
-    cp.ok(&["wait", "--for=condition=Established", "crd/intercepts.kuport.wlz.li"], None);
+    cp.established(&["crd/intercepts.kuport.wlz.li"]);
     cp.ok(&["apply", "-f", "-"], Some(OBJECTS));
     for (json, message) in BAD {
         let err = cp.kubectl(&["apply", "-f", "-"], Some(json)).expect_err("the API server must refuse");

@@ -279,10 +279,7 @@ async fn scenario() {
 
     // CRDs install; the notes' examples apply unchanged; CEL rules refuse with their message.
     cp.apply_file(&repo().join("crds/kuport.wlz.li.yaml"));
-    cp.ok(
-        &["wait", "--for=condition=Established", "crd/portmaps.kuport.wlz.li", "crd/portmapclasses.kuport.wlz.li"],
-        None,
-    );
+    cp.established(&["crd/portmaps.kuport.wlz.li", "crd/portmapclasses.kuport.wlz.li"]);
     for f in ["classes", "nodes", "web", "game", "dns"] {
         cp.apply_file(&examples.join(format!("{f}.yaml")));
     }

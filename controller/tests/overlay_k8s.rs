@@ -87,7 +87,7 @@ async fn members_get_their_annotations_and_a_refused_node_is_visible() {
 async fn scenario() {
     let cp = ControlPlane::up("overlay");
     cp.apply_file(&repo().join("crds/kuport.wlz.li.yaml"));
-    cp.ok(&["wait", "--for=condition=Established", "crd/portmaps.kuport.wlz.li"], None);
+    cp.established(&["crd/portmaps.kuport.wlz.li"]);
     let nodes = [
         ("n1", "192.0.2.1", Some("10.42.1.0/24")),
         ("n2", "192.0.2.2", Some("10.42.2.0/24")),

@@ -137,7 +137,7 @@ async fn scenario() {
     let cp = ControlPlane::up("trust");
     let examples = repo().join("examples/cluster");
     cp.apply_file(&repo().join("crds/kuport.wlz.li.yaml"));
-    cp.ok(&["wait", "--for=condition=Established", "crd/portmaps.kuport.wlz.li"], None);
+    cp.established(&["crd/portmaps.kuport.wlz.li"]);
     for f in ["classes", "nodes", "web", "game"] {
         cp.apply_file(&examples.join(format!("{f}.yaml")));
     }

@@ -171,7 +171,7 @@ spec:
         ("web", "web-late", "PortConflict", "spec.port"),
         ("web", "web-80", "PortOutsideClassRange", "spec.port: 80"),
         ("web", "web-443", "ReservedPort", "spec.port: 443"),
-        ("games", "game-vxlan", "ReservedPort", "spec.port: UDP 4790"),
+        ("games", "game-vxlan", "ReservedPort", "includes 4790"),
     ] {
         assert_eq!(condition(&out, ns, name, "Accepted"), ("False".into(), reason.into()), "{ns}/{name}");
         let message = message(&out, ns, name, "Accepted");

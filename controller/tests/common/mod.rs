@@ -57,6 +57,24 @@ impl ControlPlane {
         }
     }
 
+    /// Waits until each CRD is Established. `kubectl wait` fails at once, rather than waiting,
+    /// while a CRD just created has no conditions yet ("accessor error"), so it is asked again.
+    pub fn established(&self, crds: &[&str]) {
+        let mut args = vec!["wait", "--for=condition=Established", "--timeout=30s"];
+        args.extend(crds.iter().copied());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            match self.kubectl(&args, None) {
+                Ok(_) => return,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    assert!(e.contains("accessor error"), "kubectl {args:?}: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Err(e) => panic!("kubectl {args:?}: {e}"),
+            }
+        }
+    }
+
     pub fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
         self.kubectl(args, stdin).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"))
     }

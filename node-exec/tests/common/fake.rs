@@ -14,6 +14,31 @@ use tonic::{Request, Response, Status, Streaming};
 /// What the fake sends and accepts at most.
 pub const FAKE_MAX_MESSAGE: usize = 256 * 1024 * 1024;
 
+/// One fake stream: waits for Hello (like the real controller), sends `script`, then forwards
+/// every executor message to `seen` until the executor hangs up.
+#[allow(dead_code)]
+fn replay<T: Send + 'static>(
+    mut inbound: Streaming<ExecutorMessage>,
+    script: Vec<T>,
+    seen: mpsc::UnboundedSender<ExecutorMessage>,
+) -> ReceiverStream<Result<T, Status>> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        if let Ok(Some(m)) = inbound.message().await {
+            let _ = seen.send(m);
+        }
+        for m in script {
+            if tx.send(Ok(m)).await.is_err() {
+                return;
+            }
+        }
+        while let Ok(Some(m)) = inbound.message().await {
+            let _ = seen.send(m);
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
 #[allow(dead_code)]
 /// A scripted controller: answers Hello with `script`, forwards every executor message.
 struct Fake {
@@ -26,26 +51,8 @@ impl NodeSync for Fake {
     type SyncStream = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
 
     async fn sync(&self, request: Request<Streaming<ExecutorMessage>>) -> Result<Response<Self::SyncStream>, Status> {
-        let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        let script = self.script.clone();
-        let seen = self.seen.clone();
-        tokio::spawn(async move {
-            // Wait for Hello before sending, like the real controller.
-            if let Ok(Some(m)) = inbound.message().await {
-                let _ = seen.send(m);
-            }
-            for m in script {
-                if tx.send(Ok(m)).await.is_err() {
-                    return;
-                }
-            }
-            while let Ok(Some(m)) = inbound.message().await {
-                let _ = seen.send(m);
-            }
-            drop(tx);
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let rx = replay(request.into_inner(), self.script.clone(), self.seen.clone());
+        Ok(Response::new(Box::pin(rx)))
     }
 }
 
@@ -130,24 +137,8 @@ impl tonic::server::StreamingService<ExecutorMessage> for RawSync {
     type Future = std::future::Ready<Result<Response<Self::ResponseStream>, Status>>;
 
     fn call(&mut self, request: Request<Streaming<ExecutorMessage>>) -> Self::Future {
-        let mut inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(16);
-        let script = self.script.clone();
-        let seen = self.seen.clone();
-        tokio::spawn(async move {
-            if let Ok(Some(m)) = inbound.message().await {
-                let _ = seen.send(m);
-            }
-            for m in script {
-                if tx.send(Ok(m)).await.is_err() {
-                    return;
-                }
-            }
-            while let Ok(Some(m)) = inbound.message().await {
-                let _ = seen.send(m);
-            }
-        });
-        std::future::ready(Ok(Response::new(ReceiverStream::new(rx))))
+        let rx = replay(request.into_inner(), self.script.clone(), self.seen.clone());
+        std::future::ready(Ok(Response::new(rx)))
     }
 }
 

@@ -75,7 +75,7 @@ fn reserved_for_node(view: &View, protocol: Protocol, (first, last): (u16, u16))
         .vxlan_ports
         .iter()
         .filter(|p| udp && (first..=last).contains(*p))
-        .map(|p| (*p, "a VXLAN port of links (kuport's or the CNI's)".to_string()));
+        .map(|p| (*p, "a VXLAN port of kuport's links".to_string()));
     let wireguard = view
         .wireguard_port
         .filter(|p| udp && (first..=last).contains(p))
