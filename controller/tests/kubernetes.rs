@@ -266,6 +266,18 @@ const BAD: &[(&str, &str)] = &[
         "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: small-subnet6}\nspec: {nodes: {a: {interfaces: [eth0]}}, returnPath: {vxlan: {subnet6: \"fd64::/121\"}}}\n",
         "at least as many /127",
     ),
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMap\nmetadata: {name: bad-range, namespace: web}\nspec: {className: public, protocol: TCP, port: 3000, serviceRef: {name: web}, sourceRanges: [192.0.2.0/24, \"192.0.2.300/24\"]}\n",
+        "each sourceRanges entry must be a CIDR",
+    ),
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: bad-range}\nspec: {nodes: {a: {interfaces: [eth0]}}, sourceRanges: [nope]}\n",
+        "each sourceRanges entry must be a CIDR",
+    ),
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: pin-nothing}\nspec: {nodes: {a: {interfaces: [eth0]}}, pinSourceRanges: true}\n",
+        "pinSourceRanges needs sourceRanges",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

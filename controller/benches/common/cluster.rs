@@ -91,6 +91,7 @@ pub fn add_mapping(c: &mut Cluster, m: Mapping) {
             end_port: m.end_port,
             interfaces: None,
             service_ref: ServiceRef { name: svc.clone(), port: Some("p".into()) },
+            source_ranges: Vec::new(),
         },
     );
     pm.metadata.namespace = Some(m.ns.clone());
@@ -201,6 +202,8 @@ pub fn build(n_nodes: usize, n_maps: usize, rng: &mut Rng) -> Cluster {
             },
             external_endpoints: Vec::new(),
             limits: None,
+            source_ranges: Vec::new(),
+            pin_source_ranges: false,
         };
         let mut class = PortMapClass::new(name, spec);
         class.metadata.generation = Some(1);

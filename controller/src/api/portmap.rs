@@ -32,6 +32,7 @@ pub const DEFAULT_LINK_SUBNET6: &str = "fd64:f5ac:e961::/112";
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
+#[x_kube(validation = Rule::new("!has(self.pinSourceRanges) || !self.pinSourceRanges || (has(self.sourceRanges) && size(self.sourceRanges) > 0)").message("pinSourceRanges needs sourceRanges: there is no list to pin"))]
 #[serde(rename_all = "camelCase")]
 pub struct PortMapClassSpec {
     /// Accepting nodes by name, each with the interfaces it accepts on.
@@ -59,6 +60,17 @@ pub struct PortMapClassSpec {
     /// What one namespace may hold in this class; beyond it the newest PortMaps are refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<NamespaceLimits>,
+    /// The client prefixes (IPv4 or IPv6) that may reach a mapping of this class that names none
+    /// of its own; others are dropped on the accepting node before the DNAT. Empty lets every
+    /// client in. Example: [192.0.2.0/24, 2001:db8:100::/48].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("each sourceRanges entry must be a CIDR such as 192.0.2.0/24"))]
+    #[schemars(length(max = 64), inner(length(max = 43)))]
+    pub source_ranges: Vec<String>,
+    /// Mappings may only narrow spec.sourceRanges: each of a PortMap's own prefixes must lie
+    /// inside one of the class's, or the PortMap is refused (SourceRangeOutsideClass).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pin_source_ranges: bool,
 }
 
 /// Per-namespace bounds of a class (docs/portmap/modes.md, "Bounds per namespace").
@@ -271,6 +283,14 @@ pub struct PortMapSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interfaces: Option<Vec<String>>,
     pub service_ref: ServiceRef,
+    /// The client prefixes (IPv4 or IPv6) that may reach this mapping; others are dropped on
+    /// every accepting node before the DNAT, and counted. Empty takes the class's
+    /// spec.sourceRanges; both empty let every client in. A family with no prefix here is
+    /// closed to every client of that family. Example: [192.0.2.0/24].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("each sourceRanges entry must be a CIDR such as 192.0.2.0/24"))]
+    #[schemars(length(max = 64), inner(length(max = 43)))]
+    pub source_ranges: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]

@@ -123,6 +123,8 @@ impl World {
             return_path: ReturnPath { mode: rp, vxlan: VxlanSpec::default() },
             external_endpoints: Vec::new(),
             limits: None,
+            source_ranges: Vec::new(),
+            pin_source_ranges: false,
         };
         let mut c = PortMapClass::new(name, spec);
         c.metadata.generation = Some(1);
@@ -250,6 +252,7 @@ impl World {
                 end_port: end,
                 interfaces: None,
                 service_ref: ServiceRef { name: svc.into(), port: Some("p".into()) },
+                source_ranges: Vec::new(),
             },
         );
         pm.metadata.namespace = Some(ns.into());
@@ -428,6 +431,26 @@ pub fn scenarios() -> Vec<(&'static str, World)> {
                 .port_map("ns", "web", "public", Tcp, 3000, None, "web", 0)
                 .port_map("ns", "api", "mesh", Tcp, 9000, None, "api", 1)
                 .edit_map("web", |s| s.interfaces = Some(vec!["enp1s0".into()])),
+        ),
+        (
+            // docs/portmap/guard.md: the web port admits one IPv4 and one IPv6 network, the
+            // game's range the class's default (IPv4 only: IPv6 clients are dropped), the
+            // third admits every address of both families (/0).
+            "guarded_dual_stack",
+            nodes()
+                .interface_address("edge-a", "enp1s0", "2001:db8::9")
+                .class("public", Single, Vxlan, EDGE)
+                .edit_class("public", |s| s.source_ranges = vec!["198.51.100.0/24".into()])
+                .service("web", "web", "TCP", 3000, &[("web-0", "worker-c", "10.244.2.7", true)])
+                .slice6("web", "web", "v6", "TCP", 3000, &[("web-0", "worker-c", "fd10:244:2::7", true)])
+                .service("games", "game", "UDP", 27015, &[("game-0", "edge-a", "10.244.0.107", true)])
+                .slice6("games", "game", "v6", "UDP", 27015, &[("game-0", "edge-a", "fd10:244::107", true)])
+                .service("open", "dns", "UDP", 53, &[("dns-0", "edge-a", "10.244.0.53", true)])
+                .port_map("web", "web", "public", Tcp, 3000, None, "web", 0)
+                .port_map("games", "game", "public", Udp, 27015, Some(27115), "game", 1)
+                .port_map("open", "dns", "public", Udp, 5353, None, "dns", 2)
+                .edit_map("web", |s| s.source_ranges = vec!["192.0.2.0/24".into(), "2001:db8:100::/48".into()])
+                .edit_map("dns", |s| s.source_ranges = vec!["0.0.0.0/0".into(), "::/0".into()]),
         ),
     ]
 }

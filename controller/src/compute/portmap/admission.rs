@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use ipnet::IpNet;
+
 use super::status::{Refusal, reason};
 use crate::api::{DEFAULT_MIN_PORT, PortMap, PortMapClass, Protocol};
 use crate::observe::index::{View, selects};
@@ -24,6 +26,8 @@ pub struct Admitted<'a> {
     pub ports: (u16, u16),
     /// The class's accepting nodes with the interfaces this mapping uses there (never empty).
     pub accepting: BTreeMap<String, Vec<String>>,
+    /// The clients that may reach the mapping (docs/portmap/guard.md); None lets every one in.
+    pub source_ranges: Option<Vec<IpNet>>,
 }
 
 impl Admitted<'_> {
@@ -243,7 +247,52 @@ fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> 
             format!("PortMapClass {class_name:?} has no node with the requested interfaces"),
         ));
     }
-    Ok(Admitted { key: key_of(pm), pm, class_name, class, protocol: spec.protocol, ports: (first, last), accepting })
+    let source_ranges = source_ranges(class, &class_name, &spec.source_ranges)?;
+    Ok(Admitted {
+        key: key_of(pm),
+        pm,
+        class_name,
+        class,
+        protocol: spec.protocol,
+        ports: (first, last),
+        accepting,
+        source_ranges,
+    })
+}
+
+/// The prefixes a mapping admits clients from (docs/portmap/guard.md): its own, else its
+/// class's, host bits cleared; None when both lists are empty. A pinned class takes only
+/// prefixes inside its own.
+fn source_ranges(class: &PortMapClass, class_name: &str, own: &[String]) -> Result<Option<Vec<IpNet>>, Refusal> {
+    let parse = |list: &[String], field: &str| -> Result<Vec<IpNet>, Refusal> {
+        let mut out = Vec::with_capacity(list.len());
+        for (i, text) in list.iter().enumerate() {
+            let net = text.parse::<IpNet>().map_err(|_| {
+                Refusal::accepted(
+                    reason::INVALID_SOURCE_RANGE,
+                    format!("{field}[{i}]: {text:?} is not a CIDR such as 192.0.2.0/24"),
+                )
+            })?;
+            out.push(net.trunc());
+        }
+        Ok(out)
+    };
+    let classes = parse(&class.spec.source_ranges, &format!("PortMapClass {class_name:?} spec.sourceRanges"))?;
+    let own = parse(own, "spec.sourceRanges")?;
+    if class.spec.pin_source_ranges
+        && let Some((i, net)) = own.iter().enumerate().find(|(_, n)| !classes.iter().any(|c| c.contains(*n)))
+    {
+        return Err(Refusal::accepted(
+            reason::SOURCE_RANGE_OUTSIDE_CLASS,
+            format!(
+                "spec.sourceRanges[{i}]: {net} is not inside PortMapClass {class_name:?} spec.sourceRanges, which the class pins"
+            ),
+        ));
+    }
+    let mut chosen = if own.is_empty() { classes } else { own };
+    chosen.sort();
+    chosen.dedup();
+    Ok((!chosen.is_empty()).then_some(chosen))
 }
 
 pub fn port_text(first: u16, last: u16) -> String {

@@ -221,6 +221,8 @@ struct FamilyParts {
     return_mark: BTreeMap<(IpAddr, L4Proto, u32), Vec<Ports>>,
     /// What this node publishes in this family, for the steering chain (steer.rs).
     published: super::steer::Published,
+    /// The published mappings with an allow-list, to its prefixes of this family (steer.rs).
+    guard: BTreeMap<(String, L4Proto, Ports), Vec<ipnet::IpNet>>,
 }
 
 impl FamilyParts {
@@ -291,6 +293,7 @@ impl Builder {
         (l4(p.admitted.protocol) as i32, p.admitted.ports, p.pod_ports()).hash(&mut h);
         (&p.endpoint.node, p.endpoint.address, p.endpoint.port, &p.nodes).hash(&mut h);
         matches!(p.admitted.class.spec.serving_mode, ServingMode::Multi).hash(&mut h);
+        p.admitted.source_ranges.hash(&mut h);
         ends.hash(&mut h);
         h.finish()
     }
@@ -336,12 +339,22 @@ impl Builder {
         let ports = p.admitted.ports;
         let pod_ports = p.pod_ports();
         let single = !p.admitted.is_range();
+        // This family's prefixes of the allow-list, if the mapping has one: empty closes the
+        // family to every client.
+        let guard: Option<Vec<ipnet::IpNet>> = p
+            .admitted
+            .source_ranges
+            .as_ref()
+            .map(|nets| nets.iter().filter(|n| fam.holds(&n.addr())).copied().collect());
         let mut published = Vec::new();
         for (node, ifaces) in &p.nodes {
             if *node == p.endpoint.node {
                 let parts = self.nodes.entry(node.clone()).or_default().family(fam);
                 for iface in ifaces {
                     parts.published.entry((iface.clone(), proto)).or_default().push(ports);
+                    if let Some(nets) = &guard {
+                        parts.guard.insert((iface.clone(), proto, ports), nets.clone());
+                    }
                     if single {
                         parts.publish_port.insert((iface.clone(), proto, ports.0), (pod, p.endpoint.port));
                     } else {
@@ -365,6 +378,9 @@ impl Builder {
             let parts = node_parts.family(fam);
             for iface in ifaces {
                 parts.published.entry((iface.clone(), proto)).or_default().push(ports);
+                if let Some(nets) = &guard {
+                    parts.guard.insert((iface.clone(), proto, ports), nets.clone());
+                }
                 if single {
                     parts.publish_port.insert((iface.clone(), proto, ports.0), (far_address, ports.0));
                 } else {
@@ -411,9 +427,11 @@ impl Builder {
                 // Past a host firewall (docs/portmap/firewall.md): requests to the accepting
                 // interfaces' addresses, and on the pod's node those to this end of a link.
                 let mut to_node = super::steer::Destinations::new();
+                let mut guards = super::steer::Guards::new();
                 for fam in Family::BOTH {
                     let f = parts.of(fam);
                     to_node.extend(super::steer::accepting(&f.published, fam, |i| v.addresses_of(i)));
+                    guards.extend(super::steer::guarded(&f.guard, fam, |i| v.addresses_of(i)));
                     for (dev, me, pr, port) in f.link_port.keys() {
                         to_node.entry((dev.clone(), *me, *pr)).or_default().push((*port, *port));
                     }
@@ -421,7 +439,7 @@ impl Builder {
                         to_node.entry((dev.clone(), *me, *pr)).or_default().push(*ports);
                     }
                 }
-                let steer = super::steer::steering(&to_node);
+                let steer = super::steer::steering(&to_node, &guards);
                 let stand_in = steer.as_ref().map(|s| s.stand_in.clone()).unwrap_or_default();
                 // Each accepting interface's addresses: the publish maps are keyed by their
                 // stand-ins, so that only what is addressed to the node is delivered.

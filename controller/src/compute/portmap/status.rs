@@ -19,6 +19,10 @@ pub mod reason {
     /// The namespace already holds as many PortMaps or ports of the class as its spec.limits
     /// allow; older ones keep theirs.
     pub const NAMESPACE_LIMIT_EXCEEDED: &str = "NamespaceLimitExceeded";
+    /// A spec.sourceRanges entry (the PortMap's, or its class's) is no CIDR.
+    pub const INVALID_SOURCE_RANGE: &str = "InvalidSourceRange";
+    /// The class pins its spec.sourceRanges and the PortMap names a prefix outside them.
+    pub const SOURCE_RANGE_OUTSIDE_CLASS: &str = "SourceRangeOutsideClass";
     // Programmed
     pub const PROGRAMMED: &str = "Programmed";
     pub const NOT_ACCEPTED: &str = "NotAccepted";

@@ -28,7 +28,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use kuport_proto::build::{addr, base_chain, element, ifname, port, ports, proto, rule, set};
+use ipnet::IpNet;
+use kuport_proto::build::{
+    addr, base_chain, counter, drop, element, ifname, lookup, member, not_lookup, port, ports, proto, rule, set,
+};
 use kuport_proto::v1::{
     AddressSet, ChainPolicy, ChainType, Hook, L4Proto, NftChain, NftSet, NftStatement, NftType, Selector, nft_statement,
 };
@@ -38,6 +41,16 @@ use super::datapath::Family;
 pub const CHAIN_STEER: &str = "kup-steer";
 /// Single ports: (interface, address, protocol, port) to the stand-in; `steer_port6` for IPv6.
 pub const MAP_STEER_PORT: &str = "steer_port";
+/// Single ports with an allow-list: (interface, address, protocol, port); docs/portmap/guard.md.
+pub const SET_GUARDED: &str = "guarded";
+/// Ranges with an allow-list: (ports, interface, address, protocol).
+pub const SET_GUARDED_RANGE: &str = "guarded_range";
+/// Their allowed clients: (ports, interface, address, protocol, source prefix).
+pub const SET_ALLOW: &str = "allow";
+/// The guarded single ports again, with a counter each: what each one refused.
+pub const SET_REFUSED: &str = "refused";
+/// The guarded ranges again, with a counter each.
+pub const SET_REFUSED_RANGE: &str = "refused_range";
 /// Ranges: (ports, interface, address, protocol) to the stand-in; `steer_range6` for IPv6.
 pub const MAP_STEER_RANGE: &str = "steer_range";
 
@@ -156,6 +169,87 @@ pub fn accepting<'a>(published: &Published, fam: Family, addresses: impl Fn(&str
     out
 }
 
+/// The allow-lists of the mappings a node receives: (arrival interface, destination,
+/// protocol) to each guarded mapping's ports and the prefixes of the destination's family it
+/// admits (none: the family is closed to every client).
+pub type Guards = BTreeMap<(String, IpAddr, L4Proto), Vec<(Ports, Vec<IpNet>)>>;
+
+/// [`accepting`] for the allow-lists: each guarded mapping at each address of its interface.
+pub fn guarded<'a>(
+    guards: &BTreeMap<(String, L4Proto, Ports), Vec<IpNet>>,
+    fam: Family,
+    addresses: impl Fn(&str) -> &'a [String],
+) -> Guards {
+    let mut out = Guards::new();
+    for ((iface, pr, ports), nets) in guards {
+        for dst in self::addresses(addresses(iface)).into_iter().filter(|a| fam.holds(a)) {
+            out.entry((iface.clone(), dst, *pr)).or_default().push((*ports, nets.clone()));
+        }
+    }
+    out
+}
+
+/// The allow-list rules of one family, first in the chain so that a refused packet is dropped
+/// before anything rewrites it (docs/portmap/guard.md): a packet to a guarded mapping from a
+/// source outside its prefixes is counted against the mapping and dropped. Which mappings are
+/// guarded, and the counters, live in a hash set for single ports and an interval set for
+/// ranges, like the steering maps: a packet to an unguarded port pays one hash lookup.
+fn guard_rules(fam: Family, guards: &Guards, sets: &mut Vec<NftSet>) -> Vec<kuport_proto::v1::NftRule> {
+    let (mut single, mut range, mut allowed) = (Vec::new(), Vec::new(), Vec::new());
+    for ((iface, dst, pr), list) in guards.iter().filter(|((_, a, _), _)| fam.holds(a)) {
+        for ((a, b), nets) in list {
+            let (a, b) = (u32::from(*a), u32::from(*b));
+            for net in nets.iter().filter(|n| fam.holds(&n.addr())) {
+                allowed.push(member(vec![ports(a, b), ifname(iface), addr(dst), proto(*pr), addr(net)]));
+            }
+            if a == b {
+                single.push(member(vec![ifname(iface), addr(dst), proto(*pr), port(a)]));
+            } else {
+                range.push(member(vec![ports(a, b), ifname(iface), addr(dst), proto(*pr)]));
+            }
+        }
+    }
+    use NftType::{Ifname, InetProto, InetService};
+    use Selector::{Iifname, L4proto, ThDport};
+    let (a, daddr, saddr) = (fam.addr_type(), fam.daddr(), fam.saddr());
+    // A family no guarded mapping admits anyone of holds no allowed element, and needs no test.
+    let allow = fam.name(SET_ALLOW);
+    let outside = (!allowed.is_empty()).then(|| not_lookup(&[ThDport, Iifname, daddr, L4proto, saddr], &allow));
+    if outside.is_some() {
+        sets.push(NftSet { interval: true, ..set(&allow, &[InetService, Ifname, a, InetProto, a], &[], allowed) });
+    }
+    let mut rules = Vec::new();
+    let shapes = [
+        (
+            single,
+            SET_GUARDED,
+            SET_REFUSED,
+            [Ifname, a, InetProto, InetService],
+            [Iifname, daddr, L4proto, ThDport],
+            false,
+        ),
+        (
+            range,
+            SET_GUARDED_RANGE,
+            SET_REFUSED_RANGE,
+            [InetService, Ifname, a, InetProto],
+            [ThDport, Iifname, daddr, L4proto],
+            true,
+        ),
+    ];
+    for (elements, guarded, refused, key, sel, interval) in shapes {
+        if elements.is_empty() {
+            continue;
+        }
+        let (guarded, refused) = (fam.name(guarded), fam.name(refused));
+        sets.push(NftSet { interval, ..set(&guarded, &key, &[], elements.clone()) });
+        sets.push(NftSet { interval, counter: true, ..set(&refused, &key, &[], elements) });
+        let matches = [Some(lookup(&sel, &guarded)), outside.clone(), Some(lookup(&sel, &refused))];
+        rules.push(rule(matches.into_iter().flatten().collect(), vec![counter(), drop()]));
+    }
+    rules
+}
+
 /// One node's steering: the stand-in of each destination address, and the chain and its maps.
 pub struct Steering {
     pub stand_in: BTreeMap<IpAddr, IpAddr>,
@@ -163,11 +257,15 @@ pub struct Steering {
     pub chain: NftChain,
 }
 
-/// The steering chain and its maps for one node, or None when it receives nothing published.
-pub fn steering(destinations: &Destinations) -> Option<Steering> {
+/// The steering chain and its maps for one node, or None when it receives nothing published;
+/// the allow-lists of `guards` first.
+pub fn steering(destinations: &Destinations, guards: &Guards) -> Option<Steering> {
     let all: BTreeSet<IpAddr> = destinations.keys().map(|(_, a, _)| *a).collect();
     let stand_in = stand_ins(&all);
     let (mut sets, mut rules) = (Vec::new(), Vec::new());
+    for fam in Family::BOTH {
+        rules.extend(guard_rules(fam, guards, &mut sets));
+    }
     for fam in Family::BOTH {
         let (mut single, mut range) = (Vec::new(), Vec::new());
         for ((iface, dst, pr), list) in destinations.iter().filter(|((_, a, _), _)| fam.holds(a)) {
@@ -222,6 +320,10 @@ mod tests {
         s.parse().expect("an address")
     }
 
+    fn steering_open(d: &Destinations) -> Option<Steering> {
+        steering(d, &Guards::new())
+    }
+
     #[test]
     fn stand_ins_stay_when_an_address_is_added() {
         let one: BTreeSet<_> = [a("203.0.113.9"), a("100.64.93.143")].into();
@@ -261,18 +363,18 @@ mod tests {
         ]
         .into();
         let addrs = vec!["203.0.113.9/24".to_string(), "2001:db8::9/64".to_string()];
-        let s = steering(&accepting(&published, Family::V4, |_| addrs.as_slice())).expect("steering");
+        let s = steering_open(&accepting(&published, Family::V4, |_| addrs.as_slice())).expect("steering");
         assert_eq!(s.sets.len(), 2);
         assert_eq!(s.sets[0].elements.len(), 1, "duplicates merged, IPv6 not published");
         assert_eq!(s.sets[1].elements.len(), 1);
         assert!(s.sets[1].interval);
         assert_eq!(s.chain.rules.len(), 2);
         assert_eq!(s.stand_in.keys().collect::<Vec<_>>(), [&a("203.0.113.9")]);
-        assert!(steering(&accepting(&published, Family::V4, |_| &[])).is_none());
+        assert!(steering_open(&accepting(&published, Family::V4, |_| &[])).is_none());
 
         let mut d = accepting(&published, Family::V4, |_| addrs.as_slice());
         d.extend(accepting(&published, Family::V6, |_| addrs.as_slice()));
-        let both = steering(&d).expect("steering");
+        let both = steering_open(&d).expect("steering");
         let names: Vec<&str> = both.sets.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["steer_port", "steer_range", "steer_port6", "steer_range6"]);
         assert_eq!(both.chain.rules.len(), 4);
@@ -285,7 +387,7 @@ mod tests {
         let addrs = vec!["203.0.113.9/24".to_string()];
         let mut d = accepting(&published, Family::V4, |_| addrs.as_slice());
         d.insert(("kup-1".to_string(), a("169.254.77.3"), L4Proto::Tcp), vec![(8080, 8080)]);
-        let s = steering(&d).expect("steering");
+        let s = steering_open(&d).expect("steering");
         let both: BTreeSet<_> = [a("203.0.113.9"), a("169.254.77.3")].into();
         assert_eq!(s.stand_in, stand_ins(&both));
         assert_eq!(s.sets[0].elements.len(), 2);

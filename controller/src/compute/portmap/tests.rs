@@ -1324,3 +1324,70 @@ fn namespace_limits_refuse_the_newest() {
     assert!(message.contains("maxPortsPerNamespace 10"), "{message}");
     assert_eq!(cond(&out, "c", status::ACCEPTED).0, "True", "a refused mapping holds no ports");
 }
+
+/// The allow-list's admission (docs/portmap/guard.md): the mapping's own prefixes, else the
+/// class's; a pinned class takes only narrower ones; a bad prefix is refused naming the field.
+#[test]
+fn source_ranges_are_the_mappings_else_the_class_and_a_pin_only_narrows() {
+    let w = || {
+        base()
+            .interface_address("edge-a", "enp1s0", "203.0.113.9")
+            .class("public", Single, Vxlan, PUBLIC)
+            .service("ns", "svc", "TCP", 3000, &[("pod", "edge-a", "10.244.0.7", true)])
+            .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
+    };
+    let ranges = |out: &Outputs| -> Vec<String> {
+        let tables = out.node_states.get("edge-a").into_iter().flat_map(|s| &s.netns).flat_map(|n| &n.nft_tables);
+        let allow = tables.flat_map(|t| &t.sets).find(|s| s.name == "allow");
+        allow.map(|s| s.elements.iter().map(|e| format!("{:?}", e.key.last())).collect()).unwrap_or_default()
+    };
+    let open = w().run();
+    assert!(ranges(&open).is_empty(), "no list, no guard");
+    let class_only = w().edit_class("public", |s| s.source_ranges = vec!["198.51.100.7/24".into()]).run();
+    let got = ranges(&class_only);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].contains("198.51.100.0/24"), "host bits cleared: {got:?}");
+    let own = w()
+        .edit_class("public", |s| s.source_ranges = vec!["198.51.100.0/24".into()])
+        .edit_map("m", |s| s.source_ranges = vec!["192.0.2.0/24".into()])
+        .run();
+    assert!(ranges(&own)[0].contains("192.0.2.0/24"), "the mapping's own list wins");
+
+    let pinned = |s: &mut PortMapClassSpec| {
+        s.source_ranges = vec!["198.51.100.0/24".into()];
+        s.pin_source_ranges = true;
+    };
+    let narrower =
+        w().edit_class("public", pinned).edit_map("m", |s| s.source_ranges = vec!["198.51.100.128/25".into()]);
+    let out = narrower.run();
+    assert_eq!(cond(&out, "m", status::ACCEPTED).0, "True");
+    assert!(ranges(&out)[0].contains("198.51.100.128/25"));
+    let wider = w().edit_class("public", pinned).edit_map("m", |s| s.source_ranges = vec!["0.0.0.0/0".into()]).run();
+    let (status, got, message) = cond(&wider, "m", status::ACCEPTED);
+    assert_eq!((status, got), ("False", reason::SOURCE_RANGE_OUTSIDE_CLASS), "{message}");
+    assert!(message.contains("spec.sourceRanges[0]: 0.0.0.0/0") && message.contains("pins"), "{message}");
+    assert_eq!(links_on(&wider, "edge-a"), 0);
+    assert!(ranges(&wider).is_empty(), "a refused mapping publishes nothing");
+
+    let bad = w().edit_map("m", |s| s.source_ranges = vec!["192.0.2.0/24".into(), "192.0.2.300/24".into()]).run();
+    let (status, got, message) = cond(&bad, "m", status::ACCEPTED);
+    assert_eq!((status, got), ("False", reason::INVALID_SOURCE_RANGE), "{message}");
+    assert!(message.contains("spec.sourceRanges[1]: \"192.0.2.300/24\""), "{message}");
+    let bad_class = w().edit_class("public", |s| s.source_ranges = vec!["nope".into()]).run();
+    let (_, got, message) = cond(&bad_class, "m", status::ACCEPTED);
+    assert_eq!(got, reason::INVALID_SOURCE_RANGE, "{message}");
+    assert!(message.contains("PortMapClass \"public\" spec.sourceRanges[0]"), "{message}");
+}
+
+/// Changing a mapping's allow-list changes its accepting node's state.
+#[test]
+fn an_allow_list_change_is_a_new_datapath() {
+    let w = base()
+        .interface_address("edge-a", "enp1s0", "203.0.113.9")
+        .class("public", Single, Vxlan, PUBLIC)
+        .service("ns", "svc", "TCP", 3000, &[("pod", "edge-a", "10.244.0.7", true)])
+        .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0);
+    let before = w.run();
+    let after = w.edit_map("m", |s| s.source_ranges = vec!["192.0.2.0/24".into()]).run();
+    assert_ne!(before.node_states["edge-a"], after.node_states["edge-a"]);
+}

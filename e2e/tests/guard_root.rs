@@ -1,0 +1,155 @@
+//! Allow-lists with real packets (docs/portmap/guard.md): a mapping's `sourceRanges` admit
+//! their clients, who reach the pod with their own address, and every other client gets no
+//! answer and is counted against the mapping, on every accepting node, in both families.
+//!
+//! Single: the default lab, api-0 (worker-2) published on edge-a over the link, and the game's
+//! UDP range; client-1 admitted, client-2 not. Multi: the Multi lab's DNS on every worker,
+//! client-1 admitted, client-2 refused wherever it enters. Each ends with the ablation: without
+//! the allow-list rule the refused client reaches the pod.
+//! Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1. Each lab is removed on drop.
+
+mod common;
+use common::boundary::assert_lists_as_computed;
+use common::dual::assert_maps_any;
+use common::*;
+
+use std::collections::BTreeMap;
+
+use kuport_lab::Protocol::{self, Tcp, Udp};
+use kuport_lab::probe::parse_target;
+use kuport_lab::program::{apply, compute};
+use kuport_lab::{Lab, Manifests, ProbeError};
+use kuport_proto::v1::{NodeState, nft_match};
+
+const API: &str = "apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: api, namespace: apps}
+spec:
+  className: public
+  protocol: TCP
+  port: 9000
+  serviceRef: {name: api, port: api}
+  sourceRanges: [198.51.100.7/32, \"2001:db8:100::7/128\"]
+";
+
+/// Sets a mapping's spec.sourceRanges.
+fn admit(mut m: Manifests, ns: &str, name: &str, ranges: &[&str]) -> Manifests {
+    let pm = m
+        .cluster
+        .port_maps
+        .iter_mut()
+        .find(|p| p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name));
+    pm.unwrap_or_else(|| panic!("no PortMap {ns}/{name}")).spec.source_ranges =
+        ranges.iter().map(|r| r.to_string()).collect();
+    m
+}
+
+/// The packets the elements of `set` (and its IPv6 twin) on `node` counted.
+fn refused(lab: &Lab, node: &str) -> u64 {
+    ["refused", "refused6", "refused_range", "refused_range6"]
+        .iter()
+        .filter_map(|set| lab.exec(node, &["nft", "list", "set", "inet", "kuport", set]).ok())
+        .map(|out| {
+            let w: Vec<&str> = out.split_whitespace().collect();
+            w.windows(2)
+                .filter(|p| p[0] == "packets")
+                .map(|p| p[1].trim_end_matches(',').parse::<u64>().unwrap_or(0))
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// `client` dials `to` and gets no answer (the request is dropped, not refused by anyone).
+fn assert_dropped(lab: &Lab, client: &str, to: &str, proto: Protocol) {
+    let dial = parse_target(to).unwrap_or_else(|e| panic!("{e}"));
+    match lab.probe_any(client, dial, proto) {
+        Err(ProbeError::NoAnswer { .. }) => {}
+        other => panic!("{client} -> {to}/{proto} must get no answer: {other:?}"),
+    }
+}
+
+/// Removes the allow-list rules from `node`'s steering chain: the ablation.
+fn without_guard(states: &mut BTreeMap<String, NodeState>, node: &str) -> usize {
+    drop_rules(host_state(states, node), "kup-steer", |r| {
+        r.matches.iter().any(|m| matches!(&m.kind, Some(nft_match::Kind::Lookup(l)) if l.set.starts_with("guarded")))
+    })
+}
+
+#[test]
+fn single_admits_the_listed_client_in_both_families_and_drops_the_rest() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let m = Manifests::default_lab().add("api.yaml", API).expect("the api mapping loads");
+    let m = admit(m, "games", "game", &["198.51.100.7/32"]);
+    let mut out = compute(&mut lab, &m);
+    assert_eq!(
+        condition(&out, "apps", "api", "Programmed").0,
+        "True",
+        "{}",
+        message(&out, "apps", "api", "Programmed")
+    );
+    apply(&mut lab, &out.node_states).expect("the state applies");
+    assert_lists_as_computed(&lab, &mut out.node_states, "edge-a");
+
+    // Admitted: client-1, with its own address, over both families, TCP and the UDP range.
+    assert_maps_any(&lab, "client-1", "203.0.113.9:9000", Tcp, "api-0");
+    assert_maps_any(&lab, "client-1", "[2001:db8::9]:9000", Tcp, "api-0");
+    assert_maps_any(&lab, "client-1", "203.0.113.9:27015", Udp, "game-0");
+    assert_maps_any(&lab, "client-1", "203.0.113.9:27115", Udp, "game-0");
+
+    // Refused: client-2 gets no answer in either family, and each drop is counted.
+    let before = refused(&lab, "edge-a");
+    assert_dropped(&lab, "client-2", "203.0.113.9:9000", Tcp);
+    assert_dropped(&lab, "client-2", "[2001:db8::9]:9000", Tcp);
+    assert_dropped(&lab, "client-2", "203.0.113.9:27015", Udp);
+    // The game admits only IPv4's client-1: IPv6 is closed to everyone.
+    assert_dropped(&lab, "client-1", "[2001:db8::9]:27015", Udp);
+    let counted = refused(&lab, "edge-a") - before;
+    assert!(counted >= 4, "each refused request counted against its mapping: {counted}");
+
+    // Ablation: without the rule, client-2 reaches api-0.
+    assert_eq!(without_guard(&mut out.node_states, "edge-a"), 4, "single ports and ranges, both families");
+    apply(&mut lab, &out.node_states).expect("the ablated state applies");
+    assert_maps_any(&lab, "client-2", "203.0.113.9:9000", Tcp, "api-0");
+    assert_maps_any(&lab, "client-2", "[2001:db8::9]:9000", Tcp, "api-0");
+}
+
+#[test]
+fn multi_every_accepting_node_drops_what_the_list_does_not_admit() {
+    if !root() {
+        return;
+    }
+    let mut lab = Lab::up(&kuport_lab::topology::Topology::multi_lab()).expect("the Multi lab builds");
+    let workers = ["worker-1", "worker-2", "worker-3"];
+    let m = admit(Manifests::multi_lab(), "intranet", "dns", &["100.64.200.1/32", "fd7a:64::200:1/128"]);
+    let mut out = compute(&mut lab, &m);
+    apply(&mut lab, &out.node_states).expect("the state applies");
+    // Each worker's wt0 (e2e/topologies/multi.yaml), in both families.
+    let addresses: Vec<(&str, String)> = (1..=3)
+        .flat_map(|i| {
+            [(workers[i - 1], format!("100.64.0.1{i}:5353")), (workers[i - 1], format!("[fd7a:64::1{i}]:5353"))]
+        })
+        .collect();
+    for (_, to) in &addresses {
+        assert_maps_any(&lab, "client-1", to, Udp, "dns-0");
+    }
+    let before: Vec<u64> = workers.iter().map(|w| refused(&lab, w)).collect();
+    for (_, to) in &addresses {
+        assert_dropped(&lab, "client-2", to, Udp);
+    }
+    for (w, b) in workers.iter().zip(before) {
+        assert!(refused(&lab, w) > b, "{w} counted client-2's requests");
+    }
+    // The TCP mapping has no list: client-2 is served there.
+    assert_maps_any(&lab, "client-2", "100.64.0.11:5353", Tcp, "dns-0");
+
+    for w in workers {
+        assert_eq!(without_guard(&mut out.node_states, w), 2, "{w}: one rule per family");
+    }
+    apply(&mut lab, &out.node_states).expect("the ablated state applies");
+    for (_, to) in &addresses {
+        assert_maps_any(&lab, "client-2", to, Udp, "dns-0");
+    }
+}
