@@ -6,6 +6,9 @@
 //! (4), KUPORT_BENCH_MAPPINGS (50000), KUPORT_BENCH_CALIBRATION rounds with both labs at 10 (10).
 //! KUPORT_BENCH_COMPARE=steer compares instead lab A without the steering chain and lab B with it,
 //! both at 10 mappings (docs/portmap/firewall.md): the steering chain's cost per new flow.
+//! KUPORT_BENCH_COMPARE=guard compares lab A with KUPORT_BENCH_MAPPINGS mappings and no
+//! allow-list and lab B with the same mappings, each with an allow-list of two prefixes, one
+//! of them the client's (docs/portmap/guard.md): the allow-list's cost per new flow.
 //!
 //! Two labs side by side, identical but for their tables: the machine is shared and noisy, so
 //! the compared configurations are measured interleaved in short slices (each target on one
@@ -111,6 +114,18 @@ fn topology() -> Topology {
     udp.protocol = Protocol::Udp;
     svc.ports.push(udp);
     t
+}
+
+/// The allow-list of every mapping in lab B of the guard comparison: the client's address and
+/// a network it is not in.
+const GUARD_PREFIXES: [&str; 2] = ["198.51.100.8/32", "192.0.2.0/24"];
+
+fn manifests_guarded() -> kuport_lab::Manifests {
+    let mut m = manifests();
+    for pm in &mut m.cluster.port_maps {
+        pm.spec.source_ranges = GUARD_PREFIXES.iter().map(|p| p.to_string()).collect();
+    }
+    m
 }
 
 fn manifests() -> kuport_lab::Manifests {
@@ -242,11 +257,24 @@ fn synthetic(i: usize) -> Synthetic {
 /// controller renders them (datapath.rs): edge-a publishes each, to the pod or to the link's far
 /// end, and claims it; worker-2 translates the remote ones from the link and claims and marks
 /// their replies.
-fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize) {
+fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, guard: bool) {
     let link = link_of(states);
     let edge = kuport_table(host_state(states, ACCEPTING));
     for m in (0..count).map(synthetic) {
         let (p, first, last) = (proto(m.protocol), m.first, m.last);
+        if guard {
+            // As steer.rs renders them: which mappings are guarded (and their counters), then
+            // each admitted prefix, keyed ports first with the prefix last.
+            let key = vec![ifname(PUBLIC_IF), addr(link.public.0), p.clone(), ports(first, last)];
+            let (guarded, refused) =
+                if first == last { ("guarded", "refused") } else { ("guarded_range", "refused_range") };
+            push(edge, guarded, key.clone(), vec![]);
+            push(edge, refused, key, vec![]);
+            for prefix in GUARD_PREFIXES {
+                let allowed = vec![ports(first, last), ifname(PUBLIC_IF), addr(link.public.0), p.clone(), addr(prefix)];
+                set_elements(edge, "allow").push(NftElement { key: allowed, data: vec![] });
+            }
+        }
         let to = if m.remote { link.far } else { m.pod };
         if first == last {
             let data = vec![addr(to), ports(first, first)];
@@ -282,10 +310,11 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize) {
 }
 
 /// Programs `lab` with the real PortMaps and enough synthetic ones to make `total`; without
-/// edge-a's steering chain unless `steer`.
-fn program(lab: &mut Lab, total: usize, steer: bool) {
-    let mut states = compute(lab, &manifests()).node_states;
-    add_synthetic(&mut states, total.saturating_sub(REAL_MAPPINGS));
+/// edge-a's steering chain unless `steer`; every mapping with an allow-list if `guard`.
+fn program(lab: &mut Lab, total: usize, steer: bool, guard: bool) {
+    let m = if guard { manifests_guarded() } else { manifests() };
+    let mut states = compute(lab, &m).node_states;
+    add_synthetic(&mut states, total.saturating_sub(REAL_MAPPINGS), guard);
     if !steer {
         let t = kuport_table(host_state(&mut states, ACCEPTING));
         t.chains.retain(|c| c.name != kuport_controller::compute::portmap::steer::CHAIN_STEER);
@@ -495,9 +524,10 @@ fn main() {
     let t = topology();
     let mut a = Lab::up(&t).expect("lab A builds");
     let mut b = Lab::up(&t).expect("lab B builds");
-    let steer = std::env::var("KUPORT_BENCH_COMPARE").as_deref() == Ok("steer");
-    program(&mut a, 10, true);
-    program(&mut b, 10, true);
+    let compare = std::env::var("KUPORT_BENCH_COMPARE").unwrap_or_default();
+    let (steer, guard) = (compare == "steer", compare == "guard");
+    program(&mut a, 10, true, false);
+    program(&mut b, 10, true, false);
     let mut loads = vec![load_average()];
     if cfg.calibration > 0 {
         println!("calibration: both labs at 10 mappings");
@@ -507,13 +537,24 @@ fn main() {
         println!();
     }
     let big = if steer {
-        program(&mut a, 10, false);
+        program(&mut a, 10, false, false);
         "B, 10 with steering".to_string()
+    } else if guard {
+        program(&mut a, cfg.mappings, true, false);
+        program(&mut b, cfg.mappings, true, true);
+        format!("B, {} with allow-lists", cfg.mappings)
     } else {
-        program(&mut b, cfg.mappings, true);
+        program(&mut b, cfg.mappings, true, false);
         format!("B, {}", cfg.mappings)
     };
-    let a_name = if steer { "A, 10 without steering" } else { "A, 10" };
+    let a_name = if steer {
+        "A, 10 without steering".to_string()
+    } else if guard {
+        format!("A, {} without allow-lists", cfg.mappings)
+    } else {
+        "A, 10".to_string()
+    };
+    let a_name = a_name.as_str();
     let s = run_rounds([&a, &b], cfg.rounds, &cfg, &mut loads, "measured");
     let (lm, llo, lhi) = stats(&loads);
     println!(
