@@ -375,7 +375,7 @@ fn up(
     options.detached = true;
     if let Some(replicas) = replicas {
         let started = std::time::Instant::now();
-        let api = ApiServer::up(&dir_abs.join("controlplane"))?;
+        let api = ApiServer::up_showing(&dir_abs.join("controlplane"), true)?;
         std::fs::write(dir.join(API_SERVER), serde_json::to_string_pretty(&api)?)?;
         println!(
             "API server up in {:.2} s; kubectl: KUBECONFIG={} {}/kubectl get portmaps -A",
