@@ -283,4 +283,8 @@ async fn scenario() {
     assert!(err.contains("no Lease default/kuport-controller") && err.contains("--controller"), "{err}");
     drop(c2);
     drop(c1);
+    // Killed, the leader leaves its Lease behind: the plugin says where it looked and what to
+    // do from outside the cluster's network.
+    let (_, err) = plugin(&["nodes", "-n", NS, "--token", &debugger]);
+    assert!(err.contains(&a1) && err.contains("from its Lease") && err.contains("kubectl port-forward"), "{err}");
 }

@@ -88,7 +88,22 @@ fn main() -> ExitCode {
             sources.controller = ctl::discover(&sources).await?;
         }
         let credentials = ctl::credentials(&sources).await?;
-        let mut client = ctl::connect_with(&sources.controller, &credentials).await?;
+        let mut client = match ctl::connect_with(&sources.controller, &credentials).await {
+            // A pod address is reachable from the cluster's network, rarely from a laptop.
+            Err(ctl::CtlError::Connect { address, reason }) if cli.controller.is_none() => {
+                return Err(ctl::CtlError::Connect {
+                    address,
+                    reason: format!(
+                        "{reason} (the leader's address, from its Lease {}/{}; from outside the cluster's network: \
+                         kubectl port-forward -n {} service/kuport-controller 9443, then --controller https://127.0.0.1:9443)",
+                        cli.namespace,
+                        ctl::LEASE_NAME,
+                        cli.namespace
+                    ),
+                });
+            }
+            other => other?,
+        };
         match &cli.command {
             Command::Node { name } => ctl::node(&mut client, name, cli.output).await,
             Command::Nodes => ctl::nodes(&mut client, cli.output).await,
