@@ -7,4 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=e2e/deps.sh
 . e2e/deps.sh
-exec cargo run --quiet --locked -p kuport-lab -- "$@"
+# shellcheck source=e2e/progress.sh
+. e2e/progress.sh
+# Compiling shows its progress (README: the Rust workspace takes about 7 minutes cold here).
+progress -q "lab: compiling kuport-lab" "about 7 min cold, seconds warm" \
+  cargo build --locked -p kuport-lab --bin kuport-lab
+exec "$CARGO_TARGET_DIR/debug/kuport-lab" "$@"

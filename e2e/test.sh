@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 # Debian packages (nft, ip), and the shared build cache.
 . e2e/deps.sh
+# Long steps print what they do, a heartbeat every 10 s and their time (e2e/progress.sh).
+. e2e/progress.sh
 
 start=$(date +%s)
 # The lab's control plane: etcd, kube-apiserver, kubectl and helm built from the Go module proxy
@@ -15,7 +17,11 @@ bash e2e/controlplane/smoke.sh
 bash e2e/chart/test.sh
 
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+progress "test: clippy" "minutes cold, under a minute warm" \
+  cargo clippy --workspace --all-targets --locked -- -D warnings
+# Compiled first, so the build shows its progress; the run then starts at once.
+progress "test: compiling the tests" "7-10 min cold, seconds warm" \
+  cargo test --workspace --locked --no-run
 cargo test --workspace --locked --no-fail-fast
 # The chart's RBAC with the real controller (the binary cargo test just built): enough, and each grant needed.
 bash e2e/chart/rbac.sh

@@ -180,6 +180,40 @@ pub async fn credentials(sources: &Sources) -> Result<Credentials, CtlError> {
     Ok(Credentials { ca_pem, token })
 }
 
+/// The Lease the chart's controller replicas elect their leader on (the controller's
+/// `--lease-name` default; the chart's controller fullname for the release `kuport`).
+pub const LEASE_NAME: &str = "kuport-controller";
+
+/// The controller's address from the kubeconfig alone, when no --controller is given: the
+/// leader's, as its Lease (`LEASE_NAME` in `sources.namespace`) names it (holders are
+/// `identity@address`, the address each replica advertises; every replica serves Debug). The
+/// address must be reachable from here: a pod address is from a node or the lab, rarely from
+/// a laptop (then --controller with `kubectl port-forward`). docs/decisions.md, "kubectl kuport".
+pub async fn discover(sources: &Sources) -> Result<String, CtlError> {
+    let config = kube_config(sources).await?;
+    let client = kube::Client::try_from(config).map_err(|e| CtlError::Credentials(e.to_string()))?;
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client, &sources.namespace);
+    let ns = &sources.namespace;
+    let lease = leases.get_opt(LEASE_NAME).await.map_err(|e| {
+        CtlError::Credentials(format!(
+            "finding the controller: reading Lease {ns}/{LEASE_NAME}: {e} (or pass --controller)"
+        ))
+    })?;
+    let lease = lease.ok_or_else(|| {
+        CtlError::Credentials(format!(
+            "finding the controller: no Lease {ns}/{LEASE_NAME}: is kuport installed in namespace {ns} (-n)? Or pass --controller"
+        ))
+    })?;
+    let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+    match holder.rsplit_once('@') {
+        Some((_, address)) if !address.is_empty() => Ok(format!("https://{address}")),
+        _ => Err(CtlError::Credentials(format!(
+            "finding the controller: Lease {ns}/{LEASE_NAME} names no leader ({holder:?}): no replica leads now; pass --controller"
+        ))),
+    }
+}
+
 /// A Debug client for `address` (https:// or http://) with `credentials`.
 pub async fn connect_with(address: &str, credentials: &Credentials) -> Result<Client, CtlError> {
     let endpoint = kuport_proto::channel::endpoint(address, credentials.ca_pem.as_deref())?;

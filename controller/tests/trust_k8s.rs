@@ -254,6 +254,37 @@ async fn scenario() {
     assert!(w2.is_empty() || w2.contains("absent"), "worker-2 never connected: {leader}");
     let follower = kuportctl(&cp, &a2, Some(&debugger)).expect("kuportctl on the follower");
     assert!(follower.contains("not the leader"), "{follower}");
+
+    // `kubectl kuport nodes`: kubectl runs kuportctl installed as kubectl-kuport, which finds the
+    // leader from the kubeconfig alone (its Lease), with no --controller.
+    let plugins = cp.dir.join("plugins");
+    std::fs::create_dir_all(&plugins).expect("plugin folder");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kuportctl"), plugins.join("kubectl-kuport")).expect("link");
+    let path = format!("{}:{}", plugins.display(), std::env::var("PATH").unwrap_or_default());
+    let plugin = |args: &[&str]| {
+        let out = Command::new(&cp.kubectl)
+            .arg("kuport")
+            .args(args)
+            .env("PATH", &path)
+            .env("KUBECONFIG", &cp.kubeconfig)
+            .env_remove("KUPORT_CONTROLLER")
+            .env_remove("KUPORT_TOKEN")
+            .output()
+            .expect("kubectl kuport");
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (found, err) = plugin(&["nodes", "-n", NS, "--token", &debugger]);
+    let row = found.lines().find(|l| l.starts_with("worker-1")).unwrap_or_default();
+    assert!(row.contains("connected") && !found.contains("not the leader"), "the leader answers: {found}{err}");
+    let (help, err) = plugin(&["--help"]);
+    assert!(help.contains("Usage: kubectl kuport"), "{help}{err}");
+    // Without kuport in the namespace it says what it looked for.
+    let (_, err) = plugin(&["nodes", "-n", "default", "--token", &debugger]);
+    assert!(err.contains("no Lease default/kuport-controller") && err.contains("--controller"), "{err}");
     drop(c2);
     drop(c1);
+    // Killed, the leader leaves its Lease behind: the plugin says where it looked and what to
+    // do from outside the cluster's network.
+    let (_, err) = plugin(&["nodes", "-n", NS, "--token", &debugger]);
+    assert!(err.contains(&a1) && err.contains("from its Lease") && err.contains("kubectl port-forward"), "{err}");
 }

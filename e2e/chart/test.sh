@@ -293,7 +293,7 @@ check "RBAC: nodes patch only with overlay.enabled" overlay_rbac
 
 # The lab grants its Debug caller the chart's debug rules (e2e/src/plane/access.yaml).
 lab_debug_rules() {
-  expect_eq "the lab's kuport-debug rules" "$(rbac_rules e2e/src/plane/access.yaml | sed 's#^ClusterRole/kuport-debug #ClusterRole/X #')" \
+  expect_eq "the lab's kuport-debug rules" "$(rbac_rules e2e/src/plane/access.yaml | grep '^ClusterRole/kuport-debug ' | sed 's#^ClusterRole/kuport-debug #ClusterRole/X #')" \
     "$(rbac_rules "$work/default.yaml" | grep '^ClusterRole/kuport-debug ' | sed 's#^ClusterRole/kuport-debug #ClusterRole/X #')"
 }
 check "RBAC: the lab's debug ClusterRole has the chart's rules" lab_debug_rules

@@ -26,6 +26,8 @@ BIN="$CACHE/bin"
 NICE="${KUPORT_GO_NICE:-19}"
 
 log() { printf '[build] %s\n' "$*" >&2; }
+# shellcheck source=e2e/progress.sh
+. "$HERE/../progress.sh"
 die() { printf '[build] ERROR: %s\n' "$*" >&2; exit 1; }
 
 FORCE=0
@@ -49,6 +51,17 @@ spec() {
     kubectl)        echo "kube|k8s.io/kubernetes/cmd/kubectl|k8s.io/kubernetes" ;;
     etcd)           echo "etcd|go.etcd.io/etcd/server/v3|go.etcd.io/etcd/server/v3" ;;
     helm)           echo "helm|helm.sh/helm/v3/cmd/helm|helm.sh/helm/v3" ;;
+  esac
+}
+
+# How long a build usually takes on two busy cores, cold, in the order of NAMES: kubectl reuses
+# most of kube-apiserver's packages (e2e/README.md, "Control plane").
+usual() {
+  case "$1" in
+    kube-apiserver) echo "about 22 min cold" ;;
+    kubectl) echo "about 1.5 min after kube-apiserver, 10 min alone" ;;
+    etcd) echo "about 2 min cold" ;;
+    helm) echo "about 4.5 min cold" ;;
   esac
 }
 
@@ -122,14 +135,16 @@ for name in "${NAMES[@]}"; do
     fi
   fi
   IFS='|' read -r dir pkg mod <<<"$(spec "$name")"
-  log "$name: building $pkg ($(cut -d' ' -f2 <<<"$want")) with $GO_VERSION at nice $NICE; a cold build can take 5-25 minutes..."
+  log "$name: building $pkg ($(cut -d' ' -f2 <<<"$want")) with $GO_VERSION at nice $NICE"
   start=$(date +%s)
   tmp="$BIN/.$name.tmp.$$"
   rm -f "$tmp"
-  # GOFLAGS is reset so that a user's GOFLAGS (e.g. -mod=mod) cannot alter the pins.
+  # GOFLAGS is reset so that a user's GOFLAGS (e.g. -mod=mod) cannot alter the pins. -v names
+  # each package as it compiles, for the heartbeat (it is no build flag: outside the stamp).
   # shellcheck disable=SC2086 # BUILD_FLAGS is a list of flags
   if ! (cd "$HERE/go/$dir" && GOFLAGS='' CGO_ENABLED=0 \
-        nice -n "$NICE" go build $BUILD_FLAGS -ldflags "$(ldflags_for "$name" "$(pinned_version "$dir" "$mod")")" -o "$tmp" "$pkg"); then
+        progress -n packages "build: $name" "$(usual "$name")" \
+        nice -n "$NICE" go build -v $BUILD_FLAGS -ldflags "$(ldflags_for "$name" "$(pinned_version "$dir" "$mod")")" -o "$tmp" "$pkg"); then
     rm -f "$tmp"
     die "$name: go build failed (module dir: $HERE/go/$dir)"
   fi

@@ -263,9 +263,16 @@ for attempt in 1 2 3; do
     --profiling=false \
     ${KUPORT_APISERVER_EXTRA_ARGS:-}
   ok=0
+  waiting=$(date +%s)
+  said=$waiting
   for _ in $(seq 1 $(( READY_TIMEOUT * 2 ))); do
     if "$KUBECTL" --kubeconfig "$KCFG" --request-timeout=3s get --raw /readyz >/dev/null 2>&1; then ok=1; break; fi
     pid_alive kube-apiserver "$BIN/kube-apiserver" || break
+    # Usually ready in 3-7 s (e2e/README.md); a slow start says so every 10 s.
+    if (( $(date +%s) - said >= 10 )); then
+      said=$(date +%s)
+      log "kube-apiserver not ready yet after $((said - waiting))s (usually 3-7 s, limit ${READY_TIMEOUT}s): $(tail -n 1 "$STATE/kube-apiserver.log" | cut -c 1-120)"
+    fi
     sleep 0.5
   done
   [ "$ok" = 1 ] && break

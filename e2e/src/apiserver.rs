@@ -35,10 +35,22 @@ pub fn crds_file() -> PathBuf {
 }
 
 fn script(name: &str, args: &[&Path]) -> anyhow::Result<String> {
+    script_showing(name, args, false)
+}
+
+/// Runs a control-plane script; its last stdout line. `show`: its stderr (what it does, the
+/// build's heartbeat) goes to ours rather than into the error.
+fn script_showing(name: &str, args: &[&Path], show: bool) -> anyhow::Result<String> {
     let path = e2e_dir().join("controlplane").join(name);
-    let out = Command::new("bash").arg(&path).args(args).output().with_context(|| format!("running {name}"))?;
+    let mut cmd = Command::new("bash");
+    cmd.arg(&path).args(args);
+    if show {
+        cmd.stderr(std::process::Stdio::inherit());
+    }
+    let out = cmd.output().with_context(|| format!("running {name}"))?;
     if !out.status.success() {
-        bail!("{name} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        let said = String::from_utf8_lossy(&out.stderr);
+        bail!("{name} failed: {}", if show { "see its output above" } else { said.trim() });
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     Ok(stdout.lines().last().unwrap_or_default().trim().to_string())
@@ -58,8 +70,14 @@ pub struct ApiServer {
 impl ApiServer {
     /// Builds what is missing (cached) and starts etcd and kube-apiserver with state in `dir`.
     pub fn up(dir: &Path) -> anyhow::Result<ApiServer> {
-        let bin = PathBuf::from(script("build.sh", &[])?);
-        let kubeconfig = PathBuf::from(script("up.sh", &[dir])?);
+        Self::up_showing(dir, false)
+    }
+
+    /// As [`ApiServer::up`]; `show`: the build's and the start's progress on stderr (the CLI:
+    /// a cold build takes half an hour, e2e/README.md).
+    pub fn up_showing(dir: &Path, show: bool) -> anyhow::Result<ApiServer> {
+        let bin = PathBuf::from(script_showing("build.sh", &[], show)?);
+        let kubeconfig = PathBuf::from(script_showing("up.sh", &[dir], show)?);
         Ok(ApiServer { dir: dir.to_path_buf(), kubeconfig, bin })
     }
 

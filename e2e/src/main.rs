@@ -375,7 +375,7 @@ fn up(
     options.detached = true;
     if let Some(replicas) = replicas {
         let started = std::time::Instant::now();
-        let api = ApiServer::up(&dir_abs.join("controlplane"))?;
+        let api = ApiServer::up_showing(&dir_abs.join("controlplane"), true)?;
         std::fs::write(dir.join(API_SERVER), serde_json::to_string_pretty(&api)?)?;
         println!(
             "API server up in {:.2} s; kubectl: KUBECONFIG={} {}/kubectl get portmaps -A",
@@ -406,6 +406,14 @@ fn up(
         plane.node_names().len(),
         started.elapsed().as_secs_f64(),
     );
+    if replicas.is_some() {
+        let file = dir_abs.join(kuport_lab::plane::trust::KUBECONFIG_FILE);
+        plane.write_kubeconfig(&file)?;
+        println!(
+            "kuportctl, or kubectl kuport (kuportctl linked as kubectl-kuport on PATH), finds the leader with only: KUBECONFIG={} kubectl kuport nodes",
+            file.display()
+        );
+    }
     // Published addresses come from the executors' reported interfaces (on the API server
     // there are no NodeFacts): they may follow convergence by a recompute.
     let keys: Vec<(String, String)> = m
@@ -561,7 +569,8 @@ fn down(dir: &Path) -> anyhow::Result<ExitCode> {
     if let Some(p) = plane_dir {
         plane::remove_files(&p);
     }
-    let mut names = vec![RECORD.to_string(), TOPOLOGY.into(), API_SERVER.into()];
+    let mut names =
+        vec![RECORD.to_string(), TOPOLOGY.into(), API_SERVER.into(), kuport_lab::plane::trust::KUBECONFIG_FILE.into()];
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             let n = e.file_name().to_string_lossy().into_owned();

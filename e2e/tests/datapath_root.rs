@@ -251,6 +251,25 @@ fn cli_up_probe_down() {
     assert!(row("worker-2").contains("100.64.0.12 mtu 1380"), "facts reported by worker-2's executor:\n{text}");
     assert!(text.contains("(leader)"), "{text}");
     assert!(text.contains("token refresher"), "the executors' tokens are refreshed while the lab lives:\n{text}");
+    // kuportctl (`kubectl kuport`) with only the kubeconfig `up` wrote: no --controller, no
+    // --token, no --ca-file; it finds the leader by its Lease.
+    let kubeconfig = dir.join(kuport_lab::plane::trust::KUBECONFIG_FILE);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let nodes = rt
+        .block_on(async {
+            use kuport_controller::ctl;
+            let mut sources =
+                ctl::Sources { namespace: "kuport-system".into(), kubeconfig: Some(kubeconfig), ..Default::default() };
+            sources.controller = ctl::discover(&sources).await?;
+            let credentials = ctl::credentials(&sources).await?;
+            let mut client = ctl::connect_with(&sources.controller, &credentials).await?;
+            ctl::nodes(&mut client, ctl::Output::Text).await
+        })
+        .unwrap_or_else(|e| panic!("kuportctl nodes with only the lab's kubeconfig: {e}"));
+    for node in ["edge-a", "worker-1", "worker-2"] {
+        let row = nodes.lines().find(|l| l.starts_with(node)).unwrap_or_default();
+        assert!(row.contains("connected") && !nodes.contains("not the leader"), "{node} from the leader:\n{nodes}");
+    }
     // The objects and statuses live in the API server.
     let api: kuport_lab::apiserver::ApiServer =
         serde_json::from_str(&std::fs::read_to_string(dir.join("apiserver.json")).unwrap()).unwrap();

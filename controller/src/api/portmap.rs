@@ -35,18 +35,30 @@ pub const DEFAULT_LINK_SUBNET6: &str = "fd64:f5ac:e961::/112";
 #[x_kube(validation = Rule::new("!has(self.pinSourceRanges) || !self.pinSourceRanges || (has(self.sourceRanges) && size(self.sourceRanges) > 0)").message("pinSourceRanges needs sourceRanges: there is no list to pin"))]
 #[serde(rename_all = "camelCase")]
 pub struct PortMapClassSpec {
-    /// Accepting nodes by name, each with the interfaces it accepts on.
+    /// The accepting nodes: each key is a Node's name, each value the interfaces where that node
+    /// accepts this class's traffic, e.g. `edge-a: {interfaces: [enp1s0, wt0]}`. Only these nodes
+    /// publish the class's mappings; a node that is not Ready or lacks every listed interface
+    /// serves none of them.
     pub nodes: BTreeMap<String, ClassNode>,
-    /// Single (default): one serving node carries a mapping. Multi: every accepting node does.
+    /// How many accepting nodes carry each mapping. `Single` (default): one serving node, the
+    /// pod's node when it accepts, else the first usable accepting node by name. `Multi`: every
+    /// usable accepting node, so one routed (anycast) address can reach any of them; each reply
+    /// returns through the node its request came in on. See docs/portmap/modes.md.
     #[serde(default)]
     pub serving_mode: ServingMode,
-    /// The ports mappings of this class may publish.
+    /// The ports mappings of this class may publish: `min`..`max` (default 1024..65535) minus
+    /// `reserved`. A PortMap outside it is refused (Accepted False, PortOutsideClassRange or
+    /// ReservedPort).
     #[serde(default)]
     pub ports: PortPolicy,
-    /// Namespaces whose PortMaps may use this class; absent selects every namespace.
+    /// Namespaces whose PortMaps may use this class, by their labels (matchLabels,
+    /// matchExpressions); absent selects every namespace. A PortMap in another namespace is
+    /// refused (Accepted False, NamespaceNotSelected).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
-    /// How a reply returns when the pod is not on the node that accepted the request.
+    /// How a reply returns when the pod is not on the node that accepted the request: over a
+    /// VXLAN link kuport builds between the two nodes (`mode: Vxlan`, default), or not at all
+    /// (`mode: None`, such mappings are refused).
     #[serde(default)]
     pub return_path: ReturnPath,
     /// Endpoint addresses that are no Pod (a device behind a selector-less Service) that this
@@ -77,10 +89,13 @@ pub struct PortMapClassSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NamespaceLimits {
-    /// How many PortMaps of this class one namespace may hold.
+    /// How many PortMaps of this class one namespace may hold, e.g. 10; absent: no bound. The
+    /// newest beyond it are refused (Accepted False, NamespaceLimitExceeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_port_maps_per_namespace: Option<u32>,
-    /// How many ports (a range counts each of its ports) one namespace may publish in this class.
+    /// How many ports (a range counts each of its ports) one namespace may publish in this class,
+    /// e.g. 200; absent: no bound. The newest PortMaps beyond it are refused (Accepted False,
+    /// NamespaceLimitExceeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_ports_per_namespace: Option<u32>,
 }
@@ -88,7 +103,8 @@ pub struct NamespaceLimits {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClassNode {
-    /// Interface names that accept traffic, such as enp1s0 or wt0.
+    /// Interface names on this node that accept the class's traffic, such as enp1s0 or wt0; the
+    /// node's executor reports which it has.
     pub interfaces: Vec<String>,
 }
 
@@ -102,11 +118,16 @@ pub enum ServingMode {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PortPolicy {
+    /// The lowest port a mapping may publish; default 1024, so a port below it (22, 25, 80) is
+    /// published only where a class names it, e.g. `min: 25, max: 25` for a mail server.
     #[serde(default = "default_min_port")]
     pub min: u16,
+    /// The highest port a mapping may publish; default 65535.
     #[serde(default = "default_max_port")]
     pub max: u16,
-    /// Ports no mapping may publish, even inside min..max.
+    /// Ports no mapping may publish, even inside min..max, e.g. [80, 443]. Ports the nodes keep
+    /// for themselves (the API server's 6443, the kubelet's 10250, VXLAN and WireGuard ports)
+    /// are refused whatever this says (Accepted False, ReservedPort).
     #[serde(default)]
     pub reserved: Vec<u16>,
 }
@@ -131,8 +152,15 @@ impl Default for PortPolicy {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReturnPath {
+    /// `Vxlan` (default): each programming node without the pod gets a VXLAN link to the pod's
+    /// node, and replies return over it. `None`: kuport builds no link, and a mapping that
+    /// would need one is refused (Programmed False, ReturnPathUnavailable); fits classes whose
+    /// pods run on the accepting nodes.
     #[serde(default)]
     pub mode: ReturnPathMode,
+    /// The VXLAN links' numbering under `mode: Vxlan`: first VNI, UDP port and link subnets.
+    /// The defaults (VNI 4200, port 4790, 169.254.77.0/24, fd64:f5ac:e961::/112) suit one
+    /// class; another class may set its own to tell its links apart.
     #[serde(default)]
     pub vxlan: VxlanSpec,
 }
@@ -150,19 +178,22 @@ pub enum ReturnPathMode {
 #[x_kube(validation = Rule::new("!has(self.subnet) || !has(self.subnet6) || !isCIDR(self.subnet) || !isCIDR(self.subnet6) || 128 - cidr(self.subnet6).prefixLength() >= 32 - cidr(self.subnet).prefixLength()").message("subnet6 must hold at least as many /127 links as subnet holds /31s (128 minus its prefix length at least 32 minus subnet's)"))]
 #[serde(rename_all = "camelCase")]
 pub struct VxlanSpec {
-    /// The first VNI; a link's VNI is this plus its slot.
+    /// The first VNI; a link's VNI is this plus its slot. Default 4200; 0 or above 16777215
+    /// makes the class not Ready (InvalidVni).
     #[serde(default = "default_vni")]
     pub vni: u32,
-    /// The links' UDP port; must differ from the port of any VXLAN device of the CNI, as each
+    /// The links' UDP port, default 4790; must differ from the port of any VXLAN device of the CNI, as each
     /// node's executor reports them (8472 for Cilium and Flannel, 4789 for Calico).
     #[serde(default = "default_vxlan_port")]
     #[x_kube(validation = Rule::new("self != 0").message("port 0 is not a UDP port"))]
     pub port: u16,
-    /// IPv4 subnet from which each node pair takes one /31.
+    /// IPv4 subnet from which each node pair takes one /31, e.g. 169.254.77.0/24 (the
+    /// default); prefix length 30 or shorter. A /24 holds 128 links.
     #[serde(default = "default_subnet")]
     #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 4 && cidr(self).prefixLength() <= 30").message("subnet must be an IPv4 CIDR with room for at least one /31 link (prefix length 30 or shorter)"))]
     pub subnet: String,
-    /// IPv6 subnet from which each node pair takes one /127, at the same slot as its /31.
+    /// IPv6 subnet from which each node pair takes one /127, at the same slot as its /31;
+    /// default fd64:f5ac:e961::/112. It must hold at least as many links as `subnet`.
     #[serde(default = "default_subnet6")]
     #[x_kube(validation = Rule::new("isCIDR(self) && cidr(self).ip().family() == 6").message("subnet6 must be an IPv6 CIDR"))]
     pub subnet6: String,
@@ -187,6 +218,7 @@ impl Default for VxlanSpec {
     }
 }
 
+/// What the controller knows of a class: its link slots, its nodes, and whether it is Ready.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PortMapClassStatus {
@@ -196,6 +228,8 @@ pub struct PortMapClassStatus {
     /// What the class knows of each node it involves, so a new leader computes the same MTUs.
     #[serde(default)]
     pub nodes: Vec<ClassNodeStatus>,
+    /// `Ready`: True when the class's link settings are valid and its subnet has room; else
+    /// False with InvalidSubnet, InvalidVni, VxlanPortConflict or SubnetExhausted.
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }
@@ -205,6 +239,7 @@ pub struct PortMapClassStatus {
 pub struct LinkSlot {
     /// The two node names, sorted.
     pub pair: Vec<String>,
+    /// The slot: the link's index in the class's subnets, and its VNI's offset from `vni`.
     pub slot: u32,
     /// The pair's /31: the first node of `pair` takes the lower address.
     pub subnet: String,
@@ -220,14 +255,21 @@ pub struct LinkSlot {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClassNodeStatus {
+    /// The Node's name.
     pub name: String,
+    /// Whether the Node is Ready.
     pub ready: bool,
+    /// Why the node cannot take part (no Node object, Node not Ready, a refused executor report,
+    /// a CNI VXLAN device on the class's port); empty when all is well.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The node's address the VXLAN links to it are sent to, as its executor reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub underlay_address: Option<String>,
+    /// The MTU of the node's underlay, as its executor reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub underlay_mtu: Option<u32>,
+    /// The MTU of the node's VXLAN links: the underlay MTU less 50 bytes of VXLAN overhead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_mtu: Option<u32>,
     /// Addresses of the node's accepting interfaces.
@@ -242,7 +284,9 @@ pub struct ClassNodeStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InterfaceAddress {
+    /// The accepting interface, such as enp1s0.
     pub interface: String,
+    /// One of its addresses, such as 203.0.113.10.
     pub address: String,
 }
 
@@ -269,19 +313,29 @@ pub struct InterfaceAddress {
 #[x_kube(validation = Rule::new("has(self.endPort) == has(oldSelf.endPort) && (!has(self.endPort) || self.endPort == oldSelf.endPort)").message("endPort is immutable: delete and recreate the PortMap"))]
 #[serde(rename_all = "camelCase")]
 pub struct PortMapSpec {
+    /// The PortMapClass whose nodes publish this mapping, e.g. `public`. Immutable. A name of no
+    /// class, or a class whose namespaceSelector leaves this namespace out, is refused (Accepted
+    /// False, ClassNotFound or NamespaceNotSelected).
     #[x_kube(validation = Rule::new("self == oldSelf").message("className is immutable: delete and recreate the PortMap"))]
     pub class_name: String,
+    /// `TCP` or `UDP`: the protocol published, which must be the Service port's. Immutable.
     #[x_kube(validation = Rule::new("self == oldSelf").message("protocol is immutable: delete and recreate the PortMap"))]
     pub protocol: Protocol,
-    /// The published port, or the first of a range.
+    /// The published port, or the first of a range, e.g. 2222. Immutable. It must lie in the
+    /// class's `ports` and not be reserved, nor overlap an older mapping of the protocol on the
+    /// same nodes (Accepted False, PortOutsideClassRange, ReservedPort or PortConflict).
     #[x_kube(validation = Rule::new("self == oldSelf").message("port is immutable: delete and recreate the PortMap"))]
     pub port: u16,
-    /// The last port of an inclusive range.
+    /// The last port of an inclusive range, e.g. port 30000 with endPort 30099; absent for one
+    /// port. A range goes to the same port numbers on the pod. Not below `port`; immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_port: Option<u16>,
-    /// Narrows the class's interfaces.
+    /// Narrows the class's interfaces to these names, e.g. [wt0]; absent: all of the class's. A
+    /// name no node of the class has is refused (Accepted False, InterfaceNotInClass).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interfaces: Option<Vec<String>>,
+    /// The Service, in this PortMap's namespace, whose ready endpoint receives the traffic: one
+    /// pod Kubernetes vouches for, chosen the same way by every controller replica.
     pub service_ref: ServiceRef,
     /// The client prefixes (IPv4 or IPv6) that may reach this mapping; others are dropped on
     /// every accepting node before the DNAT, and counted. Empty takes the class's
@@ -304,15 +358,20 @@ pub enum Protocol {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceRef {
+    /// The Service's name, e.g. `ssh`. A missing Service leaves the mapping unprogrammed
+    /// (Programmed False, NoReadyEndpoint).
     pub name: String,
-    /// The Service port's name; may be omitted when the Service has one port.
+    /// The Service port's name, e.g. `ssh`; may be omitted when the Service has one port. A single
+    /// port goes to that Service port's target port on the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<String>,
 }
 
+/// Where the mapping is delivered and published, and whether it is accepted and programmed.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PortMapStatus {
+    /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// The one pod that receives the traffic.
@@ -321,6 +380,9 @@ pub struct PortMapStatus {
     /// Where clients can dial the mapping.
     #[serde(default)]
     pub published: Vec<PublishedAddress>,
+    /// `Accepted` (the spec passes the class's checks; else the reason, e.g. PortConflict) and
+    /// `Programmed` (every node that must apply it has; else the reason, e.g. NoReadyEndpoint or
+    /// Pending). docs/portmap/modes.md lists every reason.
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }
@@ -328,7 +390,9 @@ pub struct PortMapStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EndpointStatus {
+    /// The pod's node.
     pub node: String,
+    /// The pod's IPv4 address, from the Service's EndpointSlice.
     pub address: String,
     /// The same pod's IPv6 address, from the Service's IPv6 EndpointSlice; empty when the
     /// mapping is IPv4 only.
@@ -339,8 +403,12 @@ pub struct EndpointStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PublishedAddress {
+    /// A programming node.
     pub node: String,
+    /// One of its accepting interfaces.
     pub interface: String,
+    /// An address of that interface clients can dial, as the node's executor reported it; empty
+    /// until it reports.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub address: String,
 }

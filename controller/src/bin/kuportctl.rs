@@ -6,16 +6,17 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use kuport_controller::ctl::{self, Output};
 
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
     /// The controller's gRPC address (any replica; kubectl port-forward works): https://HOST:PORT,
-    /// or http://HOST:PORT for a controller in the insecure folder mode.
-    #[arg(long, global = true, env = "KUPORT_CONTROLLER", default_value = "https://127.0.0.1:9443")]
-    controller: String,
+    /// or http://HOST:PORT for a controller in the insecure folder mode. By default the leader's
+    /// address, from the Lease kuport-controller in --namespace (read with the kubeconfig).
+    #[arg(long, global = true, env = "KUPORT_CONTROLLER")]
+    controller: Option<String>,
     /// The CA bundle (PEM) the controller's certificate is verified against; by default the
     /// kuport-ca ConfigMap in --namespace, read with the kubeconfig.
     #[arg(long, global = true, env = "KUPORT_CA_FILE")]
@@ -57,7 +58,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Installed as kubectl-kuport (a link to this binary), kubectl runs it for `kubectl kuport`.
+    let plugin = std::env::args_os()
+        .next()
+        .and_then(|a| PathBuf::from(a).file_name().map(|n| n.to_string_lossy().starts_with("kubectl-kuport")))
+        .unwrap_or(false);
+    let command = Cli::command();
+    let command = if plugin { command.bin_name("kubectl kuport") } else { command };
+    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -66,15 +77,33 @@ fn main() -> ExitCode {
         }
     };
     let result = rt.block_on(async {
-        let sources = ctl::Sources {
-            controller: cli.controller.clone(),
+        let mut sources = ctl::Sources {
+            controller: cli.controller.clone().unwrap_or_default(),
             ca_file: cli.ca_file.clone(),
             token: cli.token.clone(),
             namespace: cli.namespace.clone(),
             kubeconfig: cli.kubeconfig.clone(),
         };
+        if cli.controller.is_none() {
+            sources.controller = ctl::discover(&sources).await?;
+        }
         let credentials = ctl::credentials(&sources).await?;
-        let mut client = ctl::connect_with(&cli.controller, &credentials).await?;
+        let mut client = match ctl::connect_with(&sources.controller, &credentials).await {
+            // A pod address is reachable from the cluster's network, rarely from a laptop.
+            Err(ctl::CtlError::Connect { address, reason }) if cli.controller.is_none() => {
+                return Err(ctl::CtlError::Connect {
+                    address,
+                    reason: format!(
+                        "{reason} (the leader's address, from its Lease {}/{}; from outside the cluster's network: \
+                         kubectl port-forward -n {} service/kuport-controller 9443, then --controller https://127.0.0.1:9443)",
+                        cli.namespace,
+                        ctl::LEASE_NAME,
+                        cli.namespace
+                    ),
+                });
+            }
+            other => other?,
+        };
         match &cli.command {
             Command::Node { name } => ctl::node(&mut client, name, cli.output).await,
             Command::Nodes => ctl::nodes(&mut client, cli.output).await,

@@ -331,6 +331,14 @@ impl Plane {
         self.replicas.iter().map(|r| r.address).collect()
     }
 
+    /// Writes the kubeconfig of the lab's Debug caller to `out` (Kubernetes source only):
+    /// `KUBECONFIG=out kubectl kuport nodes` needs nothing else ([`trust::write_kubeconfig`]).
+    pub fn write_kubeconfig(&self, out: &std::path::Path) -> anyhow::Result<()> {
+        let source = self.options.kubernetes.as_ref().ok_or_else(|| anyhow!("the plane reads a folder"))?;
+        let client = self.kube()?;
+        self.rt.block_on(trust::write_kubeconfig(&client, &source.admin, out))
+    }
+
     /// The admin's API client (Kubernetes source only).
     pub fn kube(&self) -> anyhow::Result<kube::Client> {
         let source = self.options.kubernetes.as_ref().ok_or_else(|| anyhow!("the plane reads a folder"))?;

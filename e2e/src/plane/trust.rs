@@ -147,6 +147,37 @@ pub async fn lab_token(client: &kube::Client) -> anyhow::Result<Token> {
     request(client, LAB_SERVICE_ACCOUNT, Vec::new(), Some(TOKEN_SECONDS), None).await
 }
 
+/// How long the token in [`KUBECONFIG_FILE`] lasts: a lab's working day.
+pub const KUBECONFIG_TOKEN_SECONDS: i64 = 24 * 3600;
+/// The kubeconfig of the lab's Debug caller, in the lab's folder: `kubectl kuport` (kuportctl)
+/// needs nothing else (docs/decisions.md, "kubectl kuport").
+pub const KUBECONFIG_FILE: &str = "kuportctl.kubeconfig";
+
+/// Writes to `out` a kubeconfig for the lab's Debug caller: the admin kubeconfig's cluster, and
+/// a token of ServiceAccount kuport-lab ([`KUBECONFIG_TOKEN_SECONDS`]), which `access.yaml`
+/// lets call Debug and read the Lease and the CA bundle. The admin's client certificate is no
+/// token kuportctl could forward.
+pub async fn write_kubeconfig(client: &kube::Client, admin: &Path, out: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(admin).with_context(|| format!("reading {}", admin.display()))?;
+    let admin: serde_yaml::Value = serde_yaml::from_str(&text).with_context(|| format!("{}", admin.display()))?;
+    let cluster = admin
+        .get("clusters")
+        .and_then(|c| c.get(0))
+        .and_then(|c| c.get("cluster"))
+        .cloned()
+        .ok_or_else(|| anyhow!("the admin kubeconfig has no cluster"))?;
+    let token = request(client, LAB_SERVICE_ACCOUNT, Vec::new(), Some(KUBECONFIG_TOKEN_SECONDS), None).await?;
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "kuport-lab", "cluster": cluster}],
+        "users": [{"name": LAB_SERVICE_ACCOUNT, "user": {"token": token.token}}],
+        "contexts": [{"name": "kuport-lab", "context": {"cluster": "kuport-lab", "user": LAB_SERVICE_ACCOUNT, "namespace": NAMESPACE}}],
+        "current-context": "kuport-lab",
+    });
+    write_private(out, &serde_yaml::to_string(&config)?)
+}
+
 /// Writes `text` to `path` with mode 0600, replacing it at once (a reader never sees half).
 pub fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::OpenOptionsExt as _;
