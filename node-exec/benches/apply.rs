@@ -432,7 +432,7 @@ fn bench_size(n: usize, reps: usize, out: &mut Vec<(usize, usize, Vec<Row>)>) ->
     ex.apply_shared(netns_state(&path, &base)).map_err(|e| e.to_string())?;
     let ex_report = |n: usize, what: &str, r: Result<kuport_node_exec::executor::Report, ExecError>| {
         let r = r.map_err(|e| e.to_string())?;
-        if r.writes != 4 {
+        if r.writes != 5 {
             return Err(format!("{n}: {what} through the executor: {r}"));
         }
         Ok(())
