@@ -134,7 +134,8 @@ fn value_bytes(t: Option<NftType>, v: Option<&NftValue>) -> Vec<u8> {
             Some(Value::Mark(m)) => m.to_le_bytes().to_vec(),
             _ => vec![0; 4],
         },
-        Some(NftType::Unspecified) | None => Vec::new(),
+        // Map data only: never part of a key.
+        Some(NftType::Verdict | NftType::Unspecified) | None => Vec::new(),
     }
 }
 
@@ -230,7 +231,7 @@ fn match_selectors(m: &NftMatch) -> &[i32] {
         Some(nft_match::Kind::Compare(c)) => std::slice::from_ref(&c.selector),
         Some(nft_match::Kind::Lookup(l)) => &l.key,
         Some(nft_match::Kind::Literal(l)) => std::slice::from_ref(&l.selector),
-        Some(nft_match::Kind::TcpFlags(_)) | None => &[],
+        Some(nft_match::Kind::TcpFlags(_) | nft_match::Kind::CtState(_)) | None => &[],
     }
 }
 
@@ -245,6 +246,8 @@ fn statement_keys(s: &NftStatement) -> (&[i32], bool) {
             | nft_statement::Kind::CtMarkSet(SetMark { from: Some(set_mark::From::Map(m)) }),
         ) => (&m.key, true),
         Some(nft_statement::Kind::AddressSet(AddressSet { map: Some(m), .. })) => (&m.key, true),
+        Some(nft_statement::Kind::VerdictMap(m)) => (&m.key, true),
+        Some(nft_statement::Kind::SetUpdate(u)) => (&u.key, true),
         _ => (&[], false),
     }
 }

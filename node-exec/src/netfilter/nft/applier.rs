@@ -68,6 +68,7 @@ fn key_hash(key: &[kuport_proto::v1::NftValue]) -> u64 {
             Some(Value::Port(r)) => (4u8, r.first, r.last).hash(&mut h),
             Some(Value::Mark(m)) => (5u8, *m).hash(&mut h),
             Some(Value::Id(i)) => (6u8, *i).hash(&mut h),
+            Some(Value::Verdict(v)) => (7u8, v.kind, v.chain.as_str()).hash(&mut h),
         }
     }
     h.finish()
@@ -388,7 +389,7 @@ fn in_given_order(set: &NftSet, normal: Vec<NftElement>, given: &[NftElement]) -
 }
 
 fn same_header(a: &NftSet, b: &NftSet) -> bool {
-    (&a.name, &a.key, &a.data, a.interval, a.counter) == (&b.name, &b.key, &b.data, b.interval, b.counter)
+    a.name == b.name && super::diff::header(a) == super::diff::header(b)
 }
 
 /// The element deltas from `mem` to `desired`, one per remembered set in its order. Elements

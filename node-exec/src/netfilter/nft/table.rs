@@ -13,7 +13,7 @@ use super::encode::{self, Msg, family_code, rule_name};
 use super::expr::Expr;
 use super::rule::{compile, decompile};
 use super::socket::{KernelError, Socket};
-use super::value::{decode_component, encode_component};
+use super::value::{decode_component, encode_component, verdict_code, verdict_of};
 use super::{NftError, decode};
 use crate::sys::netlink::reason;
 
@@ -86,6 +86,7 @@ pub fn normalize(table: &NftTable) -> Result<NftTable, NftError> {
             s.elements.push(normalize_element(s, &e)?);
         }
     }
+    check_jumps(&t)?;
     let ctx = encode::rule_ctx(&t, false);
     for c in &mut t.chains {
         for (i, r) in c.rules.iter_mut().enumerate() {
@@ -106,6 +107,37 @@ pub fn normalize(table: &NftTable) -> Result<NftTable, NftError> {
     Ok(t)
 }
 
+/// Every jump and goto of a verdict map names a regular chain of the table: the kernel refuses
+/// a jump to a base chain or to a chain that does not exist, and would refuse the whole
+/// transaction.
+fn check_jumps(t: &NftTable) -> Result<(), NftError> {
+    use kuport_proto::v1::{VerdictKind, nft_value::Value};
+    for s in &t.sets {
+        for e in &s.elements {
+            for v in &e.data {
+                let Some(Value::Verdict(v)) = &v.value else { continue };
+                if !matches!(VerdictKind::try_from(v.kind), Ok(VerdictKind::Jump | VerdictKind::Goto)) {
+                    continue;
+                }
+                match t.chains.iter().find(|c| c.name == v.chain) {
+                    Some(c) if c.base.is_none() => {}
+                    found => {
+                        let why = if found.is_some() { "is a base chain" } else { "does not exist" };
+                        return Err(NftError::Invalid {
+                            object: format!("element {} of set {}", encode::element_name(e), s.name),
+                            reason: format!(
+                                "jumps to chain {}, which {why}: only a regular chain of the table",
+                                v.chain
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn normalize_element(set: &NftSet, e: &NftElement) -> Result<NftElement, NftError> {
     let object = format!("element {} of set {}", encode::element_name(e), set.name);
     let bad = |reason: &str| NftError::Invalid { object: object.clone(), reason: reason.into() };
@@ -121,6 +153,16 @@ pub(crate) fn normalize_element(set: &NftSet, e: &NftElement) -> Result<NftEleme
     }
     for (t, v) in set.data.iter().zip(&e.data) {
         let ty = kuport_proto::v1::NftType::try_from(*t).map_err(|_| bad("unknown type"))?;
+        if ty == kuport_proto::v1::NftType::Verdict {
+            let Some(kuport_proto::v1::nft_value::Value::Verdict(verdict)) = &v.value else {
+                return Err(bad("a verdict map's data must be a verdict"));
+            };
+            let (code, chain) = verdict_code(&object, verdict)?;
+            let normal = verdict_of(code, chain.as_deref()).ok_or_else(|| bad("unknown verdict"))?;
+            out.data
+                .push(kuport_proto::v1::NftValue { value: Some(kuport_proto::v1::nft_value::Value::Verdict(normal)) });
+            continue;
+        }
         let (s, _) = encode_component(&object, ty, v, false, false)?;
         out.data.push(decode_component(ty, &s, &s, false)?);
     }
@@ -189,7 +231,9 @@ fn read_once(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<
         let mut w = AttrWriter::new();
         w.put_str(NFTA_SET_ELEM_LIST_TABLE, name);
         w.put_str(NFTA_SET_ELEM_LIST_SET, &s.name);
-        if encode::single_interval(&s) {
+        if s.dynamic {
+            // Its elements are the kernel's (per-source state): never read, never compared.
+        } else if encode::single_interval(&s) {
             let mut bounds = Vec::new();
             for e in sock.request(NFT_MSG_GETSETELEM, fam, &w.buf, true)? {
                 decode::interval_bounds(&e, &mut bounds)?;

@@ -10,6 +10,7 @@ use super::{decode, normalize};
 include!("../../../tests/common/example.rs");
 include!("../../../tests/data/overlay_relay.rs");
 include!("../../../tests/data/kuport_inet.rs");
+include!("../../../tests/data/guard_inet.rs");
 
 /// (NFT_MSG type, attributes) of every message nft sent.
 fn nft_messages() -> Vec<(u16, Vec<u8>)> {
@@ -279,6 +280,15 @@ fn relay_table_encodes_byte_for_byte_like_nft() {
 #[test]
 fn inet_port_map_table_encodes_byte_for_byte_like_nft() {
     inet_table_like_nft(include_str!("testdata_inet_nft106.txt"), &kuport_inet_table());
+}
+
+/// Verdict maps (hash and interval, with accept, drop, jump and goto data), `ct state`, and
+/// dynamic sets (`size`, `flags dynamic,timeout`, `timeout`) filled by `update` with a limit and
+/// `add` with a ct count, keyed by the source and a constant tag (tests/data/guard_inet.nft):
+/// byte for byte what nft 1.0.6 sent, and nft's messages decode to the model.
+#[test]
+fn guard_table_encodes_byte_for_byte_like_nft() {
+    inet_table_like_nft(include_str!("testdata_guard_nft106.txt"), &guard_inet_table());
 }
 
 /// The codec's messages for inet table `model` equal the capture's, byte for byte, and the
