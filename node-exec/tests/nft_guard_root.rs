@@ -76,6 +76,22 @@ fn guard_table_lists_like_nft_and_reads_back() {
     assert!(e.to_string().contains("which is a base chain"), "{e}");
 }
 
+/// The listing less the line of the element the test put in @rl4 as the kernel would (the
+/// canonical text has none: the kernel's elements are not the state's).
+fn ours(ns: &Netns) -> String {
+    list(ns).lines().filter(|l| !l.contains("192.0.2.1 . 0x0000002a")).map(|l| format!("{l}\n")).collect()
+}
+
+/// A listing's sets and chains, each its own block, sorted: nft lists chains in the order they
+/// were created, so a chain added in place lists last, while the canonical text sorts them.
+fn blocks(listing: &str) -> Vec<String> {
+    let body = listing.split_once("{\n").map(|(_, b)| b).unwrap_or(listing);
+    let body = body.strip_suffix("}\n").unwrap_or(body);
+    let mut out: Vec<String> = body.split("\n\n").map(|b| b.trim_end().to_string()).collect();
+    out.sort();
+    out
+}
+
 /// `desired` with one more mapping: chain g-3 and the element of @vm that jumps to it.
 fn with_mapping(desired: &NftTable) -> NftTable {
     let mut t = desired.clone();
@@ -87,7 +103,6 @@ fn with_mapping(desired: &NftTable) -> NftTable {
 }
 
 #[test]
-#[ignore = "the incremental chain apply is the next commit"]
 fn a_mapping_chain_and_its_jump_come_and_go_together() {
     if !root() {
         return;
@@ -99,26 +114,51 @@ fn a_mapping_chain_and_its_jump_come_and_go_together() {
     ns.nft(&["add", "element", "inet", TABLE, "rl4", "{ 192.0.2.1 . 0x2a limit rate over 10/second }"]);
     let kernel_state = |ns: &Netns| ns.nft(&["list", "set", "inet", TABLE, "rl4"]).contains("192.0.2.1 . 0x0000002a");
 
+    // Adding: the chain first, then the element that jumps to it, in one transaction (the kernel
+    // refuses an element jumping to a chain that does not exist yet).
     let more = with_mapping(&desired);
     let r = applier.apply(&more).expect("add the chain and the element jumping to it");
-    assert_eq!(list(&ns), text(&more));
+    assert_eq!((r.mode.clone(), r.batches), (ApplyMode::Chains, 1), "{:?}", r.diffs);
+    assert_eq!(blocks(&ours(&ns)), blocks(&text(&more)));
     assert!(kernel_state(&ns), "the dynamic set kept its state: {:?}", r.diffs);
     let again = applier.apply(&more).expect("re-apply");
     assert_eq!(again.writes, 0, "{:?}", again.diffs);
 
+    // Removing: the element first, the chain after it (EBUSY while the element jumps to it).
     let r = applier.apply(&desired).expect("remove the element and the chain it jumps to");
-    assert_eq!(list(&ns), text(&desired));
+    assert_eq!((r.mode.clone(), r.batches), (ApplyMode::Chains, 1), "{:?}", r.diffs);
+    assert_eq!(ours(&ns), text(&desired));
     assert!(kernel_state(&ns), "the dynamic set kept its state: {:?}", r.diffs);
 
-    // The same from a cold applier, which reads the kernel back.
+    // The same from a cold applier, which reads the kernel back and diffs.
     let mut cold = Applier::new(Some(&ns.path()));
-    cold.apply(&more).expect("cold add");
-    assert_eq!(list(&ns), text(&more));
+    let r = cold.apply(&more).expect("cold add");
+    assert_eq!(r.mode, ApplyMode::Chains, "{:?}", r.diffs);
+    assert_eq!(blocks(&ours(&ns)), blocks(&text(&more)));
     assert!(kernel_state(&ns), "the dynamic set kept its state (cold)");
     let mut cold = Applier::new(Some(&ns.path()));
-    cold.apply(&desired).expect("cold remove");
-    assert_eq!(list(&ns), text(&desired));
+    let r = cold.apply(&desired).expect("cold remove");
+    assert_eq!(r.mode, ApplyMode::Chains, "{:?}", r.diffs);
+    assert_eq!(ours(&ns), text(&desired));
     assert!(kernel_state(&ns), "the dynamic set kept its state (cold)");
     let again = cold.apply(&desired).expect("re-apply");
     assert_eq!(again.writes, 0, "{:?}", again.diffs);
+
+    // A changed base chain (another rule) is rewritten in place too; the rule jumps to g-3.
+    let mut jump = with_mapping(&desired);
+    jump.chains[3].rules.push(rule(vec![], vec![kuport_proto::build::jump("g-3")]));
+    let r = applier.apply(&jump).expect("a base chain's rules and a new chain");
+    assert_eq!(r.mode, ApplyMode::Chains, "{:?}", r.diffs);
+    assert_eq!(blocks(&ours(&ns)), blocks(&text(&jump)));
+    let r = applier.apply(&desired).expect("back");
+    assert_eq!(r.mode, ApplyMode::Chains, "{:?}", r.diffs);
+    assert_eq!(ours(&ns), text(&desired));
+    assert!(kernel_state(&ns), "the dynamic set kept its state");
+
+    // An element that jumps to a chain the state lacks is refused before the kernel.
+    let mut bad = desired.clone();
+    bad.sets[3].elements[0].data = vec![jump_to("g-9")];
+    let e = applier.apply(&bad).expect_err("a jump to a missing chain");
+    assert!(e.to_string().contains("jumps to chain g-9, which does not exist"), "{e}");
+    assert_eq!(ours(&ns), text(&desired));
 }

@@ -8,8 +8,11 @@ pub const NFT_MSG_GETTABLE: u16 = 1;
 pub const NFT_MSG_DELTABLE: u16 = 2;
 pub const NFT_MSG_NEWCHAIN: u16 = 3;
 pub const NFT_MSG_GETCHAIN: u16 = 4;
+pub const NFT_MSG_DELCHAIN: u16 = 5;
 pub const NFT_MSG_NEWRULE: u16 = 6;
 pub const NFT_MSG_GETRULE: u16 = 7;
+/// Without a handle: every rule of the chain (a flush).
+pub const NFT_MSG_DELRULE: u16 = 8;
 pub const NFT_MSG_NEWSET: u16 = 9;
 pub const NFT_MSG_GETSET: u16 = 10;
 pub const NFT_MSG_NEWSETELEM: u16 = 12;

@@ -484,6 +484,22 @@ pub(crate) fn set_elements(
     Ok(out)
 }
 
+/// Deletes every rule of `chain` (DELRULE without a handle: nft's `flush chain`).
+pub(crate) fn flush_chain(family: u8, table: &str, chain: &str) -> Msg {
+    let mut w = AttrWriter::new();
+    w.put_str(NFTA_RULE_TABLE, table);
+    w.put_str(NFTA_RULE_CHAIN, chain);
+    msg(NFT_MSG_DELRULE, 0, family, w, format!("the rules of chain {chain}"))
+}
+
+/// Deletes `chain` (and its rules); the kernel refuses it while a rule or element jumps to it.
+pub(crate) fn del_chain(family: u8, table: &str, chain: &str) -> Msg {
+    let mut w = AttrWriter::new();
+    w.put_str(NFTA_CHAIN_TABLE, table);
+    w.put_str(NFTA_CHAIN_NAME, chain);
+    msg(NFT_MSG_DELCHAIN, 0, family, w, format!("chain {chain}"))
+}
+
 pub(crate) fn new_rule(family: u8, table: &str, chain: &str, exprs: &[Expr], object: String) -> Msg {
     let mut w = AttrWriter::new();
     w.put_str(NFTA_RULE_TABLE, table);
