@@ -658,6 +658,49 @@ mod tests {
     }
 
     #[test]
+    fn ct_states_list_lowest_bit_first() {
+        assert_eq!(ct_state_text(0x08), "ct state new");
+        assert_eq!(ct_state_text(0x06), "ct state established,related");
+        assert_eq!(ct_state_text(0x0f), "ct state invalid,established,related,new");
+        assert_eq!(ct_state_text(0x40), "ct state untracked");
+        assert_eq!(ct_state_text(0), "ct state <invalid ct state 0x0>");
+        assert_eq!(ct_state_text(0x10), "ct state <invalid ct state 0x10>");
+    }
+
+    #[test]
+    fn set_updates_and_dynamic_sets_list_as_nft_lists_them() {
+        use crate::build::{ct_count, dynamic_set, limit, set_update};
+        let t = crate::build::table(
+            NftFamily::Inet,
+            "t",
+            vec![dynamic_set("rl4", &[NftType::Ipv4Addr, NftType::Mark], 65536, 90)],
+            vec![],
+        );
+        let text = |s: NftStatement| statement_text(&t, NftFamily::Inet, None, &s);
+        assert_eq!(
+            text(set_update(&[Selector::IpSaddr], Some(42), "rl4", limit(100, 200, true))),
+            "update @rl4 { ip saddr . 0x0000002a limit rate over 100/second burst 200 packets }"
+        );
+        // nft omits its default burst of 5.
+        assert_eq!(
+            text(set_update(&[Selector::IpSaddr], Some(1), "rl4", limit(5, 5, false))),
+            "update @rl4 { ip saddr . 0x00000001 limit rate 5/second }"
+        );
+        assert_eq!(
+            text(set_update(&[Selector::IpSaddr], None, "rl4", ct_count(3, true))),
+            "add @rl4 { ip saddr ct count over 3 }"
+        );
+        let mut out = String::new();
+        set_text(&mut out, &t.sets[0]);
+        assert_eq!(
+            out,
+            "\tset rl4 {\n\t\ttype ipv4_addr . mark\n\t\tsize 65536\n\t\tflags dynamic,timeout\n\t\ttimeout 1m30s\n\t}\n"
+        );
+        assert_eq!(duration_text(60), "1m");
+        assert_eq!(duration_text(90_061), "1d1h1m1s");
+    }
+
+    #[test]
     fn ports() {
         assert_eq!(port_text(&PortRange { first: 80, last: 80 }), "80");
         assert_eq!(port_text(&PortRange { first: 80, last: 90 }), "80-90");
