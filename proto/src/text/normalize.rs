@@ -28,6 +28,12 @@
 //! - `dnat ip to ADDR` lists without the family in `ip`/`ip6` tables; the family stays in `inet`
 //!   tables and with `addr . port` maps ([`nat_family_listed`]).
 //! - Chain priorities within 10 of a standard one print by its name ([`standard_priority`]).
+//! - `ct state` lists its bits lowest first (`invalid,established,related,new`); a limit's burst
+//!   of 5 (nft's default) is not listed; a tag in an `update`/`add` key lists as a mark
+//!   (`0x0000002a`); a set's timeout lists in nft's units (`1m30s`); its flags in nft's order
+//!   (`interval,dynamic,timeout`), after `size`.
+//! - nft lists chains in the order they were created: a chain the executor adds in place to a
+//!   table lists after the others until the table is rebuilt (the renderer keeps model order).
 //!
 //! Combinations that nft 1.0.6 refuses to load, so no round trip can check them:
 //! a NAT or redirect port without an earlier `meta l4proto`/`tcp`/`udp` match in the rule

@@ -1,5 +1,11 @@
 //! The nf_tables expressions kuport uses: an in-memory form, its attribute encoding (in the
 //! attribute order libnftnl 1.2 writes) and its decoding from the kernel's dumps.
+//!
+//! Besides loads, compares, lookups, NAT and verdicts: `lookup ... dreg 0` is a verdict map
+//! (`KEY vmap @m`); `ct load state` + `bitwise` + `cmp neq 0` is `ct state S`; `dynset` with a
+//! `limit` (op update) or a `connlimit` (op add) is `update @s { KEY . TAG limit ... }` /
+//! `add @s { KEY . TAG ct count ... }`, the tag an `immediate` into the register word after the
+//! key (tests/data/guard_inet.nft has nft's own messages for each).
 
 use super::NftError;
 use super::attr::{Attr, AttrWriter, ReadNft, WriteNft, decode_err, find, need, parse};
