@@ -11,7 +11,7 @@
 mod host;
 #[path = "common/netns.rs"]
 mod netns;
-use host::root;
+use host::{root, run};
 use netns::Netns;
 
 include!("data/guard_inet.rs");
@@ -161,4 +161,75 @@ fn a_mapping_chain_and_its_jump_come_and_go_together() {
     let e = applier.apply(&bad).expect_err("a jump to a missing chain");
     assert!(e.to_string().contains("jumps to chain g-9, which does not exist"), "{e}");
     assert_eq!(ours(&ns), text(&desired));
+}
+
+/// New UDP flows to 127.0.0.1:`port` from one source (a fresh socket, so a fresh source port,
+/// for each of `n` datagrams, sent back to back): how many a receiver in `ns` got.
+fn received(ns: &Netns, port: u16, n: usize) -> usize {
+    let script = format!(
+        "import socket\n\
+         r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); r.bind(('127.0.0.1', {port})); r.settimeout(0.5)\n\
+         for i in range({n}):\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b'x', ('127.0.0.1', {port})); s.close()\n\
+         got = 0\n\
+         try:\n    while True:\n        r.recv(16); got += 1\n\
+         except socket.timeout:\n    pass\n\
+         print(got)\n"
+    );
+    let out = run("ip", &["netns", "exec", &ns.name, "python3", "-c", &script]);
+    out.trim().parse().unwrap_or_else(|_| panic!("a count, not {out:?}"))
+}
+
+/// The codec's verdict map and dynset hold real traffic to the limit: 20 new UDP flows from one
+/// source, dispatched by `iifname . ip daddr . meta l4proto . th dport vmap` to a chain whose
+/// `ct state new update @rl4 { ip saddr . TAG limit rate over 1/second burst 5 packets } drop`
+/// passes the burst of 5 (one more token a second: the 20 are sent well within one); a second mapping (another tag, another port) has its own budget in the
+/// same set. Ablation: without the update rule all 20 arrive.
+#[test]
+fn the_limit_holds_new_flows_from_one_source() {
+    use kuport_proto::build::{base_chain, ct_state, drop, dynamic_set, limit, set, set_update, table, verdict_map};
+    use kuport_proto::v1::{ChainPolicy, ChainType, Hook, NftType::*, Selector as S};
+    if !root() {
+        return;
+    }
+    let limited = |tag: u32| {
+        vec![
+            rule(
+                vec![ct_state(kuport_proto::build::ct_state::NEW)],
+                vec![set_update(&[S::IpSaddr], Some(tag), "rl4", limit(1, 5, true)), counter(), drop()],
+            ),
+            rule(vec![], vec![accept()]),
+        ]
+    };
+    let guarded = |g1: Vec<kuport_proto::v1::NftRule>| {
+        let vm = set(
+            "vm",
+            &[Ifname, Ipv4Addr, InetProto, InetService],
+            &[Verdict],
+            vec![
+                element(vec![ifname("lo"), addr("127.0.0.1"), proto(L4Proto::Udp), port(5001)], vec![jump_to("g-1")]),
+                element(vec![ifname("lo"), addr("127.0.0.1"), proto(L4Proto::Udp), port(5002)], vec![jump_to("g-2")]),
+            ],
+        );
+        let pre = base_chain(
+            "pre",
+            ChainType::Filter,
+            Hook::Prerouting,
+            -120,
+            ChainPolicy::Accept,
+            vec![rule(vec![], vec![verdict_map(&[S::Iifname, S::IpDaddr, S::L4proto, S::ThDport], "vm")])],
+        );
+        let sets = vec![dynamic_set("rl4", &[Ipv4Addr, Mark], 65536, 60), vm];
+        table(NftFamily::Inet, TABLE, sets, vec![chain("g-1", g1), chain("g-2", limited(2)), pre])
+    };
+    let ns = Netns::new("guard", "limit");
+    let mut applier = Applier::new(Some(&ns.path()));
+    applier.apply(&guarded(limited(1))).expect("apply");
+    assert_eq!(received(&ns, 5001, 20), 5, "the burst of 5 passes, the rest is over the limit");
+    assert_eq!(received(&ns, 5002, 20), 5, "the second mapping's own budget");
+    let set = ns.nft(&["list", "set", "inet", TABLE, "rl4"]);
+    assert!(set.contains("127.0.0.1 . 0x00000001") && set.contains("127.0.0.1 . 0x00000002"), "{set}");
+
+    // Ablation: g-1 without its limit.
+    applier.apply(&guarded(vec![rule(vec![], vec![accept()])])).expect("apply without the limit");
+    assert_eq!(received(&ns, 5001, 20), 20, "without the update rule every flow arrives");
 }
