@@ -155,6 +155,28 @@ fn a_mapping_chain_and_its_jump_come_and_go_together() {
     assert_eq!(ours(&ns), text(&desired));
     assert!(kernel_state(&ns), "the dynamic set kept its state");
 
+    // Interval map elements: one added jumping to the new chain, one changed to jump elsewhere
+    // (deleted and re-added in the transaction), then both back.
+    let mut ranges = with_mapping(&desired);
+    ranges.sets[4].elements.push(element(
+        vec![kuport_proto::build::ports(28000, 28010), ifname("veth0"), addr("10.0.0.1"), proto(L4Proto::Tcp)],
+        vec![jump_to("g-3")],
+    ));
+    ranges.sets[4].elements[0].data = vec![jump_to("g-1")];
+    let r = applier.apply(&ranges).expect("interval elements with a new chain");
+    assert_eq!(r.mode, ApplyMode::Chains, "{:?}", r.diffs);
+    // A concatenated interval map lists in insertion order (pipapo): compared as the model.
+    let back = read_table(Some(&ns.path()), NftFamily::Inet, TABLE).expect("read").expect("exists");
+    assert_eq!(back, normalize(&ranges).expect("normalize"));
+    let listed = ours(&ns);
+    assert!(listed.contains("28000-28010 . \"veth0\" . 10.0.0.1 . tcp : jump g-3"), "{listed}");
+    assert!(listed.contains("27015-27115 . \"veth0\" . 10.0.0.1 . udp : jump g-1"), "{listed}");
+    let r = applier.apply(&desired).expect("back");
+    assert_eq!(r.mode, ApplyMode::Chains, "{:?}", r.diffs);
+    assert_eq!(ours(&ns), text(&desired));
+    let mut cold = Applier::new(Some(&ns.path()));
+    assert_eq!(cold.apply(&desired).expect("read back").writes, 0);
+
     // An element that jumps to a chain the state lacks is refused before the kernel.
     let mut bad = desired.clone();
     bad.sets[3].elements[0].data = vec![jump_to("g-9")];
