@@ -66,6 +66,14 @@ fn guard_table_lists_like_nft_and_reads_back() {
     assert_eq!((again.mode, again.writes), (ApplyMode::Unchanged, 0), "{:?}", again.diffs);
     assert!(ours.nft(&["list", "set", "inet", TABLE, "rl4"]).contains("192.0.2.1 . 0x0000002a"));
 
+    // A changed declaration (another timeout) recreates the set: its state goes with it.
+    let mut longer = desired.clone();
+    longer.sets[1].timeout_seconds = 120;
+    let r = apply_table(Some(&ours.path()), &longer).expect("another timeout");
+    assert_eq!(r.mode, ApplyMode::Replaced, "{:?}", r.diffs);
+    assert_eq!(list(&ours), text(&longer));
+    apply_table(Some(&ours.path()), &desired).expect("back");
+
     // A jump to a chain that is missing, or to a base chain, is refused before the kernel.
     let mut bad = desired.clone();
     bad.sets[3].elements[0].data = vec![jump_to("g-9")];
