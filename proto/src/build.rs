@@ -7,10 +7,11 @@
 use std::fmt::Display;
 
 use crate::v1::{
-    BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Counter, Hook, L4Proto, LiteralSet, MapLookup, Nat, NatKind,
-    NatTarget, NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue,
-    PortRange, Redirect, Selector, SetLookup, SetMark, TcpFlags, TcpMssClamp, Verdict, VerdictKind, WireguardDevice,
-    WireguardPeer, nat, nft_match, nft_statement, nft_value, redirect, set_mark,
+    BaseChain, ChainPolicy, ChainType, CmpOp, Compare, ConnLimit, Counter, CtState, Hook, L4Proto, Limit, LiteralSet,
+    MapLookup, Nat, NatKind, NatTarget, NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement,
+    NftTable, NftType, NftValue, PortRange, Redirect, Selector, SetLookup, SetMark, SetUpdate, TcpFlags, TcpMssClamp,
+    Verdict, VerdictKind, VerdictMap, WireguardDevice, WireguardPeer, nat, nft_match, nft_statement, nft_value,
+    redirect, set_mark, set_update,
 };
 
 // ---- values ----------------------------------------------------------------------------------
@@ -56,6 +57,16 @@ pub fn id(i: u32) -> NftValue {
     value(nft_value::Value::Id(i))
 }
 
+/// A verdict map's data (`jump g-1`); `chain` only for jump and goto.
+pub fn verdict_value(kind: VerdictKind, chain: &str) -> NftValue {
+    value(nft_value::Value::Verdict(Verdict { kind: kind as i32, chain: chain.to_string() }))
+}
+
+/// `jump CHAIN` as a verdict map's data.
+pub fn jump_to(chain: &str) -> NftValue {
+    verdict_value(VerdictKind::Jump, chain)
+}
+
 // ---- sets ------------------------------------------------------------------------------------
 
 /// A map element: its key and its data.
@@ -80,6 +91,14 @@ pub fn selectors(selectors: &[Selector]) -> Vec<i32> {
 /// `NftSet { interval: true, ..set(...) }`.
 pub fn set(name: &str, key: &[NftType], data: &[NftType], elements: Vec<NftElement>) -> NftSet {
     NftSet { name: name.to_string(), key: types(key), data: types(data), elements, ..NftSet::default() }
+}
+
+/// A dynamic set (`flags dynamic`, and `flags timeout` with `timeout Ns` when `timeout_seconds`
+/// is not 0) of at most `size` elements, filled by [`set_update`] statements; it lists no
+/// elements. Prefer a `size` that is a multiple of 65536: the kernel sizes its table from the
+/// low 16 bits (docs/decisions.md).
+pub fn dynamic_set(name: &str, key: &[NftType], size: u32, timeout_seconds: u32) -> NftSet {
+    NftSet { dynamic: true, size, timeout_seconds, ..set(name, key, &[], Vec::new()) }
 }
 
 // ---- matches ---------------------------------------------------------------------------------
@@ -135,6 +154,20 @@ pub fn tcp_flags(value: u32, mask: u32) -> NftMatch {
     NftMatch { kind: Some(nft_match::Kind::TcpFlags(TcpFlags { value, mask })) }
 }
 
+/// The `ct state` bits, as nft names them.
+pub mod ct_state {
+    pub const INVALID: u32 = 0x01;
+    pub const ESTABLISHED: u32 = 0x02;
+    pub const RELATED: u32 = 0x04;
+    pub const NEW: u32 = 0x08;
+    pub const UNTRACKED: u32 = 0x40;
+}
+
+/// `ct state S[,S]`: the connection's state is one of `states` ([`ct_state`] bits).
+pub fn ct_state(states: u32) -> NftMatch {
+    NftMatch { kind: Some(nft_match::Kind::CtState(CtState { states })) }
+}
+
 fn set_lookup(key: &[Selector], set: &str, negate: bool) -> NftMatch {
     let l = SetLookup { key: selectors(key), set: set.to_string(), negate };
     NftMatch { kind: Some(nft_match::Kind::Lookup(l)) }
@@ -169,6 +202,28 @@ pub fn jump(chain: &str) -> NftStatement {
 
 pub fn goto(chain: &str) -> NftStatement {
     verdict(VerdictKind::Goto, chain)
+}
+
+/// `key vmap @map`: the verdict a verdict map holds for the key.
+pub fn verdict_map(key: &[Selector], map: &str) -> NftStatement {
+    statement(nft_statement::Kind::VerdictMap(VerdictMap { key: selectors(key), map: map.to_string() }))
+}
+
+/// `limit rate [over] RATE/second [burst BURST packets]`.
+pub fn limit(rate: u64, burst: u32, over: bool) -> set_update::Stateful {
+    set_update::Stateful::Limit(Limit { rate, burst, over })
+}
+
+/// `ct count [over] COUNT`.
+pub fn ct_count(count: u32, over: bool) -> set_update::Stateful {
+    set_update::Stateful::CtCount(ConnLimit { count, over })
+}
+
+/// `update @set { KEY [. TAG] limit ... }` or `add @set { KEY [. TAG] ct count ... }` (the
+/// operation follows the stateful expression, as nft writes them).
+pub fn set_update(key: &[Selector], tag: Option<u32>, set: &str, stateful: set_update::Stateful) -> NftStatement {
+    let u = SetUpdate { key: selectors(key), tag, set: set.to_string(), stateful: Some(stateful) };
+    statement(nft_statement::Kind::SetUpdate(u))
 }
 
 /// `key map @map`, the source of a nat, redirect or mark statement.

@@ -236,6 +236,7 @@ fn value_order(v: &NftValue) -> (u8, u128, u32, String) {
         Some(nft_value::Value::Port(r)) => (4, u128::from(r.first), r.last, String::new()),
         Some(nft_value::Value::Mark(m)) => (5, u128::from(*m), 0, String::new()),
         Some(nft_value::Value::Id(i)) => (6, u128::from(*i), 0, String::new()),
+        Some(nft_value::Value::Verdict(v)) => (7, v.kind as u128, 0, v.chain.clone()),
     }
 }
 

@@ -11,7 +11,8 @@ use super::normalize::{
 use crate::v1::{
     BaseChain, ChainPolicy, ChainType, CmpOp, Compare, Hook, L4Proto, LiteralSet, MapLookup, Nat, NatKind, NftChain,
     NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType, NftValue, PortRange, Selector,
-    SetLookup, SetMark, TcpFlags, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value, redirect, set_mark,
+    SetLookup, SetMark, SetUpdate, TcpFlags, Verdict, VerdictKind, nat, nft_match, nft_statement, nft_value, redirect,
+    set_mark, set_update,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -54,6 +55,7 @@ fn type_name(t: i32) -> &'static str {
         Some(NftType::InetProto) => "inet_proto",
         Some(NftType::InetService) => "inet_service",
         Some(NftType::Mark) => "mark",
+        Some(NftType::Verdict) => "verdict",
         Some(NftType::Unspecified) | None => "<invalid type>",
     }
 }
@@ -74,8 +76,20 @@ fn set_text(out: &mut String, set: &NftSet) {
         let _ = write!(out, " : {}", type_list(&set.data));
     }
     out.push('\n');
-    if set.interval {
-        out.push_str("\t\tflags interval\n");
+    if set.size != 0 {
+        let _ = writeln!(out, "\t\tsize {}", set.size);
+    }
+    // nft's order: constant, interval, dynamic, timeout.
+    let flags: Vec<&str> =
+        [(set.interval, "interval"), (set.dynamic, "dynamic"), (set.timeout_seconds != 0, "timeout")]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect();
+    if !flags.is_empty() {
+        let _ = writeln!(out, "\t\tflags {}", flags.join(","));
+    }
+    if set.timeout_seconds != 0 {
+        let _ = writeln!(out, "\t\ttimeout {}", duration_text(set.timeout_seconds));
     }
     if set.counter {
         out.push_str("\t\tcounter\n");
@@ -142,6 +156,7 @@ fn typed_value_text(t: i32, v: &NftValue) -> String {
         (Some(NftType::InetProto), Some(Value::Proto(p))) => proto_name(*p).to_string(),
         (Some(NftType::InetService), Some(Value::Port(r))) => port_text(r),
         (Some(NftType::Mark), Some(Value::Mark(m))) => mark_text(*m),
+        (Some(NftType::Verdict), Some(Value::Verdict(v))) => verdict_text(v),
         (Some(_), _) => format!("<invalid {} value>", type_name(t)),
         (None, _) => "<invalid value>".to_string(),
     }
@@ -262,6 +277,7 @@ fn match_text(table: &NftTable, ctx: Option<Proto>, m: &NftMatch) -> String {
         Some(nft_match::Kind::Lookup(l)) => lookup_text(table, ctx, l),
         Some(nft_match::Kind::Literal(l)) => literal_text(ctx, l),
         Some(nft_match::Kind::TcpFlags(f)) => tcp_flags_text(f),
+        Some(nft_match::Kind::CtState(c)) => ct_state_text(c.states),
         None => "<invalid match>".into(),
     }
 }
@@ -313,6 +329,18 @@ fn tcp_flags_text(f: &TcpFlags) -> String {
         return format!("tcp flags & {f} == {f}");
     }
     format!("tcp flags {} / {}", tcp_flag_names(value), tcp_flag_names(mask))
+}
+
+/// `ct state NAMES`: the state bits by name, lowest first, comma-separated, as nft lists them.
+fn ct_state_text(states: u32) -> String {
+    const NAMES: [(u32, &str); 5] =
+        [(0x01, "invalid"), (0x02, "established"), (0x04, "related"), (0x08, "new"), (0x40, "untracked")];
+    let known: u32 = NAMES.iter().map(|(b, _)| b).sum();
+    if states == 0 || states & !known != 0 {
+        return format!("ct state <invalid ct state {states:#x}>");
+    }
+    let names: Vec<&str> = NAMES.iter().filter(|(b, _)| states & b != 0).map(|(_, n)| *n).collect();
+    format!("ct state {}", names.join(","))
 }
 
 /// The set bits of a flags byte by name, lowest first, comma-separated (nft's `syn,rst`).
@@ -399,8 +427,44 @@ fn statement_text(table: &NftTable, family: NftFamily, ctx: Option<Proto>, s: &N
             Some(m) => format!("{} set {}", selector_text(a.selector, ctx), map_text(table, ctx, m)),
             None => "<invalid address set>".into(),
         },
+        Some(nft_statement::Kind::VerdictMap(m)) => {
+            format!("{} vmap {}", selectors_text(&m.key, ctx), set_ref(table, &m.map))
+        }
+        Some(nft_statement::Kind::SetUpdate(u)) => set_update_text(table, ctx, u),
         None => "<invalid statement>".into(),
     }
+}
+
+/// `update @s { KEY . TAG limit rate over R/second burst B packets }` or
+/// `add @s { KEY . TAG ct count over N }`: nft omits the default burst of 5.
+fn set_update_text(table: &NftTable, ctx: Option<Proto>, u: &SetUpdate) -> String {
+    let mut key = selectors_text(&u.key, ctx);
+    if let Some(tag) = u.tag {
+        key = format!("{key} . {}", mark_text(tag));
+    }
+    let over = |o: bool| if o { "over " } else { "" };
+    let (op, stateful) = match &u.stateful {
+        Some(set_update::Stateful::Limit(l)) => {
+            let burst = if l.burst == 5 { String::new() } else { format!(" burst {} packets", l.burst) };
+            ("update", format!("limit rate {}{}/second{burst}", over(l.over), l.rate))
+        }
+        Some(set_update::Stateful::CtCount(c)) => ("add", format!("ct count {}{}", over(c.over), c.count)),
+        None => ("update", "<invalid stateful expression>".to_string()),
+    };
+    format!("{op} {} {{ {key} {stateful} }}", set_ref(table, &u.set))
+}
+
+/// A duration as nft lists it: `1m30s`, `1h`, `2d3h`.
+fn duration_text(seconds: u32) -> String {
+    let mut out = String::new();
+    let mut left = seconds;
+    for (unit, name) in [(86_400, 'd'), (3_600, 'h'), (60, 'm'), (1, 's')] {
+        if left >= unit {
+            out.push_str(&format!("{}{name}", left / unit));
+            left %= unit;
+        }
+    }
+    out
 }
 
 fn map_text(table: &NftTable, ctx: Option<Proto>, m: &MapLookup) -> String {
@@ -591,6 +655,49 @@ mod tests {
         assert_eq!(t(0x02, 0x7f), "tcp flags syn / fin,syn,rst,psh,ack,urg,ecn");
         assert_eq!(t(0x02, 0), "tcp flags <invalid tcp flags 0x2 / 0x0>");
         assert_eq!(t(0x04, 0x02), "tcp flags <invalid tcp flags 0x4 / 0x2>");
+    }
+
+    #[test]
+    fn ct_states_list_lowest_bit_first() {
+        assert_eq!(ct_state_text(0x08), "ct state new");
+        assert_eq!(ct_state_text(0x06), "ct state established,related");
+        assert_eq!(ct_state_text(0x0f), "ct state invalid,established,related,new");
+        assert_eq!(ct_state_text(0x40), "ct state untracked");
+        assert_eq!(ct_state_text(0), "ct state <invalid ct state 0x0>");
+        assert_eq!(ct_state_text(0x10), "ct state <invalid ct state 0x10>");
+    }
+
+    #[test]
+    fn set_updates_and_dynamic_sets_list_as_nft_lists_them() {
+        use crate::build::{ct_count, dynamic_set, limit, set_update};
+        let t = crate::build::table(
+            NftFamily::Inet,
+            "t",
+            vec![dynamic_set("rl4", &[NftType::Ipv4Addr, NftType::Mark], 65536, 90)],
+            vec![],
+        );
+        let text = |s: NftStatement| statement_text(&t, NftFamily::Inet, None, &s);
+        assert_eq!(
+            text(set_update(&[Selector::IpSaddr], Some(42), "rl4", limit(100, 200, true))),
+            "update @rl4 { ip saddr . 0x0000002a limit rate over 100/second burst 200 packets }"
+        );
+        // nft omits its default burst of 5.
+        assert_eq!(
+            text(set_update(&[Selector::IpSaddr], Some(1), "rl4", limit(5, 5, false))),
+            "update @rl4 { ip saddr . 0x00000001 limit rate 5/second }"
+        );
+        assert_eq!(
+            text(set_update(&[Selector::IpSaddr], None, "rl4", ct_count(3, true))),
+            "add @rl4 { ip saddr ct count over 3 }"
+        );
+        let mut out = String::new();
+        set_text(&mut out, &t.sets[0]);
+        assert_eq!(
+            out,
+            "\tset rl4 {\n\t\ttype ipv4_addr . mark\n\t\tsize 65536\n\t\tflags dynamic,timeout\n\t\ttimeout 1m30s\n\t}\n"
+        );
+        assert_eq!(duration_text(60), "1m");
+        assert_eq!(duration_text(90_061), "1d1h1m1s");
     }
 
     #[test]

@@ -28,6 +28,12 @@
 //! - `dnat ip to ADDR` lists without the family in `ip`/`ip6` tables; the family stays in `inet`
 //!   tables and with `addr . port` maps ([`nat_family_listed`]).
 //! - Chain priorities within 10 of a standard one print by its name ([`standard_priority`]).
+//! - `ct state` lists its bits lowest first (`invalid,established,related,new`); a limit's burst
+//!   of 5 (nft's default) is not listed; a tag in an `update`/`add` key lists as a mark
+//!   (`0x0000002a`); a set's timeout lists in nft's units (`1m30s`); its flags in nft's order
+//!   (`interval,dynamic,timeout`), after `size`.
+//! - nft lists chains in the order they were created: a chain the executor adds in place to a
+//!   table lists after the others until the table is rebuilt (the renderer keeps model order).
 //!
 //! Combinations that nft 1.0.6 refuses to load, so no round trip can check them:
 //! a NAT or redirect port without an earlier `meta l4proto`/`tcp`/`udp` match in the rule
@@ -134,7 +140,8 @@ fn value_bytes(t: Option<NftType>, v: Option<&NftValue>) -> Vec<u8> {
             Some(Value::Mark(m)) => m.to_le_bytes().to_vec(),
             _ => vec![0; 4],
         },
-        Some(NftType::Unspecified) | None => Vec::new(),
+        // Map data only: never part of a key.
+        Some(NftType::Verdict | NftType::Unspecified) | None => Vec::new(),
     }
 }
 
@@ -230,7 +237,7 @@ fn match_selectors(m: &NftMatch) -> &[i32] {
         Some(nft_match::Kind::Compare(c)) => std::slice::from_ref(&c.selector),
         Some(nft_match::Kind::Lookup(l)) => &l.key,
         Some(nft_match::Kind::Literal(l)) => std::slice::from_ref(&l.selector),
-        Some(nft_match::Kind::TcpFlags(_)) | None => &[],
+        Some(nft_match::Kind::TcpFlags(_) | nft_match::Kind::CtState(_)) | None => &[],
     }
 }
 
@@ -245,6 +252,8 @@ fn statement_keys(s: &NftStatement) -> (&[i32], bool) {
             | nft_statement::Kind::CtMarkSet(SetMark { from: Some(set_mark::From::Map(m)) }),
         ) => (&m.key, true),
         Some(nft_statement::Kind::AddressSet(AddressSet { map: Some(m), .. })) => (&m.key, true),
+        Some(nft_statement::Kind::VerdictMap(m)) => (&m.key, true),
+        Some(nft_statement::Kind::SetUpdate(u)) => (&u.key, true),
         _ => (&[], false),
     }
 }

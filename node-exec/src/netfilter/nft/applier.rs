@@ -28,7 +28,8 @@ use super::diff::{NftDiff, diff};
 use super::encode::{self, Msg, element_name, family_code};
 use super::socket::Socket;
 use super::table::{
-    ApplyMode, ApplyOptions, ApplyReport, apply_normal, normalize, normalize_element, pack, replace_batches, send,
+    ApplyMode, ApplyOptions, ApplyReport, apply_normal, assemble, chain_changes, check_jump, in_place, normalize,
+    normalize_element, pack, replace_batches, send,
 };
 
 /// FNV-1a's prime, for the (unused in practice) byte path of [`PassThrough`].
@@ -68,6 +69,7 @@ fn key_hash(key: &[kuport_proto::v1::NftValue]) -> u64 {
             Some(Value::Port(r)) => (4u8, r.first, r.last).hash(&mut h),
             Some(Value::Mark(m)) => (5u8, *m).hash(&mut h),
             Some(Value::Id(i)) => (6u8, *i).hash(&mut h),
+            Some(Value::Verdict(v)) => (7u8, v.kind, v.chain.as_str()).hash(&mut h),
         }
     }
     h.finish()
@@ -206,7 +208,7 @@ impl Applier {
         // On errors, the memory is kept only when nothing can have been written.
         let started = Instant::now();
         match delta(&mut mem, desired) {
-            Ok(deltas) => match (started.elapsed(), self.write_delta(&mem, &deltas)) {
+            Ok((deltas, chains)) => match (started.elapsed(), self.write_delta(&mem, &deltas, chains.as_deref())) {
                 (compared, Ok(report)) => {
                     // Where the time goes (the benchmark's KUPORT_BENCH_TRACE=1 prints it).
                     let written = started.elapsed() - compared;
@@ -215,6 +217,10 @@ impl Applier {
                         "delta applied from memory"
                     );
                     update(&mut mem, deltas);
+                    if let Some(chains) = chains {
+                        mem.chains = chains;
+                        mem.raw_chains = desired.chains.clone();
+                    }
                     self.memory = Some(mem);
                     Ok(report)
                 }
@@ -261,13 +267,26 @@ impl Applier {
         Ok(report)
     }
 
-    fn write_delta(&mut self, mem: &Memory, deltas: &[SetDelta]) -> Result<ApplyReport, NftError> {
+    /// Writes the element deltas and, when `chains` is given, the chains' changes in place
+    /// around them (`super::table::chain_changes`).
+    fn write_delta(
+        &mut self,
+        mem: &Memory,
+        deltas: &[SetDelta],
+        chains: Option<&[NftChain]>,
+    ) -> Result<ApplyReport, NftError> {
         let compared = deltas.iter().map(|d| d.walked).sum();
         let mut report = ApplyReport { mode: ApplyMode::Unchanged, writes: 0, batches: 0, diffs: Vec::new(), compared };
-        if deltas.iter().all(SetDelta::is_empty) {
+        if deltas.iter().all(SetDelta::is_empty) && chains.is_none() {
             return Ok(report);
         }
-        report.mode = ApplyMode::Elements;
+        report.mode = if chains.is_some() { ApplyMode::Chains } else { ApplyMode::Elements };
+        let final_chains = chains.unwrap_or(&mem.chains);
+        for (s, d) in mem.sets.iter().zip(deltas) {
+            for e in d.adds.iter().chain(d.changed.iter().map(|(_, n)| n)) {
+                check_jump(&s.header.name, e, final_chains)?;
+            }
+        }
         let fam = family_code(mem.family)?;
         let budget = self.opts.max_ops_per_batch.max(1);
         let mut dels: Vec<Vec<Msg>> = Vec::new();
@@ -301,7 +320,15 @@ impl Applier {
         }
         // Removals first: an interval element may only be re-added once its overlap is gone.
         dels.extend(adds);
-        let batches = pack(Vec::new(), dels, budget);
+        let batches = match chains {
+            Some(chains) => {
+                let want = NftTable { chains: chains.to_vec(), ..mem.skeleton() };
+                report.diffs.extend(diff(&want, Some(&mem.skeleton())));
+                let (head, tail) = chain_changes(fam, &want, &mem.chains)?;
+                assemble(head, dels, tail, budget)
+            }
+            None => pack(Vec::new(), dels, budget),
+        };
         send(self.socket()?, &batches, &mut report)?;
         Ok(report)
     }
@@ -388,13 +415,19 @@ fn in_given_order(set: &NftSet, normal: Vec<NftElement>, given: &[NftElement]) -
 }
 
 fn same_header(a: &NftSet, b: &NftSet) -> bool {
-    (&a.name, &a.key, &a.data, a.interval, a.counter) == (&b.name, &b.key, &b.data, b.interval, b.counter)
+    a.name == b.name && super::diff::header(a) == super::diff::header(b)
 }
 
 /// The element deltas from `mem` to `desired`, one per remembered set in its order. Elements
 /// equal to remembered ones are trusted as valid; new or changed ones are normalized (which
 /// validates them). Err(Ok(_)) when the fast path cannot answer.
-fn delta(mem: &mut Memory, desired: &NftTable) -> Result<Vec<SetDelta>, Result<Slow, NftError>> {
+/// Also the chains in normal form when they changed in a way that is written in place (chains
+/// added, removed, or with other rules; a chain's hook changed rebuilds).
+#[allow(clippy::type_complexity)]
+fn delta(
+    mem: &mut Memory,
+    desired: &NftTable,
+) -> Result<(Vec<SetDelta>, Option<Vec<NftChain>>), Result<Slow, NftError>> {
     if desired.sets.len() != mem.sets.len() {
         return Err(Ok(Slow::Structure));
     }
@@ -406,13 +439,18 @@ fn delta(mem: &mut Memory, desired: &NftTable) -> Result<Vec<SetDelta>, Result<S
             _ => return Err(Ok(Slow::Structure)),
         }
     }
+    let mut chains = None;
     if desired.chains != mem.raw_chains {
         // Written differently may still be the same rules: compare in normal form.
         let normal = normalize(&skeleton(desired)).map_err(Err)?;
         if normal.chains != mem.chains {
-            return Err(Ok(Slow::Structure));
+            if !in_place(&normal, &mem.skeleton()) {
+                return Err(Ok(Slow::Structure));
+            }
+            chains = Some(normal.chains);
+        } else {
+            mem.raw_chains = desired.chains.clone();
         }
-        mem.raw_chains = desired.chains.clone();
     }
     let mut out = Vec::with_capacity(mem.sets.len());
     for (s, d) in mem.sets.iter_mut().zip(order) {
@@ -423,7 +461,7 @@ fn delta(mem: &mut Memory, desired: &NftTable) -> Result<Vec<SetDelta>, Result<S
         }
         out.push(SetDelta { digest: d.digest.clone(), ..set_delta(s, d)? });
     }
-    Ok(out)
+    Ok((out, chains))
 }
 
 /// Errors raised before anything is sent (validation and encoding).

@@ -8,8 +8,11 @@ pub const NFT_MSG_GETTABLE: u16 = 1;
 pub const NFT_MSG_DELTABLE: u16 = 2;
 pub const NFT_MSG_NEWCHAIN: u16 = 3;
 pub const NFT_MSG_GETCHAIN: u16 = 4;
+pub const NFT_MSG_DELCHAIN: u16 = 5;
 pub const NFT_MSG_NEWRULE: u16 = 6;
 pub const NFT_MSG_GETRULE: u16 = 7;
+/// Without a handle: every rule of the chain (a flush).
+pub const NFT_MSG_DELRULE: u16 = 8;
 pub const NFT_MSG_NEWSET: u16 = 9;
 pub const NFT_MSG_GETSET: u16 = 10;
 pub const NFT_MSG_NEWSETELEM: u16 = 12;
@@ -70,9 +73,12 @@ pub const NFTA_SET_DATA_TYPE: u16 = 6;
 pub const NFTA_SET_DATA_LEN: u16 = 7;
 pub const NFTA_SET_DESC: u16 = 9;
 pub const NFTA_SET_ID: u16 = 10;
+pub const NFTA_SET_TIMEOUT: u16 = 11;
 pub const NFTA_SET_USERDATA: u16 = 13;
 pub const NFTA_SET_EXPR: u16 = 17;
 pub const NFTA_SET_EXPRESSIONS: u16 = 18;
+/// Inside NFTA_SET_DESC: the most elements (`size N`).
+pub const NFTA_SET_DESC_SIZE: u16 = 1;
 /// Inside NFTA_SET_DESC: the concatenation's field list.
 pub const NFTA_SET_DESC_CONCAT: u16 = 2;
 /// Inside a concat field: its length in bytes.
@@ -84,6 +90,10 @@ pub const NFT_SET_ANONYMOUS: u32 = 0x1;
 pub const NFT_SET_CONSTANT: u32 = 0x2;
 pub const NFT_SET_INTERVAL: u32 = 0x4;
 pub const NFT_SET_MAP: u32 = 0x8;
+/// `flags timeout`: elements expire.
+pub const NFT_SET_TIMEOUT: u32 = 0x10;
+/// `flags dynamic`: filled from the packet path (dynset).
+pub const NFT_SET_EVAL: u32 = 0x20;
 pub const NFT_SET_CONCAT: u32 = 0x80;
 
 // --- set element attributes ---------------------------------------------------------------
@@ -100,6 +110,8 @@ pub const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 /// Inside NFTA_*_DATA: a plain value, or a verdict.
 pub const NFTA_DATA_VALUE: u16 = 1;
 pub const NFTA_DATA_VERDICT: u16 = 2;
+/// A verdict map's data type (NFT_DATA_VERDICT), with data length 0.
+pub const NFT_DATA_VERDICT_TYPE: u32 = 0xffff_ff00;
 pub const NFTA_VERDICT_CODE: u16 = 1;
 pub const NFTA_VERDICT_CHAIN: u16 = 2;
 
@@ -154,6 +166,7 @@ pub const NFT_META_L4PROTO: u32 = 16;
 pub const NFTA_CT_DREG: u16 = 1;
 pub const NFTA_CT_KEY: u16 = 2;
 pub const NFTA_CT_SREG: u16 = 4;
+pub const NFT_CT_STATE: u32 = 0;
 pub const NFT_CT_DIRECTION: u32 = 1;
 pub const NFT_CT_MARK: u32 = 3;
 
@@ -267,3 +280,28 @@ pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 /// Interface names are IFNAMSIZ bytes, NUL included.
 pub const IFNAMSIZ: usize = 16;
+
+// --- dynset (`update @set { ... }`, `add @set { ... }`), limit and connlimit ---------------
+pub const NFTA_DYNSET_SET_NAME: u16 = 1;
+pub const NFTA_DYNSET_SET_ID: u16 = 2;
+pub const NFTA_DYNSET_OP: u16 = 3;
+pub const NFTA_DYNSET_SREG_KEY: u16 = 4;
+pub const NFTA_DYNSET_SREG_DATA: u16 = 5;
+pub const NFTA_DYNSET_TIMEOUT: u16 = 6;
+pub const NFTA_DYNSET_EXPR: u16 = 7;
+pub const NFTA_DYNSET_FLAGS: u16 = 9;
+pub const NFTA_DYNSET_EXPRESSIONS: u16 = 10;
+pub const NFT_DYNSET_OP_ADD: u32 = 0;
+pub const NFT_DYNSET_OP_UPDATE: u32 = 1;
+pub const NFTA_LIMIT_RATE: u16 = 1;
+pub const NFTA_LIMIT_UNIT: u16 = 2;
+pub const NFTA_LIMIT_BURST: u16 = 3;
+pub const NFTA_LIMIT_TYPE: u16 = 4;
+pub const NFTA_LIMIT_FLAGS: u16 = 5;
+pub const NFT_LIMIT_PKTS: u32 = 0;
+/// `over`: the limit matches above the rate.
+pub const NFT_LIMIT_F_INV: u32 = 1;
+pub const NFTA_CONNLIMIT_COUNT: u16 = 1;
+pub const NFTA_CONNLIMIT_FLAGS: u16 = 2;
+/// `over`: the count matches above the number.
+pub const NFT_CONNLIMIT_F_INV: u32 = 1;

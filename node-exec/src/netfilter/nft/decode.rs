@@ -1,13 +1,15 @@
 //! The kernel's dumps decoded back into the model.
 
-use kuport_proto::v1::{BaseChain, ChainPolicy, ChainType, Hook, NftChain, NftElement, NftSet, NftType};
+use kuport_proto::v1::{
+    BaseChain, ChainPolicy, ChainType, Hook, NftChain, NftElement, NftSet, NftType, NftValue, nft_value::Value,
+};
 
 use super::NftError;
 use super::attr::{Attr, ReadNft, decode_err, find, need, parse};
 use super::consts::*;
 use super::expr::decode_list;
 use super::rule::decompile;
-use super::value::{decode_component, padded, split_concat_id, type_from_id, type_info};
+use super::value::{decode_component, padded, split_concat_id, type_from_id, type_info, verdict_of};
 
 fn types_of(id: u32, what: &str) -> Result<Vec<NftType>, NftError> {
     type_from_id(id)
@@ -67,6 +69,20 @@ pub(crate) fn set(payload: &[u8]) -> Result<(String, NftSet, u32), NftError> {
         Vec::new()
     };
     let counter = has_counter(&a)?;
+    let size = match find(&a, NFTA_SET_DESC) {
+        Some(d) => find(&d.nested()?, NFTA_SET_DESC_SIZE).map(|s| s.u32()).transpose()?.unwrap_or(0),
+        None => 0,
+    };
+    let timeout_ms = match find(&a, NFTA_SET_TIMEOUT) {
+        Some(t) => {
+            let b: [u8; 8] = t.data.try_into().map_err(|_| decode_err(format!("{object}: timeout is not a u64")))?;
+            u64::from_be_bytes(b)
+        }
+        None => 0,
+    };
+    // kuport writes whole seconds; anything else reads as a different set.
+    let timeout_seconds =
+        if timeout_ms % 1000 == 0 { u32::try_from(timeout_ms / 1000).unwrap_or(u32::MAX) } else { u32::MAX };
     Ok((
         table,
         NftSet {
@@ -80,6 +96,9 @@ pub(crate) fn set(payload: &[u8]) -> Result<(String, NftSet, u32), NftError> {
             runs: Vec::new(),
             // What conntrack flushes is the state's word; the kernel does not hold it.
             flush_udp_flows: false,
+            dynamic: flags & NFT_SET_EVAL != 0,
+            size,
+            timeout_seconds,
         },
         flags,
     ))
@@ -197,7 +216,16 @@ pub(crate) fn elements(payload: &[u8], set: &mut NftSet) -> Result<(), NftError>
         for ((ty, s), t) in key.iter().zip(s).zip(t) {
             out.key.push(decode_component(*ty, s, t, hton)?);
         }
-        if !data.is_empty() {
+        if data == [NftType::Verdict] {
+            let d = need(&e, NFTA_SET_ELEM_DATA, "map element")?.nested()?;
+            let v = need(&d, NFTA_DATA_VERDICT, "verdict map element")?.nested()?;
+            let code = need(&v, NFTA_VERDICT_CODE, "verdict")?.u32()? as i32;
+            let chain = find(&v, NFTA_VERDICT_CHAIN).map(|c| c.str()).transpose()?;
+            let verdict = verdict_of(code, chain.as_deref()).ok_or_else(|| {
+                decode_err(format!("set {}: verdict {code} is outside kuport's vocabulary", set.name))
+            })?;
+            out.data.push(NftValue { value: Some(Value::Verdict(verdict)) });
+        } else if !data.is_empty() {
             let d = need(&e, NFTA_SET_ELEM_DATA, "map element")?.data_value()?;
             for (ty, b) in data.iter().zip(components(&d, &data)?) {
                 out.data.push(decode_component(*ty, b, b, false)?);

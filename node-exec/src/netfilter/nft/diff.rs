@@ -77,6 +77,11 @@ impl fmt::Display for NftDiff {
     }
 }
 
+/// What declares a set, beside its name: a difference recreates it.
+pub(crate) fn header(s: &NftSet) -> (&[i32], &[i32], bool, bool, bool, u32, u32) {
+    (&s.key, &s.data, s.interval, s.counter, s.dynamic, s.size, s.timeout_seconds)
+}
+
 /// A set's elements by key (the Debug form of the key is an exact, hashable identity).
 pub(crate) fn by_key(set: &NftSet) -> BTreeMap<String, &NftElement> {
     set.elements.iter().map(|e| (format!("{:?}", e.key), e)).collect()
@@ -90,12 +95,7 @@ pub fn diff(desired: &NftTable, actual: Option<&NftTable>) -> Vec<NftDiff> {
     for want in &desired.sets {
         match actual.sets.iter().find(|s| s.name == want.name) {
             None => out.push(NftDiff::MissingSet(want.name.clone())),
-            Some(have)
-                if (&have.key, &have.data, have.interval, have.counter)
-                    != (&want.key, &want.data, want.interval, want.counter) =>
-            {
-                out.push(NftDiff::ChangedSet(want.name.clone()))
-            }
+            Some(have) if header(have) != header(want) => out.push(NftDiff::ChangedSet(want.name.clone())),
             Some(have) => {
                 let (w, h) = (by_key(want), by_key(have));
                 for (k, e) in &w {

@@ -7,7 +7,7 @@ use super::attr::{AttrWriter, WriteNft};
 use super::consts::*;
 use super::expr::Expr;
 use super::rule::{RuleCtx, SetRef};
-use super::value::{TypeInfo, concat_id, encode_component, padded, type_info};
+use super::value::{TypeInfo, concat_id, encode_component, padded, type_info, verdict_code};
 use crate::sys::netlink::consts::{NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL};
 
 /// Bytes of encoded elements per message: attribute lengths are u16, so a message's element
@@ -168,10 +168,24 @@ pub(crate) fn check_set(set: &NftSet) -> Result<(), NftError> {
     if set.key.is_empty() {
         return Err(invalid(&object, "a set needs a key type"));
     }
-    types(&object, "key", &set.key)?;
-    types(&object, "data", &set.data)?;
+    let key = types(&object, "key", &set.key)?;
     if single_interval(set) && !set.data.is_empty() {
         return Err(NftError::Unsupported { object, what: "interval maps with a single key component".into() });
+    }
+    let data = types(&object, "data", &set.data)?;
+    if data.iter().any(|(t, _)| *t == NftType::Verdict) && data.len() != 1 {
+        return Err(invalid(&object, "a verdict is a map's whole data"));
+    }
+    if key.iter().any(|(t, _)| *t == NftType::Verdict) {
+        return Err(invalid(&object, "a verdict is map data, never a key"));
+    }
+    if set.dynamic {
+        if !set.data.is_empty() || set.interval {
+            return Err(NftError::Unsupported { object, what: "dynamic maps and dynamic interval sets".into() });
+        }
+        if !set.elements.is_empty() {
+            return Err(invalid(&object, "a dynamic set's elements are the kernel's: it lists none"));
+        }
     }
     Ok(())
 }
@@ -273,6 +287,12 @@ fn new_set_flags(family: u8, table: &str, set: &NftSet, id: u32, extra: u32) -> 
     if concat_interval {
         flags |= NFT_SET_CONCAT;
     }
+    if set.timeout_seconds != 0 {
+        flags |= NFT_SET_TIMEOUT;
+    }
+    if set.dynamic {
+        flags |= NFT_SET_EVAL;
+    }
     let (kt, kl) = type_and_len(&key);
     let mut w = AttrWriter::new();
     w.put_str(NFTA_SET_TABLE, table);
@@ -286,16 +306,24 @@ fn new_set_flags(family: u8, table: &str, set: &NftSet, id: u32, extra: u32) -> 
         w.put_u32(NFTA_SET_DATA_LEN, dl);
     }
     w.put_u32(NFTA_SET_ID, id);
-    if concat_interval {
+    if concat_interval || set.size != 0 {
         let d = w.begin(NFTA_SET_DESC);
-        let c = w.begin(NFTA_SET_DESC_CONCAT);
-        for (_, info) in &key {
-            let e = w.begin(NFTA_LIST_ELEM);
-            w.put_u32(NFTA_SET_FIELD_LEN, info.len);
-            w.end(e);
+        if set.size != 0 {
+            w.put_u32(NFTA_SET_DESC_SIZE, set.size);
         }
-        w.end(c);
+        if concat_interval {
+            let c = w.begin(NFTA_SET_DESC_CONCAT);
+            for (_, info) in &key {
+                let e = w.begin(NFTA_LIST_ELEM);
+                w.put_u32(NFTA_SET_FIELD_LEN, info.len);
+                w.end(e);
+            }
+            w.end(c);
+        }
         w.end(d);
+    }
+    if set.timeout_seconds != 0 {
+        w.put(NFTA_SET_TIMEOUT, &(u64::from(set.timeout_seconds) * 1000).to_be_bytes());
     }
     w.put(NFTA_SET_USERDATA, &set_udata(&key, &data));
     if set.counter {
@@ -324,6 +352,7 @@ pub(crate) fn element_name(e: &NftElement) -> String {
             Some(Value::Port(r)) => r.first.to_string(),
             Some(Value::Mark(m)) => format!("{m:#x}"),
             Some(Value::Id(i)) => i.to_string(),
+            Some(Value::Verdict(v)) => format!("{v:?}"),
             None => "?".into(),
         })
         .collect();
@@ -357,6 +386,28 @@ fn put_element(
         }
         start.extend(s);
         end.extend(t);
+    }
+    if let ([(NftType::Verdict, _)], [v]) = (data, e.data.as_slice()) {
+        // NFTA_SET_ELEM_DATA { NFTA_DATA_VERDICT { CODE, CHAIN } }.
+        let Some(kuport_proto::v1::nft_value::Value::Verdict(v)) = &v.value else {
+            return Err(invalid(&object, "a verdict map's data must be a verdict"));
+        };
+        let (code, chain) = verdict_code(&object, v)?;
+        let el = element_nest(w, n);
+        w.put_data(NFTA_SET_ELEM_KEY, &start);
+        if set.interval {
+            w.put_data(NFTA_SET_ELEM_KEY_END, &end);
+        }
+        let dn = w.begin(NFTA_SET_ELEM_DATA);
+        let vn = w.begin(NFTA_DATA_VERDICT);
+        w.put(NFTA_VERDICT_CODE, &code.to_be_bytes());
+        if let Some(c) = chain {
+            w.put_str(NFTA_VERDICT_CHAIN, &c);
+        }
+        w.end(vn);
+        w.end(dn);
+        w.end(el);
+        return Ok(());
     }
     let mut d = Vec::new();
     for ((ty, info), v) in data.iter().zip(&e.data) {
@@ -433,6 +484,22 @@ pub(crate) fn set_elements(
     Ok(out)
 }
 
+/// Deletes every rule of `chain` (DELRULE without a handle: nft's `flush chain`).
+pub(crate) fn flush_chain(family: u8, table: &str, chain: &str) -> Msg {
+    let mut w = AttrWriter::new();
+    w.put_str(NFTA_RULE_TABLE, table);
+    w.put_str(NFTA_RULE_CHAIN, chain);
+    msg(NFT_MSG_DELRULE, 0, family, w, format!("the rules of chain {chain}"))
+}
+
+/// Deletes `chain` (and its rules); the kernel refuses it while a rule or element jumps to it.
+pub(crate) fn del_chain(family: u8, table: &str, chain: &str) -> Msg {
+    let mut w = AttrWriter::new();
+    w.put_str(NFTA_CHAIN_TABLE, table);
+    w.put_str(NFTA_CHAIN_NAME, chain);
+    msg(NFT_MSG_DELCHAIN, 0, family, w, format!("chain {chain}"))
+}
+
 pub(crate) fn new_rule(family: u8, table: &str, chain: &str, exprs: &[Expr], object: String) -> Msg {
     let mut w = AttrWriter::new();
     w.put_str(NFTA_RULE_TABLE, table);
@@ -464,6 +531,7 @@ pub(crate) fn rule_ctx_at(table: &NftTable, base: Option<u32>) -> RuleCtx {
                 key: conv(&s.key),
                 data: conv(&s.data),
                 interval: s.interval,
+                dynamic: s.dynamic,
                 id: base.map(|b| b + i as u32 + 1),
             };
             (s.name.clone(), r)

@@ -1,5 +1,11 @@
 //! The nf_tables expressions kuport uses: an in-memory form, its attribute encoding (in the
 //! attribute order libnftnl 1.2 writes) and its decoding from the kernel's dumps.
+//!
+//! Besides loads, compares, lookups, NAT and verdicts: `lookup ... dreg 0` is a verdict map
+//! (`KEY vmap @m`); `ct load state` + `bitwise` + `cmp neq 0` is `ct state S`; `dynset` with a
+//! `limit` (op update) or a `connlimit` (op add) is `update @s { KEY . TAG limit ... }` /
+//! `add @s { KEY . TAG ct count ... }`, the tag an `immediate` into the register word after the
+//! key (tests/data/guard_inet.nft has nft's own messages for each).
 
 use super::NftError;
 use super::attr::{Attr, AttrWriter, ReadNft, WriteNft, decode_err, find, need, parse};
@@ -10,6 +16,15 @@ use super::consts::*;
 pub(crate) enum Imm {
     Value(Vec<u8>),
     Verdict { code: i32, chain: Option<String> },
+}
+
+/// The stateful expression a dynset gives each element it creates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stateful {
+    /// `limit rate [over] RATE/second burst BURST packets`.
+    Limit { rate: u64, burst: u32, over: bool },
+    /// `ct count [over] COUNT`.
+    Connlimit { count: u32, over: bool },
 }
 
 /// One expression of a rule.
@@ -112,6 +127,15 @@ pub(crate) enum Expr {
         flags: Option<u32>,
     },
     Counter,
+    /// `update @set { KEY stateful }` (op update) or `add @set { ... }` (op add): the element for
+    /// the key in registers from `sreg_key` is created (or refreshed) with its own `expr`.
+    Dynset {
+        sreg_key: u32,
+        op: u32,
+        set: String,
+        set_id: Option<u32>,
+        expr: Stateful,
+    },
     /// A routing key into a register (`rt mtu`: the route's TCP MSS).
     Rt {
         key: u32,
@@ -143,6 +167,7 @@ impl Expr {
             Expr::Nat { .. } => "nat",
             Expr::Redir { .. } => "redir",
             Expr::Counter => "counter",
+            Expr::Dynset { .. } => "dynset",
             Expr::Rt { .. } => "rt",
             Expr::ExthdrSet { .. } => "exthdr",
         }
@@ -272,6 +297,37 @@ impl Expr {
                 put_opt(w, NFTA_REDIR_FLAGS, *flags);
             }
             Expr::Counter => {}
+            Expr::Dynset { sreg_key, op, set, set_id, expr } => {
+                // libnftnl's order: key register, op, set, its id, then the expression.
+                w.put_u32(NFTA_DYNSET_SREG_KEY, *sreg_key);
+                w.put_u32(NFTA_DYNSET_OP, *op);
+                w.put_str(NFTA_DYNSET_SET_NAME, set);
+                if let Some(id) = set_id {
+                    w.put_u32(NFTA_DYNSET_SET_ID, *id);
+                }
+                let e = w.begin(NFTA_DYNSET_EXPR);
+                match expr {
+                    Stateful::Limit { rate, burst, over } => {
+                        w.put_str(NFTA_EXPR_NAME, "limit");
+                        let d = w.begin(NFTA_EXPR_DATA);
+                        w.put(NFTA_LIMIT_RATE, &rate.to_be_bytes());
+                        // Per second.
+                        w.put(NFTA_LIMIT_UNIT, &1u64.to_be_bytes());
+                        w.put_u32(NFTA_LIMIT_BURST, *burst);
+                        w.put_u32(NFTA_LIMIT_TYPE, NFT_LIMIT_PKTS);
+                        w.put_u32(NFTA_LIMIT_FLAGS, if *over { NFT_LIMIT_F_INV } else { 0 });
+                        w.end(d);
+                    }
+                    Stateful::Connlimit { count, over } => {
+                        w.put_str(NFTA_EXPR_NAME, "connlimit");
+                        let d = w.begin(NFTA_EXPR_DATA);
+                        w.put_u32(NFTA_CONNLIMIT_COUNT, *count);
+                        w.put_u32(NFTA_CONNLIMIT_FLAGS, if *over { NFT_CONNLIMIT_F_INV } else { 0 });
+                        w.end(d);
+                    }
+                }
+                w.end(e);
+            }
             Expr::Rt { key, dreg } => {
                 w.put_u32(NFTA_RT_KEY, *key);
                 w.put_u32(NFTA_RT_DREG, *dreg);
@@ -399,6 +455,34 @@ impl Expr {
                 }
             }
             "counter" => Expr::Counter,
+            "dynset" => {
+                // The kernel dumps a timeout (0: the set's) and flags (only `!=`) always.
+                if find(d, NFTA_DYNSET_SREG_DATA).is_some() {
+                    return Err(unsupported("dynset with data"));
+                }
+                let timeout = match find(d, NFTA_DYNSET_TIMEOUT) {
+                    Some(a) => u64_of(a)?,
+                    None => 0,
+                };
+                if timeout != 0 || opt(NFTA_DYNSET_FLAGS)?.unwrap_or(0) != 0 {
+                    return Err(unsupported("dynset with its own timeout or flags"));
+                }
+                let e = match (find(d, NFTA_DYNSET_EXPR), find(d, NFTA_DYNSET_EXPRESSIONS)) {
+                    (Some(e), None) => e.nested()?,
+                    (None, Some(list)) => match list.nested()?.as_slice() {
+                        [one] => one.nested()?,
+                        _ => return Err(unsupported("dynset with other than one expression")),
+                    },
+                    _ => return Err(unsupported("dynset without one expression")),
+                };
+                Expr::Dynset {
+                    sreg_key: u(NFTA_DYNSET_SREG_KEY)?,
+                    op: u(NFTA_DYNSET_OP)?,
+                    set: need(d, NFTA_DYNSET_SET_NAME, "dynset")?.str()?,
+                    set_id: None,
+                    expr: stateful(&e)?,
+                }
+            }
             "rt" => Expr::Rt { key: u(NFTA_RT_KEY)?, dreg: u(NFTA_RT_DREG)? },
             "exthdr" => {
                 // A read (into a register) or flags (a presence test) is outside kuport's rules.
@@ -419,6 +503,42 @@ impl Expr {
             }
             other => return Err(unsupported(&format!("expression {other:?}"))),
         })
+    }
+}
+
+fn u64_of(a: &Attr<'_>) -> Result<u64, NftError> {
+    let b: [u8; 8] = a.data.try_into().map_err(|_| decode_err(format!("attribute {} is not a u64", a.ty)))?;
+    Ok(u64::from_be_bytes(b))
+}
+
+/// A dynset's expression: a packet limit per second, or a connection count.
+fn stateful(attrs: &[Attr<'_>]) -> Result<Stateful, NftError> {
+    let name = need(attrs, NFTA_EXPR_NAME, "dynset expression")?.str()?;
+    let data = match find(attrs, NFTA_EXPR_DATA) {
+        Some(d) => parse(d.data)?,
+        None => Vec::new(),
+    };
+    let d = data.as_slice();
+    let u = |ty: u16| -> Result<u32, NftError> { need(d, ty, &name)?.u32() };
+    match name.as_str() {
+        "limit" => {
+            let flags = find(d, NFTA_LIMIT_FLAGS).map(|a| a.u32()).transpose()?.unwrap_or(0);
+            let rate = u64_of(need(d, NFTA_LIMIT_RATE, "limit")?)?;
+            let unit = u64_of(need(d, NFTA_LIMIT_UNIT, "limit")?)?;
+            let ty = find(d, NFTA_LIMIT_TYPE).map(|a| a.u32()).transpose()?.unwrap_or(NFT_LIMIT_PKTS);
+            if unit != 1 || ty != NFT_LIMIT_PKTS || flags & !NFT_LIMIT_F_INV != 0 {
+                return Err(unsupported("a limit other than packets per second"));
+            }
+            Ok(Stateful::Limit { rate, burst: u(NFTA_LIMIT_BURST)?, over: flags & NFT_LIMIT_F_INV != 0 })
+        }
+        "connlimit" => {
+            let flags = find(d, NFTA_CONNLIMIT_FLAGS).map(|a| a.u32()).transpose()?.unwrap_or(0);
+            if flags & !NFT_CONNLIMIT_F_INV != 0 {
+                return Err(unsupported("connlimit flags"));
+            }
+            Ok(Stateful::Connlimit { count: u(NFTA_CONNLIMIT_COUNT)?, over: flags & NFT_CONNLIMIT_F_INV != 0 })
+        }
+        other => Err(unsupported(&format!("dynset expression {other:?}"))),
     }
 }
 

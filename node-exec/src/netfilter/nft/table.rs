@@ -4,16 +4,16 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use kuport_proto::v1::{NetnsState, NftElement, NftFamily, NftRule, NftSet, NftTable, NodeState};
+use kuport_proto::v1::{NetnsState, NftChain, NftElement, NftFamily, NftRule, NftSet, NftTable, NodeState};
 
 use super::attr::{self, AttrWriter, ReadNft, decode_err};
 use super::consts::*;
-use super::diff::{NftDiff, by_key, diff};
+use super::diff::{NftDiff, by_key, diff, header};
 use super::encode::{self, Msg, family_code, rule_name};
 use super::expr::Expr;
 use super::rule::{compile, decompile};
 use super::socket::{KernelError, Socket};
-use super::value::{decode_component, encode_component};
+use super::value::{decode_component, encode_component, verdict_code, verdict_of};
 use super::{NftError, decode};
 use crate::sys::netlink::reason;
 
@@ -40,6 +40,9 @@ pub enum ApplyMode {
     Elements,
     /// The table was (re)built whole.
     Replaced,
+    /// Chains were added, removed or had their rules rewritten in place, with the elements that
+    /// changed; the sets were kept (with what the kernel holds in dynamic ones).
+    Chains,
 }
 
 #[derive(Debug, Clone)]
@@ -86,6 +89,7 @@ pub fn normalize(table: &NftTable) -> Result<NftTable, NftError> {
             s.elements.push(normalize_element(s, &e)?);
         }
     }
+    check_jumps(&t)?;
     let ctx = encode::rule_ctx(&t, false);
     for c in &mut t.chains {
         for (i, r) in c.rules.iter_mut().enumerate() {
@@ -106,6 +110,100 @@ pub fn normalize(table: &NftTable) -> Result<NftTable, NftError> {
     Ok(t)
 }
 
+/// Every jump and goto of a verdict map names a regular chain of the table: the kernel refuses
+/// a jump to a base chain or to a chain that does not exist, and would refuse the whole
+/// transaction.
+fn check_jumps(t: &NftTable) -> Result<(), NftError> {
+    for s in &t.sets {
+        for e in &s.elements {
+            check_jump(&s.name, e, &t.chains)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`check_jumps`] for one element of set `set`, against the table's `chains`.
+pub(crate) fn check_jump(set: &str, e: &NftElement, chains: &[NftChain]) -> Result<(), NftError> {
+    use kuport_proto::v1::{VerdictKind, nft_value::Value};
+    for v in &e.data {
+        let Some(Value::Verdict(v)) = &v.value else { continue };
+        if !matches!(VerdictKind::try_from(v.kind), Ok(VerdictKind::Jump | VerdictKind::Goto)) {
+            continue;
+        }
+        match chains.iter().find(|c| c.name == v.chain) {
+            Some(c) if c.base.is_none() => {}
+            found => {
+                let why = if found.is_some() { "is a base chain" } else { "does not exist" };
+                return Err(NftError::Invalid {
+                    object: format!("element {} of set {set}", encode::element_name(e)),
+                    reason: format!("jumps to chain {}, which {why}: only a regular chain of the table", v.chain),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `have` becomes `want` in place: the same sets (names and declarations), and every
+/// chain both hold on the same hook. Then chains are added, removed and rewritten and elements
+/// changed without rebuilding the table, so a dynamic set keeps what the kernel holds in it.
+pub(crate) fn in_place(want: &NftTable, have: &NftTable) -> bool {
+    let same_set = |w: &NftSet| have.sets.iter().any(|h| h.name == w.name && header(h) == header(w));
+    want.sets.len() == have.sets.len()
+        && want.sets.iter().all(same_set)
+        && want.chains.iter().all(|w| have.chains.iter().find(|h| h.name == w.name).is_none_or(|h| h.base == w.base))
+}
+
+/// The messages that turn chains `have` into `want`'s in place, as (head, tail). The head creates
+/// the added chains, then flushes each changed chain and writes the rules of the added and
+/// changed ones: once it is committed, a rule or element may jump to a new chain. The tail
+/// flushes the removed chains, then deletes them: it goes last, after the elements and rules
+/// that jumped to them are gone (the kernel refuses a chain something still jumps to, EBUSY).
+pub(crate) fn chain_changes(fam: u8, want: &NftTable, have: &[NftChain]) -> Result<(Vec<Msg>, Vec<Msg>), NftError> {
+    let mut head = Vec::new();
+    let added: Vec<&NftChain> = want.chains.iter().filter(|w| !have.iter().any(|h| h.name == w.name)).collect();
+    for c in &added {
+        head.push(encode::new_chain(fam, &want.name, c)?);
+    }
+    let ctx = encode::rule_ctx(want, false);
+    let mut next_id = 1;
+    for c in &want.chains {
+        let old = have.iter().find(|h| h.name == c.name);
+        match old {
+            Some(h) if h.rules == c.rules => continue,
+            Some(_) => head.push(encode::flush_chain(fam, &want.name, &c.name)),
+            None => {}
+        }
+        for (i, r) in c.rules.iter().enumerate() {
+            let object = rule_name(&c.name, i);
+            let mut exprs = compile(r, &ctx, &object)?;
+            for e in &mut exprs {
+                if let Expr::Literal { key, values, set_id, .. } = e {
+                    head.extend(encode::anon_set(fam, &want.name, *key, values, next_id, &object)?);
+                    *set_id = Some(next_id);
+                    next_id += 1;
+                }
+            }
+            head.push(encode::new_rule(fam, &want.name, &c.name, &exprs, object));
+        }
+    }
+    let removed: Vec<&NftChain> = have.iter().filter(|h| !want.chains.iter().any(|w| w.name == h.name)).collect();
+    let mut tail: Vec<Msg> = removed.iter().map(|c| encode::flush_chain(fam, &want.name, &c.name)).collect();
+    tail.extend(removed.iter().map(|c| encode::del_chain(fam, &want.name, &c.name)));
+    Ok((head, tail))
+}
+
+/// The head, then the element groups packed into transactions, then the tail in the last one.
+pub(crate) fn assemble(head: Vec<Msg>, groups: Vec<Vec<Msg>>, tail: Vec<Msg>, budget: usize) -> Vec<Vec<Msg>> {
+    let mut batches = pack(head, groups, budget);
+    match batches.last_mut() {
+        Some(last) => last.extend(tail),
+        None if !tail.is_empty() => batches.push(tail),
+        None => {}
+    }
+    batches
+}
+
 pub(crate) fn normalize_element(set: &NftSet, e: &NftElement) -> Result<NftElement, NftError> {
     let object = format!("element {} of set {}", encode::element_name(e), set.name);
     let bad = |reason: &str| NftError::Invalid { object: object.clone(), reason: reason.into() };
@@ -121,6 +219,16 @@ pub(crate) fn normalize_element(set: &NftSet, e: &NftElement) -> Result<NftEleme
     }
     for (t, v) in set.data.iter().zip(&e.data) {
         let ty = kuport_proto::v1::NftType::try_from(*t).map_err(|_| bad("unknown type"))?;
+        if ty == kuport_proto::v1::NftType::Verdict {
+            let Some(kuport_proto::v1::nft_value::Value::Verdict(verdict)) = &v.value else {
+                return Err(bad("a verdict map's data must be a verdict"));
+            };
+            let (code, chain) = verdict_code(&object, verdict)?;
+            let normal = verdict_of(code, chain.as_deref()).ok_or_else(|| bad("unknown verdict"))?;
+            out.data
+                .push(kuport_proto::v1::NftValue { value: Some(kuport_proto::v1::nft_value::Value::Verdict(normal)) });
+            continue;
+        }
         let (s, _) = encode_component(&object, ty, v, false, false)?;
         out.data.push(decode_component(ty, &s, &s, false)?);
     }
@@ -189,7 +297,9 @@ fn read_once(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<
         let mut w = AttrWriter::new();
         w.put_str(NFTA_SET_ELEM_LIST_TABLE, name);
         w.put_str(NFTA_SET_ELEM_LIST_SET, &s.name);
-        if encode::single_interval(&s) {
+        if s.dynamic {
+            // Its elements are the kernel's (per-source state): never read, never compared.
+        } else if encode::single_interval(&s) {
             let mut bounds = Vec::new();
             for e in sock.request(NFT_MSG_GETSETELEM, fam, &w.buf, true)? {
                 decode::interval_bounds(&e, &mut bounds)?;
@@ -294,7 +404,16 @@ pub(crate) fn apply_normal(sock: &mut Socket, want: &NftTable, opts: &ApplyOptio
     let batches = match &have {
         Some(have) if diffs.iter().all(NftDiff::is_element) => {
             report.mode = ApplyMode::Elements;
-            element_batches(fam, want, have, budget)?
+            let (mut dels, adds) = element_groups(fam, want, have, budget)?;
+            dels.extend(adds);
+            pack(Vec::new(), dels, budget)
+        }
+        Some(have) if in_place(want, have) => {
+            report.mode = ApplyMode::Chains;
+            let (mut dels, adds) = element_groups(fam, want, have, budget)?;
+            dels.extend(adds);
+            let (head, tail) = chain_changes(fam, want, &have.chains)?;
+            assemble(head, dels, tail, budget)
         }
         _ => {
             report.mode = ApplyMode::Replaced;
@@ -454,7 +573,16 @@ pub fn create_and_remove(
     Ok(Some(report))
 }
 
-fn element_batches(fam: u8, want: &NftTable, have: &NftTable, budget: usize) -> Result<Vec<Vec<Msg>>, NftError> {
+/// The element changes from `have` to `want`: (removals, additions and changes), each a group of
+/// messages for one transaction. Removals go first: an interval element may only be re-added
+/// once its overlap is gone.
+#[allow(clippy::type_complexity)]
+fn element_groups(
+    fam: u8,
+    want: &NftTable,
+    have: &NftTable,
+    budget: usize,
+) -> Result<(Vec<Vec<Msg>>, Vec<Vec<Msg>>), NftError> {
     let mut dels: Vec<Vec<Msg>> = Vec::new();
     let mut adds: Vec<Vec<Msg>> = Vec::new();
     for s in &want.sets {
@@ -477,9 +605,7 @@ fn element_batches(fam: u8, want: &NftTable, have: &NftTable, budget: usize) -> 
             }
         }
     }
-    // Removals first: an interval element may only be re-added once its overlap is gone.
-    dels.extend(adds);
-    Ok(pack(Vec::new(), dels, budget))
+    Ok((dels, adds))
 }
 
 /// Deletes table `name` of `family` (one kuport owns); Ok(false) when it did not exist.

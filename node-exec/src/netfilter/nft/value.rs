@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use kuport_proto::v1::{L4Proto, NftType, NftValue, PortRange, Selector, nft_value::Value};
+use kuport_proto::v1::{L4Proto, NftType, NftValue, PortRange, Selector, Verdict, VerdictKind, nft_value::Value};
 
 use super::NftError;
 use super::consts::*;
@@ -25,6 +25,7 @@ pub(crate) fn type_info(t: NftType) -> Option<TypeInfo> {
         NftType::InetProto => (TYPE_INET_PROTOCOL, 1, BYTEORDER_INVALID),
         NftType::InetService => (TYPE_INET_SERVICE, 2, BYTEORDER_BIG),
         NftType::Mark => (TYPE_MARK, 4, BYTEORDER_HOST),
+        NftType::Verdict => (NFT_DATA_VERDICT_TYPE, 0, BYTEORDER_INVALID),
     };
     Some(TypeInfo { id, len, byteorder })
 }
@@ -37,6 +38,7 @@ pub(crate) fn type_from_id(id: u32) -> Option<NftType> {
         TYPE_INET_PROTOCOL => NftType::InetProto,
         TYPE_INET_SERVICE => NftType::InetService,
         TYPE_MARK => NftType::Mark,
+        NFT_DATA_VERDICT_TYPE => NftType::Verdict,
         _ => return None,
     })
 }
@@ -216,7 +218,8 @@ pub(crate) fn encode_component(
 pub(crate) fn decode_component(ty: NftType, start: &[u8], end: &[u8], hton: bool) -> Result<NftValue, NftError> {
     let bad = || NftError::Decode { what: format!("element value {start:02x?} does not fit {}", ty.as_str_name()) };
     let value = match ty {
-        NftType::Unspecified => return Err(bad()),
+        // A verdict is no value: see `encode::put_element` and `decode::elements`.
+        NftType::Unspecified | NftType::Verdict => return Err(bad()),
         NftType::Ifname => {
             let s = start.split(|b| *b == 0).next().unwrap_or_default();
             Value::Ifname(String::from_utf8(s.to_vec()).map_err(|_| bad())?)
@@ -240,6 +243,35 @@ pub(crate) fn decode_component(ty: NftType, start: &[u8], end: &[u8], hton: bool
         }
     };
     Ok(NftValue { value: Some(value) })
+}
+
+/// A verdict's code and chain, as an immediate or a verdict map's data carries them: jump and
+/// goto need a chain, the others have none.
+pub(crate) fn verdict_code(object: &str, v: &Verdict) -> Result<(i32, Option<String>), NftError> {
+    let chain =
+        || (!v.chain.is_empty()).then(|| v.chain.clone()).ok_or_else(|| invalid(object, "jump/goto needs a chain"));
+    Ok(match VerdictKind::try_from(v.kind) {
+        Ok(VerdictKind::Accept) => (NF_ACCEPT, None),
+        Ok(VerdictKind::Drop) => (NF_DROP, None),
+        Ok(VerdictKind::Return) => (NFT_RETURN, None),
+        Ok(VerdictKind::Jump) => (NFT_JUMP, Some(chain()?)),
+        Ok(VerdictKind::Goto) => (NFT_GOTO, Some(chain()?)),
+        _ => return Err(invalid(object, "unknown verdict")),
+    })
+}
+
+/// The inverse of [`verdict_code`]; None for a code outside kuport's verdicts.
+pub(crate) fn verdict_of(code: i32, chain: Option<&str>) -> Option<Verdict> {
+    let kind = match code {
+        NF_ACCEPT => VerdictKind::Accept,
+        NF_DROP => VerdictKind::Drop,
+        NFT_RETURN => VerdictKind::Return,
+        NFT_JUMP => VerdictKind::Jump,
+        NFT_GOTO => VerdictKind::Goto,
+        _ => return None,
+    };
+    let chain = if matches!(kind, VerdictKind::Jump | VerdictKind::Goto) { chain?.to_string() } else { String::new() };
+    Some(Verdict { kind: kind as i32, chain })
 }
 
 /// Where a selector's value comes from.

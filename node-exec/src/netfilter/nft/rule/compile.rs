@@ -4,13 +4,13 @@
 use std::collections::HashMap;
 
 use kuport_proto::v1::{
-    CmpOp, Compare, MapLookup, NatKind, NftFamily, NftRule, NftStatement, NftType, Selector, TcpFlags, VerdictKind,
-    nat, nft_match, nft_statement, nft_value::Value, redirect, set_mark,
+    CmpOp, Compare, MapLookup, NatKind, NftFamily, NftRule, NftStatement, NftType, Selector, SetUpdate, TcpFlags, nat,
+    nft_match, nft_statement, nft_value::Value, redirect, set_mark, set_update,
 };
 
 use crate::netfilter::nft::NftError;
 use crate::netfilter::nft::consts::*;
-use crate::netfilter::nft::expr::{Expr, Imm, reg_of_slot};
+use crate::netfilter::nft::expr::{Expr, Imm, Stateful, reg_of_slot};
 use crate::netfilter::nft::value::*;
 
 /// What a rule needs to know about a set it reads.
@@ -19,6 +19,8 @@ pub(crate) struct SetRef {
     pub(crate) key: Vec<NftType>,
     pub(crate) data: Vec<NftType>,
     pub(crate) interval: bool,
+    /// `flags dynamic`: what `update`/`add` statements may write.
+    pub(crate) dynamic: bool,
     /// The batch-local id when the set is created in the same batch as the rule.
     pub(crate) id: Option<u32>,
 }
@@ -113,6 +115,28 @@ pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec
                 }
                 out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_EQ, data: vec![value] });
             }
+            nft_match::Kind::CtState(c) => {
+                // What nft sends for `ct state new`: the state bits under the mask, not zero.
+                if c.states == 0 || c.states & !CT_STATES != 0 {
+                    return Err(invalid(
+                        object,
+                        format!(
+                            "ct state {:#x}: bits of invalid 1, established 2, related 4, new 8, untracked 64",
+                            c.states
+                        ),
+                    ));
+                }
+                out.push(Expr::Ct { key: NFT_CT_STATE, dreg: NFT_REG_1 });
+                out.push(Expr::Bitwise {
+                    sreg: NFT_REG_1,
+                    dreg: NFT_REG_1,
+                    len: 4,
+                    mask: c.states.to_ne_bytes().to_vec(),
+                    xor: vec![0; 4],
+                    with_op: false,
+                });
+                out.push(Expr::Cmp { sreg: NFT_REG_1, op: NFT_CMP_NEQ, data: vec![0; 4] });
+            }
             nft_match::Kind::Lookup(l) => {
                 let set = set_ref(ctx, object, &l.set)?;
                 if !set.data.is_empty() {
@@ -134,6 +158,9 @@ pub(crate) fn compile(rule: &NftRule, ctx: &RuleCtx, object: &str) -> Result<Vec
     }
     Ok(out)
 }
+
+/// The `ct state` bits kuport knows: invalid, established, related, new, untracked.
+pub(crate) const CT_STATES: u32 = 0x01 | 0x02 | 0x04 | 0x08 | 0x40;
 
 /// A `tcp flags` match's (value, mask) as bytes: a mask of 1 to 0xff and a value inside it.
 fn tcp_flags(object: &str, f: &TcpFlags) -> Result<(u8, u8), NftError> {
@@ -550,20 +577,81 @@ fn compile_statement(
             });
         }
         nft_statement::Kind::Verdict(v) => {
-            let chain = || {
-                (!v.chain.is_empty()).then(|| v.chain.clone()).ok_or_else(|| invalid(object, "jump/goto needs a chain"))
-            };
-            let (code, chain) = match VerdictKind::try_from(v.kind) {
-                Ok(VerdictKind::Accept) => (NF_ACCEPT, None),
-                Ok(VerdictKind::Drop) => (NF_DROP, None),
-                Ok(VerdictKind::Return) => (NFT_RETURN, None),
-                Ok(VerdictKind::Jump) => (NFT_JUMP, Some(chain()?)),
-                Ok(VerdictKind::Goto) => (NFT_GOTO, Some(chain()?)),
-                _ => return Err(invalid(object, "unknown verdict")),
-            };
+            let (code, chain) = verdict_code(object, v)?;
             out.push(Expr::Immediate { dreg: NFT_REG_VERDICT, data: Imm::Verdict { code, chain } });
         }
+        nft_statement::Kind::VerdictMap(m) => {
+            // `KEY vmap @m`: the lookup writes the verdict register itself.
+            let set = set_ref(ctx, object, &m.map)?;
+            if set.data != [NftType::Verdict] {
+                return Err(invalid(object, format!("@{} is not a verdict map", m.map)));
+            }
+            key_loads(out, deps, ctx, object, &m.key, set)?;
+            out.push(Expr::Lookup {
+                sreg: NFT_REG_1,
+                dreg: Some(NFT_REG_VERDICT),
+                set: m.map.clone(),
+                set_id: set.id,
+                flags: 0,
+            });
+        }
+        nft_statement::Kind::SetUpdate(u) => compile_set_update(out, deps, ctx, object, u)?,
     }
+    Ok(())
+}
+
+/// `update @s { KEY . TAG limit ... }` / `add @s { KEY . TAG ct count ... }` as nft 1.0.6 sends
+/// it: the key's loads (each component's dependencies first), the tag as an immediate into the
+/// next register word, then the dynset with its expression.
+fn compile_set_update(
+    out: &mut Vec<Expr>,
+    deps: &mut Deps,
+    ctx: &RuleCtx,
+    object: &str,
+    u: &SetUpdate,
+) -> Result<(), NftError> {
+    let set = set_ref(ctx, object, &u.set)?;
+    if !set.dynamic || !set.data.is_empty() || set.interval {
+        return Err(invalid(object, format!("@{} is not a dynamic set (flags dynamic, no data, no interval)", u.set)));
+    }
+    let (op, expr) = match u.stateful.as_ref().ok_or_else(|| invalid(object, "update without a limit or ct count"))? {
+        set_update::Stateful::Limit(l) => {
+            if l.rate == 0 || l.burst == 0 {
+                return Err(invalid(
+                    object,
+                    format!("limit rate {}/second burst {}: neither may be 0", l.rate, l.burst),
+                ));
+            }
+            (NFT_DYNSET_OP_UPDATE, Stateful::Limit { rate: l.rate, burst: l.burst, over: l.over })
+        }
+        set_update::Stateful::CtCount(c) => (NFT_DYNSET_OP_ADD, Stateful::Connlimit { count: c.count, over: c.over }),
+    };
+    let want = set.key.len();
+    let have = u.key.len() + usize::from(u.tag.is_some());
+    if u.key.is_empty() || have != want {
+        return Err(invalid(object, format!("key has {have} components, the set {want}")));
+    }
+    if u.tag.is_some() && set.key.last() != Some(&NftType::Mark) {
+        return Err(invalid(object, format!("@{}: a tag needs a mark as the key's last component", u.set)));
+    }
+    let infos = u.key.iter().map(|k| sel(object, *k)).collect::<Result<Vec<_>, _>>()?;
+    for ((s, info), ty) in infos.iter().zip(&set.key) {
+        check_family(object, ctx, *s)?;
+        if info.ty != Some(*ty) {
+            return Err(invalid(object, format!("{} does not give a {}", s.as_str_name(), ty.as_str_name())));
+        }
+        dep(out, &mut deps.l4, info.l4dep);
+        nfproto_dep(out, &mut deps.l3, ctx, object, *s)?;
+    }
+    let mut slot = 0;
+    for (_, info) in &infos {
+        out.push(load(info.source, info.len, reg_of_slot(slot)));
+        slot += padded(info.len) / 4;
+    }
+    if let Some(tag) = u.tag {
+        out.push(Expr::Immediate { dreg: reg_of_slot(slot), data: Imm::Value(tag.to_ne_bytes().to_vec()) });
+    }
+    out.push(Expr::Dynset { sreg_key: NFT_REG_1, op, set: u.set.clone(), set_id: set.id, expr });
     Ok(())
 }
 

@@ -1,14 +1,16 @@
 //! Decompiling expressions (a rule read back from the kernel) into the model rule nft would print.
 
 use kuport_proto::v1::{
-    AddressSet, CmpOp, Compare, Counter, LiteralSet, MapLookup, Nat, NatKind, NatTarget, NftFamily, NftMatch, NftRule,
-    NftStatement, NftType, NftValue, PortRange, Redirect, Selector, SetLookup, SetMark, TcpFlags, TcpMssClamp, Verdict,
-    VerdictKind, nat, nft_match, nft_statement, nft_value::Value, redirect, set_mark,
+    AddressSet, CmpOp, Compare, ConnLimit, Counter, CtState, Limit, LiteralSet, MapLookup, Nat, NatKind, NatTarget,
+    NftFamily, NftMatch, NftRule, NftStatement, NftType, NftValue, PortRange, Redirect, Selector, SetLookup, SetMark,
+    SetUpdate, TcpFlags, TcpMssClamp, VerdictMap, nat, nft_match, nft_statement, nft_value::Value, redirect, set_mark,
+    set_update,
 };
 
 use crate::netfilter::nft::NftError;
 use crate::netfilter::nft::consts::*;
-use crate::netfilter::nft::expr::{Expr, Imm, slot_of_reg};
+use crate::netfilter::nft::expr::{Expr, Imm, Stateful, reg_of_slot, slot_of_reg};
+use crate::netfilter::nft::rule::compile::CT_STATES;
 use crate::netfilter::nft::value::*;
 
 fn shape(object: &str, why: &str) -> NftError {
@@ -110,6 +112,26 @@ pub(crate) fn decompile(exprs: &[Expr], table: NftFamily, object: &str) -> Resul
                 i += 1;
             }
             Expr::Meta { key, dreg } => pending.push(load_pending(object, Source::Meta(*key), 0, *dreg, e)?),
+            Expr::Ct { key: NFT_CT_STATE, dreg } => {
+                // `ct state S`, exactly as compile writes it.
+                let r = *dreg;
+                let states = match (exprs.get(i), exprs.get(i + 1)) {
+                    (
+                        Some(Expr::Bitwise { sreg, dreg: d, len: 4, mask, xor, .. }),
+                        Some(Expr::Cmp { sreg: c, op: NFT_CMP_NEQ, data }),
+                    ) if *sreg == r && *d == r && *c == r && xor == &[0; 4] && data == &[0; 4] => {
+                        let b: [u8; 4] =
+                            mask.as_slice().try_into().map_err(|_| shape(object, "ct state of a bad length"))?;
+                        u32::from_ne_bytes(b)
+                    }
+                    _ => return Err(shape(object, "ct state in a shape kuport never writes")),
+                };
+                if states == 0 || states & !CT_STATES != 0 || !pending.is_empty() || !rule.statements.is_empty() {
+                    return Err(shape(object, "ct state in a shape kuport never writes"));
+                }
+                i += 2;
+                rule.matches.push(NftMatch { kind: Some(nft_match::Kind::CtState(CtState { states })) });
+            }
             Expr::Ct { key, dreg } => pending.push(load_pending(object, Source::Ct(*key), 0, *dreg, e)?),
             Expr::Payload { base, offset, len, dreg } => {
                 let src = Source::Payload(*base, *offset);
@@ -187,6 +209,26 @@ pub(crate) fn decompile(exprs: &[Expr], table: NftFamily, object: &str) -> Resul
                     })),
                 });
             }
+            Expr::Lookup { dreg: Some(NFT_REG_VERDICT), set, flags: 0, .. } => {
+                let mut key = take_keys(object, &mut pending)?;
+                fold_key_dependency(&mut rule.matches, &mut window_l4, &mut key);
+                let m = VerdictMap { key, map: set.clone() };
+                rule.statements.push(NftStatement { kind: Some(nft_statement::Kind::VerdictMap(m)) });
+            }
+            Expr::Dynset { sreg_key: NFT_REG_1, op, set, expr, .. } => {
+                let (key, tag) = take_update_key(object, &mut pending)?;
+                let stateful = match (*op, expr) {
+                    (NFT_DYNSET_OP_UPDATE, Stateful::Limit { rate, burst, over }) => {
+                        set_update::Stateful::Limit(Limit { rate: *rate, burst: *burst, over: *over })
+                    }
+                    (NFT_DYNSET_OP_ADD, Stateful::Connlimit { count, over }) => {
+                        set_update::Stateful::CtCount(ConnLimit { count: *count, over: *over })
+                    }
+                    _ => return Err(shape(object, "a dynset operation kuport never writes with its expression")),
+                };
+                let u = SetUpdate { key, tag, set: set.clone(), stateful: Some(stateful) };
+                rule.statements.push(NftStatement { kind: Some(nft_statement::Kind::SetUpdate(u)) });
+            }
             Expr::Lookup { dreg: Some(_), set, .. } => {
                 let mut key = take_keys(object, &mut pending)?;
                 fold_key_dependency(&mut rule.matches, &mut window_l4, &mut key);
@@ -235,15 +277,7 @@ pub(crate) fn decompile(exprs: &[Expr], table: NftFamily, object: &str) -> Resul
                 rule.statements.push(NftStatement { kind: Some(nft_statement::Kind::Counter(Counter {})) })
             }
             Expr::Immediate { data: Imm::Verdict { code, chain }, .. } => {
-                let kind = match *code {
-                    NF_ACCEPT => VerdictKind::Accept,
-                    NF_DROP => VerdictKind::Drop,
-                    NFT_RETURN => VerdictKind::Return,
-                    NFT_JUMP => VerdictKind::Jump,
-                    NFT_GOTO => VerdictKind::Goto,
-                    c => return Err(shape(object, &format!("verdict {c}"))),
-                };
-                let v = Verdict { kind: kind as i32, chain: chain.clone().unwrap_or_default() };
+                let v = verdict_of(*code, chain.as_deref()).ok_or_else(|| shape(object, &format!("verdict {code}")))?;
                 rule.statements.push(NftStatement { kind: Some(nft_statement::Kind::Verdict(v)) });
             }
             Expr::Nat { kind, family, addr_min, proto_min, proto_max, .. } => {
@@ -408,6 +442,32 @@ fn take_keys(object: &str, pending: &mut Vec<Pending>) -> Result<Vec<i32>, NftEr
     Ok(keys)
 }
 
+/// A dynset's key: loads in register order, then optionally the tag, a 4-byte immediate in the
+/// next register word.
+fn take_update_key(object: &str, pending: &mut Vec<Pending>) -> Result<(Vec<i32>, Option<u32>), NftError> {
+    let tag = match pending.last() {
+        Some(Pending::Imm { reg, data }) => {
+            let b: [u8; 4] = data.as_slice().try_into().map_err(|_| shape(object, "a tag of a bad length"))?;
+            let reg = *reg;
+            pending.pop();
+            Some((reg, u32::from_ne_bytes(b)))
+        }
+        _ => None,
+    };
+    let mut slot = 0;
+    for p in pending.iter() {
+        if let Pending::Load { len, .. } = p {
+            slot += padded(*len) / 4;
+        }
+    }
+    let key = take_keys(object, pending)?;
+    match tag {
+        Some((reg, _)) if reg != reg_of_slot(slot) => Err(shape(object, "a tag out of register order")),
+        Some((_, t)) => Ok((key, Some(t))),
+        None => Ok((key, None)),
+    }
+}
+
 /// nft emits the dependencies of a concatenation's components in component order, so in an inet
 /// table `ip daddr . tcp dport @s` reads `meta nfproto ipv4`, `meta l4proto tcp`, then the
 /// loads. That `meta l4proto` (the last match, read in the window) belongs to the key's first
@@ -522,7 +582,7 @@ fn decompile_compare(object: &str, pending: &[Pending], rest: &[Expr]) -> Result
             }
             if info.ty.is_some() { Value::Mark(u32::from_ne_bytes(b)) } else { Value::Id(u32::from_ne_bytes(b)) }
         }
-        Some(NftType::Unspecified) => return Err(shape(object, "unspecified type")),
+        Some(NftType::Unspecified | NftType::Verdict) => return Err(shape(object, "unspecified type")),
     };
     if mask.is_some() && !matches!(info.ty, Some(NftType::Mark | NftType::Ipv4Addr | NftType::Ipv6Addr)) {
         return Err(shape(object, "a mask on a field kuport never masks"));
