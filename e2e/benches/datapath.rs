@@ -148,6 +148,7 @@ fn type_of(v: &NftValue) -> i32 {
         Some(Value::Addr(_)) => NftType::Ipv4Addr,
         Some(Value::Proto(_)) => NftType::InetProto,
         Some(Value::Port(_)) => NftType::InetService,
+        Some(Value::Mark(_)) => NftType::Mark,
         _ => NftType::Unspecified,
     };
     ty as i32
@@ -276,11 +277,15 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, guard: 
             }
         }
         let to = if m.remote { link.far } else { m.pod };
+        // The publish maps are keyed by the public address's stand-in (docs/portmap/firewall.md).
+        let stand_in = addr(link.public.1);
         if first == last {
             let data = vec![addr(to), ports(first, first)];
-            push(edge, "publish_port", vec![ifname(PUBLIC_IF), p.clone(), ports(first, first)], data);
+            let key = vec![ifname(PUBLIC_IF), stand_in, p.clone(), ports(first, first)];
+            push(edge, "publish_port", key, data);
         } else {
-            push(edge, "publish_range", vec![ifname(PUBLIC_IF), p.clone(), ports(first, last)], vec![addr(to)]);
+            let key = vec![ifname(PUBLIC_IF), stand_in, p.clone(), ports(first, last)];
+            push(edge, "publish_range", key, vec![addr(to)]);
         }
         let (oif, dst) = if m.remote { (link.edge_device.as_str(), link.far) } else { ("cilium_host", m.pod) };
         push(edge, &sized("claim", first, last), vec![ifname(oif), addr(dst), p.clone(), ports(first, last)], vec![]);
@@ -302,7 +307,10 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, guard: 
         push(pod_node, &sized("claim", first, last), claim, vec![]);
         let reply = vec![pod, p, ports(first, last)];
         push(pod_node, &sized("reply_claim", first, last), reply.clone(), vec![]);
-        push(pod_node, &sized("return_mark", first, last), reply, vec![mark(link.mark)]);
+        // Keyed by the ct mark the link's request saved, too (datapath.rs).
+        let mut marked = reply;
+        marked.push(mark(link.mark));
+        push(pod_node, &sized("return_mark", first, last), marked, vec![mark(link.mark)]);
     }
     for node in [ACCEPTING, POD_NODE] {
         kuport_proto::canonical::canonicalize(states.get_mut(node).expect("a computed state"));
