@@ -60,7 +60,6 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(60);
 const SYNC_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Pods of the PortMaps the benchmark creates.
-const NEW_PODS: u32 = 0x0ac8_0000; // 10.200.0.0
 
 // ---- The changes ----
 
@@ -94,8 +93,12 @@ fn change(
     match kind {
         Kind::Create => {
             let ns = format!("team-{:03}", k % NAMESPACES);
+            // Addresses from the top of each node's pod range, clear of the built cluster's.
             let pods = (0..PODS_PER_SERVICE)
-                .map(|p| (ip(NEW_PODS, k * PODS_PER_SERVICE + p), node_name(rng.below(n_nodes))))
+                .map(|p| {
+                    let node = rng.below(n_nodes);
+                    (pod_address(node, 128 + (k * PODS_PER_SERVICE + p) % 120), node_name(node))
+                })
                 .collect();
             add_mapping(
                 c,
@@ -127,21 +130,12 @@ fn change(
                 let pm = &c.port_maps[i];
                 let (ns, name) = (pm.metadata.namespace.clone().unwrap_or_default(), pm.metadata.name.clone());
                 let Some((address, node)) = chosen(&ns, name.as_deref().unwrap_or_default()) else { continue };
-                let mut target = node_name(rng.below(n_nodes));
-                while target == node {
-                    target = node_name(rng.below(n_nodes));
+                let mut target = rng.below(n_nodes);
+                while node_name(target) == node {
+                    target = rng.below(n_nodes);
                 }
-                let slice = slice_name(&name.unwrap_or_default());
-                let eps = c
-                    .endpoint_slices
-                    .iter_mut()
-                    .find(|s| {
-                        s.metadata.name.as_deref() == Some(&slice) && s.metadata.namespace.as_deref() == Some(&ns)
-                    })
-                    .and_then(|s| s.endpoints.as_mut());
-                for ep in eps.into_iter().flatten().filter(|e| e.addresses.first() == Some(&address)) {
-                    ep.node_name = Some(target.clone());
-                }
+                let to = pod_address(target, 128 + k % 120);
+                move_pod(c, &ns, &name.unwrap_or_default(), &address, target, &to);
                 return;
             }
         }

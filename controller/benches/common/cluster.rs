@@ -219,6 +219,7 @@ pub fn build(n_nodes: usize, n_maps: usize, rng: &mut Rng) -> Cluster {
             ..Default::default()
         });
     }
+    let mut on_node = vec![0; n_nodes];
     for i in 0..n_maps {
         let j = i / CLASSES.len();
         // Published ports are unique within each class and protocol.
@@ -228,7 +229,11 @@ pub fn build(n_nodes: usize, n_maps: usize, rng: &mut Rng) -> Cluster {
             _ => (Protocol::Tcp, 1_024 + j as u16, None, 8_080),
         };
         let pods = (0..PODS_PER_SERVICE)
-            .map(|k| (ip(PODS, 1 + i * PODS_PER_SERVICE + k), node_name(rng.below(n_nodes))))
+            .map(|_| {
+                let node = rng.below(n_nodes);
+                on_node[node] += 1;
+                (pod_address(node, on_node[node]), node_name(node))
+            })
             .collect();
         add_mapping(
             &mut c,
@@ -246,6 +251,33 @@ pub fn build(n_nodes: usize, n_maps: usize, rng: &mut Rng) -> Cluster {
         );
     }
     c
+}
+
+/// The `k`th pod address on node `node`, inside the pod route the node reports (its /24), as a
+/// CNI hands them out: the controller delivers only to a pod its node routes.
+pub fn pod_address(node: usize, k: usize) -> String {
+    ip(PODS, node * 256 + 1 + k % 253)
+}
+
+/// Pod `address` of PortMap `name` is recreated on node `to` with `new_address`: its Pod and its
+/// EndpointSlice endpoint both move, as after a reschedule.
+pub fn move_pod(c: &mut Cluster, ns: &str, name: &str, address: &str, to: usize, new_address: &str) {
+    let in_ns = |m: &ObjectMeta| m.namespace.as_deref() == Some(ns);
+    let slice = slice_name(name);
+    let endpoints = c
+        .endpoint_slices
+        .iter_mut()
+        .filter(|s| s.metadata.name.as_deref() == Some(slice.as_str()) && in_ns(&s.metadata))
+        .flat_map(|s| s.endpoints.iter_mut().flatten());
+    for ep in endpoints.filter(|e| e.addresses.first().map(String::as_str) == Some(address)) {
+        ep.node_name = Some(node_name(to));
+        ep.addresses = vec![new_address.to_string()];
+    }
+    let held = |p: &Pod| p.status.iter().flat_map(|s| s.pod_ips.iter().flatten()).any(|ip| ip.ip == address);
+    for pod in c.pods.iter_mut().filter(|p| in_ns(&p.metadata) && held(p)) {
+        pod.spec.get_or_insert_default().node_name = Some(node_name(to));
+        pod.status.get_or_insert_default().pod_ips = Some(vec![PodIP { ip: new_address.to_string() }]);
+    }
 }
 
 /// The EndpointSlice of PortMap `name`'s Service.

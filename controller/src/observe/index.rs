@@ -165,7 +165,7 @@ pub struct View<'a> {
     pub classes: BTreeMap<String, &'a PortMapClass>,
     /// Pods by (namespace, name): what vouches for an endpoint (docs/portmap/modes.md, "Which
     /// endpoints are believed").
-    pub pods: BTreeMap<(String, String), KnownPod<'a>>,
+    pub pods: BTreeMap<(&'a str, &'a str), KnownPod<'a>>,
     /// Every address some Pod holds: never an external endpoint.
     pub pod_addresses: BTreeSet<IpAddr>,
     /// UDP ports that carry kuport's VXLAN links: every class's. (The ports a node reports for
@@ -262,10 +262,11 @@ impl<'a> View<'a> {
         let classes = cluster.classes.iter().filter_map(|c| Some((c.metadata.name.clone()?, c))).collect();
         // A node's reported ports bound only that node's mappings (portmap::admission).
         let vxlan_ports = cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).collect();
-        let pods: BTreeMap<(String, String), KnownPod> = cluster
+        // Keys borrowed from the cluster: a compute reads every Pod, so no copy per Pod.
+        let pods: BTreeMap<(&str, &str), KnownPod> = cluster
             .pods
             .iter()
-            .filter_map(|p| Some(((p.metadata.namespace.clone()?, p.metadata.name.clone()?), KnownPod::of(p))))
+            .filter_map(|p| Some(((p.metadata.namespace.as_deref()?, p.metadata.name.as_deref()?), KnownPod::of(p))))
             .collect();
         let pod_addresses = pods.values().flat_map(|p| p.ips.iter().copied()).collect();
         View { nodes, namespaces, services, slices, classes, pods, pod_addresses, vxlan_ports, wireguard_port: None }
@@ -277,13 +278,13 @@ impl<'a> View<'a> {
         let Some(name) = name else {
             return self
                 .pods
-                .range((ns.to_string(), String::new())..)
-                .take_while(|((n, _), _)| n == ns)
+                .range((ns, "")..)
+                .take_while(|((n, _), _)| *n == ns)
                 .find(|(_, p)| p.node == Some(node) && p.ips.contains(&address))
-                .map(|((_, name), _)| name.as_str())
+                .map(|((_, name), _)| *name)
                 .ok_or_else(|| format!("no Pod of namespace {ns} on node {node} has address {address}"));
         };
-        let Some(pod) = self.pods.get(&(ns.to_string(), name.to_string())) else {
+        let Some(pod) = self.pods.get(&(ns, name)) else {
             return Err(format!("names Pod {ns}/{name}, which does not exist"));
         };
         if !pod.ips.contains(&address) {
