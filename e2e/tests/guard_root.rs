@@ -9,7 +9,7 @@
 //! Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1. Each lab is removed on drop.
 
 mod common;
-use common::boundary::assert_lists_as_computed;
+use common::boundary::{assert_lists_as_computed, set_packets};
 use common::dual::assert_maps_any;
 use common::*;
 
@@ -44,19 +44,9 @@ fn admit(mut m: Manifests, ns: &str, name: &str, ranges: &[&str]) -> Manifests {
     m
 }
 
-/// The packets the elements of `set` (and its IPv6 twin) on `node` counted.
+/// The packets the refusal sets on `node` counted: both families, single ports and ranges.
 fn refused(lab: &Lab, node: &str) -> u64 {
-    ["refused", "refused6", "refused_range", "refused_range6"]
-        .iter()
-        .filter_map(|set| lab.exec(node, &["nft", "list", "set", "inet", "kuport", set]).ok())
-        .map(|out| {
-            let w: Vec<&str> = out.split_whitespace().collect();
-            w.windows(2)
-                .filter(|p| p[0] == "packets")
-                .map(|p| p[1].trim_end_matches(',').parse::<u64>().unwrap_or(0))
-                .sum::<u64>()
-        })
-        .sum()
+    ["refused", "refused6", "refused_range", "refused_range6"].iter().map(|set| set_packets(lab, node, set)).sum()
 }
 
 /// `client` dials `to` and gets no answer (the request is dropped, not refused by anyone).

@@ -83,9 +83,20 @@ pub fn drop_counter(lab: &Lab, node: &str, chain: &str) -> u64 {
     w[i + 1].parse().expect("a number")
 }
 
-/// The packets counted by the elements of set or map `set` on `node`, together.
-pub fn element_packets(lab: &Lab, node: &str, set: &str) -> u64 {
-    let out = lab.exec(node, &["nft", "list", "map", "inet", "kuport", set]).expect("nft lists the map");
+/// The packets counted by the elements of map `map` on `node`, together.
+pub fn element_packets(lab: &Lab, node: &str, map: &str) -> u64 {
+    let out = lab.exec(node, &["nft", "list", "map", "inet", "kuport", map]).expect("nft lists the map");
+    packets_listed(&out)
+}
+
+/// The packets counted by the elements of set `set` on `node`, together; none where `node`
+/// has no such set (a family or kind of mapping it does not publish).
+pub fn set_packets(lab: &Lab, node: &str, set: &str) -> u64 {
+    lab.exec(node, &["nft", "list", "set", "inet", "kuport", set]).map(|out| packets_listed(&out)).unwrap_or(0)
+}
+
+/// The sum of every `packets N` counter in an nft listing.
+fn packets_listed(out: &str) -> u64 {
     let w: Vec<&str> = out.split_whitespace().collect();
     w.windows(2).filter(|p| p[0] == "packets").map(|p| p[1].trim_end_matches(',').parse::<u64>().unwrap_or(0)).sum()
 }

@@ -226,6 +226,30 @@ struct FamilyParts {
 }
 
 impl FamilyParts {
+    /// Publishes `ports` on `iface` to `to`: the pod or the link's far end, with the port a single
+    /// port is rewritten to (a range keeps its ports); behind the allow-list `guard` if any.
+    fn publish(
+        &mut self,
+        iface: &str,
+        proto: L4Proto,
+        ports: Ports,
+        guard: Option<&Vec<ipnet::IpNet>>,
+        to: (IpAddr, Option<u16>),
+    ) {
+        self.published.entry((iface.to_string(), proto)).or_default().push(ports);
+        if let Some(nets) = guard {
+            self.guard.insert((iface.to_string(), proto, ports), nets.clone());
+        }
+        match to {
+            (address, Some(port)) => {
+                self.publish_port.insert((iface.to_string(), proto, ports.0), (address, port));
+            }
+            (address, None) => {
+                self.publish_range.insert((iface.to_string(), proto, ports), address);
+            }
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.publish_port.is_empty()
             && self.publish_range.is_empty()
@@ -351,15 +375,7 @@ impl Builder {
             if *node == p.endpoint.node {
                 let parts = self.nodes.entry(node.clone()).or_default().family(fam);
                 for iface in ifaces {
-                    parts.published.entry((iface.clone(), proto)).or_default().push(ports);
-                    if let Some(nets) = &guard {
-                        parts.guard.insert((iface.clone(), proto, ports), nets.clone());
-                    }
-                    if single {
-                        parts.publish_port.insert((iface.clone(), proto, ports.0), (pod, p.endpoint.port));
-                    } else {
-                        parts.publish_range.insert((iface.clone(), proto, ports), pod);
-                    }
+                    parts.publish(iface, proto, ports, guard.as_ref(), (pod, single.then_some(p.endpoint.port)));
                 }
                 if let Some(dev) = pod_device {
                     parts.claim.entry((dev.to_string(), pod, proto)).or_default().push(pod_ports);
@@ -377,15 +393,7 @@ impl Builder {
             }
             let parts = node_parts.family(fam);
             for iface in ifaces {
-                parts.published.entry((iface.clone(), proto)).or_default().push(ports);
-                if let Some(nets) = &guard {
-                    parts.guard.insert((iface.clone(), proto, ports), nets.clone());
-                }
-                if single {
-                    parts.publish_port.insert((iface.clone(), proto, ports.0), (far_address, ports.0));
-                } else {
-                    parts.publish_range.insert((iface.clone(), proto, ports), far_address);
-                }
+                parts.publish(iface, proto, ports, guard.as_ref(), (far_address, single.then_some(ports.0)));
             }
             parts.claim.entry((near.device.clone(), far_address, proto)).or_default().push(ports);
             published.push(node.clone());
