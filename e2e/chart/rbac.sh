@@ -474,6 +474,29 @@ debug_answered() {
 }
 check "kuportctl as a user bound to $debug_cr is answered (TokenReview, SubjectAccessReview)" debug_answered
 
+# With only a kubeconfig (its token), kuportctl finds the leader in the Lease and the CA in the
+# ConfigMap: the chart's debug Role, bound in the release namespace, lets it read those two.
+debug_kubeconfig() {
+  sed -e "s|token: \"[^\"]*\"|token: \"$(cat "$work/debug.token")\"|" -e "s|$sa|$debug_sa|g" \
+    "$work/controller.kubeconfig" >"$work/debug.kubeconfig"
+}
+plain_call() { KUBECONFIG="$work/debug.kubeconfig" "$kuportctl" -n "$ns" nodes 2>&1; }
+debug_plain() {
+  local out
+  debug_kubeconfig
+  ! out=$(plain_call) || { echo "answered without the Role: $out"; return 1; }
+  grep -q "forbidden" <<<"$out" || { echo "not refused for RBAC: $out"; return 1; }
+  echo "INFO: without the Role: $(tail -n1 <<<"$out" | cut -c1-140)"
+  kubectl -n "$ns" create rolebinding "$debug_sa" --role="$debug_cr" --serviceaccount="$ns:$debug_sa" >/dev/null
+  out=$(within 10 plain_call) || { echo "$out"; return 1; }
+  grep -q "^NODE " <<<"$out" || { echo "$out"; return 1; }
+  local as="system:serviceaccount:$ns:$debug_sa"
+  [ "$(kubectl -n "$ns" auth can-i get configmaps/other --as="$as")" = no ] || { echo "reads other ConfigMaps"; return 1; }
+  [ "$(kubectl -n "$ns" auth can-i get "secrets/$secret" --as="$as")" = no ] || { echo "reads the serving Secret"; return 1; }
+  echo "INFO: with Role $debug_cr bound: answered; other ConfigMaps and Secret $secret stay unreadable"
+}
+check "kuportctl with only a kubeconfig: refused without Role $debug_cr, answered with it (Lease and CA only)" debug_plain
+
 renewed() { local d; d=$(serving_days); [ "$d" -gt 60 ] || { echo "$d days left"; return 1; }; }
 renewal() {
   local t

@@ -155,10 +155,12 @@ want_tls_rules() { # ROLE
   } | sort
 }
 
-# kuportctl's users' ClusterRole: what the Debug service asks SubjectAccessReviews for.
-want_debug_rules() { # CLUSTERROLE
+# kuportctl's users' ClusterRole: what the Debug service asks SubjectAccessReviews for; their
+# Role: the leader's Lease and the CA's ConfigMap, which kuportctl reads to find and verify it.
+want_debug_rules() { # NAME LEASE CONFIGMAP
   printf '%s\n' "ClusterRole/$1 kuport.wlz.li nodestates get" "ClusterRole/$1 kuport.wlz.li nodestates list" \
-    "ClusterRole/$1 kuport.wlz.li portmaps get" | sort
+    "ClusterRole/$1 kuport.wlz.li portmaps get" "Role/$1 coordination.k8s.io leases get name=$2" \
+    "Role/$1 core configmaps get name=$3" | sort
 }
 
 # ------------------------------------------------------------------------ offline checks
@@ -271,17 +273,17 @@ no_wildcards() { # FILE
 check "RBAC: no * in any verb, resource or apiGroup (default)" no_wildcards "$work/default.yaml"
 check "RBAC: no * in any verb, resource or apiGroup (custom)" no_wildcards "$work/custom.yaml"
 
-exact_rbac() { # FILE PREFIX MANAGED_TLS
+exact_rbac() { # FILE PREFIX MANAGED_TLS CA_CONFIGMAP
   local file=$1 c="$2-controller"
   local got
   got=$(rbac_rules "$file")
   expect_eq "grants" "$got" "$( (want_cluster_rules "$c"; want_role_rules "$c-leader-election" "$c"
-    want_debug_rules "$2-debug"; [ "$3" = managed ] && want_tls_rules "$c-tls") | sort)"
+    want_debug_rules "$2-debug" "$c" "$4"; [ "$3" = managed ] && want_tls_rules "$c-tls") | sort)"
   # The Roles are namespaced to the release namespace.
   [ "$(objects "$file" '{{if eq .kind "Role"}}{{.metadata.namespace}}{{"\n"}}{{end}}' | sort -u)" = "$ns" ]
 }
-check "RBAC: controller, debug ClusterRoles and the leases, TLS Roles grant exactly the list (default)" exact_rbac "$work/default.yaml" kuport managed
-check "RBAC: the same without the TLS Role: the operator's Secret is mounted (custom)" exact_rbac "$work/custom.yaml" portmapper mounted
+check "RBAC: controller, debug ClusterRoles and the leases, TLS Roles grant exactly the list (default)" exact_rbac "$work/default.yaml" kuport managed kuport-ca
+check "RBAC: the same without the TLS Role: the operator's Secret is mounted (custom)" exact_rbac "$work/custom.yaml" portmapper mounted kuport-serving-ca
 
 # Per feature: `patch nodes` only with overlay.enabled (the rest of the list unchanged).
 overlay_rbac() {
@@ -293,10 +295,10 @@ check "RBAC: nodes patch only with overlay.enabled" overlay_rbac
 
 # The lab grants its Debug caller the chart's debug rules (e2e/src/plane/access.yaml).
 lab_debug_rules() {
-  expect_eq "the lab's kuport-debug rules" "$(rbac_rules e2e/src/plane/access.yaml | grep '^ClusterRole/kuport-debug ' | sed 's#^ClusterRole/kuport-debug #ClusterRole/X #')" \
-    "$(rbac_rules "$work/default.yaml" | grep '^ClusterRole/kuport-debug ' | sed 's#^ClusterRole/kuport-debug #ClusterRole/X #')"
+  expect_eq "the lab's kuport-debug rules" "$(rbac_rules e2e/src/plane/access.yaml | grep -E '^(Cluster)?Role/kuport-debug ')" \
+    "$(rbac_rules "$work/default.yaml" | grep -E '^(Cluster)?Role/kuport-debug ')"
 }
-check "RBAC: the lab's debug ClusterRole has the chart's rules" lab_debug_rules
+check "RBAC: the lab's debug ClusterRole and Role have the chart's rules" lab_debug_rules
 
 exec_unbound() { # FILE PREFIX MANAGED_TLS
   local file=$1 p=$2 got
