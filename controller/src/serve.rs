@@ -187,6 +187,7 @@ where
         None => tls::Source::Managed { client: client.clone(), namespace: cfg.lease_namespace.clone() },
     };
     let tls = Tls::start(source).await.map_err(|e| anyhow::anyhow!("the serving certificate: {e}"))?;
+    hub.metrics().watch_certificate(tls.clone());
     let reviewer: Arc<dyn Reviewer> = Arc::new(KubeReviewer(client.clone()));
     let executors = Executors::new(reviewer.clone(), cfg.executor_audience, cfg.executor_service_account)
         .counting(hub.metrics().token_reviews.clone());

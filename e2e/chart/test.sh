@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Tests of the Helm chart charts/kuport, without the running controller (no kubelet: pods never
 # start). Offline: helm lint, golden renders, the CRD copy, RBAC and security contexts of the
-# render. Online, against the lab's real kube-apiserver (e2e/controlplane): install, every object
-# there, the RBAC as the API server evaluates it, the CRDs accept the examples, upgrade,
-# uninstall keeps only the CRDs. That those grants are enough for the real controller, and each
-# one needed, is e2e/chart/rbac.sh's (it needs the controller binary, so it runs after cargo).
+# render, the monitoring objects and their alert rules (promtool). Online, against the lab's
+# real kube-apiserver (e2e/controlplane): install, every object there, the RBAC as the API
+# server evaluates it, the CRDs accept the examples, upgrade, uninstall keeps only the CRDs.
+# That those grants are enough for the real controller, and each one needed, is
+# e2e/chart/rbac.sh's (it needs the controller binary, so it runs after cargo).
 #
 # Usage: e2e/chart/test.sh            (UPDATE_GOLDEN=1 rewrites e2e/chart/golden/*.yaml)
 # Prints "N passed, M failed" last and exits non-zero on any failure.
@@ -79,6 +80,8 @@ check() {
 # shellcheck source=e2e/chart/binaries.sh
 . e2e/chart/binaries.sh
 log "binaries in $bin ($(($(date +%s) - t0))s)"
+# shellcheck source=e2e/chart/promtool.sh
+. e2e/chart/promtool.sh
 # The offline checks must not reach any cluster.
 export KUBECONFIG=/dev/null
 
@@ -380,6 +383,70 @@ security() {
     "true <no value>"
 }
 check "security contexts (controller non-root, read-only, no caps; executor NET_ADMIN only)" security
+
+# Monitoring (values.yaml, monitoring): a ServiceMonitor, a PrometheusRule and the Grafana
+# dashboard's ConfigMap, each only when enabled. That every series they use is one the controller
+# exports is controller/tests/metrics.rs's (it needs the controller's registry).
+monitoring_sets=(--set monitoring.serviceMonitor.enabled=true --set monitoring.prometheusRule.enabled=true
+  --set monitoring.dashboard.enabled=true)
+check "helm lint (monitoring enabled)" lint "" "${monitoring_sets[@]}"
+helm template "$release" "$chart" -n "$ns" --kube-version "$kube_version" "${monitoring_sets[@]}" \
+  --show-only templates/monitoring-servicemonitor.yaml --show-only templates/monitoring-prometheusrule.yaml \
+  --show-only templates/monitoring-dashboard.yaml >"$work/monitoring.yaml"
+check "helm template matches golden/monitoring.yaml (the three monitoring objects)" golden monitoring
+
+kinds() { # FILE: kind/name of every object
+  objects "$1" '{{.kind}}/{{.metadata.name}}{{"\n"}}' | sort
+}
+monitoring_objects() {
+  local all
+  if kinds "$work/default.yaml" | grep -E '^(ServiceMonitor|PrometheusRule|ConfigMap)/'; then
+    echo "monitoring objects in the default render"; return 1
+  fi
+  helm template "$release" "$chart" -n "$ns" --kube-version "$kube_version" "${monitoring_sets[@]}" >"$work/monitoring-all.yaml"
+  all=$(kinds "$work/monitoring-all.yaml")
+  expect_eq "monitoring objects" "$(grep -E '^(ServiceMonitor|PrometheusRule|ConfigMap)/' <<<"$all")" \
+    "$(printf '%s\n' ConfigMap/kuport-dashboard PrometheusRule/kuport-controller ServiceMonitor/kuport-controller)"
+  # Nothing else changes.
+  expect_eq "the rest of the render" "$(grep -vE '^(ServiceMonitor|PrometheusRule|ConfigMap)/' <<<"$all")" "$(kinds "$work/default.yaml")"
+  # The ServiceMonitor scrapes the port the Service names metrics, which the controller serves
+  # /metrics on (--metrics-listen).
+  expect_eq "scrape" "$(objects "$work/monitoring.yaml" '{{if eq .kind "ServiceMonitor"}}{{range .spec.endpoints}}{{.port}} {{.path}}{{end}} {{.spec.selector.matchLabels}}{{end}}')" \
+    "metrics /metrics map[app.kubernetes.io/component:controller app.kubernetes.io/instance:kuport app.kubernetes.io/name:kuport]"
+  grep -q -- "--metrics-listen 0.0.0.0:9090 " <<<"$(controller_args "$work/default.yaml")"
+  # The sidecar's label is configurable (null drops the default one: Helm merges maps).
+  helm template "$release" "$chart" -n "$ns" --kube-version "$kube_version" --set monitoring.dashboard.enabled=true \
+    --set monitoring.dashboard.labels.grafana_dashboard=null --set monitoring.dashboard.labels.dashboards=kuport \
+    --set monitoring.dashboard.namespace=grafana --show-only templates/monitoring-dashboard.yaml >"$work/dashboard.yaml"
+  expect_eq "dashboard labels" "$(objects "$work/dashboard.yaml" '{{.metadata.namespace}} {{index .metadata.labels "dashboards"}} {{index .metadata.labels "grafana_dashboard"}}')" \
+    "grafana kuport <no value>"
+  # Every alert has a runbook section in docs/operations/alerts.md.
+  local alert
+  for alert in $(objects "$work/monitoring.yaml" '{{if eq .kind "PrometheusRule"}}{{range .spec.groups}}{{range .rules}}{{.alert}} {{end}}{{end}}{{end}}'); do
+    grep -q "^## $alert\$" docs/operations/alerts.md || { echo "no section '## $alert' in docs/operations/alerts.md"; return 1; }
+  done
+}
+check "monitoring: none by default; a ServiceMonitor, a PrometheusRule and a dashboard when enabled" monitoring_objects
+
+# The rendered rule groups (the PrometheusRule's spec, as JSON, which promtool reads as YAML):
+# valid for Prometheus, and each alert fires when it should and only then (alerts-test.yaml).
+rules() {
+  helm template "$release" "$chart" -n "$ns" --kube-version "$kube_version" "${monitoring_sets[@]}" \
+    --show-only templates/monitoring-prometheusrule.yaml >"$work/rule.yaml"
+  kubectl label --local -f "$work/rule.yaml" kuport-chart-test- -o jsonpath='{.spec}' >"$work/rules.json"
+  promtool check rules "$work/rules.json"
+  cp "$here/alerts-test.yaml" "$work/alerts-test.yaml"
+  promtool test rules "$work/alerts-test.yaml"
+}
+check "promtool check rules and test rules pass on the rendered PrometheusRule" rules
+
+monitoring_schema() {
+  if helm template "$release" "$chart" --kube-version "$kube_version" --set monitoring.prometheusRule.disconnectedFor=5 >/dev/null 2>"$work/schema.err"; then
+    echo "a duration without a unit was accepted"; return 1
+  fi
+  grep -q "disconnectedFor" "$work/schema.err" || { cat "$work/schema.err"; return 1; }
+}
+check "values.schema.json rejects a monitoring duration without a unit" monitoring_schema
 
 # --------------------------------------------------------- against a real API server
 t1=$(date +%s)

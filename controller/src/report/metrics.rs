@@ -1,8 +1,8 @@
 //! Prometheus metrics: counters the hub bumps as it works, gauges read from the hub at scrape
 //! time, served as text on --metrics-listen at /metrics.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use crate::compute::overlay::relays::PeerRoute;
 use crate::stream::Hub;
 use crate::stream::hub::NodeSnapshot;
+use crate::trust::tls::Tls;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabel {
@@ -92,6 +93,12 @@ pub struct Metrics {
     nodes_out_of_sync: Gauge,
     /// Per node: 1 when the acknowledged version is the desired one.
     node_in_sync: Family<NodeLabel, Gauge>,
+    /// Per node: 1 while its executor has a stream open (an alert needs to know which node).
+    node_connected: Family<NodeLabel, Gauge>,
+    /// The gRPC port's certificate, read at each scrape (renewals replace it).
+    serving: OnceLock<Tls>,
+    /// When that certificate ends, seconds since the epoch; 0 before one is served.
+    serving_not_after: Gauge,
     /// Drift repairs executors reported (the sum of their counters).
     drift_repairs: Gauge,
     leader: Gauge,
@@ -126,6 +133,8 @@ impl Default for Metrics {
         let executors_connected = Gauge::default();
         let nodes_out_of_sync = Gauge::default();
         let node_in_sync = Family::<NodeLabel, Gauge>::default();
+        let node_connected = Family::<NodeLabel, Gauge>::default();
+        let serving_not_after = Gauge::default();
         let drift_repairs = Gauge::default();
         let leader = Gauge::default();
         let peer_receive_bytes = Family::<PeerLabels, Counter>::default();
@@ -164,6 +173,16 @@ impl Default for Metrics {
             nodes_out_of_sync.clone(),
         );
         registry.register("node_in_sync", "1 when the node acknowledged its desired version", node_in_sync.clone());
+        registry.register(
+            "node_connected",
+            "1 while the node's executor has a NodeSync stream open",
+            node_connected.clone(),
+        );
+        registry.register(
+            "serving_certificate_expiration_timestamp_seconds",
+            "When the gRPC port's certificate ends, in seconds since the epoch (0: none served yet)",
+            serving_not_after.clone(),
+        );
         registry.register("drift_repairs_reported", "Drift repairs executors reported", drift_repairs.clone());
         registry.register("leader", "1 while this replica leads", leader.clone());
         registry.register(
@@ -212,6 +231,9 @@ impl Default for Metrics {
             executors_connected,
             nodes_out_of_sync,
             node_in_sync,
+            node_connected,
+            serving: OnceLock::new(),
+            serving_not_after,
             drift_repairs,
             leader,
             peer_receive_bytes,
@@ -235,6 +257,11 @@ impl Metrics {
         self.api_writes.get_or_create(&WriteLabel { kind }).inc();
     }
 
+    /// Reports `tls`'s certificate end from now on (the first call wins: one port, one Tls).
+    pub fn watch_certificate(&self, tls: Tls) {
+        let _ = self.serving.set(tls);
+    }
+
     /// Counts one NodeSync stream refused for `reason`.
     pub fn executor_refused(&self, reason: &str) {
         self.executor_refusals.get_or_create(&ReasonLabel { reason: reason.into() }).inc();
@@ -247,6 +274,41 @@ impl Metrics {
 
     /// The metrics as Prometheus text, gauges read from `hub` now.
     pub fn render(&self, hub: &Hub) -> String {
+        self.refresh(hub);
+        self.encode()
+    }
+
+    /// Gives each family with labels one label set of placeholders: a family is encoded only
+    /// once it holds a label set, and a test of series names needs all of them. Not for a
+    /// running controller (the placeholders would be scraped).
+    #[doc(hidden)]
+    pub fn touch_every_family(&self) {
+        let (node, peer, via) = ("-".to_string(), "-".to_string(), "-".to_string());
+        let _ = self.api_writes.get_or_create(&WriteLabel { kind: WriteKind::Event });
+        let _ = self.executor_refusals.get_or_create(&ReasonLabel { reason: "-".into() });
+        let _ = self.debug_refusals.get_or_create(&ReasonLabel { reason: "-".into() });
+        let _ = self.node_in_sync.get_or_create(&NodeLabel { node: node.clone() });
+        let _ = self.node_connected.get_or_create(&NodeLabel { node: node.clone() });
+        let pair = PeerLabels { node: node.clone(), peer: peer.clone() };
+        let _ = self.peer_receive_bytes.get_or_create(&pair);
+        let _ = self.peer_transmit_bytes.get_or_create(&pair);
+        let _ = self.peer_handshake_age.get_or_create(&pair);
+        let _ = self.peer_direct.get_or_create(&pair);
+        let _ = self.peer_relayed.get_or_create(&RelayLabels { node: node.clone(), peer, via });
+        let _ = self.relayed_bytes.get_or_create(&NodeLabel { node });
+    }
+
+    /// The registry as Prometheus text, as it is now.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::warn!(error = %e, "encoding metrics");
+        }
+        text
+    }
+
+    /// Reads the gauges and the per-node and per-peer families from `hub`.
+    fn refresh(&self, hub: &Hub) {
         let nodes = hub.nodes();
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.executors_connected.set(gauge(nodes.iter().filter(|n| n.connected).count()));
@@ -256,8 +318,14 @@ impl Metrics {
         };
         self.nodes_out_of_sync.set(gauge(nodes.iter().filter(|n| n.desired.is_some() && !in_sync(n)).count()));
         self.node_in_sync.clear();
+        self.node_connected.clear();
         for n in &nodes {
-            self.node_in_sync.get_or_create(&NodeLabel { node: n.node.clone() }).set(i64::from(in_sync(n)));
+            let label = NodeLabel { node: n.node.clone() };
+            self.node_in_sync.get_or_create(&label).set(i64::from(in_sync(n)));
+            self.node_connected.get_or_create(&label).set(i64::from(n.connected));
+        }
+        if let Some(end) = self.serving.get().and_then(Tls::not_after) {
+            self.serving_not_after.set(end);
         }
         self.drift_repairs.set(nodes.iter().map(|n| i64::try_from(n.drift_repairs).unwrap_or(i64::MAX)).sum());
         self.leader.set(i64::from(hub.leadership().borrow().leads()));
@@ -286,11 +354,6 @@ impl Metrics {
         for (node, bytes) in hub.relayed_bytes() {
             self.relayed_bytes.get_or_create(&NodeLabel { node }).inc_by(bytes);
         }
-        let mut text = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
-            tracing::warn!(error = %e, "encoding metrics");
-        }
-        text
     }
 }
 

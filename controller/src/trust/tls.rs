@@ -164,10 +164,14 @@ pub fn renewal_due(not_after: SystemTime, now: SystemTime) -> bool {
 
 /// The end of validity of the first certificate in `cert_pem`.
 pub fn not_after(cert_pem: &str) -> Result<SystemTime, TlsError> {
-    let der = first_cert(cert_pem)?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| material("the certificate", e))?;
-    let secs = cert.validity().not_after.timestamp();
+    let secs = not_after_der(&first_cert(cert_pem)?)?;
     Ok(UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or(0)))
+}
+
+/// The end of validity of a DER certificate, in seconds since the epoch.
+fn not_after_der(der: &[u8]) -> Result<i64, TlsError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| material("the certificate", e))?;
+    Ok(cert.validity().not_after.timestamp())
 }
 
 /// Whether the first certificate in `cert_pem` has [`SERVER_NAME`] among its DNS names.
@@ -311,6 +315,12 @@ impl Tls {
     pub fn replace(&self, pem: &Pem) -> Result<(), TlsError> {
         self.inner.current.set(certified(pem)?);
         Ok(())
+    }
+
+    /// When the certificate new handshakes get ends, in seconds since the epoch (for the
+    /// metrics: it changes when the certificate is renewed or the mounted one replaced).
+    pub fn not_after(&self) -> Option<i64> {
+        not_after_der(self.inner.current.get().cert.first()?).ok()
     }
 
     /// The chain new handshakes get (leaf first).
