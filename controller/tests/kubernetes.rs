@@ -278,6 +278,14 @@ const BAD: &[(&str, &str)] = &[
         "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMapClass\nmetadata: {name: pin-nothing}\nspec: {nodes: {a: {interfaces: [eth0]}}, pinSourceRanges: true}\n",
         "pinSourceRanges needs sourceRanges",
     ),
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMap\nmetadata: {name: no-rate, namespace: web}\nspec: {className: public, protocol: UDP, port: 3000, serviceRef: {name: web}, rateLimit: {newPerSecond: 0}}\n",
+        "spec.rateLimit.newPerSecond: Invalid value: 0",
+    ),
+    (
+        "apiVersion: kuport.wlz.li/v1alpha1\nkind: PortMap\nmetadata: {name: no-cap, namespace: web}\nspec: {className: public, protocol: TCP, port: 3000, serviceRef: {name: web}, rateLimit: {newPerSecond: 5, maxConnections: 0}}\n",
+        "spec.rateLimit.maxConnections: Invalid value: 0",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

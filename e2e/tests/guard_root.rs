@@ -33,15 +33,8 @@ spec:
 ";
 
 /// Sets a mapping's spec.sourceRanges.
-fn admit(mut m: Manifests, ns: &str, name: &str, ranges: &[&str]) -> Manifests {
-    let pm = m
-        .cluster
-        .port_maps
-        .iter_mut()
-        .find(|p| p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name));
-    pm.unwrap_or_else(|| panic!("no PortMap {ns}/{name}")).spec.source_ranges =
-        ranges.iter().map(|r| r.to_string()).collect();
-    m
+fn admit(m: Manifests, ns: &str, name: &str, ranges: &[&str]) -> Manifests {
+    edit_port_map(m, ns, name, |s| s.source_ranges = ranges.iter().map(|r| r.to_string()).collect())
 }
 
 /// The packets the refusal sets on `node` counted: both families, single ports and ranges.

@@ -92,6 +92,7 @@ pub fn add_mapping(c: &mut Cluster, m: Mapping) {
             interfaces: None,
             service_ref: ServiceRef { name: svc.clone(), port: Some("p".into()) },
             source_ranges: Vec::new(),
+            rate_limit: None,
         },
     );
     pm.metadata.namespace = Some(m.ns.clone());

@@ -100,6 +100,26 @@ pub struct NamespaceLimits {
     pub max_ports_per_namespace: Option<u32>,
 }
 
+/// A PortMap's per-source bounds (docs/portmap/guard.md, "Rate limits").
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimit {
+    /// New connections (TCP SYNs, new UDP flows) one client address may open per second, e.g.
+    /// 20; at least 1.
+    #[schemars(range(min = 1))]
+    pub new_per_second: u32,
+    /// How many new connections a client may open at once before the rate holds it, e.g. 40;
+    /// at least 1. Absent: the rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub burst: Option<u32>,
+    /// The connections one client address may hold open at once, e.g. 8; at least 1. Absent: no
+    /// bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_connections: Option<u32>,
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClassNode {
@@ -345,6 +365,12 @@ pub struct PortMapSpec {
     #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("each sourceRanges entry must be a CIDR such as 192.0.2.0/24"))]
     #[schemars(length(max = 64), inner(length(max = 43)))]
     pub source_ranges: Vec<String>,
+    /// Per-source bounds on the accepting nodes, before the DNAT: new connections (TCP SYNs, new
+    /// UDP flows) per client address per second, and optionally the connections one client may
+    /// hold at once. Beyond them a client's new connections are dropped and counted; other
+    /// clients are unaffected. Absent: no bound. docs/portmap/guard.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]

@@ -253,6 +253,7 @@ impl World {
                 interfaces: None,
                 service_ref: ServiceRef { name: svc.into(), port: Some("p".into()) },
                 source_ranges: Vec::new(),
+                rate_limit: None,
             },
         );
         pm.metadata.namespace = Some(ns.into());
@@ -451,6 +452,27 @@ pub fn scenarios() -> Vec<(&'static str, World)> {
                 .port_map("open", "dns", "public", Udp, 5353, None, "dns", 2)
                 .edit_map("web", |s| s.source_ranges = vec!["192.0.2.0/24".into(), "2001:db8:100::/48".into()])
                 .edit_map("dns", |s| s.source_ranges = vec!["0.0.0.0/0".into(), "::/0".into()]),
+        ),
+        (
+            // docs/portmap/guard.md, "Rate limits": the web port (both families, over the link)
+            // bounds new connections and connections held per client; the game's range only new
+            // flows, and also has an allow-list, which drops before the limit counts.
+            "rate_limited_dual_stack",
+            nodes()
+                .interface_address("edge-a", "enp1s0", "2001:db8::9")
+                .class("public", Single, Vxlan, EDGE)
+                .service("web", "web", "TCP", 3000, &[("web-0", "worker-c", "10.244.2.7", true)])
+                .slice6("web", "web", "v6", "TCP", 3000, &[("web-0", "worker-c", "fd10:244:2::7", true)])
+                .service("games", "game", "UDP", 27015, &[("game-0", "edge-a", "10.244.0.107", true)])
+                .port_map("web", "web", "public", Tcp, 3000, None, "web", 0)
+                .port_map("games", "game", "public", Udp, 27015, Some(27115), "game", 1)
+                .edit_map("web", |s| {
+                    s.rate_limit = Some(RateLimit { new_per_second: 20, burst: Some(40), max_connections: Some(8) })
+                })
+                .edit_map("game", |s| {
+                    s.rate_limit = Some(RateLimit { new_per_second: 100, burst: None, max_connections: None });
+                    s.source_ranges = vec!["198.51.100.0/24".into()];
+                }),
         ),
     ]
 }

@@ -16,6 +16,22 @@ use kuport_lab::{Lab, Manifests, Topology};
 use kuport_proto::owned;
 use kuport_proto::v1::{NetnsState, NftElement, NftRule, NftTable, NodeState};
 
+/// Edits the spec of PortMap `ns/name` in `m`.
+pub fn edit_port_map(
+    mut m: Manifests,
+    ns: &str,
+    name: &str,
+    edit: impl FnOnce(&mut kuport_controller::api::PortMapSpec),
+) -> Manifests {
+    let pm = m
+        .cluster
+        .port_maps
+        .iter_mut()
+        .find(|p| p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name));
+    edit(&mut pm.unwrap_or_else(|| panic!("no PortMap {ns}/{name}")).spec);
+    m
+}
+
 /// True to run; false (after printing a skip line) when not root and KUPORT_SKIP_ROOT_TESTS=1.
 /// Panics otherwise: CI runs these tests as root, and a silent skip would hide them.
 pub fn root() -> bool {

@@ -28,6 +28,17 @@ pub struct Admitted<'a> {
     pub accepting: BTreeMap<String, Vec<String>>,
     /// The clients that may reach the mapping (docs/portmap/guard.md); None lets every one in.
     pub source_ranges: Option<Vec<IpNet>>,
+    /// The per-source bounds (docs/portmap/guard.md, "Rate limits"); None: unbounded.
+    pub rate_limit: Option<SourceLimit>,
+}
+
+/// A mapping's per-source bounds, checked: new connections per second with their burst, and
+/// the connections one client may hold (None: unbounded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SourceLimit {
+    pub per_second: u32,
+    pub burst: u32,
+    pub connections: Option<u32>,
 }
 
 impl Admitted<'_> {
@@ -248,6 +259,7 @@ fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> 
         ));
     }
     let source_ranges = source_ranges(class, &class_name, &spec.source_ranges)?;
+    let rate_limit = spec.rate_limit.as_ref().map(rate_limit).transpose()?;
     Ok(Admitted {
         key: key_of(pm),
         pm,
@@ -257,7 +269,27 @@ fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> 
         ports: (first, last),
         accepting,
         source_ranges,
+        rate_limit,
     })
+}
+
+/// spec.rateLimit checked: every number at least 1 (the CRD says so too; an object from a
+/// folder or an older CRD is checked here). The burst defaults to the rate.
+fn rate_limit(spec: &crate::api::RateLimit) -> Result<SourceLimit, Refusal> {
+    let zero = |field: &str| {
+        Refusal::accepted(reason::INVALID_RATE_LIMIT, format!("spec.rateLimit.{field}: 0, where at least 1 is needed"))
+    };
+    let limit = SourceLimit {
+        per_second: spec.new_per_second,
+        burst: spec.burst.unwrap_or(spec.new_per_second),
+        connections: spec.max_connections,
+    };
+    match limit {
+        SourceLimit { per_second: 0, .. } => Err(zero("newPerSecond")),
+        SourceLimit { burst: 0, .. } => Err(zero("burst")),
+        SourceLimit { connections: Some(0), .. } => Err(zero("maxConnections")),
+        _ => Ok(limit),
+    }
 }
 
 /// The prefixes a mapping admits clients from (docs/portmap/guard.md): its own, else its

@@ -223,22 +223,25 @@ struct FamilyParts {
     published: super::steer::Published,
     /// The published mappings with an allow-list, to its prefixes of this family (steer.rs).
     guard: BTreeMap<(String, L4Proto, Ports), Vec<ipnet::IpNet>>,
+    /// The published mappings with per-source bounds, to them (steer.rs).
+    limit: BTreeMap<(String, L4Proto, Ports), super::admission::SourceLimit>,
 }
+
+/// What a mapping's accepting nodes enforce before the DNAT: the allow-list of this family (None:
+/// every client) and the per-source bounds.
+type Guard = (Option<Vec<ipnet::IpNet>>, Option<super::admission::SourceLimit>);
 
 impl FamilyParts {
     /// Publishes `ports` on `iface` to `to`: the pod or the link's far end, with the port a single
-    /// port is rewritten to (a range keeps its ports); behind the allow-list `guard` if any.
-    fn publish(
-        &mut self,
-        iface: &str,
-        proto: L4Proto,
-        ports: Ports,
-        guard: Option<&Vec<ipnet::IpNet>>,
-        to: (IpAddr, Option<u16>),
-    ) {
+    /// port is rewritten to (a range keeps its ports); behind `guard`'s allow-list and per-source
+    /// bounds, if any.
+    fn publish(&mut self, iface: &str, proto: L4Proto, ports: Ports, guard: &Guard, to: (IpAddr, Option<u16>)) {
         self.published.entry((iface.to_string(), proto)).or_default().push(ports);
-        if let Some(nets) = guard {
+        if let Some(nets) = &guard.0 {
             self.guard.insert((iface.to_string(), proto, ports), nets.clone());
+        }
+        if let Some(l) = guard.1 {
+            self.limit.insert((iface.to_string(), proto, ports), l);
         }
         match to {
             (address, Some(port)) => {
@@ -317,7 +320,7 @@ impl Builder {
         (l4(p.admitted.protocol) as i32, p.admitted.ports, p.pod_ports()).hash(&mut h);
         (&p.endpoint.node, p.endpoint.address, p.endpoint.port, &p.nodes).hash(&mut h);
         matches!(p.admitted.class.spec.serving_mode, ServingMode::Multi).hash(&mut h);
-        p.admitted.source_ranges.hash(&mut h);
+        (&p.admitted.source_ranges, p.admitted.rate_limit).hash(&mut h);
         ends.hash(&mut h);
         h.finish()
     }
@@ -365,17 +368,15 @@ impl Builder {
         let single = !p.admitted.is_range();
         // This family's prefixes of the allow-list, if the mapping has one: empty closes the
         // family to every client.
-        let guard: Option<Vec<ipnet::IpNet>> = p
-            .admitted
-            .source_ranges
-            .as_ref()
-            .map(|nets| nets.iter().filter(|n| fam.holds(&n.addr())).copied().collect());
+        let nets = p.admitted.source_ranges.as_ref();
+        let guard: Guard =
+            (nets.map(|nets| nets.iter().filter(|n| fam.holds(&n.addr())).copied().collect()), p.admitted.rate_limit);
         let mut published = Vec::new();
         for (node, ifaces) in &p.nodes {
             if *node == p.endpoint.node {
                 let parts = self.nodes.entry(node.clone()).or_default().family(fam);
                 for iface in ifaces {
-                    parts.publish(iface, proto, ports, guard.as_ref(), (pod, single.then_some(p.endpoint.port)));
+                    parts.publish(iface, proto, ports, &guard, (pod, single.then_some(p.endpoint.port)));
                 }
                 if let Some(dev) = pod_device {
                     parts.claim.entry((dev.to_string(), pod, proto)).or_default().push(pod_ports);
@@ -393,7 +394,7 @@ impl Builder {
             }
             let parts = node_parts.family(fam);
             for iface in ifaces {
-                parts.publish(iface, proto, ports, guard.as_ref(), (far_address, single.then_some(ports.0)));
+                parts.publish(iface, proto, ports, &guard, (far_address, single.then_some(ports.0)));
             }
             parts.claim.entry((near.device.clone(), far_address, proto)).or_default().push(ports);
             published.push(node.clone());
@@ -435,11 +436,12 @@ impl Builder {
                 // Past a host firewall (docs/portmap/firewall.md): requests to the accepting
                 // interfaces' addresses, and on the pod's node those to this end of a link.
                 let mut to_node = super::steer::Destinations::new();
-                let mut guards = super::steer::Guards::new();
+                let (mut guards, mut limits) = (super::steer::Guards::new(), super::steer::Limits::new());
                 for fam in Family::BOTH {
                     let f = parts.of(fam);
                     to_node.extend(super::steer::accepting(&f.published, fam, |i| v.addresses_of(i)));
-                    guards.extend(super::steer::guarded(&f.guard, fam, |i| v.addresses_of(i)));
+                    guards.extend(super::steer::per_address(&f.guard, fam, |i| v.addresses_of(i)));
+                    limits.extend(super::steer::per_address(&f.limit, fam, |i| v.addresses_of(i)));
                     for (dev, me, pr, port) in f.link_port.keys() {
                         to_node.entry((dev.clone(), *me, *pr)).or_default().push((*port, *port));
                     }
@@ -447,7 +449,7 @@ impl Builder {
                         to_node.entry((dev.clone(), *me, *pr)).or_default().push(*ports);
                     }
                 }
-                let steer = super::steer::steering(&to_node, &guards);
+                let steer = super::steer::steering(&to_node, &guards, &limits);
                 let stand_in = steer.as_ref().map(|s| s.stand_in.clone()).unwrap_or_default();
                 // Each accepting interface's addresses: the publish maps are keyed by their
                 // stand-ins, so that only what is addressed to the node is delivered.
@@ -461,6 +463,7 @@ impl Builder {
                 if let (Some(t), Some(s)) = (ns.nft_tables.first_mut(), steer) {
                     t.sets.extend(s.sets);
                     t.chains.push(s.chain);
+                    t.chains.extend(s.limit_chains);
                 }
                 (node, ns)
             })

@@ -23,6 +23,8 @@ pub mod reason {
     pub const INVALID_SOURCE_RANGE: &str = "InvalidSourceRange";
     /// The class pins its spec.sourceRanges and the PortMap names a prefix outside them.
     pub const SOURCE_RANGE_OUTSIDE_CLASS: &str = "SourceRangeOutsideClass";
+    /// A spec.rateLimit number is 0.
+    pub const INVALID_RATE_LIMIT: &str = "InvalidRateLimit";
     // Programmed
     pub const PROGRAMMED: &str = "Programmed";
     pub const NOT_ACCEPTED: &str = "NotAccepted";

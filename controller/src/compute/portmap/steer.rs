@@ -30,12 +30,15 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use kuport_proto::build::{
-    addr, base_chain, counter, drop, element, ifname, lookup, member, not_lookup, port, ports, proto, rule, set,
+    addr, base_chain, chain, counter, ct_count, ct_state, drop, dynamic_set, element, ifname, jump_to, limit, lookup,
+    member, not_lookup, port, ports, proto, rule, set, set_update, verdict_map,
 };
 use kuport_proto::v1::{
-    AddressSet, ChainPolicy, ChainType, Hook, L4Proto, NftChain, NftSet, NftStatement, NftType, Selector, nft_statement,
+    AddressSet, ChainPolicy, ChainType, Hook, L4Proto, NftChain, NftRule, NftSet, NftStatement, NftType, Selector,
+    nft_statement,
 };
 
+use super::admission::SourceLimit;
 use super::datapath::Family;
 
 pub const CHAIN_STEER: &str = "kup-steer";
@@ -53,6 +56,23 @@ pub const SET_REFUSED: &str = "refused";
 pub const SET_REFUSED_RANGE: &str = "refused_range";
 /// Ranges: (ports, interface, address, protocol) to the stand-in; `steer_range6` for IPv6.
 pub const MAP_STEER_RANGE: &str = "steer_range";
+/// Rate-limited single ports: (interface, address, protocol, port) to a jump to the mapping's
+/// limit chain (docs/portmap/guard.md, "Rate limits").
+pub const MAP_LIMIT_PORT: &str = "limit_port";
+/// Rate-limited ranges: (ports, interface, address, protocol) to the jump.
+pub const MAP_LIMIT_RANGE: &str = "limit_range";
+/// The limit chains' names begin so: `kup-limit-TAG`, `kup-limit6-TAG`.
+pub const CHAIN_LIMIT: &str = "kup-limit";
+/// Per (client address, mapping tag): the new-connection token bucket, filled by the kernel.
+pub const SET_RATE: &str = "rate";
+/// Per (client address, mapping tag): the connections the client holds.
+pub const SET_CONNECTIONS: &str = "connections";
+/// Each dynamic set's bound: so many clients per family are tracked at once. A multiple of
+/// 65,536, which the kernel's preallocation hint reads as none (65,535 preallocates 2 MB);
+/// about 190 bytes per tracked client. A full set tracks no new client: it fails open.
+pub const TRACKED_CLIENTS: u32 = 65_536;
+/// How long a client's bucket outlives its last new connection.
+pub const RATE_TIMEOUT_SECONDS: u32 = 60;
 
 /// `dstnat - 20`, after a mesh's mangle rules at -150 and kuport's own marks at -140 (which
 /// all still see the dialed address: netbird marks packets by `fib daddr type local` there,
@@ -169,21 +189,27 @@ pub fn accepting<'a>(published: &Published, fam: Family, addresses: impl Fn(&str
     out
 }
 
-/// The allow-lists of the mappings a node receives: (arrival interface, destination,
-/// protocol) to each guarded mapping's ports and the prefixes of the destination's family it
-/// admits (none: the family is closed to every client).
-pub type Guards = BTreeMap<(String, IpAddr, L4Proto), Vec<(Ports, Vec<IpNet>)>>;
+/// What a node enforces per published mapping, at each destination: (arrival interface,
+/// destination, protocol) to each mapping's ports and its `T`.
+pub type PerMapping<T> = BTreeMap<(String, IpAddr, L4Proto), Vec<(Ports, T)>>;
 
-/// [`accepting`] for the allow-lists: each guarded mapping at each address of its interface.
-pub fn guarded<'a>(
-    guards: &BTreeMap<(String, L4Proto, Ports), Vec<IpNet>>,
+/// The allow-lists of the mappings a node receives: the prefixes of the destination's family
+/// each admits (none: the family is closed to every client).
+pub type Guards = PerMapping<Vec<IpNet>>;
+
+/// The per-source bounds of the mappings a node receives.
+pub type Limits = PerMapping<SourceLimit>;
+
+/// [`accepting`] for what a mapping enforces: each mapping at each address of its interface.
+pub fn per_address<'a, T: Clone>(
+    by_mapping: &BTreeMap<(String, L4Proto, Ports), T>,
     fam: Family,
     addresses: impl Fn(&str) -> &'a [String],
-) -> Guards {
-    let mut out = Guards::new();
-    for ((iface, pr, ports), nets) in guards {
+) -> PerMapping<T> {
+    let mut out = PerMapping::new();
+    for ((iface, pr, ports), what) in by_mapping {
         for dst in self::addresses(addresses(iface)).into_iter().filter(|a| fam.holds(a)) {
-            out.entry((iface.clone(), dst, *pr)).or_default().push((*ports, nets.clone()));
+            out.entry((iface.clone(), dst, *pr)).or_default().push((*ports, what.clone()));
         }
     }
     out
@@ -194,7 +220,7 @@ pub fn guarded<'a>(
 /// source outside its prefixes is counted against the mapping and dropped. Which mappings are
 /// guarded, and the counters, live in a hash set for single ports and an interval set for
 /// ranges, like the steering maps: a packet to an unguarded port pays one hash lookup.
-fn guard_rules(fam: Family, guards: &Guards, sets: &mut Vec<NftSet>) -> Vec<kuport_proto::v1::NftRule> {
+fn guard_rules(fam: Family, guards: &Guards, sets: &mut Vec<NftSet>) -> Vec<NftRule> {
     let (mut single, mut range, mut allowed) = (Vec::new(), Vec::new(), Vec::new());
     for ((iface, dst, pr), list) in guards.iter().filter(|((_, a, _), _)| fam.holds(a)) {
         for ((a, b), nets) in list {
@@ -250,21 +276,104 @@ fn guard_rules(fam: Family, guards: &Guards, sets: &mut Vec<NftSet>) -> Vec<kupo
     rules
 }
 
+/// The tag that scopes a client's state to one mapping in the shared dynamic sets: the
+/// mapping's first port and protocol, and the index of its interface among `ifaces` (the
+/// node's limited interfaces). Admission keeps mappings on one interface apart, so no two
+/// mappings of a node share a tag; a mapping's clients are bounded per accepting interface.
+fn tag(ifaces: &BTreeSet<&str>, iface: &str, pr: L4Proto, first: u16) -> u32 {
+    let index = ifaces.iter().position(|i| *i == iface).unwrap_or(0) as u32;
+    (index << 17) | (u32::from(pr == L4Proto::Udp) << 16) | u32::from(first)
+}
+
+/// The rate-limit rules of one family (docs/portmap/guard.md, "Rate limits"): a new connection
+/// to a limited mapping jumps, through a verdict map, to the mapping's chain, which counts and
+/// drops it when its client is over the mapping's rate or holds its connection bound. The
+/// clients' state lives in two dynamic sets per family shared by every mapping, keyed by the
+/// client's address and the mapping's tag; the chains hold each mapping's numbers.
+fn limit_rules(fam: Family, limits: &Limits, sets: &mut Vec<NftSet>, chains: &mut Vec<NftChain>) -> Vec<NftRule> {
+    let ifaces: BTreeSet<&str> = limits.keys().map(|(i, _, _)| i.as_str()).collect();
+    let (rate, connections) = (fam.name(SET_RATE), fam.name(SET_CONNECTIONS));
+    let (mut single, mut range, mut capped) = (Vec::new(), Vec::new(), false);
+    let mut made = BTreeSet::new();
+    for ((iface, dst, pr), list) in limits.iter().filter(|((_, a, _), _)| fam.holds(a)) {
+        for ((a, b), l) in list {
+            let tag = tag(&ifaces, iface, *pr, *a);
+            let name = format!("{}-{tag:x}", fam.name(CHAIN_LIMIT));
+            if made.insert(name.clone()) {
+                let saddr = [fam.saddr()];
+                let mut rules = vec![rule(
+                    vec![ct_state(ct_state::NEW)],
+                    vec![
+                        set_update(&saddr, Some(tag), &rate, limit(u64::from(l.per_second), l.burst, true)),
+                        counter(),
+                        drop(),
+                    ],
+                )];
+                if let Some(n) = l.connections {
+                    capped = true;
+                    rules.push(rule(
+                        vec![ct_state(ct_state::NEW)],
+                        vec![set_update(&saddr, Some(tag), &connections, ct_count(n, true)), counter(), drop()],
+                    ));
+                }
+                chains.push(chain(&name, rules));
+            }
+            let (a, b) = (u32::from(*a), u32::from(*b));
+            if a == b {
+                single.push(element(vec![ifname(iface), addr(dst), proto(*pr), port(a)], vec![jump_to(&name)]));
+            } else {
+                range.push(element(vec![ports(a, b), ifname(iface), addr(dst), proto(*pr)], vec![jump_to(&name)]));
+            }
+        }
+    }
+    if single.is_empty() && range.is_empty() {
+        return Vec::new();
+    }
+    use NftType::{Ifname, InetProto, InetService, Mark, Verdict};
+    use Selector::{Iifname, L4proto, ThDport};
+    let (a, daddr) = (fam.addr_type(), fam.daddr());
+    sets.push(dynamic_set(&rate, &[a, Mark], TRACKED_CLIENTS, RATE_TIMEOUT_SECONDS));
+    if capped {
+        // No timeout: an entry goes when its client's last connection does.
+        sets.push(dynamic_set(&connections, &[a, Mark], TRACKED_CLIENTS, 0));
+    }
+    let mut rules = Vec::new();
+    let shapes = [
+        (single, MAP_LIMIT_PORT, [Ifname, a, InetProto, InetService], [Iifname, daddr, L4proto, ThDport], false),
+        (range, MAP_LIMIT_RANGE, [InetService, Ifname, a, InetProto], [ThDport, Iifname, daddr, L4proto], true),
+    ];
+    for (elements, map, key, sel, interval) in shapes {
+        if elements.is_empty() {
+            continue;
+        }
+        let map = fam.name(map);
+        sets.push(NftSet { interval, ..set(&map, &key, &[Verdict], elements) });
+        // Only a new connection is looked up: the packets of an admitted one pay nothing.
+        rules.push(rule(vec![ct_state(ct_state::NEW)], vec![verdict_map(&sel, &map)]));
+    }
+    rules
+}
+
 /// One node's steering: the stand-in of each destination address, and the chain and its maps.
 pub struct Steering {
     pub stand_in: BTreeMap<IpAddr, IpAddr>,
     pub sets: Vec<NftSet>,
     pub chain: NftChain,
+    /// The mappings' limit chains, which the chain jumps to.
+    pub limit_chains: Vec<NftChain>,
 }
 
 /// The steering chain and its maps for one node, or None when it receives nothing published;
-/// the allow-lists of `guards` first.
-pub fn steering(destinations: &Destinations, guards: &Guards) -> Option<Steering> {
+/// the allow-lists of `guards` first, then the rate limits of `limits`, before any rewrite.
+pub fn steering(destinations: &Destinations, guards: &Guards, limits: &Limits) -> Option<Steering> {
     let all: BTreeSet<IpAddr> = destinations.keys().map(|(_, a, _)| *a).collect();
     let stand_in = stand_ins(&all);
-    let (mut sets, mut rules) = (Vec::new(), Vec::new());
+    let (mut sets, mut rules, mut limit_chains) = (Vec::new(), Vec::new(), Vec::new());
     for fam in Family::BOTH {
         rules.extend(guard_rules(fam, guards, &mut sets));
+    }
+    for fam in Family::BOTH {
+        rules.extend(limit_rules(fam, limits, &mut sets, &mut limit_chains));
     }
     for fam in Family::BOTH {
         let (mut single, mut range) = (Vec::new(), Vec::new());
@@ -303,7 +412,7 @@ pub fn steering(destinations: &Destinations, guards: &Guards) -> Option<Steering
     }
     let chain =
         base_chain(CHAIN_STEER, ChainType::Filter, Hook::Prerouting, STEER_PRIORITY, ChainPolicy::Accept, rules);
-    Some(Steering { stand_in, sets, chain })
+    Some(Steering { stand_in, sets, chain, limit_chains })
 }
 
 /// `ip daddr set K map @m`, or `ip6 daddr set ...`.
@@ -321,7 +430,7 @@ mod tests {
     }
 
     fn steering_open(d: &Destinations) -> Option<Steering> {
-        steering(d, &Guards::new())
+        steering(d, &Guards::new(), &Limits::new())
     }
 
     #[test]

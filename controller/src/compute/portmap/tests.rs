@@ -1391,3 +1391,43 @@ fn an_allow_list_change_is_a_new_datapath() {
     let after = w.edit_map("m", |s| s.source_ranges = vec!["192.0.2.0/24".into()]).run();
     assert_ne!(before.node_states["edge-a"], after.node_states["edge-a"]);
 }
+
+/// docs/portmap/guard.md, "Rate limits": a mapping's bounds become its limit chain on the
+/// accepting node (the burst defaults to the rate), a change of them is a new datapath, and a
+/// 0 that passed no CRD (a folder's object) is refused with the field named, keeping nothing.
+#[test]
+fn rate_limits_are_checked_and_become_the_mappings_chain() {
+    let w = || {
+        base()
+            .interface_address("edge-a", "enp1s0", "203.0.113.9")
+            .class("public", Single, Vxlan, PUBLIC)
+            .service("ns", "svc", "UDP", 3000, &[("pod", "edge-a", "10.244.0.7", true)])
+            .port_map("ns", "m", "public", Udp, 3000, None, "svc", 0)
+    };
+    let limit_chains = |out: &Outputs| -> Vec<String> {
+        let tables = out.node_states.get("edge-a").into_iter().flat_map(|s| &s.netns).flat_map(|n| &n.nft_tables);
+        tables.flat_map(|t| &t.chains).filter(|c| c.name.starts_with("kup-limit")).map(|c| format!("{c:?}")).collect()
+    };
+    let open = w().run();
+    assert!(limit_chains(&open).is_empty(), "no limit, no chain");
+    let limited = |l: RateLimit| w().edit_map("m", move |s| s.rate_limit = Some(l.clone())).run();
+    let out = limited(RateLimit { new_per_second: 7, burst: None, max_connections: None });
+    let chains = limit_chains(&out);
+    assert_eq!(chains.len(), 1, "{chains:?}");
+    assert!(chains[0].contains("rate: 7, burst: 7"), "the burst is the rate: {chains:?}");
+    assert_ne!(open.node_states["edge-a"], out.node_states["edge-a"]);
+    let other = limited(RateLimit { new_per_second: 8, burst: None, max_connections: None });
+    assert_ne!(out.node_states["edge-a"], other.node_states["edge-a"], "a new rate is a new datapath");
+
+    for (l, field) in [
+        (RateLimit { new_per_second: 0, burst: None, max_connections: None }, "newPerSecond"),
+        (RateLimit { new_per_second: 5, burst: Some(0), max_connections: None }, "burst"),
+        (RateLimit { new_per_second: 5, burst: None, max_connections: Some(0) }, "maxConnections"),
+    ] {
+        let out = limited(l);
+        let (status, got, message) = cond(&out, "m", status::ACCEPTED);
+        assert_eq!((status, got), ("False", reason::INVALID_RATE_LIMIT), "{message}");
+        assert!(message.contains(&format!("spec.rateLimit.{field}: 0")), "{message}");
+        assert!(limit_chains(&out).is_empty(), "a refused mapping publishes nothing");
+    }
+}

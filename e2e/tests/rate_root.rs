@@ -1,0 +1,336 @@
+//! Per-source rate limits with real packets (docs/portmap/guard.md, "Rate limits"): the default
+//! lab's game range (edge-a, over the link to game-0 on worker-2) bounds new UDP flows per
+//! client. client-2 floods it with new flows; what reaches game-0 stays within the bucket
+//! (burst plus rate times the flood's time), every drop is counted in the mapping's chain, and
+//! client-1 is served throughout. The API's TCP port bounds the connections a client holds.
+//! Each ends with the ablation: without the dispatch rule, the flood reaches the pod.
+//! Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1. Each lab is removed on drop.
+
+mod common;
+use common::dual::assert_maps_any;
+use common::*;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use kuport_controller::api::RateLimit;
+use kuport_controller::compute::portmap::steer::TRACKED_CLIENTS;
+use kuport_lab::Protocol::{Tcp, Udp};
+use kuport_lab::program::{apply, compute};
+use kuport_lab::sys::in_netns;
+use kuport_lab::{Lab, Manifests};
+use kuport_proto::v1::{NodeState, nft_statement};
+
+const API: &str = "apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: api, namespace: apps}
+spec:
+  className: public
+  protocol: TCP
+  port: 9000
+  serviceRef: {name: api, port: api}
+";
+
+/// Sets a mapping's spec.rateLimit.
+fn limited(m: Manifests, ns: &str, name: &str, limit: RateLimit) -> Manifests {
+    edit_port_map(m, ns, name, |s| s.rate_limit = Some(limit))
+}
+
+/// What one flood did: new flows sent, answers received, and how long the sending took.
+struct Flood {
+    sent: usize,
+    answered: usize,
+    took: Duration,
+}
+
+/// From `client`, `sockets` sockets each send one datagram to every port of `ports` at `to`:
+/// each a new flow. Then every answer that comes within a second is counted.
+fn flood(lab: &Lab, client: &str, to: &str, ports: (u16, u16), sockets: usize) -> Flood {
+    let path = lab.netns(client).expect("the client's namespace");
+    let to: IpAddr = to.parse().expect("an address");
+    let any = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+    in_netns(&path, || {
+        let socks: Vec<UdpSocket> = (0..sockets).map(|_| UdpSocket::bind(any)).collect::<Result<_, _>>()?;
+        let start = Instant::now();
+        let mut sent = 0;
+        for s in &socks {
+            for p in ports.0..=ports.1 {
+                s.send_to(b"flood", SocketAddr::new(to, p))?;
+                sent += 1;
+            }
+        }
+        let took = start.elapsed();
+        std::thread::sleep(Duration::from_secs(1));
+        let mut answered = 0;
+        let mut buf = [0u8; 2048];
+        for s in &socks {
+            s.set_nonblocking(true)?;
+            while s.recv(&mut buf).is_ok() {
+                answered += 1;
+            }
+        }
+        Ok(Flood { sent, answered, took })
+    })
+    .expect("the flood runs")
+}
+
+/// From `client`, `n` TCP connects to `to` at once, each on its own thread: `n` SYNs within
+/// milliseconds. A dropped SYN is sent again only after a second, past the connect's timeout,
+/// so what connects is what the limit let through. `took`: from the first SYN to the last.
+fn syn_flood(lab: &Lab, client: &str, to: SocketAddr, n: usize) -> Flood {
+    let path = lab.netns(client).expect("the client's namespace");
+    in_netns(&path, || {
+        // Threads made here are in the namespace too.
+        let threads: Vec<_> = (0..n)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let at = Instant::now();
+                    (at, TcpStream::connect_timeout(&to, Duration::from_millis(700)).is_ok())
+                })
+            })
+            .collect();
+        let results: Vec<(Instant, bool)> = threads.into_iter().filter_map(|t| t.join().ok()).collect();
+        let first = results.iter().map(|r| r.0).min();
+        let last = results.iter().map(|r| r.0).max();
+        let took = match (first, last) {
+            (Some(a), Some(b)) => b - a,
+            _ => Duration::ZERO,
+        };
+        Ok(Flood { sent: results.len(), answered: results.iter().filter(|r| r.1).count(), took })
+    })
+    .expect("the SYN flood runs")
+}
+
+/// From `client`, one UDP datagram to `to` from each of `n` forged source addresses from
+/// 198.18.0.0/15 (RFC 2544's benchmark range), through a raw socket: `n` clients as the
+/// kernel's per-source state sees them.
+fn spoofed_flood(lab: &Lab, client: &str, to: SocketAddrV4, n: u32) -> usize {
+    use rustix::net::{AddressFamily, SendFlags, SocketType, ipproto, sendto, socket};
+    let path = lab.netns(client).expect("the client's namespace");
+    in_netns(&path, || {
+        // IPPROTO_RAW: the header is ours; the kernel fills its checksum.
+        let fd = socket(AddressFamily::INET, SocketType::RAW, Some(ipproto::RAW))?;
+        let mut sent = 0;
+        for i in 0..n {
+            let from = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i);
+            let mut packet = vec![0x45, 0, 0, 33, 0, 0, 0, 0, 64, 17, 0, 0];
+            packet[4..6].copy_from_slice(&(i as u16).to_be_bytes());
+            packet.extend_from_slice(&from.octets());
+            packet.extend_from_slice(&to.ip().octets());
+            // UDP: ports, length, no checksum (allowed over IPv4), payload.
+            packet.extend_from_slice(&40_000u16.to_be_bytes());
+            packet.extend_from_slice(&to.port().to_be_bytes());
+            packet.extend_from_slice(&13u16.to_be_bytes());
+            packet.extend_from_slice(&[0, 0]);
+            packet.extend_from_slice(b"spoof");
+            if sendto(&fd, &packet, SendFlags::empty(), &to).is_ok() {
+                sent += 1;
+            }
+        }
+        Ok(sent)
+    })
+    .expect("the spoofed flood runs")
+}
+
+/// The clients `node`'s rate set of `set` tracks now.
+fn tracked(lab: &Lab, node: &str, set: &str) -> usize {
+    let out = lab.exec(node, &["nft", "list", "set", "inet", "kuport", set]).expect("nft lists the set");
+    out.matches("limit rate over").count()
+}
+
+/// The packets the rate rules of `node`'s limit chains dropped.
+fn rate_drops(lab: &Lab, node: &str) -> u64 {
+    let out = lab.exec(node, &["nft", "list", "table", "inet", "kuport"]).expect("nft lists the table");
+    out.lines()
+        .filter(|l| l.contains("update @rate"))
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            // The counter's, the last: the limit says "burst N packets" before it.
+            w.iter().rposition(|w| *w == "packets").and_then(|i| w.get(i + 1)).and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// Removes the dispatch to the limit chains from `node`'s steering chain: the ablation.
+fn without_limits(states: &mut BTreeMap<String, NodeState>, node: &str) -> usize {
+    drop_rules(host_state(states, node), "kup-steer", |r| {
+        r.statements
+            .iter()
+            .any(|s| matches!(&s.kind, Some(nft_statement::Kind::VerdictMap(v)) if v.map.starts_with("limit")))
+    })
+}
+
+const GAME_PORTS: (u16, u16) = (27015, 27115);
+const RATE: u32 = 50;
+const BURST: u32 = 10;
+
+/// The most a bucket of `RATE` per second and `BURST` lets through while a flood of `took` is
+/// sent, with a tenth and five flows to spare for the kernel's clock.
+fn bound(took: Duration) -> usize {
+    (f64::from(BURST) + f64::from(RATE) * took.as_secs_f64() * 1.1 + 5.0) as usize
+}
+
+#[test]
+fn a_flood_of_new_udp_flows_from_one_client_is_held_to_its_rate() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let limit = RateLimit { new_per_second: RATE, burst: Some(BURST), max_connections: None };
+    let m = limited(Manifests::default_lab(), "games", "game", limit);
+    let mut out = compute(&mut lab, &m);
+    assert_eq!(
+        condition(&out, "games", "game", "Programmed").0,
+        "True",
+        "{}",
+        message(&out, "games", "game", "Programmed")
+    );
+    apply(&mut lab, &out.node_states).expect("the state applies");
+    assert_maps_any(&lab, "client-1", "203.0.113.9:27015", Udp, "game-0");
+
+    // client-2's flood: 2,020 new flows, as fast as it can send them.
+    let before = rate_drops(&lab, "edge-a");
+    let f = flood(&lab, "client-2", "203.0.113.9", GAME_PORTS, 20);
+    let max = bound(f.took);
+    eprintln!("flood: {} flows in {:?}, {} answered (bound {max})", f.sent, f.took, f.answered);
+    assert!(f.answered >= 1 && f.answered <= max, "{} of {} flows answered, bound {max}", f.answered, f.sent);
+    let dropped = rate_drops(&lab, "edge-a") - before;
+    assert!(dropped as usize >= f.sent - max, "each flow over the rate counted: {dropped} of {}", f.sent);
+
+    // client-1 has its own bucket; client-2's refills within a second.
+    assert_maps_any(&lab, "client-1", "203.0.113.9:27115", Udp, "game-0");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_maps_any(&lab, "client-2", "203.0.113.9:27016", Udp, "game-0");
+
+    // The same over IPv6, with its own buckets.
+    assert_maps_any(&lab, "client-1", "[2001:db8::9]:27015", Udp, "game-0");
+    let f = flood(&lab, "client-2", "2001:db8::9", GAME_PORTS, 20);
+    let max = bound(f.took);
+    eprintln!("IPv6 flood: {} flows in {:?}, {} answered (bound {max})", f.sent, f.took, f.answered);
+    assert!(f.answered >= 1 && f.answered <= max, "IPv6: {} of {} flows answered, bound {max}", f.answered, f.sent);
+    assert_maps_any(&lab, "client-1", "[2001:db8::9]:27115", Udp, "game-0");
+
+    // Ablation: without the dispatch, the flood reaches game-0.
+    assert_eq!(without_limits(&mut out.node_states, "edge-a"), 2, "the range's rule, both families");
+    apply(&mut lab, &out.node_states).expect("the ablated state applies");
+    let f = flood(&lab, "client-2", "203.0.113.9", GAME_PORTS, 20);
+    assert!(f.answered > 3 * bound(f.took), "without the rule {} of {} flows are answered", f.answered, f.sent);
+}
+
+/// `n` TCP connections from `client` to the API's published port, held until dropped.
+fn connect(lab: &Lab, client: &str, n: usize) -> Vec<std::io::Result<TcpStream>> {
+    let to: SocketAddr = "203.0.113.9:9000".parse().expect("an address");
+    let path = lab.netns(client).expect("the client's namespace");
+    in_netns(&path, || Ok((0..n).map(|_| TcpStream::connect_timeout(&to, Duration::from_secs(2))).collect()))
+        .expect("the connects run")
+}
+
+/// 100,000 forged sources, each a new client with a full bucket: the per-source state stays
+/// within its bound (steer.rs, TRACKED_CLIENTS), and the set, full, tracks no newcomer: the
+/// limit fails open for them, so the well-behaved client is still served.
+#[test]
+fn a_flood_from_a_hundred_thousand_forged_sources_leaves_the_state_bounded() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let limit = RateLimit { new_per_second: RATE, burst: Some(BURST), max_connections: None };
+    let out = compute(&mut lab, &limited(Manifests::default_lab(), "games", "game", limit));
+    apply(&mut lab, &out.node_states).expect("the state applies");
+    let to: SocketAddrV4 = "203.0.113.9:27015".parse().expect("an address");
+    let sent = spoofed_flood(&lab, "client-2", to, 100_000);
+    assert_eq!(sent, 100_000, "the raw socket sent every datagram");
+    let held = tracked(&lab, "edge-a", "rate");
+    let bound = TRACKED_CLIENTS as usize;
+    eprintln!("100,000 forged sources: {held} tracked (bound {bound})");
+    assert!(held > bound / 2 && held <= bound, "{held} clients tracked, bound {bound}");
+    assert_maps_any(&lab, "client-1", "203.0.113.9:27015", Udp, "game-0");
+}
+
+/// Multi: every accepting node holds a client to the mapping's rate, each with its own buckets.
+#[test]
+fn multi_every_accepting_node_holds_a_flood_to_the_rate() {
+    if !root() {
+        return;
+    }
+    let mut lab = Lab::up(&kuport_lab::topology::Topology::multi_lab()).expect("the Multi lab builds");
+    let limit = RateLimit { new_per_second: RATE, burst: Some(BURST), max_connections: None };
+    let dns = Manifests::multi_lab()
+        .cluster
+        .port_maps
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("dns"))
+        .map(|p| p.spec.protocol);
+    assert_eq!(dns, Some(kuport_controller::api::Protocol::Udp), "the Multi lab's dns mapping is UDP");
+    let mut out = compute(&mut lab, &limited(Manifests::multi_lab(), "intranet", "dns", limit));
+    apply(&mut lab, &out.node_states).expect("the state applies");
+    for (i, worker) in ["worker-1", "worker-2", "worker-3"].iter().enumerate() {
+        let address = format!("100.64.0.1{}", i + 1);
+        assert_maps_any(&lab, "client-1", &format!("{address}:5353"), Udp, "dns-0");
+        let f = flood(&lab, "client-2", &address, (5353, 5353), 400);
+        let max = bound(f.took);
+        eprintln!("{worker}: {} flows in {:?}, {} answered (bound {max})", f.sent, f.took, f.answered);
+        assert!(f.answered >= 1 && f.answered <= max, "{worker}: {} of {} answered, bound {max}", f.answered, f.sent);
+        assert_maps_any(&lab, "client-1", &format!("{address}:5353"), Udp, "dns-0");
+    }
+    // Ablation on worker-1: its flood reaches dns-0.
+    assert_eq!(without_limits(&mut out.node_states, "worker-1"), 2, "one rule per family");
+    apply(&mut lab, &out.node_states).expect("the ablated state applies");
+    let f = flood(&lab, "client-2", "100.64.0.11", (5353, 5353), 400);
+    assert!(f.answered > 3 * bound(f.took), "without the rule {} of {} flows are answered", f.answered, f.sent);
+}
+
+#[test]
+fn a_flood_of_tcp_syns_from_one_client_is_held_to_its_rate() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let m = Manifests::default_lab().add("api.yaml", API).expect("the api mapping loads");
+    let limit = RateLimit { new_per_second: RATE, burst: Some(BURST), max_connections: None };
+    let mut out = compute(&mut lab, &limited(m, "apps", "api", limit));
+    apply(&mut lab, &out.node_states).expect("the state applies");
+    let to: SocketAddr = "203.0.113.9:9000".parse().expect("an address");
+
+    let before = rate_drops(&lab, "edge-a");
+    let f = syn_flood(&lab, "client-2", to, 200);
+    let max = bound(f.took);
+    eprintln!("SYN flood: {} connects in {:?}, {} connected (bound {max})", f.sent, f.took, f.answered);
+    assert!(f.answered >= 1 && f.answered <= max, "{} of {} connected, bound {max}", f.answered, f.sent);
+    let dropped = rate_drops(&lab, "edge-a") - before;
+    assert!(dropped as usize >= f.sent - max, "each SYN over the rate counted: {dropped} of {}", f.sent);
+    assert_maps_any(&lab, "client-1", "203.0.113.9:9000", Tcp, "api-0");
+
+    // Ablation: without the dispatch, every connect succeeds.
+    assert_eq!(without_limits(&mut out.node_states, "edge-a"), 2, "the single port's rule, both families");
+    apply(&mut lab, &out.node_states).expect("the ablated state applies");
+    std::thread::sleep(Duration::from_secs(1));
+    let f = syn_flood(&lab, "client-2", to, 200);
+    assert!(f.answered > 3 * bound(f.took), "without the rule {} of {} connect", f.answered, f.sent);
+}
+
+#[test]
+fn a_client_holds_no_more_connections_than_the_cap() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let m = Manifests::default_lab().add("api.yaml", API).expect("the api mapping loads");
+    let limit = RateLimit { new_per_second: 100, burst: None, max_connections: Some(3) };
+    let m = limited(m, "apps", "api", limit);
+    let mut out = compute(&mut lab, &m);
+    apply(&mut lab, &out.node_states).expect("the state applies");
+    // Three held connections; the fourth gets no answer. Another client is not affected.
+    let held = connect(&lab, "client-2", 4);
+    let open = held.iter().filter(|c| c.is_ok()).count();
+    assert_eq!(open, 3, "{held:?}");
+    assert_maps_any(&lab, "client-1", "203.0.113.9:9000", Tcp, "api-0");
+    drop(held);
+
+    // Ablation: without the dispatch, a client holds as many as it opens.
+    assert_eq!(without_limits(&mut out.node_states, "edge-a"), 2, "the single port's rule, both families");
+    apply(&mut lab, &out.node_states).expect("the ablated state applies");
+    let held = connect(&lab, "client-2", 4);
+    assert_eq!(held.iter().filter(|c| c.is_ok()).count(), 4, "{held:?}");
+}
