@@ -9,6 +9,9 @@
 //! KUPORT_BENCH_COMPARE=guard compares lab A with KUPORT_BENCH_MAPPINGS mappings and no
 //! allow-list and lab B with the same mappings, each with an allow-list of two prefixes, one
 //! of them the client's (docs/portmap/guard.md): the allow-list's cost per new flow.
+//! KUPORT_BENCH_COMPARE=limit does the same with a rate limit on every mapping of lab B instead
+//! (1,000,000 new flows per second per client: it never binds, so what is measured is its
+//! lookup, jump and bucket update per new flow); KUPORT_BENCH_COMPARE=protect with both.
 //!
 //! Two labs side by side, identical but for their tables: the machine is shared and noisy, so
 //! the compared configurations are measured interleaved in short slices (each target on one
@@ -41,12 +44,16 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{assert_intact, host_state, kuport_table, port_map, with_classes};
+use kuport_controller::api::RateLimit;
+use kuport_controller::compute::portmap::steer;
 use kuport_lab::echo::parse_answer;
 use kuport_lab::program::{apply, compute};
 use kuport_lab::sys::in_netns;
 use kuport_lab::{Lab, Protocol, Topology};
-use kuport_proto::build::{addr, ifname, mark, ports, proto};
-use kuport_proto::v1::{L4Proto, NftElement, NftTable, NftType, NftValue, NodeState, nft_value::Value};
+use kuport_proto::build::{
+    addr, chain as chain_of, counter, ct_state, drop, ifname, jump_to, limit, mark, ports, proto, rule, set_update,
+};
+use kuport_proto::v1::{L4Proto, NftElement, NftTable, NftType, NftValue, NodeState, Selector, nft_value::Value};
 use rustix::net::{AddressFamily, SocketFlags, SocketType, sockopt};
 use shared::{ACCEPTING, CLIENT, POD_NODE, PUBLIC, env_or, load_average, stats};
 
@@ -120,10 +127,27 @@ fn topology() -> Topology {
 /// a network it is not in.
 const GUARD_PREFIXES: [&str; 2] = ["198.51.100.8/32", "192.0.2.0/24"];
 
-fn manifests_guarded() -> kuport_lab::Manifests {
+/// The rate limit of every mapping in lab B of the limit comparison: far above what one client
+/// sends, so it never drops.
+const NEVER_BINDS: u32 = 1_000_000;
+
+/// What lab B's mappings carry: an allow-list, a rate limit, or both.
+#[derive(Clone, Copy, Default)]
+struct Protect {
+    guard: bool,
+    limit: bool,
+}
+
+fn manifests_protected(protect: Protect) -> kuport_lab::Manifests {
     let mut m = manifests();
     for pm in &mut m.cluster.port_maps {
-        pm.spec.source_ranges = GUARD_PREFIXES.iter().map(|p| p.to_string()).collect();
+        if protect.guard {
+            pm.spec.source_ranges = GUARD_PREFIXES.iter().map(|p| p.to_string()).collect();
+        }
+        if protect.limit {
+            let limit = RateLimit { new_per_second: NEVER_BINDS, burst: None, max_connections: None };
+            pm.spec.rate_limit = Some(limit);
+        }
     }
     m
 }
@@ -258,12 +282,32 @@ fn synthetic(i: usize) -> Synthetic {
 /// controller renders them (datapath.rs): edge-a publishes each, to the pod or to the link's far
 /// end, and claims it; worker-2 translates the remote ones from the link and claims and marks
 /// their replies.
-fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, guard: bool) {
+fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, protect: Protect) {
     let link = link_of(states);
     let edge = kuport_table(host_state(states, ACCEPTING));
     for m in (0..count).map(synthetic) {
         let (p, first, last) = (proto(m.protocol), m.first, m.last);
-        if guard {
+        if protect.limit {
+            // As steer.rs renders them: the jump, and the mapping's chain with its tag (the only
+            // limited interface is index 0).
+            let tag = (u32::from(m.protocol == L4Proto::Udp) << 16) | first;
+            let chain = format!("{}-{tag:x}", steer::CHAIN_LIMIT);
+            let (map, key) = if first == last {
+                (steer::MAP_LIMIT_PORT, vec![ifname(PUBLIC_IF), addr(link.public.0), p.clone(), ports(first, last)])
+            } else {
+                (steer::MAP_LIMIT_RANGE, vec![ports(first, last), ifname(PUBLIC_IF), addr(link.public.0), p.clone()])
+            };
+            push(edge, map, key, vec![jump_to(&chain)]);
+            let update = set_update(
+                &[Selector::IpSaddr],
+                Some(tag),
+                steer::SET_RATE,
+                limit(NEVER_BINDS.into(), NEVER_BINDS, true),
+            );
+            edge.chains
+                .push(chain_of(&chain, vec![rule(vec![ct_state(ct_state::NEW)], vec![update, counter(), drop()])]));
+        }
+        if protect.guard {
             // As steer.rs renders them: which mappings are guarded (and their counters), then
             // each admitted prefix, keyed ports first with the prefix last.
             let key = vec![ifname(PUBLIC_IF), addr(link.public.0), p.clone(), ports(first, last)];
@@ -318,11 +362,11 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, guard: 
 }
 
 /// Programs `lab` with the real PortMaps and enough synthetic ones to make `total`; without
-/// edge-a's steering chain unless `steer`; every mapping with an allow-list if `guard`.
-fn program(lab: &mut Lab, total: usize, steer: bool, guard: bool) {
-    let m = if guard { manifests_guarded() } else { manifests() };
+/// edge-a's steering chain unless `steer`; every mapping protected as `protect` says.
+fn program(lab: &mut Lab, total: usize, steer: bool, protect: Protect) {
+    let m = manifests_protected(protect);
     let mut states = compute(lab, &m).node_states;
-    add_synthetic(&mut states, total.saturating_sub(REAL_MAPPINGS), guard);
+    add_synthetic(&mut states, total.saturating_sub(REAL_MAPPINGS), protect);
     if !steer {
         let t = kuport_table(host_state(&mut states, ACCEPTING));
         t.chains.retain(|c| c.name != kuport_controller::compute::portmap::steer::CHAIN_STEER);
@@ -533,9 +577,20 @@ fn main() {
     let mut a = Lab::up(&t).expect("lab A builds");
     let mut b = Lab::up(&t).expect("lab B builds");
     let compare = std::env::var("KUPORT_BENCH_COMPARE").unwrap_or_default();
-    let (steer, guard) = (compare == "steer", compare == "guard");
-    program(&mut a, 10, true, false);
-    program(&mut b, 10, true, false);
+    let steer = compare == "steer";
+    let protect = Protect {
+        guard: compare == "guard" || compare == "protect",
+        limit: compare == "limit" || compare == "protect",
+    };
+    let what = match (protect.guard, protect.limit) {
+        (true, true) => "allow-lists and rate limits",
+        (true, false) => "allow-lists",
+        (false, true) => "rate limits",
+        (false, false) => "",
+    };
+    let none = Protect::default();
+    program(&mut a, 10, true, none);
+    program(&mut b, 10, true, none);
     let mut loads = vec![load_average()];
     if cfg.calibration > 0 {
         println!("calibration: both labs at 10 mappings");
@@ -545,20 +600,20 @@ fn main() {
         println!();
     }
     let big = if steer {
-        program(&mut a, 10, false, false);
+        program(&mut a, 10, false, none);
         "B, 10 with steering".to_string()
-    } else if guard {
-        program(&mut a, cfg.mappings, true, false);
-        program(&mut b, cfg.mappings, true, true);
-        format!("B, {} with allow-lists", cfg.mappings)
+    } else if !what.is_empty() {
+        program(&mut a, cfg.mappings, true, none);
+        program(&mut b, cfg.mappings, true, protect);
+        format!("B, {} with {what}", cfg.mappings)
     } else {
-        program(&mut b, cfg.mappings, true, false);
+        program(&mut b, cfg.mappings, true, none);
         format!("B, {}", cfg.mappings)
     };
     let a_name = if steer {
         "A, 10 without steering".to_string()
-    } else if guard {
-        format!("A, {} without allow-lists", cfg.mappings)
+    } else if !what.is_empty() {
+        format!("A, {} without {what}", cfg.mappings)
     } else {
         "A, 10".to_string()
     };

@@ -263,3 +263,49 @@ fn the_limit_holds_new_flows_from_one_source() {
     applier.apply(&guarded(vec![rule(vec![], vec![accept()])])).expect("apply without the limit");
     assert_eq!(received(&ns, 5001, 20), 20, "without the update rule every flow arrives");
 }
+
+/// A table of 40,000 limit chains, each with its dynamic-set rule, and a verdict map jumping to
+/// each (docs/portmap/guard.md, "Rate limits": 40,000 limited mappings on one node). The
+/// transaction that creates them is over the 8 MiB send buffer (EMSGSIZE before the buffers
+/// grew to fit) with 80,000 acknowledgements; a re-apply reads them back and writes nothing
+/// (80 s before the chains were compared through an index, under a second after).
+#[test]
+fn forty_thousand_limit_chains_apply_in_one_table() {
+    use kuport_proto::build::{ct_state, drop, dynamic_set, limit, set, set_update, table, verdict_map};
+    use kuport_proto::v1::{ChainPolicy, ChainType, Hook, NftType, Selector};
+    if !root() {
+        return;
+    }
+    let ns = Netns::new("guard", "chains");
+    const N: u32 = 40_000;
+    let name = |i: u32| format!("kup-limit-{i:x}");
+    let mut chains: Vec<_> = (0..N)
+        .map(|i| {
+            let update = set_update(&[Selector::IpSaddr], Some(i), "rate", limit(1_000_000, 1_000_000, true));
+            chain(&name(i), vec![rule(vec![ct_state(8)], vec![update, counter(), drop()])])
+        })
+        .collect();
+    let key = [NftType::Ifname, NftType::Ipv4Addr, NftType::InetProto, NftType::InetService];
+    let elements = (0..N)
+        .map(|i| element(vec![ifname("eth0"), addr("10.0.0.1"), proto(L4Proto::Tcp), port(i)], vec![jump_to(&name(i))]))
+        .collect();
+    let sets = vec![
+        dynamic_set("rate", &[NftType::Ipv4Addr, NftType::Mark], 65_536, 60),
+        set("limit_port", &key, &[NftType::Verdict], elements),
+    ];
+    let sel = [Selector::Iifname, Selector::IpDaddr, Selector::L4proto, Selector::ThDport];
+    chains.push(kuport_proto::build::base_chain(
+        "pre",
+        ChainType::Filter,
+        Hook::Prerouting,
+        -120,
+        ChainPolicy::Accept,
+        vec![rule(vec![ct_state(8)], vec![verdict_map(&sel, "limit_port")])],
+    ));
+    let desired = table(NftFamily::Inet, TABLE, sets, chains);
+    let r = apply_table(Some(&ns.path()), &desired).expect("the table applies");
+    assert_eq!(r.mode, ApplyMode::Replaced, "{:?}", r.diffs.len());
+    // Read back equal: every chain, rule and element is in the kernel.
+    let again = apply_table(Some(&ns.path()), &desired).expect("the table re-applies");
+    assert_eq!((again.mode, again.writes), (ApplyMode::Unchanged, 0));
+}

@@ -35,7 +35,7 @@ fn desired() -> NftTable {
     .into();
     let (enp, wt) = (vec!["203.0.113.9/24".to_string()], vec!["100.64.93.143/32".to_string()]);
     let to_node = accepting(&published, Family::V4, |i| if i == "wt0" { wt.as_slice() } else { enp.as_slice() });
-    let Steering { sets, chain, .. } = steering(&to_node, &Default::default()).expect("steering");
+    let Steering { sets, chain, .. } = steering(&to_node, &Default::default(), &Default::default()).expect("steering");
     assert_eq!(chain.name, CHAIN_STEER);
     table(NftFamily::Ip, "kuport", sets, vec![chain])
 }

@@ -281,10 +281,10 @@ impl Applier {
             return Ok(report);
         }
         report.mode = if chains.is_some() { ApplyMode::Chains } else { ApplyMode::Elements };
-        let final_chains = chains.unwrap_or(&mem.chains);
+        let final_chains = super::table::by_name(chains.unwrap_or(&mem.chains));
         for (s, d) in mem.sets.iter().zip(deltas) {
             for e in d.adds.iter().chain(d.changed.iter().map(|(_, n)| n)) {
-                check_jump(&s.header.name, e, final_chains)?;
+                check_jump(&s.header.name, e, &final_chains)?;
             }
         }
         let fam = family_code(mem.family)?;

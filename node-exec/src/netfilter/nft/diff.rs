@@ -120,8 +120,9 @@ pub fn diff(desired: &NftTable, actual: Option<&NftTable>) -> Vec<NftDiff> {
             out.push(NftDiff::ExtraSet(have.name.clone()));
         }
     }
+    let actual_chains = super::table::by_name(&actual.chains);
     for want in &desired.chains {
-        match actual.chains.iter().find(|c| c.name == want.name) {
+        match actual_chains.get(want.name.as_str()) {
             None => out.push(NftDiff::MissingChain(want.name.clone())),
             Some(have) => {
                 if have.base != want.base {
@@ -139,8 +140,9 @@ pub fn diff(desired: &NftTable, actual: Option<&NftTable>) -> Vec<NftDiff> {
             }
         }
     }
+    let desired_chains = super::table::by_name(&desired.chains);
     for have in &actual.chains {
-        if !desired.chains.iter().any(|c| c.name == have.name) {
+        if !desired_chains.contains_key(have.name.as_str()) {
             out.push(NftDiff::ExtraChain(have.name.clone()));
         }
     }

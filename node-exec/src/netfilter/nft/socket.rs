@@ -16,6 +16,9 @@ use crate::sys::{self, netns};
 const RCVBUF_BYTES: i32 = 8 << 20;
 /// Send buffer asked for: a whole batch is one sendmsg.
 const SNDBUF_BYTES: i32 = 8 << 20;
+/// Receive buffer per message of a larger batch, as nft sizes its own: every ack is queued
+/// before the first is read (nfnetlink runs the batch inside the send).
+const RCVBUF_PER_MESSAGE: usize = 1024;
 /// Receive chunk size for the acks of a batch.
 const RECV_CHUNK: usize = 256 * 1024;
 
@@ -82,6 +85,16 @@ impl Socket {
         message::put(&mut buf, NFNL_MSG_BATCH_END, NLM_F_REQUEST, end, &batch_header, &[]);
         let local =
             |e: sys::Error| vec![KernelError { object: "batch".into(), errno: 0, message: Some(e.to_string()) }];
+        // A table's first transaction carries all its chains and rules (a chain per limited
+        // mapping: 40,000 make 17 MB and 80,000 acks); the buffers grow to fit, or the send is
+        // refused (EMSGSIZE) and acks are lost (ENOBUFS).
+        if buf.len() > SNDBUF_BYTES as usize {
+            self.sock.set_send_buffer(i32::try_from(buf.len()).unwrap_or(i32::MAX));
+        }
+        let acks = msgs.len().saturating_mul(RCVBUF_PER_MESSAGE);
+        if acks > RCVBUF_BYTES as usize {
+            self.sock.set_recv_buffer(i32::try_from(acks).unwrap_or(i32::MAX));
+        }
         self.sock.send(&buf).map_err(local)?;
 
         let object_of = |seq: u32| -> String {

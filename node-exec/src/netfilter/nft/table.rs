@@ -1,7 +1,7 @@
 //! One table, one shot: reading it from the kernel, making it equal to a desired one, removing
 //! it, and its normal form. [`super::Applier`] builds on this and remembers what it applied.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use kuport_proto::v1::{NetnsState, NftChain, NftElement, NftFamily, NftRule, NftSet, NftTable, NodeState};
@@ -114,23 +114,30 @@ pub fn normalize(table: &NftTable) -> Result<NftTable, NftError> {
 /// a jump to a base chain or to a chain that does not exist, and would refuse the whole
 /// transaction.
 fn check_jumps(t: &NftTable) -> Result<(), NftError> {
+    let chains = by_name(&t.chains);
     for s in &t.sets {
         for e in &s.elements {
-            check_jump(&s.name, e, &t.chains)?;
+            check_jump(&s.name, e, &chains)?;
         }
     }
     Ok(())
 }
 
+/// Chains by name: a table may hold a chain per limited mapping, tens of thousands, so every
+/// comparison of two tables' chains goes through an index.
+pub(crate) fn by_name(chains: &[NftChain]) -> HashMap<&str, &NftChain> {
+    chains.iter().map(|c| (c.name.as_str(), c)).collect()
+}
+
 /// [`check_jumps`] for one element of set `set`, against the table's `chains`.
-pub(crate) fn check_jump(set: &str, e: &NftElement, chains: &[NftChain]) -> Result<(), NftError> {
+pub(crate) fn check_jump(set: &str, e: &NftElement, chains: &HashMap<&str, &NftChain>) -> Result<(), NftError> {
     use kuport_proto::v1::{VerdictKind, nft_value::Value};
     for v in &e.data {
         let Some(Value::Verdict(v)) = &v.value else { continue };
         if !matches!(VerdictKind::try_from(v.kind), Ok(VerdictKind::Jump | VerdictKind::Goto)) {
             continue;
         }
-        match chains.iter().find(|c| c.name == v.chain) {
+        match chains.get(v.chain.as_str()) {
             Some(c) if c.base.is_none() => {}
             found => {
                 let why = if found.is_some() { "is a base chain" } else { "does not exist" };
@@ -149,9 +156,10 @@ pub(crate) fn check_jump(set: &str, e: &NftElement, chains: &[NftChain]) -> Resu
 /// changed without rebuilding the table, so a dynamic set keeps what the kernel holds in it.
 pub(crate) fn in_place(want: &NftTable, have: &NftTable) -> bool {
     let same_set = |w: &NftSet| have.sets.iter().any(|h| h.name == w.name && header(h) == header(w));
-    want.sets.len() == have.sets.len()
-        && want.sets.iter().all(same_set)
-        && want.chains.iter().all(|w| have.chains.iter().find(|h| h.name == w.name).is_none_or(|h| h.base == w.base))
+    want.sets.len() == have.sets.len() && want.sets.iter().all(same_set) && {
+        let have = by_name(&have.chains);
+        want.chains.iter().all(|w| have.get(w.name.as_str()).is_none_or(|h| h.base == w.base))
+    }
 }
 
 /// The messages that turn chains `have` into `want`'s in place, as (head, tail). The head creates
@@ -161,14 +169,15 @@ pub(crate) fn in_place(want: &NftTable, have: &NftTable) -> bool {
 /// that jumped to them are gone (the kernel refuses a chain something still jumps to, EBUSY).
 pub(crate) fn chain_changes(fam: u8, want: &NftTable, have: &[NftChain]) -> Result<(Vec<Msg>, Vec<Msg>), NftError> {
     let mut head = Vec::new();
-    let added: Vec<&NftChain> = want.chains.iter().filter(|w| !have.iter().any(|h| h.name == w.name)).collect();
+    let (had, wanted) = (by_name(have), by_name(&want.chains));
+    let added: Vec<&NftChain> = want.chains.iter().filter(|w| !had.contains_key(w.name.as_str())).collect();
     for c in &added {
         head.push(encode::new_chain(fam, &want.name, c)?);
     }
     let ctx = encode::rule_ctx(want, false);
     let mut next_id = 1;
     for c in &want.chains {
-        let old = have.iter().find(|h| h.name == c.name);
+        let old = had.get(c.name.as_str());
         match old {
             Some(h) if h.rules == c.rules => continue,
             Some(_) => head.push(encode::flush_chain(fam, &want.name, &c.name)),
@@ -187,7 +196,7 @@ pub(crate) fn chain_changes(fam: u8, want: &NftTable, have: &[NftChain]) -> Resu
             head.push(encode::new_rule(fam, &want.name, &c.name, &exprs, object));
         }
     }
-    let removed: Vec<&NftChain> = have.iter().filter(|h| !want.chains.iter().any(|w| w.name == h.name)).collect();
+    let removed: Vec<&NftChain> = have.iter().filter(|h| !wanted.contains_key(h.name.as_str())).collect();
     let mut tail: Vec<Msg> = removed.iter().map(|c| encode::flush_chain(fam, &want.name, &c.name)).collect();
     tail.extend(removed.iter().map(|c| encode::del_chain(fam, &want.name, &c.name)));
     Ok((head, tail))
@@ -317,6 +326,7 @@ fn read_once(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<
         }
     }
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let position: HashMap<String, usize> = table.chains.iter().enumerate().map(|(i, c)| (c.name.clone(), i)).collect();
     for p in sock.request(NFT_MSG_GETRULE, fam, &name_attr(NFTA_RULE_TABLE, name), true)? {
         let (t, chain, r) = decode::rule(&p, family, |c| counts.get(c).copied().unwrap_or(0))?;
         if t != name {
@@ -324,8 +334,8 @@ fn read_once(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<
         }
         *counts.entry(chain.clone()).or_default() += 1;
         let r = inline_literals(r, &anonymous)?;
-        match table.chains.iter_mut().find(|c| c.name == chain) {
-            Some(c) => c.rules.push(r),
+        match position.get(&chain) {
+            Some(&i) => table.chains[i].rules.push(r),
             None => return Err(NftError::Decode { what: format!("rule of unknown chain {chain}") }),
         }
     }
