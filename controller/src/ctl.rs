@@ -567,6 +567,21 @@ pub async fn port_map<T: Transport>(
         let acked = if n.acked { "applied" } else { "pending" };
         let links = if n.links.is_empty() { "no link".to_string() } else { n.links.join(", ") };
         let _ = writeln!(t, "node {} ({}): {acked}; {links}", n.node, n.role);
+        if let Some(c) = &n.counters {
+            let _ = writeln!(
+                t,
+                "  counters: accepted {} packets ({} bytes), {} connections; dropped: {} by source, {} by rate, {} by connections",
+                c.accepted_packets,
+                c.accepted_bytes,
+                c.connections,
+                c.dropped_source,
+                c.dropped_rate,
+                c.dropped_connections
+            );
+        }
+        if !n.counters_error.is_empty() {
+            let _ = writeln!(t, "  counters: {}", n.counters_error);
+        }
     }
     t.push_str("status:\n");
     for line in e.status_yaml.lines() {

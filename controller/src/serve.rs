@@ -199,6 +199,7 @@ where
     let recompute = tokio::spawn(hub.clone().recompute_loop(Some(gate)));
     let statuses = tokio::spawn(writer.run());
     let metrics = cfg.metrics.map(|l| tokio::spawn(metrics::serve(l, hub.clone())));
+    let counters = tokio::spawn(hub.clone().counter_loop());
     tracing::info!(address = %cfg.advertise, identity = %cfg.identity, "serving; electing a leader");
     let stop = async move {
         stop.await;
@@ -210,6 +211,7 @@ where
     let served = serve_grpc(hub, listener, trust, stop).await;
     recompute.abort();
     statuses.abort();
+    counters.abort();
     if let Some(m) = metrics {
         m.abort();
     }

@@ -86,7 +86,8 @@ fn fake_executor(
                         let _ = tx.send(ExecutorMessage { message: Some(executor_message::Message::Ack(a)) }).await;
                         acked_tx.send_modify(|v| v.push((ds.term, ds.version)));
                     }
-                    None => {}
+                    // The leader's counter reads (every 15 s): this fake keeps no tables.
+                    Some(controller_message::Message::ReadCounters(_)) | None => {}
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

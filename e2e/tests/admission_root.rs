@@ -124,6 +124,19 @@ spec:
 ---
 ";
 
+/// A mapping with an allow-list (client-1 alone) and a per-source rate, for the counters.
+const GUARDED: &str = "apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: guarded, namespace: apps}
+spec:
+  className: public
+  protocol: TCP
+  port: 9000
+  serviceRef: {name: api, port: api}
+  sourceRanges: [198.51.100.7/32]
+  rateLimit: {newPerSecond: 1, burst: 3}
+";
+
 /// A condition of a PortMap as the API server holds it: (status, reason, message).
 fn condition_of(api: &kuport_lab::apiserver::ApiServer, ns: &str, name: &str, type_: &str) -> (String, String, String) {
     let field = |f: &str| {
@@ -233,4 +246,65 @@ fn every_port_in_a_class_leaves_the_node_its_own() {
     }
     // The links' VXLAN port keeps carrying the game's traffic.
     assert_maps(lab, "client-1", "203.0.113.9:27015", Udp, "game-0");
+}
+
+/// The counters an operator reads (docs/operations/counters.md): after client-1 is served,
+/// client-2 (outside the allow-list) is dropped, and client-1 goes past its rate, `kuportctl
+/// portmap` (ExplainPortMap, read live from edge-a's kernel) and the leader's metrics name each,
+/// for this mapping and node.
+#[test]
+fn a_mappings_counters_name_what_was_served_and_what_was_dropped() {
+    if !root() {
+        return;
+    }
+    let s = Scene::start("counters", GUARDED, &[("apps", "guarded", "Programmed")]);
+    let lab = &s.lab;
+    let plane = lab.plane().expect("a plane");
+    let to = addr("203.0.113.9:9000");
+    let served = lab.probe("client-1", to, Tcp).expect("client-1 is in the allow-list");
+    assert_eq!(served.pod, "api-0");
+    assert!(lab.probe("client-2", to, Tcp).is_err(), "client-2 is outside the allow-list");
+    // Past the burst of 3 (one was spent above): new connections are dropped.
+    let path = lab.netns("client-1").expect("client-1's namespace");
+    let connected = kuport_lab::sys::in_netns(&path, || {
+        let tries = (0..20).map(|_| std::net::TcpStream::connect_timeout(&to.into(), Duration::from_millis(300)));
+        Ok(tries.filter(Result::is_ok).count())
+    })
+    .expect("the connects run");
+    assert!((2..20).contains(&connected), "the rest of the burst and the refill connect: {connected}");
+
+    let explained = plane.explain("apps", "guarded").expect("ExplainPortMap");
+    let edge = explained.nodes.iter().find(|n| n.node == "edge-a").expect("edge-a programs it");
+    assert_eq!(edge.counters_error, "", "{edge:?}");
+    let c = edge.counters.expect("edge-a's counters");
+    eprintln!("edge-a's counters of apps/guarded: {c:?}");
+    assert!(c.connections >= 3 && c.accepted_packets >= c.connections, "{c:?}");
+    assert!(c.dropped_source >= 1, "client-2's SYN, dropped by the allow-list: {c:?}");
+    assert!(c.dropped_rate >= 5, "client-1's connections past its rate: {c:?}");
+    assert_eq!(c.dropped_connections, 0, "{c:?}");
+    // A pod-only node is read for nothing.
+    let worker = explained.nodes.iter().find(|n| n.node == "worker-2").expect("worker-2 holds api-0");
+    assert!(worker.counters.is_none() && worker.counters_error.is_empty(), "{worker:?}");
+
+    // The leader reads every node's counters every 15 s for its metrics.
+    let series = |text: &str, name: &str, reason: Option<&str>| -> u64 {
+        let labels = match reason {
+            Some(r) => format!("{{namespace=\"apps\",name=\"guarded\",node=\"edge-a\",reason=\"{r}\"}}"),
+            None => "{namespace=\"apps\",name=\"guarded\",node=\"edge-a\"}".to_string(),
+        };
+        let line = format!("kuport_{name}_total{labels} ");
+        text.lines().find_map(|l| l.strip_prefix(line.as_str())).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    };
+    let begun = Instant::now();
+    let text = loop {
+        let text = plane.metrics().expect("the leader's metrics");
+        if series(&text, "portmap_dropped_packets", Some("rate")) >= c.dropped_rate {
+            break text;
+        }
+        assert!(begun.elapsed() < Duration::from_secs(40), "no counters in the metrics:\n{text}");
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    assert!(series(&text, "portmap_dropped_packets", Some("source")) >= c.dropped_source, "{text}");
+    assert!(series(&text, "portmap_connections", None) >= c.connections, "{text}");
+    assert!(series(&text, "portmap_accepted_packets", None) >= c.accepted_packets, "{text}");
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use kuport_proto::v1::debug_server::Debug;
 use kuport_proto::v1::{
     ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, ListNodesResponse, NodeDebug, NodeProgramming,
-    PortMapExplanation,
+    PortMapCounters, PortMapExplanation,
 };
 use tonic::{Request, Response, Status};
 
@@ -16,9 +16,13 @@ use crate::compute::ObjectKey;
 use crate::compute::overlay::{self, NodeOverlay};
 use crate::compute::portmap::admission::key_of;
 use crate::compute::portmap::links::device_name;
+use crate::report::counters::{Owners, attribute};
 use crate::stream::Hub;
 use crate::stream::hub::NodeSnapshot;
 use crate::trust::access::{DebugAccess, resource};
+
+/// How long ExplainPortMap waits for an executor's counters.
+const COUNTER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 pub struct DebugService {
     hub: Arc<Hub>,
@@ -140,7 +144,34 @@ impl Debug for DebugService {
                 pod_node.iter().map(|p| format!("{} to {p}", device_name(class, p))).collect()
             };
             let acked = self.hub.unacked(&object, vec![node.clone()]).is_empty();
-            nodes.push(NodeProgramming { node, role: role.to_string(), links, acked });
+            nodes.push(NodeProgramming { node, role: role.to_string(), links, acked, ..Default::default() });
+        }
+        // Every accepting node's counters at once, live (docs/operations/counters.md).
+        let owners = inputs.as_ref().map(|c| Owners::new(&c.port_maps, &out.port_maps)).unwrap_or_default();
+        let reads = nodes.iter().filter(|n| n.role.starts_with("accepting")).map(|n| {
+            let hub = self.hub.clone();
+            let node = n.node.clone();
+            async move { (node.clone(), hub.read_counters(&node, COUNTER_READ_TIMEOUT).await) }
+        });
+        for (node, read) in futures::future::join_all(reads).await {
+            let Some(entry) = nodes.iter_mut().find(|n| n.node == node) else { continue };
+            let desired = self.hub.node(&node).and_then(|s| s.desired);
+            match (read, desired.as_ref().and_then(|d| d.state.as_ref())) {
+                (Ok(report), Some(state)) => {
+                    let c = attribute(&node, state, &report, &owners).0.remove(&key).unwrap_or_default();
+                    entry.counters = Some(PortMapCounters {
+                        accepted_packets: c.accepted_packets,
+                        accepted_bytes: c.accepted_bytes,
+                        connections: c.connections,
+                        dropped_source: c.dropped_source,
+                        dropped_rate: c.dropped_rate,
+                        dropped_connections: c.dropped_connections,
+                    });
+                    entry.counters_error = report.error.clone();
+                }
+                (Ok(_), None) => entry.counters_error = format!("node {node}: no desired state"),
+                (Err(e), _) => entry.counters_error = e,
+            }
         }
         Ok(Response::new(PortMapExplanation { namespace: r.namespace, name: r.name, status_yaml, nodes }))
     }

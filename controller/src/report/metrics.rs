@@ -15,6 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::compute::overlay::relays::PeerRoute;
+use crate::report::counters::{Owners, attribute};
 use crate::stream::Hub;
 use crate::stream::hub::NodeSnapshot;
 use crate::trust::tls::Tls;
@@ -38,6 +39,24 @@ pub struct RelayLabels {
     pub node: String,
     pub peer: String,
     pub via: String,
+}
+
+/// One PortMap on one of its accepting nodes (docs/operations/counters.md).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabels {
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
+}
+
+/// A PortMap's drops on one accepting node, by what dropped them: `source` (the allow-list),
+/// `rate` or `connections` (the per-source bounds).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DropLabels {
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
+    pub reason: String,
 }
 
 /// What a write to the API server was.
@@ -114,6 +133,10 @@ pub struct Metrics {
     peer_relayed: Family<RelayLabels, Gauge>,
     /// Per connected relay candidate, what its relay rule's counter says it relayed.
     relayed_bytes: Family<NodeLabel, Counter>,
+    portmap_packets: Family<MapLabels, Counter>,
+    portmap_bytes: Family<MapLabels, Counter>,
+    portmap_connections: Family<MapLabels, Counter>,
+    portmap_dropped: Family<DropLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -143,6 +166,10 @@ impl Default for Metrics {
         let peer_direct = Family::<PeerLabels, Gauge>::default();
         let peer_relayed = Family::<RelayLabels, Gauge>::default();
         let relayed_bytes = Family::<NodeLabel, Counter>::default();
+        let portmap_packets = Family::<MapLabels, Counter>::default();
+        let portmap_bytes = Family::<MapLabels, Counter>::default();
+        let portmap_connections = Family::<MapLabels, Counter>::default();
+        let portmap_dropped = Family::<DropLabels, Counter>::default();
         registry.register("reconciles", "Full recomputes of every node state and status", reconciles.clone());
         registry.register("reconcile_seconds", "Time of one recompute", reconcile_seconds.clone());
         registry.register("nacks", "States an executor refused", nacks.clone());
@@ -215,6 +242,26 @@ impl Default for Metrics {
             "Bytes a relay candidate forwarded between two of its WireGuard peers, as its executor reported",
             relayed_bytes.clone(),
         );
+        registry.register(
+            "portmap_accepted_packets",
+            "Packets a PortMap's accepting node let through to it, from the kernel's counters (read every 15 s)",
+            portmap_packets.clone(),
+        );
+        registry.register(
+            "portmap_accepted_bytes",
+            "Bytes a PortMap's accepting node let through to it, from the kernel's counters (read every 15 s)",
+            portmap_bytes.clone(),
+        );
+        registry.register(
+            "portmap_connections",
+            "New connections (TCP, or UDP flows) a PortMap's accepting node translated to it",
+            portmap_connections.clone(),
+        );
+        registry.register(
+            "portmap_dropped_packets",
+            "Packets a PortMap's accepting node dropped: reason source (allow-list), rate or connections (per-source bounds; new connections)",
+            portmap_dropped.clone(),
+        );
         Metrics {
             registry,
             reconciles,
@@ -242,6 +289,10 @@ impl Default for Metrics {
             peer_direct,
             peer_relayed,
             relayed_bytes,
+            portmap_packets,
+            portmap_bytes,
+            portmap_connections,
+            portmap_dropped,
         }
     }
 }
@@ -295,7 +346,17 @@ impl Metrics {
         let _ = self.peer_handshake_age.get_or_create(&pair);
         let _ = self.peer_direct.get_or_create(&pair);
         let _ = self.peer_relayed.get_or_create(&RelayLabels { node: node.clone(), peer, via });
-        let _ = self.relayed_bytes.get_or_create(&NodeLabel { node });
+        let _ = self.relayed_bytes.get_or_create(&NodeLabel { node: node.clone() });
+        let map = MapLabels { namespace: "-".into(), name: "-".into(), node: node.clone() };
+        let _ = self.portmap_packets.get_or_create(&map);
+        let _ = self.portmap_bytes.get_or_create(&map);
+        let _ = self.portmap_connections.get_or_create(&map);
+        let _ = self.portmap_dropped.get_or_create(&DropLabels {
+            namespace: "-".into(),
+            name: "-".into(),
+            node,
+            reason: "-".into(),
+        });
     }
 
     /// The registry as Prometheus text, as it is now.
@@ -353,6 +414,39 @@ impl Metrics {
         self.relayed_bytes.clear();
         for (node, bytes) in hub.relayed_bytes() {
             self.relayed_bytes.get_or_create(&NodeLabel { node }).inc_by(bytes);
+        }
+        self.refresh_port_maps(hub);
+    }
+
+    /// The per-mapping counters from each node's last counter report (docs/operations/counters.md).
+    fn refresh_port_maps(&self, hub: &Hub) {
+        self.portmap_packets.clear();
+        self.portmap_bytes.clear();
+        self.portmap_connections.clear();
+        self.portmap_dropped.clear();
+        let reports = hub.counter_reports();
+        let (out, inputs) = hub.outputs();
+        let (Some(inputs), false) = (inputs, reports.is_empty()) else { return };
+        let owners = Owners::new(&inputs.port_maps, &out.port_maps);
+        for (node, report, desired) in reports {
+            let Some(state) = desired.as_ref().and_then(|d| d.state.as_ref()) else { continue };
+            for ((namespace, name), c) in attribute(&node, state, &report, &owners).0 {
+                let map = MapLabels { namespace, name, node: node.clone() };
+                self.portmap_packets.get_or_create(&map).inc_by(c.accepted_packets);
+                self.portmap_bytes.get_or_create(&map).inc_by(c.accepted_bytes);
+                self.portmap_connections.get_or_create(&map).inc_by(c.connections);
+                for (reason, n) in
+                    [("source", c.dropped_source), ("rate", c.dropped_rate), ("connections", c.dropped_connections)]
+                {
+                    let labels = DropLabels {
+                        namespace: map.namespace.clone(),
+                        name: map.name.clone(),
+                        node: node.clone(),
+                        reason: reason.into(),
+                    };
+                    self.portmap_dropped.get_or_create(&labels).inc_by(n);
+                }
+            }
         }
     }
 }

@@ -2,6 +2,7 @@
 //! acknowledged, Pending until then) and its [`events`]; the [`debug`] service behind kuportctl,
 //! served by every replica; Prometheus [`metrics`].
 
+pub mod counters;
 pub mod debug;
 pub mod events;
 pub mod metrics;

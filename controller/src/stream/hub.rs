@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use kuport_proto::channel::MAX_STATE_MESSAGE;
 use kuport_proto::v1::{
-    Applied, DesiredState, ExecutorMessage, Hello, NodeFacts as WireFacts, NodeState, ObjectError, PeerStatus,
-    executor_message,
+    Applied, CounterReport, DesiredState, ExecutorMessage, Hello, NodeFacts as WireFacts, NodeState, ObjectError,
+    PeerStatus, executor_message,
 };
 use tokio::sync::{Notify, watch};
 
@@ -33,6 +33,10 @@ use crate::report::metrics::Metrics;
 pub const QUIET: Duration = Duration::from_millis(100);
 /// ...but never longer than this after the first one.
 pub const AT_MOST: Duration = Duration::from_secs(1);
+
+/// How often the leader reads every node's counters for the per-mapping metrics
+/// (docs/operations/counters.md): half Prometheus' usual scrape interval.
+pub const COUNTER_POLL: Duration = Duration::from_secs(15);
 
 /// A node's stream of desired states (None until the first compute that knows the node).
 pub type DesiredRx = watch::Receiver<Option<Arc<DesiredState>>>;
@@ -66,6 +70,9 @@ pub struct Session {
     pub held: watch::Receiver<bool>,
     /// When the hold ends anyway; None: not held.
     pub hold_until: Option<Instant>,
+    /// The newest counter read asked of this node ([`Hub::read_counters`]): the session sends
+    /// ReadCounters when it grows.
+    pub counters_asked: watch::Receiver<u64>,
 }
 
 /// Where a node's first state of this term is (docs/overlay/status.md, "A new leader").
@@ -117,6 +124,9 @@ struct NodeEntry {
     /// The leadership term whose states this node was last let have: its executor's report
     /// (if any) is in what this term computed. A new term holds its first state again.
     served_term: u64,
+    /// The newest counter read asked ([`Hub::read_counters`]), and the last answer to one.
+    counters_asked: watch::Sender<u64>,
+    counters: watch::Sender<Option<Arc<CounterReport>>>,
 }
 
 impl Hold {
@@ -152,6 +162,8 @@ impl NodeEntry {
             hold: Hold::Free,
             held: watch::channel(false).0,
             served_term: 0,
+            counters_asked: watch::channel(0).0,
+            counters: watch::channel(None).0,
         }
     }
 
@@ -255,6 +267,8 @@ struct Inner {
     /// Computes begun (each numbered when it reads the inputs): a held state waits for one
     /// numbered after its report ([`Hold::Compute`]).
     reads: u64,
+    /// Counter reads asked so far: each read's id.
+    counter_reads: u64,
 }
 
 /// Shared by the source, the recompute loop and every gRPC session.
@@ -392,6 +406,7 @@ impl Hub {
         let desired = entry.tx.subscribe();
         let newest = entry.newest.subscribe();
         let held = entry.held.subscribe();
+        let counters_asked = entry.counters_asked.subscribe();
         let new_node = inner.inputs.is_some() && !inner.outputs.node_states.contains_key(&hello.node);
         drop(inner);
         if new_node || (overlay && moved) {
@@ -399,7 +414,7 @@ impl Hub {
             self.changed.notify_one();
         }
         let hold_until = hold.then(|| Instant::now() + FIRST_STATE_HOLD);
-        Session { id: session, desired, newest, held, hold_until }
+        Session { id: session, desired, newest, held, hold_until, counters_asked }
     }
 
     /// Ends the hold of `session`'s first state ([`FIRST_STATE_HOLD`] passed): it goes out
@@ -512,6 +527,13 @@ impl Hub {
                 }
                 Err(e) => tracing::warn!(%node, error = %e, "executor peer report refused"),
             },
+            // Only an answer to a read asked: an executor cannot push counters of its own.
+            Some(executor_message::Message::Counters(r)) => {
+                if r.id > 0 && r.id <= *entry.counters_asked.borrow() {
+                    entry.counters.send_replace(Some(Arc::new(r)));
+                }
+                return true;
+            }
             Some(executor_message::Message::Hello(_)) | None => {}
         }
         if news {
@@ -623,6 +645,78 @@ impl Hub {
     /// Whether a silent peer's endpoint may move at `now` (docs/overlay/status.md): some
     /// member's report has a silent peer with more than one candidate, or a peer turned silent
     /// or live by time alone since the last compute. Records the new digests.
+    /// Reads `node`'s counters from its kernel now (docs/operations/counters.md): asks its
+    /// executor over its stream and waits for the answer, at most `timeout`. Err says why
+    /// there is none: not connected, or no answer in time.
+    pub async fn read_counters(&self, node: &str, timeout: Duration) -> Result<Arc<CounterReport>, String> {
+        let (id, mut answers) = {
+            let mut inner = self.lock();
+            if !inner.nodes.get(node).is_some_and(|e| e.session.is_some()) {
+                return Err(format!("node {node}: its executor is not connected"));
+            }
+            inner.counter_reads += 1;
+            let id = inner.counter_reads;
+            let Some(e) = inner.nodes.get(node) else { return Err(format!("node {node}: not known")) };
+            e.counters_asked.send_replace(id);
+            (id, e.counters.subscribe())
+        };
+        let answered = async {
+            loop {
+                if let Some(r) = answers.borrow_and_update().as_ref().filter(|r| r.id >= id) {
+                    return Some(r.clone());
+                }
+                if answers.changed().await.is_err() {
+                    return None;
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, answered).await {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) => Err(format!("node {node}: gone while its counters were read")),
+            Err(_) => Err(format!("node {node}: its executor did not answer within {} s", timeout.as_secs_f32())),
+        }
+    }
+
+    /// Asks every connected executor for its counters, without waiting: the answers replace
+    /// the last ones ([`Hub::counter_reports`]).
+    pub fn ask_counters(&self) {
+        let mut inner = self.lock();
+        inner.counter_reads += 1;
+        let id = inner.counter_reads;
+        for e in inner.nodes.values().filter(|e| e.session.is_some()) {
+            e.counters_asked.send_replace(id);
+        }
+    }
+
+    /// Each node's last counter report with its desired state, for the metrics: a node whose
+    /// executor disconnected has none.
+    pub fn counter_reports(&self) -> Vec<(String, Arc<CounterReport>, Option<Arc<DesiredState>>)> {
+        let inner = self.lock();
+        inner
+            .nodes
+            .iter()
+            .filter(|(_, e)| e.session.is_some())
+            .filter_map(|(n, e)| Some((n.clone(), e.counters.borrow().clone()?, e.desired())))
+            .collect()
+    }
+
+    /// While this replica leads, asks every executor for its counters every [`COUNTER_POLL`],
+    /// for the per-mapping metrics.
+    pub async fn counter_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(COUNTER_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut closing = self.closing();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = closing.changed() => return,
+            }
+            if self.leadership.borrow().leads() {
+                self.ask_counters();
+            }
+        }
+    }
+
     fn rotation_due(&self, now: Timestamp) -> bool {
         let mut guard = self.lock();
         let inner = &mut *guard;
@@ -1174,5 +1268,51 @@ mod oversize_tests {
         hub.publish(outputs(2));
         let n = hub.node("n1").expect("n1");
         assert!(n.desired.is_some_and(|d| d.version != first.version) && n.errors.is_empty(), "{:?}", n.errors);
+    }
+}
+
+/// Counter reads (docs/operations/counters.md): asked over the stream, answered by the
+/// executor; an answer nobody asked for is not believed.
+#[cfg(test)]
+mod counter_tests {
+    use std::time::Duration;
+
+    use kuport_proto::v1::{CounterReport, ExecutorMessage, Hello, executor_message};
+
+    use super::*;
+    use crate::stream::leader;
+
+    fn answer(id: u64, error: &str) -> ExecutorMessage {
+        let report = CounterReport { id, tables: Vec::new(), error: error.into() };
+        ExecutorMessage { message: Some(executor_message::Message::Counters(report)) }
+    }
+
+    #[tokio::test]
+    async fn a_read_is_asked_on_the_stream_and_only_its_answer_is_taken() {
+        let (_lead, rx) = leader::standalone("127.0.0.1:1".into());
+        let hub = Hub::new(Settings::default(), rx, true);
+        let gone = hub.read_counters("edge-a", Duration::from_millis(50)).await.unwrap_err();
+        assert_eq!(gone, "node edge-a: its executor is not connected");
+
+        let mut session = hub.connect(&Hello { node: "edge-a".into(), ..Default::default() });
+        // The attack: counters pushed before any read was asked are dropped.
+        assert!(hub.receive_from("edge-a", session.id, answer(7, "pushed")));
+        assert!(hub.counter_reports().is_empty(), "an unasked report is not kept");
+
+        let reader = {
+            let hub = hub.clone();
+            tokio::spawn(async move { hub.read_counters("edge-a", Duration::from_secs(5)).await })
+        };
+        session.counters_asked.changed().await.expect("the session is asked");
+        let id = *session.counters_asked.borrow_and_update();
+        assert_eq!(id, 1);
+        assert!(hub.receive_from("edge-a", session.id, answer(id, "")));
+        let report = reader.await.expect("join").expect("answered");
+        assert_eq!((report.id, report.error.as_str()), (1, ""));
+        assert_eq!(hub.counter_reports().len(), 1);
+
+        // No answer in time: the read says so, naming the node.
+        let late = hub.read_counters("edge-a", Duration::from_millis(50)).await.unwrap_err();
+        assert_eq!(late, "node edge-a: its executor did not answer within 0.05 s");
     }
 }

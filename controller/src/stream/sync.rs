@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use kuport_proto::v1::node_sync_server::NodeSync;
 use kuport_proto::v1::{
-    ControllerMessage, DesiredState, ExecutorMessage, NotLeader, controller_message, executor_message,
+    ControllerMessage, DesiredState, ExecutorMessage, NotLeader, ReadCounters, controller_message, executor_message,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
@@ -57,6 +57,10 @@ fn state(ds: DesiredState) -> Out {
 
 fn not_leader(leader: String) -> Out {
     Ok(ControllerMessage { message: Some(controller_message::Message::NotLeader(NotLeader { leader })) })
+}
+
+fn read_counters(id: u64) -> Out {
+    Ok(ControllerMessage { message: Some(controller_message::Message::ReadCounters(ReadCounters { id })) })
 }
 
 /// NotLeader for a replica that does not lead (now): a lapsed leader that has not stepped
@@ -130,7 +134,7 @@ impl NodeSync for SyncService {
         // The only node this stream speaks for: every message after Hello is taken as this
         // node's (a second Hello is ignored), see [`Hub::receive`].
         let node = hello.node.clone();
-        let super::hub::Session { id: session, mut desired, mut newest, mut held, hold_until } =
+        let super::hub::Session { id: session, mut desired, mut newest, mut held, hold_until, mut counters_asked } =
             hub.connect_from(&hello, peer);
         let mut closing = hub.closing();
         let proven_node = proven.as_ref().map(|p| p.node.as_str()).unwrap_or("(insecure: not proven)");
@@ -176,6 +180,10 @@ impl NodeSync for SyncService {
                             alive = false;
                         }
                     },
+                    changed = counters_asked.changed() => {
+                        let id = *counters_asked.borrow_and_update();
+                        alive = changed.is_ok() && tx.send(read_counters(id)).await.is_ok();
+                    }
                     changed = leadership.changed() => {
                         let lead = leadership.borrow_and_update().clone();
                         if changed.is_err() || !lead.leads() {

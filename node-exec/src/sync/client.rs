@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use kuport_proto::channel::{self, ChannelError};
 use kuport_proto::v1::{
-    Ack, ControllerMessage, DesiredState, DriftReport, ExecutorMessage, Hello, NetnsState, NodeFacts, NodeState,
-    ObjectError, PeerReport, PeerStatus, controller_message, executor_message,
+    Ack, ControllerMessage, CounterReport, DesiredState, DriftReport, ExecutorMessage, Hello, NetnsState, NodeFacts,
+    NodeState, ObjectError, PeerReport, PeerStatus, TableCounters, controller_message, executor_message,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -131,6 +131,11 @@ pub trait NodeApplier: Send {
     /// changed, so that its report goes up at once rather than at the next poll.
     fn probe(&mut self) -> impl Future<Output = bool> + Send {
         std::future::ready(false)
+    }
+    /// The kernel's counters of the kuport tables of the host namespace, now
+    /// (docs/operations/counters.md); Err says why they could not be read.
+    fn counters(&self) -> impl Future<Output = Result<Vec<TableCounters>, String>> + Send {
+        std::future::ready(Ok(Vec::new()))
     }
 }
 
@@ -485,6 +490,10 @@ async fn session<A: NodeApplier>(
                         }
                         read_peers = true;
                     }
+                    controller_message::Message::ReadCounters(r) => {
+                        let report = counter_report(r.id, applier.counters().await);
+                        let _ = tx.send(send(executor_message::Message::Counters(report))).await;
+                    }
                 }
             }
             changed = facts.changed() => {
@@ -513,6 +522,36 @@ async fn session<A: NodeApplier>(
             let _ = tx.send(send(executor_message::Message::Peers(report))).await;
         }
     }
+}
+
+/// The answer to ReadCounters `id`: what was read, cut to what the controller decodes.
+fn counter_report(id: u64, read: Result<Vec<TableCounters>, String>) -> CounterReport {
+    use prost::Message;
+    let mut report = match read {
+        Ok(tables) => CounterReport { id, tables, error: String::new() },
+        Err(error) => CounterReport { id, tables: Vec::new(), error },
+    };
+    // Zero counters are left out already; a node this busy keeps the first elements of each set.
+    let budget = MAX_UP_MESSAGE - 64 * 1024;
+    if report.encoded_len() > budget {
+        let mut cut = false;
+        while report.encoded_len() > budget {
+            let Some(set) = report.tables.iter_mut().flat_map(|t| t.sets.iter_mut()).max_by_key(|s| s.elements.len())
+            else {
+                break;
+            };
+            if set.elements.is_empty() {
+                break;
+            }
+            let keep = set.elements.len() / 2;
+            set.elements.truncate(keep);
+            cut = true;
+        }
+        if cut {
+            report.error = format!("cut to {budget} bytes: some sets' elements are left out");
+        }
+    }
+    report
 }
 
 /// A NACK of `ds` for one reason, the executor keeping what it holds.

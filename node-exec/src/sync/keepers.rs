@@ -365,6 +365,29 @@ impl NodeApplier for NodeKeepers {
         }
     }
 
+    async fn counters(&self) -> Result<Vec<kuport_proto::v1::TableCounters>, String> {
+        let tables: Vec<(kuport_proto::v1::NftFamily, String)> = self
+            .kept
+            .values()
+            .filter_map(|k| k.state.as_ref().filter(|s| s.is_host()))
+            .flat_map(|s| s.nft_tables.iter())
+            .map(|t| (t.family(), t.name.clone()))
+            .collect();
+        let netns = self.host_netns.clone();
+        let read = move || {
+            let mut out = Vec::new();
+            for (family, name) in tables {
+                match crate::netfilter::nft::read_counters(netns.as_deref(), family, &name) {
+                    Ok(Some(t)) => out.push(t),
+                    Ok(None) => {}
+                    Err(e) => return Err(format!("table {name}: {e}")),
+                }
+            }
+            Ok(out)
+        };
+        tokio::task::spawn_blocking(read).await.map_err(|e| e.to_string())?
+    }
+
     async fn probe(&mut self) -> bool {
         let targets: Vec<Targets> = self
             .host_devices()

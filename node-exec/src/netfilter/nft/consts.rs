@@ -62,6 +62,8 @@ pub const NFTA_EXPR_NAME: u16 = 1;
 pub const NFTA_EXPR_DATA: u16 = 2;
 /// A counter expression's bytes (a big-endian u64).
 pub const NFTA_COUNTER_BYTES: u16 = 1;
+/// A counter expression's packets (a big-endian u64).
+pub const NFTA_COUNTER_PACKETS: u16 = 2;
 
 // --- set attributes -----------------------------------------------------------------------
 pub const NFTA_SET_TABLE: u16 = 1;
@@ -105,6 +107,10 @@ pub const NFTA_SET_ELEM_KEY: u16 = 1;
 pub const NFTA_SET_ELEM_DATA: u16 = 2;
 pub const NFTA_SET_ELEM_KEY_END: u16 = 10;
 pub const NFTA_SET_ELEM_FLAGS: u16 = 3;
+/// An element's one expression (its counter), when the set has one.
+pub const NFTA_SET_ELEM_EXPR: u16 = 7;
+/// An element's expressions, when the set has more than one.
+pub const NFTA_SET_ELEM_EXPRESSIONS: u16 = 11;
 /// A single-field interval set's element that ends an interval (exclusively).
 pub const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 /// Inside NFTA_*_DATA: a plain value, or a verdict.

@@ -199,11 +199,62 @@ fn predecessor(b: &[u8]) -> Option<Vec<u8>> {
 
 /// The elements of a GETSETELEM answer, appended to `set`.
 pub(crate) fn elements(payload: &[u8], set: &mut NftSet) -> Result<(), NftError> {
+    let decoded = each_element(payload, set, |_| Ok(()))?;
+    set.elements.extend(decoded.into_iter().map(|(e, ())| e));
+    Ok(())
+}
+
+/// A counter's (packets, bytes).
+pub(crate) type Count = (u64, u64);
+
+/// The elements of a GETSETELEM answer with their counters; (0, 0) for an element without one.
+pub(crate) fn counted_elements(payload: &[u8], set: &NftSet) -> Result<Vec<(NftElement, Count)>, NftError> {
+    each_element(payload, set, |e| {
+        if let Some(expr) = find(e, NFTA_SET_ELEM_EXPR) {
+            return counter_of(&expr.nested()?);
+        }
+        let mut total = (0, 0);
+        if let Some(list) = find(e, NFTA_SET_ELEM_EXPRESSIONS) {
+            for expr in list.nested()? {
+                let (p, b) = counter_of(&expr.nested()?)?;
+                total = (total.0 + p, total.1 + b);
+            }
+        }
+        Ok(total)
+    })
+}
+
+/// A counter expression's (packets, bytes); (0, 0) for another expression.
+pub(crate) fn counter_of(expr: &[Attr<'_>]) -> Result<Count, NftError> {
+    if find(expr, NFTA_EXPR_NAME).map(|n| n.str()).transpose()?.as_deref() != Some("counter") {
+        return Ok((0, 0));
+    }
+    let Some(data) = find(expr, NFTA_EXPR_DATA) else { return Ok((0, 0)) };
+    let data = parse(data.data)?;
+    let u64_of = |ty| -> Result<u64, NftError> {
+        match find(&data, ty) {
+            None => Ok(0),
+            Some(a) => {
+                let b: [u8; 8] = a.data.try_into().map_err(|_| decode_err("a counter is not a u64".into()))?;
+                Ok(u64::from_be_bytes(b))
+            }
+        }
+    };
+    Ok((u64_of(NFTA_COUNTER_PACKETS)?, u64_of(NFTA_COUNTER_BYTES)?))
+}
+
+/// Each element of a GETSETELEM answer of `set`, with what `extra` reads of its attributes.
+fn each_element<T>(
+    payload: &[u8],
+    set: &NftSet,
+    extra: impl Fn(&[Attr<'_>]) -> Result<T, NftError>,
+) -> Result<Vec<(NftElement, T)>, NftError> {
     let a = parse(payload)?;
-    let Some(list) = find(&a, NFTA_SET_ELEM_LIST_ELEMENTS) else { return Ok(()) };
+    let Some(list) = find(&a, NFTA_SET_ELEM_LIST_ELEMENTS) else { return Ok(Vec::new()) };
     let key: Vec<NftType> = set.key.iter().map(|t| NftType::try_from(*t).unwrap_or(NftType::Unspecified)).collect();
     let data: Vec<NftType> = set.data.iter().map(|t| NftType::try_from(*t).unwrap_or(NftType::Unspecified)).collect();
     let hton = set.interval && key.len() > 1;
+    let mut decoded = Vec::new();
     for el in list.nested()? {
         let e = el.nested()?;
         let start = need(&e, NFTA_SET_ELEM_KEY, "element")?.data_value()?;
@@ -231,9 +282,10 @@ pub(crate) fn elements(payload: &[u8], set: &mut NftSet) -> Result<(), NftError>
                 out.data.push(decode_component(*ty, b, b, false)?);
             }
         }
-        set.elements.push(out);
+        let x = extra(&e)?;
+        decoded.push((out, x));
     }
-    Ok(())
+    Ok(decoded)
 }
 
 /// A rule of a GETRULE answer: (table, chain, rule).

@@ -34,7 +34,7 @@ pub use applier::Applier;
 pub use diff::{NftDiff, diff};
 pub use table::{
     ApplyMode, ApplyOptions, ApplyReport, accepted_bytes, apply_table, apply_table_with, create_and_remove,
-    list_tables, normalize, read_table, remove_table,
+    list_tables, normalize, read_counters, read_table, remove_table,
 };
 
 /// Everything that can go wrong reading or writing nf_tables.

@@ -4,7 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use kuport_proto::v1::{NetnsState, NftChain, NftElement, NftFamily, NftRule, NftSet, NftTable, NodeState};
+use kuport_proto::v1::{
+    ChainCounters, ElementCount, NetnsState, NftChain, NftElement, NftFamily, NftRule, NftSet, NftTable, NodeState,
+    RuleCount, SetCounters, TableCounters,
+};
 
 use super::attr::{self, AttrWriter, ReadNft, decode_err};
 use super::consts::*;
@@ -654,28 +657,75 @@ pub fn accepted_bytes(netns: Option<&Path>, family: NftFamily, name: &str, sets:
             .iter()
             .any(|e| matches!(e, Expr::Immediate { dreg: 0, data: super::expr::Imm::Verdict { code: NF_ACCEPT, .. } }));
         if looks_up && accepts {
-            total = total.saturating_add(counter_bytes(list)?);
+            total = total.saturating_add(rule_counter(list)?.1);
         }
     }
     Ok(total)
 }
 
-/// The bytes of the counter expressions in a rule's expression list.
-fn counter_bytes(list: &attr::Attr<'_>) -> Result<u64, NftError> {
-    let mut bytes = 0u64;
+/// The (packets, bytes) of the counter expressions in a rule's expression list.
+fn rule_counter(list: &attr::Attr<'_>) -> Result<(u64, u64), NftError> {
+    let mut total = (0u64, 0u64);
     for elem in list.nested()?.iter().filter(|a| a.ty == NFTA_LIST_ELEM) {
-        let e = elem.nested()?;
-        if attr::find(&e, NFTA_EXPR_NAME).map(|n| n.str()).transpose()?.as_deref() != Some("counter") {
+        let (p, b) = decode::counter_of(&elem.nested()?)?;
+        total = (total.0.saturating_add(p), total.1.saturating_add(b));
+    }
+    Ok(total)
+}
+
+/// The counters of table `name` of `family` in `netns` as the kernel holds them now
+/// (docs/operations/counters.md): each counted element of its named sets and maps, and each
+/// rule's counter, by chain and position; those at 0 are left out. None when the table does not
+/// exist. A dynamic set's elements (per-source state) and single-field interval sets are not
+/// read: kuport counts in neither.
+pub fn read_counters(netns: Option<&Path>, family: NftFamily, name: &str) -> Result<Option<TableCounters>, NftError> {
+    let mut sock = Socket::open_in(netns)?;
+    let fam = family_code(family as i32)?;
+    if sock.request(NFT_MSG_GETTABLE, fam, &name_attr(NFTA_TABLE_NAME, name), false)?.is_empty() {
+        return Ok(None);
+    }
+    let mut out = TableCounters { family: family as i32, name: name.to_string(), ..Default::default() };
+    for p in sock.request(NFT_MSG_GETSET, fam, &name_attr(NFTA_SET_TABLE, name), true)? {
+        let (t, s, flags) = decode::set(&p)?;
+        if t != name || !s.counter || s.dynamic || flags & NFT_SET_ANONYMOUS != 0 || encode::single_interval(&s) {
             continue;
         }
-        let Some(data) = attr::find(&e, NFTA_EXPR_DATA) else { continue };
-        let data = attr::parse(data.data)?;
-        if let Some(b) = attr::find(&data, NFTA_COUNTER_BYTES) {
-            let b: [u8; 8] = b.data.try_into().map_err(|_| decode_err("a counter's bytes are not a u64".into()))?;
-            bytes = bytes.saturating_add(u64::from_be_bytes(b));
+        let mut w = AttrWriter::new();
+        w.put_str(NFTA_SET_ELEM_LIST_TABLE, name);
+        w.put_str(NFTA_SET_ELEM_LIST_SET, &s.name);
+        let mut elements = Vec::new();
+        for e in sock.request(NFT_MSG_GETSETELEM, fam, &w.buf, true)? {
+            for (el, (packets, bytes)) in decode::counted_elements(&e, &s)? {
+                if packets > 0 {
+                    elements.push(ElementCount { key: el.key, packets, bytes });
+                }
+            }
+        }
+        if !elements.is_empty() {
+            out.sets.push(SetCounters { name: s.name, elements });
         }
     }
-    Ok(bytes)
+    let mut chains: BTreeMap<String, ChainCounters> = BTreeMap::new();
+    let mut position: HashMap<String, u32> = HashMap::new();
+    for p in sock.request(NFT_MSG_GETRULE, fam, &name_attr(NFTA_RULE_TABLE, name), true)? {
+        let attrs = attr::parse(&p)?;
+        if attr::find(&attrs, NFTA_RULE_TABLE).map(|t| t.str()).transpose()?.as_deref() != Some(name) {
+            continue;
+        }
+        let chain = attr::need(&attrs, NFTA_RULE_CHAIN, "rule")?.str()?;
+        // Rules come in chain order: a rule's position is how many of its chain came before.
+        let index = position.entry(chain.clone()).or_default();
+        let here = *index;
+        *index += 1;
+        let Some(list) = attr::find(&attrs, NFTA_RULE_EXPRESSIONS) else { continue };
+        let (packets, bytes) = rule_counter(list)?;
+        if packets > 0 {
+            let c = chains.entry(chain.clone()).or_insert_with(|| ChainCounters { name: chain, rules: Vec::new() });
+            c.rules.push(RuleCount { index: here, packets, bytes });
+        }
+    }
+    out.chains = chains.into_values().collect();
+    Ok(Some(out))
 }
 
 /// Every table of the families kuport writes (ip, ip6, inet) in `netns`, by family and name: what
