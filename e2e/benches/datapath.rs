@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use common::{assert_intact, host_state, kuport_table, port_map, with_classes};
 use kuport_controller::api::RateLimit;
+use kuport_controller::compute::portmap::datapath::Family;
 use kuport_controller::compute::portmap::steer;
 use kuport_lab::echo::parse_answer;
 use kuport_lab::program::{apply, compute};
@@ -287,11 +288,11 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, protect
     let edge = kuport_table(host_state(states, ACCEPTING));
     for m in (0..count).map(synthetic) {
         let (p, first, last) = (proto(m.protocol), m.first, m.last);
+        // As steer.rs renders them: the mapping's chains, named by its tag (every mapping is on
+        // enp1s0, the only protected interface).
+        let tag = steer::tag(&[PUBLIC_IF].into(), PUBLIC_IF, m.protocol, first as u16);
         if protect.limit {
-            // As steer.rs renders them: the jump, and the mapping's chain with its tag (the only
-            // limited interface is index 0).
-            let tag = (u32::from(m.protocol == L4Proto::Udp) << 16) | first;
-            let chain = format!("{}-{tag:x}", steer::CHAIN_LIMIT);
+            let chain = steer::chain_name(steer::CHAIN_LIMIT, Family::V4, tag);
             let (map, key) = if first == last {
                 (steer::MAP_LIMIT_PORT, vec![ifname(PUBLIC_IF), addr(link.public.0), p.clone(), ports(first, last)])
             } else {
@@ -308,17 +309,17 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, protect
                 .push(chain_of(&chain, vec![rule(vec![ct_state(ct_state::NEW)], vec![update, counter(), drop()])]));
         }
         if protect.guard {
-            // As steer.rs renders them: which mappings are guarded (and their counters), then
-            // each admitted prefix, keyed ports first with the prefix last.
-            let key = vec![ifname(PUBLIC_IF), addr(link.public.0), p.clone(), ports(first, last)];
-            let (guarded, refused) =
-                if first == last { ("guarded", "refused") } else { ("guarded_range", "refused_range") };
-            push(edge, guarded, key.clone(), vec![]);
-            push(edge, refused, key, vec![]);
-            for prefix in GUARD_PREFIXES {
-                let allowed = vec![ports(first, last), ifname(PUBLIC_IF), addr(link.public.0), p.clone(), addr(prefix)];
-                set_elements(edge, "allow").push(NftElement { key: allowed, data: vec![] });
-            }
+            // The jump, for every packet, to the mapping's chain, which drops what is outside the list.
+            let chain = steer::chain_name(steer::CHAIN_GUARD, Family::V4, tag);
+            let (map, key) = if first == last {
+                (steer::MAP_GUARD_PORT, vec![ifname(PUBLIC_IF), addr(link.public.0), p.clone(), ports(first, last)])
+            } else {
+                (steer::MAP_GUARD_RANGE, vec![ports(first, last), ifname(PUBLIC_IF), addr(link.public.0), p.clone()])
+            };
+            push(edge, map, key, vec![jump_to(&chain)]);
+            let nets: Vec<ipnet::IpNet> = GUARD_PREFIXES.iter().map(|n| n.parse().expect("a prefix")).collect();
+            let rules = steer::allow_list_rules(Family::V4, &nets).expect("the list is no /0");
+            edge.chains.push(chain_of(&chain, rules));
         }
         let to = if m.remote { link.far } else { m.pod };
         // The publish maps are keyed by the public address's stand-in (docs/portmap/firewall.md).

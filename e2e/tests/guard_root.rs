@@ -9,17 +9,20 @@
 //! Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1. Each lab is removed on drop.
 
 mod common;
-use common::boundary::{assert_lists_as_computed, set_packets};
+use common::boundary::assert_lists_as_computed;
 use common::dual::assert_maps_any;
 use common::*;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use kuport_controller::compute::portmap::steer;
 use kuport_lab::Protocol::{self, Tcp, Udp};
 use kuport_lab::probe::parse_target;
 use kuport_lab::program::{apply, compute};
+use kuport_lab::sys::in_netns;
 use kuport_lab::{Lab, Manifests, ProbeError};
-use kuport_proto::v1::{NodeState, nft_match};
+use kuport_proto::v1::{NodeState, nft_statement};
 
 const API: &str = "apiVersion: kuport.wlz.li/v1alpha1
 kind: PortMap
@@ -37,9 +40,22 @@ fn admit(m: Manifests, ns: &str, name: &str, ranges: &[&str]) -> Manifests {
     edit_port_map(m, ns, name, |s| s.source_ranges = ranges.iter().map(|r| r.to_string()).collect())
 }
 
-/// The packets the refusal sets on `node` counted: both families, single ports and ranges.
+/// The packets the guard chains on `node` dropped: every mapping, both families. Each chain is
+/// one mapping's (docs/portmap/guard.md), its one rule's counter that mapping's drops.
 fn refused(lab: &Lab, node: &str) -> u64 {
-    ["refused", "refused6", "refused_range", "refused_range6"].iter().map(|set| set_packets(lab, node, set)).sum()
+    let out = lab.exec(node, &["nft", "list", "table", "inet", "kuport"]).expect("nft lists the table");
+    let mut in_guard = false;
+    let mut sum = 0;
+    for line in out.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("chain ") {
+            in_guard = name.starts_with(steer::CHAIN_GUARD);
+        } else if in_guard && line.ends_with("drop") {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let i = w.iter().position(|w| *w == "packets").unwrap_or_else(|| panic!("no counter in {line}"));
+            sum += w[i + 1].parse::<u64>().expect("a number");
+        }
+    }
+    sum
 }
 
 /// `client` dials `to` and gets no answer (the request is dropped, not refused by anyone).
@@ -51,10 +67,13 @@ fn assert_dropped(lab: &Lab, client: &str, to: &str, proto: Protocol) {
     }
 }
 
-/// Removes the allow-list rules from `node`'s steering chain: the ablation.
+/// Removes the dispatch to the guard chains from `node`'s steering chain: the ablation.
 fn without_guard(states: &mut BTreeMap<String, NodeState>, node: &str) -> usize {
     drop_rules(host_state(states, node), "kup-steer", |r| {
-        r.matches.iter().any(|m| matches!(&m.kind, Some(nft_match::Kind::Lookup(l)) if l.set.starts_with("guarded")))
+        r.statements.iter().any(|s| {
+            matches!(&s.kind, Some(nft_statement::Kind::VerdictMap(v)) if v.map.starts_with(steer::MAP_GUARD_PORT)
+                || v.map.starts_with(steer::MAP_GUARD_RANGE))
+        })
     })
 }
 
@@ -135,4 +154,52 @@ fn multi_every_accepting_node_drops_what_the_list_does_not_admit() {
     for (_, to) in &addresses {
         assert_maps_any(&lab, "client-2", to, Udp, "dns-0");
     }
+}
+
+/// The list applies to every packet, not only a flow's first: narrowing it cuts a UDP flow that
+/// is established (its conntrack entry made), and the cut packets are counted. Ablation: with
+/// the dispatch looked up for new connections only, the same flow is answered again.
+#[test]
+fn a_narrowed_list_cuts_an_established_flow() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let m = admit(Manifests::default_lab(), "games", "game", &["198.51.100.7/32"]);
+    let out = compute(&mut lab, &m);
+    apply(&mut lab, &out.node_states).expect("the state applies");
+    let path = lab.netns("client-1").expect("client-1's namespace");
+    // Made in client-1's namespace, the socket stays there.
+    let socket = in_netns(&path, || std::net::UdpSocket::bind("0.0.0.0:0")).expect("a socket");
+    socket.set_read_timeout(Some(Duration::from_millis(700))).expect("a timeout");
+    let to = "203.0.113.9:27015";
+    let answered = |s: &std::net::UdpSocket| {
+        s.send_to(b"again", to).expect("sent");
+        let mut buf = [0u8; 512];
+        s.recv(&mut buf).is_ok()
+    };
+    assert!(answered(&socket), "client-1 is admitted");
+    assert!(answered(&socket), "and its flow established");
+
+    let narrowed = admit(m, "games", "game", &["192.0.2.0/24"]);
+    let mut states = compute(&mut lab, &narrowed).node_states;
+    apply(&mut lab, &states).expect("the narrowed state applies");
+    let before = refused(&lab, "edge-a");
+    assert!(!answered(&socket), "the established flow is cut");
+    assert!(refused(&lab, "edge-a") > before, "and its packet counted");
+
+    let steering = kuport_table(host_state(&mut states, "edge-a")).chains.iter_mut().find(|c| c.name == "kup-steer");
+    let mut ablated = 0;
+    for r in &mut steering.expect("edge-a steers").rules {
+        let guard = r.statements.iter().any(
+            |s| matches!(&s.kind, Some(nft_statement::Kind::VerdictMap(v)) if v.map.starts_with(steer::MAP_GUARD_RANGE)),
+        );
+        if guard {
+            r.matches.insert(0, kuport_proto::build::ct_state(kuport_proto::build::ct_state::NEW));
+            ablated += 1;
+        }
+    }
+    assert_eq!(ablated, 2, "the game's range, both families");
+    apply(&mut lab, &states).expect("the ablated state applies");
+    assert!(answered(&socket), "new connections only: the established flow passes");
 }

@@ -136,6 +136,15 @@ pub fn in_literal(sel: Selector, mut values: Vec<NftValue>) -> NftMatch {
     NftMatch { kind: Some(nft_match::Kind::Literal(l)) }
 }
 
+/// `sel != { v, v }`: the negated literal set.
+pub fn not_in_literal(sel: Selector, values: Vec<NftValue>) -> NftMatch {
+    let mut m = in_literal(sel, values);
+    if let Some(nft_match::Kind::Literal(l)) = &mut m.kind {
+        l.negate = true;
+    }
+    m
+}
+
 /// The TCP flag bits, as nft names them (`tcp flags`).
 pub mod tcp_flag {
     pub const FIN: u32 = 0x01;

@@ -450,7 +450,14 @@ pub fn scenarios() -> Vec<(&'static str, World)> {
                 .port_map("web", "web", "public", Tcp, 3000, None, "web", 0)
                 .port_map("games", "game", "public", Udp, 27015, Some(27115), "game", 1)
                 .port_map("open", "dns", "public", Udp, 5353, None, "dns", 2)
-                .edit_map("web", |s| s.source_ranges = vec!["192.0.2.0/24".into(), "2001:db8:100::/48".into()])
+                .edit_map("web", |s| {
+                    s.source_ranges = vec![
+                        "192.0.2.0/24".into(),
+                        "192.0.2.64/26".into(),
+                        "203.0.113.7/32".into(),
+                        "2001:db8:100::/48".into(),
+                    ]
+                })
                 .edit_map("dns", |s| s.source_ranges = vec!["0.0.0.0/0".into(), "::/0".into()]),
         ),
         (

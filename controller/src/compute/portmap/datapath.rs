@@ -227,9 +227,13 @@ struct FamilyParts {
     limit: BTreeMap<(String, L4Proto, Ports), super::admission::SourceLimit>,
 }
 
-/// What a mapping's accepting nodes enforce before the DNAT: the allow-list of this family (None:
-/// every client) and the per-source bounds.
-type Guard = (Option<Vec<ipnet::IpNet>>, Option<super::admission::SourceLimit>);
+/// What a mapping's accepting nodes enforce before the DNAT (docs/portmap/guard.md).
+struct Guard {
+    /// The allow-list's prefixes of this family; None: every client (no list).
+    allow: Option<Vec<ipnet::IpNet>>,
+    /// The per-source bounds; None: none.
+    limit: Option<super::admission::SourceLimit>,
+}
 
 impl FamilyParts {
     /// Publishes `ports` on `iface` to `to`: the pod or the link's far end, with the port a single
@@ -237,10 +241,10 @@ impl FamilyParts {
     /// bounds, if any.
     fn publish(&mut self, iface: &str, proto: L4Proto, ports: Ports, guard: &Guard, to: (IpAddr, Option<u16>)) {
         self.published.entry((iface.to_string(), proto)).or_default().push(ports);
-        if let Some(nets) = &guard.0 {
+        if let Some(nets) = &guard.allow {
             self.guard.insert((iface.to_string(), proto, ports), nets.clone());
         }
-        if let Some(l) = guard.1 {
+        if let Some(l) = guard.limit {
             self.limit.insert((iface.to_string(), proto, ports), l);
         }
         match to {
@@ -369,8 +373,10 @@ impl Builder {
         // This family's prefixes of the allow-list, if the mapping has one: empty closes the
         // family to every client.
         let nets = p.admitted.source_ranges.as_ref();
-        let guard: Guard =
-            (nets.map(|nets| nets.iter().filter(|n| fam.holds(&n.addr())).copied().collect()), p.admitted.rate_limit);
+        let guard = Guard {
+            allow: nets.map(|nets| nets.iter().filter(|n| fam.holds(&n.addr())).copied().collect()),
+            limit: p.admitted.rate_limit,
+        };
         let mut published = Vec::new();
         for (node, ifaces) in &p.nodes {
             if *node == p.endpoint.node {
@@ -463,7 +469,7 @@ impl Builder {
                 if let (Some(t), Some(s)) = (ns.nft_tables.first_mut(), steer) {
                     t.sets.extend(s.sets);
                     t.chains.push(s.chain);
-                    t.chains.extend(s.limit_chains);
+                    t.chains.extend(s.mapping_chains);
                 }
                 (node, ns)
             })

@@ -30,12 +30,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use kuport_proto::build::{
-    addr, base_chain, chain, counter, ct_count, ct_state, drop, dynamic_set, element, ifname, jump_to, limit, lookup,
-    member, not_lookup, port, ports, proto, rule, set, set_update, verdict_map,
+    addr, base_chain, chain, counter, ct_count, ct_state, drop, dynamic_set, element, eq, ifname, jump_to, limit, port,
+    ports, proto, rule, set, set_update, verdict, verdict_map,
 };
 use kuport_proto::v1::{
-    AddressSet, ChainPolicy, ChainType, Hook, L4Proto, NftChain, NftRule, NftSet, NftStatement, NftType, Selector,
-    nft_statement,
+    AddressSet, ChainPolicy, ChainType, Hook, L4Proto, NftChain, NftElement, NftRule, NftSet, NftStatement, NftType,
+    Selector, VerdictKind, nft_statement,
 };
 
 use super::admission::SourceLimit;
@@ -44,16 +44,14 @@ use super::datapath::Family;
 pub const CHAIN_STEER: &str = "kup-steer";
 /// Single ports: (interface, address, protocol, port) to the stand-in; `steer_port6` for IPv6.
 pub const MAP_STEER_PORT: &str = "steer_port";
-/// Single ports with an allow-list: (interface, address, protocol, port); docs/portmap/guard.md.
-pub const SET_GUARDED: &str = "guarded";
-/// Ranges with an allow-list: (ports, interface, address, protocol).
-pub const SET_GUARDED_RANGE: &str = "guarded_range";
-/// Their allowed clients: (ports, interface, address, protocol, source prefix).
-pub const SET_ALLOW: &str = "allow";
-/// The guarded single ports again, with a counter each: what each one refused.
-pub const SET_REFUSED: &str = "refused";
-/// The guarded ranges again, with a counter each.
-pub const SET_REFUSED_RANGE: &str = "refused_range";
+/// Single ports with an allow-list: (interface, address, protocol, port) to a jump to the
+/// mapping's guard chain, looked up for every packet (docs/portmap/guard.md).
+pub const MAP_GUARD_PORT: &str = "guard_port";
+/// Ranges with an allow-list: (ports, interface, address, protocol) to the jump.
+pub const MAP_GUARD_RANGE: &str = "guard_range";
+/// The guard chains' names begin so: `kup-guard-TAG`, `kup-guard6-TAG`. Each returns what its
+/// mapping's list admits; its last rule counts and drops the rest.
+pub const CHAIN_GUARD: &str = "kup-guard";
 /// Ranges: (ports, interface, address, protocol) to the stand-in; `steer_range6` for IPv6.
 pub const MAP_STEER_RANGE: &str = "steer_range";
 /// Rate-limited single ports: (interface, address, protocol, port) to a jump to the mapping's
@@ -216,71 +214,100 @@ pub fn per_address<'a, T: Clone>(
 }
 
 /// The allow-list rules of one family, first in the chain so that a refused packet is dropped
-/// before anything rewrites it (docs/portmap/guard.md): a packet to a guarded mapping from a
-/// source outside its prefixes is counted against the mapping and dropped. Which mappings are
-/// guarded, and the counters, live in a hash set for single ports and an interval set for
-/// ranges, like the steering maps: a packet to an unguarded port pays one hash lookup.
-fn guard_rules(fam: Family, guards: &Guards, sets: &mut Vec<NftSet>) -> Vec<NftRule> {
-    let (mut single, mut range, mut allowed) = (Vec::new(), Vec::new(), Vec::new());
+/// before anything rewrites it (docs/portmap/guard.md): every packet to a guarded mapping jumps,
+/// through a verdict map, to the mapping's chain, whose last rule counts and drops it when its
+/// source is in none of the mapping's prefixes. A family the list closes to every client drops
+/// every packet; a family the list opens to every client (`0.0.0.0/0`) needs no chain.
+fn guard_rules(
+    fam: Family,
+    guards: &Guards,
+    ifaces: &BTreeSet<&str>,
+    sets: &mut Vec<NftSet>,
+    chains: &mut Vec<NftChain>,
+) -> Vec<NftRule> {
+    let (mut single, mut range) = (Vec::new(), Vec::new());
+    let mut made = BTreeSet::new();
     for ((iface, dst, pr), list) in guards.iter().filter(|((_, a, _), _)| fam.holds(a)) {
         for ((a, b), nets) in list {
-            let (a, b) = (u32::from(*a), u32::from(*b));
-            for net in nets.iter().filter(|n| fam.holds(&n.addr())) {
-                allowed.push(member(vec![ports(a, b), ifname(iface), addr(dst), proto(*pr), addr(net)]));
+            let Some(rules) = allow_list_rules(fam, nets) else { continue };
+            let name = chain_name(CHAIN_GUARD, fam, tag(ifaces, iface, *pr, *a));
+            if made.insert(name.clone()) {
+                chains.push(chain(&name, rules));
             }
+            let (a, b) = (u32::from(*a), u32::from(*b));
             if a == b {
-                single.push(member(vec![ifname(iface), addr(dst), proto(*pr), port(a)]));
+                single.push(element(vec![ifname(iface), addr(dst), proto(*pr), port(a)], vec![jump_to(&name)]));
             } else {
-                range.push(member(vec![ports(a, b), ifname(iface), addr(dst), proto(*pr)]));
+                range.push(element(vec![ports(a, b), ifname(iface), addr(dst), proto(*pr)], vec![jump_to(&name)]));
             }
         }
     }
-    use NftType::{Ifname, InetProto, InetService};
-    use Selector::{Iifname, L4proto, ThDport};
-    let (a, daddr, saddr) = (fam.addr_type(), fam.daddr(), fam.saddr());
-    // A family no guarded mapping admits anyone of holds no allowed element, and needs no test.
-    let allow = fam.name(SET_ALLOW);
-    let outside = (!allowed.is_empty()).then(|| not_lookup(&[ThDport, Iifname, daddr, L4proto, saddr], &allow));
-    if outside.is_some() {
-        sets.push(NftSet { interval: true, ..set(&allow, &[InetService, Ifname, a, InetProto, a], &[], allowed) });
+    // Every packet, not only a connection's first: a narrowed list cuts established flows.
+    dispatch(fam, single, range, [MAP_GUARD_PORT, MAP_GUARD_RANGE], false, sets)
+}
+
+/// A guard chain's rules for a mapping's list `nets`, in family `fam`: a source in one of its
+/// prefixes of that family returns (`ip saddr 192.0.2.0/24 return`), overlapping prefixes
+/// merged, and the last rule counts and drops every other (`counter drop`). No prefix of the
+/// family closes it: `counter drop` alone. None: the list admits every source of the family
+/// (`0.0.0.0/0`). A rule per prefix, not a set: an anonymous set per mapping made a cold apply
+/// of 50,000 guarded mappings quadratic in the kernel (docs/decisions.md).
+pub fn allow_list_rules(fam: Family, nets: &[IpNet]) -> Option<Vec<NftRule>> {
+    let nets = IpNet::aggregate(&nets.iter().filter(|n| fam.holds(&n.addr())).copied().collect());
+    if nets.iter().any(|n| n.prefix_len() == 0) {
+        return None;
     }
-    let mut rules = Vec::new();
+    let text = |n: &IpNet| if n.prefix_len() == n.max_prefix_len() { n.addr().to_string() } else { n.to_string() };
+    let mut rules: Vec<NftRule> = nets
+        .iter()
+        .map(|n| rule(vec![eq(fam.saddr(), addr(text(n)))], vec![verdict(VerdictKind::Return, "")]))
+        .collect();
+    rules.push(rule(vec![], vec![counter(), drop()]));
+    Some(rules)
+}
+
+/// A per-mapping chain's name: `kup-guard-TAG`, `kup-limit6-TAG` (TAG in hex, [`tag`]).
+pub fn chain_name(base: &str, fam: Family, tag: u32) -> String {
+    format!("{}-{tag:x}", fam.name(base))
+}
+
+/// The dispatch of one family: a verdict map per shape (`maps`: single ports in a hash map,
+/// ranges in an interval map keyed ports first, like the steering maps) and the rule that looks
+/// it up, for new connections only when `new_only`.
+fn dispatch(
+    fam: Family,
+    single: Vec<NftElement>,
+    range: Vec<NftElement>,
+    maps: [&str; 2],
+    new_only: bool,
+    sets: &mut Vec<NftSet>,
+) -> Vec<NftRule> {
+    use NftType::{Ifname, InetProto, InetService, Verdict};
+    use Selector::{Iifname, L4proto, ThDport};
+    let (a, daddr) = (fam.addr_type(), fam.daddr());
     let shapes = [
-        (
-            single,
-            SET_GUARDED,
-            SET_REFUSED,
-            [Ifname, a, InetProto, InetService],
-            [Iifname, daddr, L4proto, ThDport],
-            false,
-        ),
-        (
-            range,
-            SET_GUARDED_RANGE,
-            SET_REFUSED_RANGE,
-            [InetService, Ifname, a, InetProto],
-            [ThDport, Iifname, daddr, L4proto],
-            true,
-        ),
+        (single, maps[0], [Ifname, a, InetProto, InetService], [Iifname, daddr, L4proto, ThDport], false),
+        (range, maps[1], [InetService, Ifname, a, InetProto], [ThDport, Iifname, daddr, L4proto], true),
     ];
-    for (elements, guarded, refused, key, sel, interval) in shapes {
+    let mut rules = Vec::new();
+    for (elements, map, key, sel, interval) in shapes {
         if elements.is_empty() {
             continue;
         }
-        let (guarded, refused) = (fam.name(guarded), fam.name(refused));
-        sets.push(NftSet { interval, ..set(&guarded, &key, &[], elements.clone()) });
-        sets.push(NftSet { interval, counter: true, ..set(&refused, &key, &[], elements) });
-        let matches = [Some(lookup(&sel, &guarded)), outside.clone(), Some(lookup(&sel, &refused))];
-        rules.push(rule(matches.into_iter().flatten().collect(), vec![counter(), drop()]));
+        let map = fam.name(map);
+        sets.push(NftSet { interval, ..set(&map, &key, &[Verdict], elements) });
+        let matches = if new_only { vec![ct_state(ct_state::NEW)] } else { vec![] };
+        rules.push(rule(matches, vec![verdict_map(&sel, &map)]));
     }
     rules
 }
 
-/// The tag that scopes a client's state to one mapping in the shared dynamic sets: the
-/// mapping's first port and protocol, and the index of its interface among `ifaces` (the
-/// node's limited interfaces). Admission keeps mappings on one interface apart, so no two
+/// The tag of a mapping on a node: its chains' names, and the constant that scopes its clients'
+/// state in the shared dynamic sets. The mapping's first port and protocol, and the index of its
+/// interface among `ifaces` (the node's protected interfaces: those of a mapping with an
+/// allow-list or a rate limit). Admission keeps mappings on one interface apart, so no two
 /// mappings of a node share a tag; a mapping's clients are bounded per accepting interface.
-fn tag(ifaces: &BTreeSet<&str>, iface: &str, pr: L4Proto, first: u16) -> u32 {
+pub fn tag(ifaces: &BTreeSet<&str>, iface: &str, pr: L4Proto, first: u16) -> u32 {
     let index = ifaces.iter().position(|i| *i == iface).unwrap_or(0) as u32;
     (index << 17) | (u32::from(pr == L4Proto::Udp) << 16) | u32::from(first)
 }
@@ -290,15 +317,20 @@ fn tag(ifaces: &BTreeSet<&str>, iface: &str, pr: L4Proto, first: u16) -> u32 {
 /// drops it when its client is over the mapping's rate or holds its connection bound. The
 /// clients' state lives in two dynamic sets per family shared by every mapping, keyed by the
 /// client's address and the mapping's tag; the chains hold each mapping's numbers.
-fn limit_rules(fam: Family, limits: &Limits, sets: &mut Vec<NftSet>, chains: &mut Vec<NftChain>) -> Vec<NftRule> {
-    let ifaces: BTreeSet<&str> = limits.keys().map(|(i, _, _)| i.as_str()).collect();
+fn limit_rules(
+    fam: Family,
+    limits: &Limits,
+    ifaces: &BTreeSet<&str>,
+    sets: &mut Vec<NftSet>,
+    chains: &mut Vec<NftChain>,
+) -> Vec<NftRule> {
     let (rate, connections) = (fam.name(SET_RATE), fam.name(SET_CONNECTIONS));
     let (mut single, mut range, mut capped) = (Vec::new(), Vec::new(), false);
     let mut made = BTreeSet::new();
     for ((iface, dst, pr), list) in limits.iter().filter(|((_, a, _), _)| fam.holds(a)) {
         for ((a, b), l) in list {
-            let tag = tag(&ifaces, iface, *pr, *a);
-            let name = format!("{}-{tag:x}", fam.name(CHAIN_LIMIT));
+            let tag = tag(ifaces, iface, *pr, *a);
+            let name = chain_name(CHAIN_LIMIT, fam, tag);
             if made.insert(name.clone()) {
                 let saddr = [fam.saddr()];
                 let mut rules = vec![rule(
@@ -329,29 +361,14 @@ fn limit_rules(fam: Family, limits: &Limits, sets: &mut Vec<NftSet>, chains: &mu
     if single.is_empty() && range.is_empty() {
         return Vec::new();
     }
-    use NftType::{Ifname, InetProto, InetService, Mark, Verdict};
-    use Selector::{Iifname, L4proto, ThDport};
-    let (a, daddr) = (fam.addr_type(), fam.daddr());
-    sets.push(dynamic_set(&rate, &[a, Mark], TRACKED_CLIENTS, RATE_TIMEOUT_SECONDS));
+    let a = fam.addr_type();
+    sets.push(dynamic_set(&rate, &[a, NftType::Mark], TRACKED_CLIENTS, RATE_TIMEOUT_SECONDS));
     if capped {
         // No timeout: an entry goes when its client's last connection does.
-        sets.push(dynamic_set(&connections, &[a, Mark], TRACKED_CLIENTS, 0));
+        sets.push(dynamic_set(&connections, &[a, NftType::Mark], TRACKED_CLIENTS, 0));
     }
-    let mut rules = Vec::new();
-    let shapes = [
-        (single, MAP_LIMIT_PORT, [Ifname, a, InetProto, InetService], [Iifname, daddr, L4proto, ThDport], false),
-        (range, MAP_LIMIT_RANGE, [InetService, Ifname, a, InetProto], [ThDport, Iifname, daddr, L4proto], true),
-    ];
-    for (elements, map, key, sel, interval) in shapes {
-        if elements.is_empty() {
-            continue;
-        }
-        let map = fam.name(map);
-        sets.push(NftSet { interval, ..set(&map, &key, &[Verdict], elements) });
-        // Only a new connection is looked up: the packets of an admitted one pay nothing.
-        rules.push(rule(vec![ct_state(ct_state::NEW)], vec![verdict_map(&sel, &map)]));
-    }
-    rules
+    // Only a new connection is looked up: the packets of an admitted one pay nothing.
+    dispatch(fam, single, range, [MAP_LIMIT_PORT, MAP_LIMIT_RANGE], true, sets)
 }
 
 /// One node's steering: the stand-in of each destination address, and the chain and its maps.
@@ -359,8 +376,8 @@ pub struct Steering {
     pub stand_in: BTreeMap<IpAddr, IpAddr>,
     pub sets: Vec<NftSet>,
     pub chain: NftChain,
-    /// The mappings' limit chains, which the chain jumps to.
-    pub limit_chains: Vec<NftChain>,
+    /// The mappings' guard and limit chains, which the chain jumps to.
+    pub mapping_chains: Vec<NftChain>,
 }
 
 /// The steering chain and its maps for one node, or None when it receives nothing published;
@@ -368,12 +385,13 @@ pub struct Steering {
 pub fn steering(destinations: &Destinations, guards: &Guards, limits: &Limits) -> Option<Steering> {
     let all: BTreeSet<IpAddr> = destinations.keys().map(|(_, a, _)| *a).collect();
     let stand_in = stand_ins(&all);
-    let (mut sets, mut rules, mut limit_chains) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut sets, mut rules, mut mapping_chains) = (Vec::new(), Vec::new(), Vec::new());
+    let ifaces: BTreeSet<&str> = guards.keys().chain(limits.keys()).map(|(i, _, _)| i.as_str()).collect();
     for fam in Family::BOTH {
-        rules.extend(guard_rules(fam, guards, &mut sets));
+        rules.extend(guard_rules(fam, guards, &ifaces, &mut sets, &mut mapping_chains));
     }
     for fam in Family::BOTH {
-        rules.extend(limit_rules(fam, limits, &mut sets, &mut limit_chains));
+        rules.extend(limit_rules(fam, limits, &ifaces, &mut sets, &mut mapping_chains));
     }
     for fam in Family::BOTH {
         let (mut single, mut range) = (Vec::new(), Vec::new());
@@ -412,7 +430,7 @@ pub fn steering(destinations: &Destinations, guards: &Guards, limits: &Limits) -
     }
     let chain =
         base_chain(CHAIN_STEER, ChainType::Filter, Hook::Prerouting, STEER_PRIORITY, ChainPolicy::Accept, rules);
-    Some(Steering { stand_in, sets, chain, limit_chains })
+    Some(Steering { stand_in, sets, chain, mapping_chains })
 }
 
 /// `ip daddr set K map @m`, or `ip6 daddr set ...`.
@@ -431,6 +449,67 @@ mod tests {
 
     fn steering_open(d: &Destinations) -> Option<Steering> {
         steering(d, &Guards::new(), &Limits::new())
+    }
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|n| n.parse().expect("a prefix")).collect()
+    }
+
+    /// docs/portmap/guard.md: each guarded mapping and family gets a chain that returns what its
+    /// list admits and counts and drops the rest, reached from a verdict map looked up for every
+    /// packet; rate limits from their own map, for
+    /// new connections only; one mapping's chains share its tag.
+    #[test]
+    fn each_guarded_mapping_has_its_own_chain_and_counter() {
+        let d: Destinations = [
+            (("enp1s0".to_string(), a("203.0.113.9"), L4Proto::Udp), vec![(27015, 27115), (53, 53)]),
+            (("enp1s0".to_string(), a("2001:db8::9"), L4Proto::Udp), vec![(27015, 27115), (53, 53)]),
+            (("wt0".to_string(), a("100.64.93.143"), L4Proto::Tcp), vec![(3000, 3000)]),
+        ]
+        .into();
+        let list = nets(&["198.51.100.7/32", "192.0.2.0/24", "192.0.2.128/25", "2001:db8:100::/48"]);
+        let guards: Guards = [
+            (
+                ("enp1s0".to_string(), a("203.0.113.9"), L4Proto::Udp),
+                vec![((27015, 27115), list.clone()), ((53, 53), nets(&["0.0.0.0/0"]))],
+            ),
+            (("enp1s0".to_string(), a("2001:db8::9"), L4Proto::Udp), vec![((27015, 27115), list), ((53, 53), vec![])]),
+            (("wt0".to_string(), a("100.64.93.143"), L4Proto::Tcp), vec![((3000, 3000), nets(&["10.0.0.0/8"]))]),
+        ]
+        .into();
+        let limit = SourceLimit { per_second: 5, burst: 5, connections: None };
+        let limits: Limits =
+            [(("enp1s0".to_string(), a("203.0.113.9"), L4Proto::Udp), vec![((27015, 27115), limit)])].into();
+        let s = steering(&d, &guards, &limits).expect("steering");
+        let mut chains = s.mapping_chains.clone();
+        chains.push(s.chain.clone());
+        let t = kuport_proto::build::table(kuport_proto::v1::NftFamily::Inet, "kuport", s.sets.clone(), chains);
+        let text = kuport_proto::text::nft_table(&t);
+        let names: BTreeSet<&str> = s.mapping_chains.iter().map(|c| c.name.as_str()).collect();
+        // enp1s0 is the first protected interface, wt0 the second; UDP sets bit 16. UDP 53 over
+        // IPv4 admits everyone: no chain.
+        let want = ["kup-guard-16987", "kup-guard-20bb8", "kup-guard6-10035", "kup-guard6-16987", "kup-limit-16987"];
+        assert_eq!(names, want.into());
+        for want in [
+            // The /25 inside the /24 is merged; a host is listed without its /32, as nft lists it.
+            "chain kup-guard-16987 {\n\t\tip saddr 192.0.2.0/24 return\n\t\tip saddr 198.51.100.7 return\n\t\tcounter drop\n",
+            "chain kup-guard-20bb8 {\n\t\tip saddr 10.0.0.0/8 return\n\t\tcounter drop\n",
+            "chain kup-guard6-16987 {\n\t\tip6 saddr 2001:db8:100::/48 return\n\t\tcounter drop\n",
+            // An empty list of the family closes it: every packet dropped.
+            "chain kup-guard6-10035 {\n\t\tcounter drop\n",
+            "chain kup-limit-16987 {\n\t\tct state new update @rate { ip saddr . 0x00016987 limit rate over 5/second } counter drop\n",
+            // Every packet is looked up in the guard maps, only new connections in the limit maps.
+            "\t\tiifname . ip daddr . meta l4proto . th dport vmap @guard_port\n\
+             \t\tth dport . iifname . ip daddr . meta l4proto vmap @guard_range\n\
+             \t\tiifname . ip6 daddr . meta l4proto . th dport vmap @guard_port6\n\
+             \t\tth dport . iifname . ip6 daddr . meta l4proto vmap @guard_range6\n\
+             \t\tct state new th dport . iifname . ip daddr . meta l4proto vmap @limit_range\n",
+        ] {
+            assert!(text.contains(want), "{want}\nnot in\n{text}");
+        }
+        let port = s.sets.iter().find(|s| s.name == MAP_GUARD_PORT).expect("guard_port");
+        assert_eq!(port.elements.len(), 1, "the open family has no element");
+        assert_eq!(port.elements[0].data, [jump_to("kup-guard-20bb8")]);
     }
 
     #[test]

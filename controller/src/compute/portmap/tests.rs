@@ -1336,10 +1336,11 @@ fn source_ranges_are_the_mappings_else_the_class_and_a_pin_only_narrows() {
             .service("ns", "svc", "TCP", 3000, &[("pod", "edge-a", "10.244.0.7", true)])
             .port_map("ns", "m", "public", Tcp, 3000, None, "svc", 0)
     };
+    // The rules of each of the mapping's guard chains (steer.rs, `guard_rules`).
     let ranges = |out: &Outputs| -> Vec<String> {
         let tables = out.node_states.get("edge-a").into_iter().flat_map(|s| &s.netns).flat_map(|n| &n.nft_tables);
-        let allow = tables.flat_map(|t| &t.sets).find(|s| s.name == "allow");
-        allow.map(|s| s.elements.iter().map(|e| format!("{:?}", e.key.last())).collect()).unwrap_or_default()
+        let guards = tables.flat_map(|t| &t.chains).filter(|c| c.name.starts_with(steer::CHAIN_GUARD));
+        guards.map(|c| format!("{:?}", c.rules)).collect()
     };
     let open = w().run();
     assert!(ranges(&open).is_empty(), "no list, no guard");

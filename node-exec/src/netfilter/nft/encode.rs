@@ -253,18 +253,44 @@ pub(crate) fn anon_set(
     id: u32,
     rule: &str,
 ) -> Result<Vec<Msg>, NftError> {
-    let set = NftSet {
+    let object = format!("the literal set of {rule}");
+    // A prefix makes it an interval set, as nft makes it (`ip saddr != { 192.0.2.0/24 }`).
+    let mut interval = false;
+    for v in values {
+        let (start, end) = encode_component(&object, key, v, true, false)?;
+        interval |= start != end;
+    }
+    let mut set = NftSet {
         name: ANON_SET.to_string(),
         key: vec![key as i32],
         elements: values.iter().map(|v| NftElement { key: vec![v.clone()], data: Vec::new() }).collect(),
+        interval,
         ..Default::default()
     };
+    // nft sizes it by the elements it sends: an interval's start and end, and an end at zero
+    // before the first when that starts above zero.
+    set.size = if interval { interval_bounds(&object, key, values)? } else { values.len() as u32 };
     let mut head = new_set_flags(family, table, &set, id, NFT_SET_ANONYMOUS | NFT_SET_CONSTANT)?;
-    head.object = format!("the literal set of {rule}");
+    head.object = object;
     let elems: Vec<&NftElement> = set.elements.iter().collect();
     let mut out = vec![head];
     out.extend(set_elements(NFT_MSG_NEWSETELEM, family, table, &set, Some(id), &elems)?);
     Ok(out)
+}
+
+/// The kernel elements of a single-field interval set of `values`, as [`set_elements`] sends
+/// them to a new set.
+fn interval_bounds(object: &str, key: NftType, values: &[kuport_proto::v1::NftValue]) -> Result<u32, NftError> {
+    let mut n = 0;
+    let mut lowest: Option<Vec<u8>> = None;
+    for v in values {
+        let (start, last) = encode_component(object, key, v, true, false)?;
+        n += if successor(&last).is_some() { 2 } else { 1 };
+        if lowest.as_ref().is_none_or(|l| start < *l) {
+            lowest = Some(start);
+        }
+    }
+    Ok(n + u32::from(lowest.is_some_and(|l| l.iter().any(|b| *b != 0))))
 }
 
 pub(crate) fn new_set(family: u8, table: &str, set: &NftSet, id: u32) -> Result<Msg, NftError> {

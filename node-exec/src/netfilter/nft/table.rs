@@ -346,7 +346,7 @@ fn read_once(sock: &mut Socket, family: NftFamily, name: &str) -> Result<Option<
 }
 
 /// Puts back each lookup in an anonymous set as the literal set it was written as.
-fn inline_literals(mut r: NftRule, anonymous: &BTreeMap<String, NftSet>) -> Result<NftRule, NftError> {
+pub(crate) fn inline_literals(mut r: NftRule, anonymous: &BTreeMap<String, NftSet>) -> Result<NftRule, NftError> {
     use kuport_proto::v1::{LiteralSet, nft_match};
     for m in &mut r.matches {
         let Some(nft_match::Kind::Lookup(l)) = &m.kind else { continue };
