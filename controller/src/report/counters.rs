@@ -28,7 +28,7 @@ pub struct MapCounters {
     /// New connections translated to the mapping's target (the DNAT maps: NAT sees only a
     /// connection's first packet).
     pub connections: u64,
-    /// Packets dropped for a source outside the allow-list.
+    /// Packets dropped for a source outside the allow-list (the guard chain's last rule).
     pub dropped_source: u64,
     /// New connections dropped beyond the per-source rate.
     pub dropped_rate: u64,
@@ -130,7 +130,6 @@ pub fn attribute(
                         c.accepted_bytes += e.bytes;
                     }
                     SetKind::Publish => c.connections += e.packets,
-                    SetKind::Refused => c.dropped_source += e.packets,
                 }
             }
         }
@@ -161,7 +160,6 @@ pub fn attribute(
 enum SetKind {
     Steer,
     Publish,
-    Refused,
 }
 
 /// The counted sets of the port-map table by what they count (docs/portmap/datapath.md).
@@ -170,8 +168,6 @@ fn set_kind(name: &str) -> Option<SetKind> {
         Some(SetKind::Steer)
     } else if name.starts_with("publish_") {
         Some(SetKind::Publish)
-    } else if name.starts_with("refused") {
-        Some(SetKind::Refused)
     } else {
         None
     }

@@ -651,7 +651,7 @@ impl Hub {
     pub async fn read_counters(&self, node: &str, timeout: Duration) -> Result<Arc<CounterReport>, String> {
         let (id, mut answers) = {
             let mut inner = self.lock();
-            if !inner.nodes.get(node).is_some_and(|e| e.session.is_some()) {
+            if inner.nodes.get(node).is_none_or(|e| e.session.is_none()) {
                 return Err(format!("node {node}: its executor is not connected"));
             }
             inner.counter_reads += 1;
