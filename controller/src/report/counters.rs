@@ -36,10 +36,14 @@ pub struct MapCounters {
     pub dropped_connections: u64,
 }
 
-/// What a node's counter may name: the mappings each node publishes, by node, interface,
-/// protocol and first port (unique: admission refuses overlaps on a node's interface).
+/// What a node's counter may name: the mappings each node publishes, by node, then interface,
+/// protocol and first port (unique: admission refuses overlaps on a node's interface). Nested so
+/// that a lookup borrows the report's names.
 #[derive(Debug, Default)]
-pub struct Owners(HashMap<(String, String, L4Proto, u16), MapKey>);
+pub struct Owners(HashMap<String, ByInterface>);
+
+/// One node's mappings: by interface, then protocol and first port.
+type ByInterface = HashMap<String, HashMap<(L4Proto, u16), MapKey>>;
 
 impl Owners {
     /// The mappings every node publishes, from their computed statuses.
@@ -47,7 +51,7 @@ impl Owners {
         port_maps: impl IntoIterator<Item = &'a PortMap>,
         statuses: &BTreeMap<MapKey, PortMapStatus>,
     ) -> Self {
-        let mut owners = HashMap::new();
+        let mut owners: HashMap<String, ByInterface> = HashMap::new();
         for pm in port_maps {
             let key = key_of(pm);
             let Some(status) = statuses.get(&key) else { continue };
@@ -56,7 +60,8 @@ impl Owners {
                 Protocol::Udp => L4Proto::Udp,
             };
             for p in &status.published {
-                owners.insert((p.node.clone(), p.interface.clone(), proto, pm.spec.port), key.clone());
+                let on_iface = owners.entry(p.node.clone()).or_default().entry(p.interface.clone()).or_default();
+                on_iface.insert((proto, pm.spec.port), key.clone());
             }
         }
         Owners(owners)
@@ -67,13 +72,13 @@ impl Owners {
         let (mut iface, mut proto, mut port) = (None, None, None);
         for v in key {
             match &v.value {
-                Some(Value::Ifname(i)) => iface = Some(i.clone()),
+                Some(Value::Ifname(i)) => iface = Some(i.as_str()),
                 Some(Value::Proto(p)) => proto = L4Proto::try_from(*p).ok(),
                 Some(Value::Port(r)) => port = u16::try_from(r.first).ok(),
                 _ => {}
             }
         }
-        self.0.get(&(node.to_string(), iface?, proto?, port?))
+        self.0.get(node)?.get(iface?)?.get(&(proto?, port?))
     }
 }
 

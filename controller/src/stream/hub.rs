@@ -650,13 +650,13 @@ impl Hub {
     /// there is none: not connected, or no answer in time.
     pub async fn read_counters(&self, node: &str, timeout: Duration) -> Result<Arc<CounterReport>, String> {
         let (id, mut answers) = {
-            let mut inner = self.lock();
-            if inner.nodes.get(node).is_none_or(|e| e.session.is_none()) {
+            let mut guard = self.lock();
+            let Inner { nodes, counter_reads, .. } = &mut *guard;
+            let Some(e) = nodes.get(node).filter(|e| e.session.is_some()) else {
                 return Err(format!("node {node}: its executor is not connected"));
-            }
-            inner.counter_reads += 1;
-            let id = inner.counter_reads;
-            let Some(e) = inner.nodes.get(node) else { return Err(format!("node {node}: not known")) };
+            };
+            *counter_reads += 1;
+            let id = *counter_reads;
             e.counters_asked.send_replace(id);
             (id, e.counters.subscribe())
         };

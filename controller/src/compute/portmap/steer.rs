@@ -234,12 +234,7 @@ fn guard_rules(
             if made.insert(name.clone()) {
                 chains.push(chain(&name, rules));
             }
-            let (a, b) = (u32::from(*a), u32::from(*b));
-            if a == b {
-                single.push(element(vec![ifname(iface), addr(dst), proto(*pr), port(a)], vec![jump_to(&name)]));
-            } else {
-                range.push(element(vec![ports(a, b), ifname(iface), addr(dst), proto(*pr)], vec![jump_to(&name)]));
-            }
+            jump_element(&mut single, &mut range, (iface, *dst, *pr), (*a, *b), &name);
         }
     }
     // Every packet, not only a connection's first: a narrowed list cuts established flows.
@@ -269,6 +264,23 @@ pub fn allow_list_rules(fam: Family, nets: &[IpNet]) -> Option<Vec<NftRule>> {
 /// A per-mapping chain's name: `kup-guard-TAG`, `kup-limit6-TAG` (TAG in hex, [`tag`]).
 pub fn chain_name(base: &str, fam: Family, tag: u32) -> String {
     format!("{}-{tag:x}", fam.name(base))
+}
+
+/// A dispatch element: `(iface, dst, pr)` and the ports `(a, b)` jump to `chain`, in the hash
+/// map's shape for one port (`single`), the interval map's for a range (`range`).
+fn jump_element(
+    single: &mut Vec<NftElement>,
+    range: &mut Vec<NftElement>,
+    (iface, dst, pr): (&str, IpAddr, L4Proto),
+    (a, b): (u16, u16),
+    chain: &str,
+) {
+    let (a, b) = (u32::from(a), u32::from(b));
+    if a == b {
+        single.push(element(vec![ifname(iface), addr(dst), proto(pr), port(a)], vec![jump_to(chain)]));
+    } else {
+        range.push(element(vec![ports(a, b), ifname(iface), addr(dst), proto(pr)], vec![jump_to(chain)]));
+    }
 }
 
 /// The dispatch of one family: a verdict map per shape (`maps`: single ports in a hash map,
@@ -350,12 +362,7 @@ fn limit_rules(
                 }
                 chains.push(chain(&name, rules));
             }
-            let (a, b) = (u32::from(*a), u32::from(*b));
-            if a == b {
-                single.push(element(vec![ifname(iface), addr(dst), proto(*pr), port(a)], vec![jump_to(&name)]));
-            } else {
-                range.push(element(vec![ports(a, b), ifname(iface), addr(dst), proto(*pr)], vec![jump_to(&name)]));
-            }
+            jump_element(&mut single, &mut range, (iface, *dst, *pr), (*a, *b), &name);
         }
     }
     if single.is_empty() && range.is_empty() {
