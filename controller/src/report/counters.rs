@@ -249,7 +249,7 @@ mod tests {
                 .collect();
             tables.push(TableCounters { family: t.family, name: t.name.clone(), sets, chains });
         }
-        CounterReport { id: 1, tables, error: String::new() }
+        CounterReport { id: 1, tables, ..Default::default() }
     }
 
     #[test]
@@ -331,7 +331,7 @@ mod tests {
                     chains: vec![],
                 },
             ],
-            error: String::new(),
+            ..Default::default()
         };
         assert_eq!(attribute("edge-a", &state, &forged, &owners), (BTreeMap::new(), 6));
         // worker-c holds web's pod but publishes nothing: edge-a's counters, reported as its

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use kuport_proto::v1::debug_server::Debug;
 use kuport_proto::v1::{
     ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, ListNodesResponse, NodeDebug, NodeProgramming,
-    PortMapCounters, PortMapExplanation,
+    PortMapCounters, PortMapExplanation, TraceReport, TraceRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -174,5 +174,9 @@ impl Debug for DebugService {
             }
         }
         Ok(Response::new(PortMapExplanation { namespace: r.namespace, name: r.name, status_yaml, nodes }))
+    }
+
+    async fn trace(&self, _request: Request<TraceRequest>) -> Result<Response<TraceReport>, Status> {
+        Err(Status::unimplemented("trace"))
     }
 }

@@ -1283,7 +1283,7 @@ mod counter_tests {
     use crate::stream::leader;
 
     fn answer(id: u64, error: &str) -> ExecutorMessage {
-        let report = CounterReport { id, tables: Vec::new(), error: error.into() };
+        let report = CounterReport { id, error: error.into(), ..Default::default() };
         ExecutorMessage { message: Some(executor_message::Message::Counters(report)) }
     }
 

@@ -528,8 +528,8 @@ async fn session<A: NodeApplier>(
 fn counter_report(id: u64, read: Result<Vec<TableCounters>, String>) -> CounterReport {
     use prost::Message;
     let mut report = match read {
-        Ok(tables) => CounterReport { id, tables, error: String::new() },
-        Err(error) => CounterReport { id, tables: Vec::new(), error },
+        Ok(tables) => CounterReport { id, tables, ..Default::default() },
+        Err(error) => CounterReport { id, error, ..Default::default() },
     };
     // Zero counters are left out already; a node this busy keeps the first elements of each set.
     let budget = MAX_UP_MESSAGE - 64 * 1024;
