@@ -11,7 +11,10 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use kuport_proto::v1::debug_client::DebugClient;
-use kuport_proto::v1::{ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, ListNodesResponse};
+use kuport_proto::v1::{
+    ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, ListNodesResponse, TraceHopState, TraceMesh, TraceReport,
+    TraceRequest, TraceVerdict,
+};
 use tonic::codegen::{Body, Bytes, StdError};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -94,6 +97,8 @@ pub enum CtlError {
     Channel(#[from] kuport_proto::channel::ChannelError),
     #[error("{0}")]
     Credentials(String),
+    #[error("usage: {0}")]
+    Usage(String),
 }
 
 /// How to get a token when the kubeconfig has none.
@@ -588,6 +593,148 @@ pub async fn port_map<T: Transport>(
         let _ = writeln!(t, "  {line}");
     }
     Ok(t)
+}
+
+/// What `kuportctl trace` asks: an address, a mesh pair or an Intercept.
+pub enum TraceTarget {
+    Address { address: String, from: Option<String> },
+    Mesh { from: String, to: String, pods: bool },
+    Intercept(String),
+}
+
+/// `kuportctl trace ...`: where a flow stops (docs/operations/trace.md).
+pub async fn trace<T: Transport>(
+    client: &mut DebugClient<T>,
+    target: TraceTarget,
+    watch: u32,
+    output: Output,
+) -> Result<String, CtlError> {
+    use kuport_proto::v1::trace_request::Target;
+    let (target, from) = match target {
+        TraceTarget::Address { address, from } => (Target::Address(address), from.unwrap_or_default()),
+        TraceTarget::Mesh { from, to, pods } => (Target::Mesh(TraceMesh { from, to, pods }), String::new()),
+        TraceTarget::Intercept(name) => (Target::Intercept(name), String::new()),
+    };
+    let request = TraceRequest { target: Some(target), watch_seconds: watch, from };
+    let r = client.trace(request).await.map_err(call)?.into_inner();
+    match output {
+        Output::Text => Ok(trace_text(&r)),
+        o => encode(&TraceView::of(&r), o),
+    }
+}
+
+/// A trace with its verdict and states by name, for JSON and YAML.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TraceView<'a> {
+    subject: &'a str,
+    verdict: &'static str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    stopped_at: &'a str,
+    cause: &'a str,
+    watched_seconds: u32,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    unanswered: &'a [String],
+    hops: Vec<HopView<'a>>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct HopView<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    node: &'a str,
+    object: &'a str,
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    packets: Option<u64>,
+    #[serde(skip_serializing_if = "is_zero")]
+    bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    moved: Option<u64>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    details: &'a [String],
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl<'a> TraceView<'a> {
+    fn of(r: &'a TraceReport) -> Self {
+        TraceView {
+            subject: &r.subject,
+            verdict: verdict_word(r.verdict),
+            stopped_at: &r.stopped_at,
+            cause: &r.cause,
+            watched_seconds: r.watched_seconds,
+            unanswered: &r.unanswered,
+            hops: r
+                .hops
+                .iter()
+                .map(|h| HopView {
+                    name: &h.name,
+                    node: &h.node,
+                    object: &h.object,
+                    state: hop_state_word(h.state),
+                    packets: h.packets,
+                    bytes: h.bytes,
+                    moved: h.moved,
+                    details: &h.details,
+                })
+                .collect(),
+        }
+    }
+}
+
+fn verdict_word(v: i32) -> &'static str {
+    match TraceVerdict::try_from(v) {
+        Ok(TraceVerdict::Healthy) => "healthy",
+        Ok(TraceVerdict::Stopped) => "stopped",
+        Ok(TraceVerdict::Refused) => "refused",
+        _ => "unknown",
+    }
+}
+
+fn hop_state_word(s: i32) -> &'static str {
+    match TraceHopState::try_from(s) {
+        Ok(TraceHopState::Ok) => "ok",
+        Ok(TraceHopState::Stopped) => "stopped",
+        Ok(TraceHopState::Refused) => "refused",
+        _ => "-",
+    }
+}
+
+/// What `kuportctl trace` prints: the subject, one line per hop (state, node, what, counter,
+/// how much it moved), its details indented, then the verdict and the cause.
+pub fn trace_text(r: &TraceReport) -> String {
+    let mut t = format!("{}\n", r.subject);
+    for h in &r.hops {
+        let node = if h.node.is_empty() { "-" } else { &h.node };
+        let mut count = match (h.packets, h.bytes) {
+            (Some(p), _) => format!("{p} pkts"),
+            (None, b) if b > 0 => bytes(b),
+            _ => String::new(),
+        };
+        if let Some(m) = h.moved {
+            let _ = write!(count, " (+{m})");
+        }
+        let _ =
+            writeln!(t, "  {:<8} {:<11} {:<10} {}  {}", hop_state_word(h.state), h.name, node, h.object, count.trim());
+        for d in &h.details {
+            let _ = writeln!(t, "  {:<8} {:<11} {:<10}   {d}", "", "", "");
+        }
+    }
+    let verdict = verdict_word(r.verdict);
+    if r.stopped_at.is_empty() {
+        let _ = writeln!(t, "{verdict}: {}", r.cause);
+    } else {
+        let _ = writeln!(t, "{verdict} at {}: {}", r.stopped_at, r.cause);
+    }
+    for u in &r.unanswered {
+        let _ = writeln!(t, "not read: {u}");
+    }
+    t
 }
 
 #[cfg(test)]

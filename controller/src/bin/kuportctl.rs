@@ -55,6 +55,45 @@ enum Command {
         /// NAMESPACE/NAME
         name: String,
     },
+    /// Where a flow stops, hop by hop with live counters: `trace ADDR:PORT[/udp] [--from
+    /// CLIENT]` (a published port), `trace pod NS/NAME --to NS/NAME` or `trace node A --to B`
+    /// (the mesh path), `trace intercept NS/NAME`. With --watch N, the counters are read again
+    /// after N seconds while the client tries, and the first hop that did not count is named.
+    Trace {
+        /// ADDR:PORT[/udp], or `pod`, `node` or `intercept`
+        what: String,
+        /// For pod, node and intercept: NS/NAME or the node's name
+        name: Option<String>,
+        /// The other end of a mesh trace.
+        #[arg(long)]
+        to: Option<String>,
+        /// The client's address: whether the allow-list admits it.
+        #[arg(long)]
+        from: Option<String>,
+        /// Seconds to watch the counters while the client tries (at most 60).
+        #[arg(long, default_value_t = 0)]
+        watch: u32,
+    },
+}
+
+/// The trace's target from its words: an address, or `pod`/`node` NAME --to OTHER, or
+/// `intercept` NS/NAME.
+fn trace_target(
+    what: &str,
+    name: Option<String>,
+    to: Option<String>,
+    from: Option<String>,
+) -> Result<ctl::TraceTarget, ctl::CtlError> {
+    let usage = |m: &str| ctl::CtlError::Usage(m.to_string());
+    match what {
+        "pod" | "node" => {
+            let from = name.ok_or_else(|| usage("trace pod NS/NAME --to NS/NAME (or node A --to B)"))?;
+            let to = to.ok_or_else(|| usage("a mesh trace needs --to"))?;
+            Ok(ctl::TraceTarget::Mesh { from, to, pods: what == "pod" })
+        }
+        "intercept" => Ok(ctl::TraceTarget::Intercept(name.ok_or_else(|| usage("trace intercept NS/NAME"))?)),
+        address => Ok(ctl::TraceTarget::Address { address: address.to_string(), from }),
+    }
 }
 
 fn main() -> ExitCode {
@@ -109,6 +148,10 @@ fn main() -> ExitCode {
             Command::Nodes => ctl::nodes(&mut client, cli.output).await,
             Command::Mesh => ctl::mesh(&mut client, cli.output).await,
             Command::Portmap { name } => ctl::port_map(&mut client, name, cli.output).await,
+            Command::Trace { what, name, to, from, watch } => {
+                let target = trace_target(what, name.clone(), to.clone(), from.clone())?;
+                ctl::trace(&mut client, target, *watch, cli.output).await
+            }
         }
     });
     match result {

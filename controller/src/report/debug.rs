@@ -3,9 +3,11 @@
 //! followers included: GetNode needs `get nodestates` named after the node, ListNodes `list
 //! nodestates`, ExplainPortMap `get portmaps` in its namespace (group kuport.wlz.li).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kuport_proto::v1::debug_server::Debug;
+use kuport_proto::v1::trace_request::Target;
 use kuport_proto::v1::{
     ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, ListNodesResponse, NodeDebug, NodeProgramming,
     PortMapCounters, PortMapExplanation, TraceReport, TraceRequest,
@@ -17,12 +19,15 @@ use crate::compute::overlay::{self, NodeOverlay};
 use crate::compute::portmap::admission::key_of;
 use crate::compute::portmap::links::device_name;
 use crate::report::counters::{Owners, attribute};
+use crate::report::trace;
 use crate::stream::Hub;
 use crate::stream::hub::NodeSnapshot;
 use crate::trust::access::{DebugAccess, resource};
 
-/// How long ExplainPortMap waits for an executor's counters.
+/// How long ExplainPortMap and Trace wait for an executor's counters.
 const COUNTER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// The longest watch a trace takes: a call holds no more than a minute.
+const MAX_TRACE_WATCH: u32 = 60;
 
 pub struct DebugService {
     hub: Arc<Hub>,
@@ -69,6 +74,42 @@ fn node_debug(v: NodeSnapshot, with_state: bool, overlay: Option<&NodeOverlay>) 
         facts: v.facts,
         since_seconds: v.since.as_secs(),
         peers: v.peers,
+    }
+}
+
+impl DebugService {
+    /// The counters of `nodes`, read at once (twice, `watch` seconds apart, with a watch), with
+    /// their desired states and drift repairs.
+    async fn observe(&self, nodes: &[String], watch: u32) -> trace::Seen {
+        let read_all = || {
+            futures::future::join_all(nodes.iter().map(|n| {
+                let hub = self.hub.clone();
+                async move { (n.clone(), hub.read_counters(n, COUNTER_READ_TIMEOUT).await) }
+            }))
+        };
+        let repairs = |n: &str| self.hub.node(n).map(|s| (s.drift_repairs, s.last_drift)).unwrap_or_default();
+        let mut seen = trace::Seen { watched: watch, ..Default::default() };
+        let mut first = BTreeMap::new();
+        let mut before = BTreeMap::new();
+        if watch > 0 {
+            for (n, r) in read_all().await {
+                before.insert(n.clone(), repairs(&n).0);
+                if let Ok(r) = r {
+                    first.insert(n, r);
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(watch.into())).await;
+        }
+        for (n, r) in read_all().await {
+            let (now, last) = repairs(&n);
+            seen.drift.insert(n.clone(), (before.get(&n).copied().unwrap_or(now), now, last));
+            if let Some(state) = self.hub.node(&n).and_then(|s| s.desired).and_then(|d| d.state.clone()) {
+                seen.states.insert(n.clone(), state);
+            }
+            let read = r.map(|last| trace::Read { first: first.remove(&n), last });
+            seen.reads.insert(n, read);
+        }
+        seen
     }
 }
 
@@ -176,7 +217,58 @@ impl Debug for DebugService {
         Ok(Response::new(PortMapExplanation { namespace: r.namespace, name: r.name, status_yaml, nodes }))
     }
 
-    async fn trace(&self, _request: Request<TraceRequest>) -> Result<Response<TraceReport>, Status> {
-        Err(Status::unimplemented("trace"))
+    async fn trace(&self, request: Request<TraceRequest>) -> Result<Response<TraceReport>, Status> {
+        // A trace reads the counters of whichever nodes the path crosses.
+        self.allow(&request, "list", resource::NODE_STATES, None, None).await?;
+        let r = request.into_inner();
+        let watch = r.watch_seconds.min(MAX_TRACE_WATCH);
+        let (out, inputs) = self.hub.outputs();
+        let Some(inputs) = inputs else {
+            return Err(Status::unavailable("the controller has read no inputs yet"));
+        };
+        let invalid = |e: String| Status::invalid_argument(e);
+        let report = match r.target {
+            Some(Target::Address(a)) => {
+                let t = trace::parse_target(&a).map_err(invalid)?;
+                let from = match r.from.as_str() {
+                    "" => None,
+                    f => Some(f.parse().map_err(|_| invalid(format!("--from {f:?}: not an IP address")))?),
+                };
+                let nodes = trace::port_map_nodes(&t, &inputs.port_maps, &out);
+                let seen = self.observe(&nodes, watch).await;
+                trace::port_map(&t, from, &inputs.port_maps, &inputs.classes, &out, &seen)
+            }
+            Some(Target::Mesh(m)) => {
+                let from = trace::mesh_end(&m.from, m.pods, &inputs.pods).map_err(invalid)?;
+                let to = trace::mesh_end(&m.to, m.pods, &inputs.pods).map_err(invalid)?;
+                let seen = self.observe(&trace::mesh_nodes(&from, &to, &out), watch).await;
+                let mut report = trace::mesh(&from, &to, &out, &seen);
+                if m.pods {
+                    report.subject = format!("pod {} on {from} to pod {} on {to}: {}", m.from, m.to, report.subject);
+                }
+                report
+            }
+            Some(Target::Intercept(i)) => {
+                let (ns, name) = i.split_once('/').ok_or_else(|| invalid(format!("intercept {i:?}: not NS/NAME")))?;
+                let key = (ns.to_string(), name.to_string());
+                let ic = inputs
+                    .intercepts
+                    .iter()
+                    .find(|ic| {
+                        ic.metadata.namespace.as_deref() == Some(ns) && ic.metadata.name.as_deref() == Some(name)
+                    })
+                    .ok_or_else(|| Status::not_found(format!("Intercept {i}: not in the controller's inputs")))?;
+                let status = out.intercepts.get(&key).cloned().unwrap_or_default();
+                let placed = out.intercept_pods.get(&key).cloned().unwrap_or_default();
+                let mut nodes: Vec<String> = placed.iter().map(|(_, n)| n.clone()).collect();
+                nodes.sort();
+                nodes.dedup();
+                let unacked = self.hub.unacked(&ObjectKey::intercept(ns, name), nodes.clone());
+                let seen = self.observe(&nodes, watch).await;
+                trace::intercept(ic, &status, &placed, &unacked, &seen)
+            }
+            None => return Err(invalid("a trace needs an address, a mesh pair or an Intercept".into())),
+        };
+        Ok(Response::new(report))
     }
 }

@@ -7,3 +7,4 @@ pub mod debug;
 pub mod events;
 pub mod metrics;
 pub mod status;
+pub mod trace;

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context as _, anyhow, bail};
 use kuport_controller::api::PortMapStatus;
 use kuport_controller::ctl;
-use kuport_proto::v1::{ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, NodeDebug, PortMapExplanation};
+use kuport_proto::v1::{
+    ExplainPortMapRequest, GetNodeRequest, ListNodesRequest, NodeDebug, PortMapExplanation, TraceReport, TraceRequest,
+};
 
 use super::{Plane, trust};
 
@@ -111,6 +113,13 @@ impl Plane {
     pub fn explain(&self, namespace: &str, name: &str) -> anyhow::Result<PortMapExplanation> {
         let req = ExplainPortMapRequest { namespace: namespace.to_string(), name: name.to_string() };
         self.debug(async |c| c.explain_port_map(req).await.map(|r| r.into_inner()))
+    }
+
+    /// Where a flow stops (Trace), and kuportctl's text of it.
+    pub fn trace(&self, request: TraceRequest) -> anyhow::Result<(TraceReport, String)> {
+        let r = self.debug(async |c| c.trace(request).await.map(|r| r.into_inner()))?;
+        let text = ctl::trace_text(&r);
+        Ok((r, text))
     }
 
     /// A PortMap's status as the controller computed it.

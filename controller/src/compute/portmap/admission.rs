@@ -295,7 +295,11 @@ fn rate_limit(spec: &crate::api::RateLimit) -> Result<SourceLimit, Refusal> {
 /// The prefixes a mapping admits clients from (docs/portmap/guard.md): its own, else its
 /// class's, host bits cleared; None when both lists are empty. A pinned class takes only
 /// prefixes inside its own.
-fn source_ranges(class: &PortMapClass, class_name: &str, own: &[String]) -> Result<Option<Vec<IpNet>>, Refusal> {
+pub(crate) fn source_ranges(
+    class: &PortMapClass,
+    class_name: &str,
+    own: &[String],
+) -> Result<Option<Vec<IpNet>>, Refusal> {
     let parse = |list: &[String], field: &str| -> Result<Vec<IpNet>, Refusal> {
         let mut out = Vec::with_capacity(list.len());
         for (i, text) in list.iter().enumerate() {
