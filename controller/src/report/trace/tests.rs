@@ -31,7 +31,10 @@ fn mesh_outputs(relayed: bool) -> Outputs {
     out
 }
 
-fn seen_of(watched: u32, reads: Vec<(&str, Option<Arc<CounterReport>>, Arc<CounterReport>)>) -> Seen {
+/// A node's reads: before the watch and now.
+type NodeReads<'a> = (&'a str, Option<Arc<CounterReport>>, Arc<CounterReport>);
+
+fn seen_of(watched: u32, reads: Vec<NodeReads<'_>>) -> Seen {
     let mut seen = Seen { watched, ..Default::default() };
     for (n, first, last) in reads {
         seen.reads.insert(n.into(), Ok(Read { first, last }));
