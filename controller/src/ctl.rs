@@ -719,8 +719,9 @@ pub fn trace_text(r: &TraceReport) -> String {
         if let Some(m) = h.moved {
             let _ = write!(count, " (+{m})");
         }
-        let _ =
-            writeln!(t, "  {:<8} {:<11} {:<10} {}  {}", hop_state_word(h.state), h.name, node, h.object, count.trim());
+        let line =
+            format!("  {:<8} {:<11} {:<10} {}  {}", hop_state_word(h.state), h.name, node, h.object, count.trim());
+        let _ = writeln!(t, "{}", line.trim_end());
         for d in &h.details {
             let _ = writeln!(t, "  {:<8} {:<11} {:<10}   {d}", "", "", "");
         }

@@ -308,3 +308,167 @@ fn a_mappings_counters_name_what_was_served_and_what_was_dropped() {
     assert!(series(&text, "portmap_connections", None) >= c.connections, "{text}");
     assert!(series(&text, "portmap_accepted_packets", None) >= c.accepted_packets, "{text}");
 }
+
+/// What `kuportctl trace` is asked about: a conflicting mapping of the game's range, a mapping
+/// with no ready endpoint, and one of a reserved port.
+const TRACED: &str = "apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: late, namespace: games}
+spec:
+  className: public
+  protocol: UDP
+  port: 27050
+  serviceRef: {name: game, port: game}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: apps}
+spec:
+  ports: [{name: x, protocol: TCP, port: 9100}]
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: empty, namespace: apps}
+spec:
+  className: public
+  protocol: TCP
+  port: 9100
+  serviceRef: {name: empty, port: x}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMapClass
+metadata: {name: wide}
+spec:
+  nodes:
+    edge-a: {interfaces: [enp1s0]}
+  ports: {min: 1, max: 65535}
+---
+apiVersion: kuport.wlz.li/v1alpha1
+kind: PortMap
+metadata: {name: etcd, namespace: web}
+spec:
+  className: wide
+  protocol: TCP
+  port: 2379
+  serviceRef: {name: web, port: http}
+";
+
+/// New UDP flows from `client` to `to` (a new socket each, answered or not) until `stop`.
+fn udp_flows(
+    lab: &kuport_lab::Lab,
+    client: &str,
+    to: std::net::SocketAddrV4,
+    stop: Instant,
+) -> std::thread::JoinHandle<usize> {
+    let path = lab.netns(client).expect("the client's namespace");
+    std::thread::spawn(move || {
+        kuport_lab::sys::in_netns(&path, || {
+            let mut answered = 0;
+            while Instant::now() < stop {
+                let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+                s.set_read_timeout(Some(Duration::from_millis(100)))?;
+                s.send_to(b"trace", to)?;
+                let mut buf = [0u8; 512];
+                answered += usize::from(s.recv_from(&mut buf).is_ok());
+            }
+            Ok(answered)
+        })
+        .unwrap_or(0)
+    })
+}
+
+/// `command` in `host`'s namespace, `every` until `stop` (once when `every` is None).
+fn in_host(
+    lab: &kuport_lab::Lab,
+    host: &str,
+    command: &[&str],
+    every: Option<Duration>,
+    stop: Instant,
+) -> std::thread::JoinHandle<()> {
+    let name = lab.netns_name(host);
+    let command: Vec<String> = command.iter().map(ToString::to_string).collect();
+    std::thread::spawn(move || {
+        loop {
+            let _ = std::process::Command::new("ip").args(["netns", "exec", &name]).args(&command).output();
+            match every {
+                Some(d) if Instant::now() < stop => std::thread::sleep(d),
+                _ => break,
+            }
+        }
+    })
+}
+
+/// `kuportctl trace` names the hop and the cause (docs/operations/trace.md): a reserved port and
+/// a mapping without endpoints are refused with their reasons; a client that never reaches
+/// edge-a stops at its accept; client-1's flows count on every hop of the game's path; a
+/// return-mark set emptied by hand on worker-2 is named as drift the executor repaired; and
+/// without worker-2's loop guard the replies stop at worker-2's link, whose transmit errors rise.
+#[test]
+fn trace_names_the_hop_where_a_flow_stops() {
+    use kuport_proto::v1::trace_request::Target;
+    use kuport_proto::v1::{TraceHopState, TraceRequest, TraceVerdict};
+    if !root() {
+        return;
+    }
+    let s = Scene::start(
+        "trace",
+        TRACED,
+        &[("games", "late", "Accepted"), ("apps", "empty", "Programmed"), ("web", "etcd", "Accepted")],
+    );
+    let lab = &s.lab;
+    let plane = lab.plane().expect("a plane");
+    let trace = |address: &str, watch: u32| {
+        let request =
+            TraceRequest { target: Some(Target::Address(address.into())), watch_seconds: watch, from: String::new() };
+        let (r, text) = plane.trace(request).expect("Trace");
+        eprintln!("kuportctl trace {address} --watch {watch}:\n{text}");
+        (r, text)
+    };
+    let game = addr("203.0.113.9:27015");
+
+    // Refused: a reserved port, and a Service with no ready endpoint.
+    let (r, _) = trace("203.0.113.9:2379", 0);
+    assert_eq!(r.verdict, TraceVerdict::Refused as i32, "{r:?}");
+    assert!(r.cause.contains("PortMap web/etcd") && r.cause.contains("ReservedPort"), "{}", r.cause);
+    let (r, _) = trace("203.0.113.9:9100", 0);
+    assert_eq!(r.verdict, TraceVerdict::Refused as i32, "{r:?}");
+    assert!(r.cause.contains("NoReadyEndpoint"), "{}", r.cause);
+
+    // A client that never reaches edge-a: nothing counts, and the trace says where it stops.
+    let (r, text) = trace("203.0.113.9:27015/udp", 2);
+    assert_eq!((r.verdict, r.stopped_at.as_str()), (TraceVerdict::Stopped as i32, "accept"), "{text}");
+    assert!(r.cause.contains("never reach the accepting node"), "{}", r.cause);
+    assert!(text.contains("PortMap games/late: Accepted False, PortConflict"), "the losing mapping is named:\n{text}");
+
+    // Healthy: client-1's flows count on every hop there and back.
+    let flows = udp_flows(lab, "client-1", game, Instant::now() + Duration::from_secs(4));
+    let (r, text) = trace("203.0.113.9:27015/udp", 3);
+    assert!(flows.join().expect("the flows") > 0, "client-1 is answered");
+    assert_eq!(r.verdict, TraceVerdict::Healthy as i32, "{text}");
+    for name in ["accept", "link out", "link in", "arrive", "return", "link back", "link home"] {
+        let h = r.hops.iter().find(|h| h.name == name).unwrap_or_else(|| panic!("no {name} hop:\n{text}"));
+        assert!(h.moved.is_some_and(|m| m > 0) && h.state == TraceHopState::Ok as i32, "{name}: {h:?}");
+    }
+    assert_eq!(r.unanswered, Vec::<String>::new());
+
+    // The pod node's element deleted by hand: the executor repairs it, and the trace names it.
+    let stop = Instant::now() + Duration::from_secs(4);
+    let flows = udp_flows(lab, "client-1", game, stop);
+    let flush = in_host(lab, "worker-2", &["nft", "flush", "set", "inet", "kuport", "return_mark_range"], None, stop);
+    let (r, text) = trace("203.0.113.9:27015/udp", 3);
+    flush.join().expect("the flush");
+    flows.join().expect("the flows");
+    assert!(r.cause.contains("worker-2's executor repaired drift") && r.cause.contains("return_mark_range"), "{text}");
+
+    // Without the loop guard (removed again and again while the executor puts it back), the
+    // replies stop at worker-2's link.
+    let stop = Instant::now() + Duration::from_secs(4);
+    let flows = udp_flows(lab, "client-1", game, stop);
+    let unguard =
+        in_host(lab, "worker-2", &["ip", "rule", "del", "pref", "101"], Some(Duration::from_millis(20)), stop);
+    let (r, text) = trace("203.0.113.9:27015/udp", 3);
+    unguard.join().expect("the rule deletes");
+    flows.join().expect("the flows");
+    assert_eq!((r.verdict, r.stopped_at.as_str()), (TraceVerdict::Stopped as i32, "link back"), "{text}");
+    assert!(r.cause.contains("loop guard") && r.cause.contains("pref 101"), "{}", r.cause);
+}

@@ -174,6 +174,17 @@ fn an_intercept_programs_a_lab_pod_and_its_deletion_restores_it() {
     let programmed = s["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "Programmed")).cloned();
     assert_eq!(programmed.as_ref().and_then(|c| c["reason"].as_str()), Some("HostNetwork"), "{s}");
 
+    // `kuportctl trace intercept`: echo-0's table in place with what it redirected (the dial
+    // above), the host-network pod refused with its reason.
+    let target = Some(kuport_proto::v1::trace_request::Target::Intercept("apps/echo".into()));
+    let request = kuport_proto::v1::TraceRequest { target, ..Default::default() };
+    let (r, text) = lab.plane().expect("a plane").trace(request).expect("Trace");
+    println!("kuportctl trace intercept apps/echo:\n{text}");
+    assert!(r.cause.contains("echo-hostnet: HostNetwork"), "{text}");
+    let echo = r.hops.iter().find(|h| h.object == format!("pod apps/{POD}")).expect("echo-0's hop");
+    assert!(echo.packets.is_some_and(|p| p >= 1), "echo-0's redirect counted the dial: {echo:?}");
+    assert!(echo.details.iter().any(|d| d.contains("redirect_ports tcp . 8080")), "{echo:?}");
+
     // Deleting the Intercept: the pod's ruleset is what it was, and the application answers.
     lab.plane_mut().expect("a plane").set_manifests(&without).expect("the Intercept is deleted");
     let took = wait("the pod's ruleset as before", Duration::from_secs(20), || ruleset(&lab) == before);

@@ -135,10 +135,15 @@ fn finish(subject: String, hops: Vec<Hop>, seen: &Seen, cause: impl Fn(&TraceHop
     report.hops = hops
         .into_iter()
         .map(|mut h| {
-            if h.hop.state == TraceHopState::Unknown as i32 && h.hop.moved.is_some() {
+            // Judged by the watch: moved is ok, the stop is stopped, the rest is not judged.
+            if h.hop.state == TraceHopState::Unknown as i32 {
                 let stops = !marked && h.walk && h.hop.name == stopped && h.hop.moved == Some(0);
                 marked |= stops;
-                h.hop.state = if stops { TraceHopState::Stopped } else { TraceHopState::Ok } as i32;
+                if stops {
+                    h.hop.state = TraceHopState::Stopped as i32;
+                } else if h.hop.moved.is_some_and(|m| m > 0) {
+                    h.hop.state = TraceHopState::Ok as i32;
+                }
             }
             h.hop
         })
@@ -677,6 +682,19 @@ pub fn intercept(
                 h.state = TraceHopState::Ok as i32;
                 let mut total = 0;
                 for t in &c.tables {
+                    for set in &t.sets {
+                        for e in &set.elements {
+                            total += e.packets;
+                            let key: Vec<String> = e.key.iter().map(value_text).collect();
+                            h.details.push(format!(
+                                "table {} {} {}: {} packets",
+                                t.name,
+                                set.name,
+                                key.join(" . "),
+                                e.packets
+                            ));
+                        }
+                    }
                     for ch in &t.chains {
                         for r in &ch.rules {
                             total += r.packets;
@@ -688,8 +706,8 @@ pub fn intercept(
                     }
                 }
                 h.packets = Some(total);
-                if c.tables.iter().all(|t| t.chains.iter().all(|c| c.rules.is_empty())) {
-                    h.details.push("its table is in place; no rule has counted a packet yet".into());
+                if total == 0 {
+                    h.details.push("its table is in place; it has redirected nothing yet".into());
                 }
             }
             None if seen.read(node).is_some() => {
@@ -729,6 +747,23 @@ pub fn intercept(
         report.cause = format!("{programmed} pod(s) hold the table; refused: {}", refused.join("; "));
     }
     report
+}
+
+/// A key's value as nft prints it, for a hop's details.
+fn value_text(v: &NftValue) -> String {
+    match &v.value {
+        Some(Value::Proto(p)) => match L4Proto::try_from(*p) {
+            Ok(L4Proto::Tcp) => "tcp".into(),
+            Ok(L4Proto::Udp) => "udp".into(),
+            _ => p.to_string(),
+        },
+        Some(Value::Port(r)) if r.first == r.last => r.first.to_string(),
+        Some(Value::Port(r)) => format!("{}-{}", r.first, r.last),
+        Some(Value::Addr(a)) => a.clone(),
+        Some(Value::Ifname(i)) => format!("\"{i}\""),
+        Some(Value::Mark(m)) => format!("{m:#x}"),
+        _ => "?".into(),
+    }
 }
 
 #[cfg(test)]

@@ -258,6 +258,28 @@ impl Homes {
         }
     }
 
+    /// `kuportctl trace node home-a --to home-b` while the probes run: the route it names is
+    /// `route`; a relayed pair names the relay and what each home reports of the other; every
+    /// WireGuard entry on the way counted bytes (docs/operations/trace.md).
+    pub fn trace_names(&self, route: &str) {
+        use kuport_proto::v1::{TraceMesh, TraceRequest, TraceVerdict, trace_request};
+        let mesh = trace_request::Target::Mesh(TraceMesh { from: A.into(), to: B.into(), pods: false });
+        let request = TraceRequest { target: Some(mesh), watch_seconds: 2, from: String::new() };
+        let (r, text) = self.mesh.plane().trace(request).expect("Trace");
+        println!("kuportctl trace node {A} --to {B} --watch 2:\n{text}");
+        assert_eq!(r.verdict, TraceVerdict::Healthy as i32, "{text}");
+        assert_eq!(r.hops.first().map(|h| h.object.as_str()), Some(format!("{A} to {B}: {route}").as_str()), "{text}");
+        let names: Vec<&str> = r.hops.iter().map(|h| h.name.as_str()).collect();
+        if let Some(relay) = route.strip_prefix("via ") {
+            assert_eq!(names, ["route", "send", "relay in", "relay out", "receive"], "{text}");
+            assert!(r.hops.iter().filter(|h| h.name.starts_with("relay")).all(|h| h.node == relay), "{text}");
+            assert!(text.contains(&format!("and {relay} reaches both directly")), "{text}");
+            assert!(text.contains(" unreachable"), "who reports the other unreachable:\n{text}");
+        } else {
+            assert_eq!(names, ["route", "send", "receive"], "{text}");
+        }
+    }
+
     /// The UDP conntrack entries of `home`'s router (`conntrack -L -p udp`), to see which port
     /// its NAT gave each flow.
     pub fn router_conntrack(&self, home: &str) -> String {
@@ -324,6 +346,7 @@ pub fn scenario(tag: &str, hold: Duration) -> Homes {
     h.pods_both_ways();
     h.relay_carries_pods();
     h.assert_published("via cloud");
+    h.trace_names("via cloud");
 
     // A failover of the controller while the pair is relayed changes no route.
     h.failover_keeps_routes("via cloud");
@@ -334,6 +357,7 @@ pub fn scenario(tag: &str, hold: Duration) -> Homes {
     h.transition("port forward", event, "direct");
     h.pods_both_ways();
     h.assert_published("direct");
+    h.trace_names("direct");
     h.nothing_relayed();
 
     // The path cut at home-a's router: back through the relay; restored: direct again.

@@ -280,7 +280,12 @@ fn family_table(family: Family, spec: &InterceptSpec, kept: &[&Intercept], pod: 
         .iter()
         .map(|i| element(vec![proto(i.protocol.l4()), port(i.container_port)], vec![port(i.agent_port)]))
         .collect();
-    let map = set(REDIRECT_PORTS, &[NftType::InetProto, NftType::InetService], &[NftType::InetService], ports);
+    // Counted per element: `kuportctl trace intercept` shows the connections each port
+    // redirected (docs/operations/trace.md).
+    let map = NftSet {
+        counter: true,
+        ..set(REDIRECT_PORTS, &[NftType::InetProto, NftType::InetService], &[NftType::InetService], ports)
+    };
     let subnets: Vec<_> = spec
         .mesh_dial_subnets
         .iter()
