@@ -22,7 +22,7 @@ use kuport_lab::probe::parse_target;
 use kuport_lab::program::{apply, compute};
 use kuport_lab::sys::in_netns;
 use kuport_lab::{Lab, Manifests, ProbeError};
-use kuport_proto::v1::{NodeState, nft_statement};
+use kuport_proto::v1::{NodeState, VerdictKind, nft_statement};
 
 const API: &str = "apiVersion: kuport.wlz.li/v1alpha1
 kind: PortMap
@@ -202,4 +202,51 @@ fn a_narrowed_list_cuts_an_established_flow() {
     assert_eq!(ablated, 2, "the game's range, both families");
     apply(&mut lab, &states).expect("the ablated state applies");
     assert!(answered(&socket), "new connections only: the established flow passes");
+}
+
+/// A reply is never a request to a published port (docs/portmap/guard.md, "Replies skip the
+/// chain"): edge-a's own UDP socket on a port of the game's published range, whose list admits
+/// only 192.0.2.0/24, gets client-1's answer. Ablation: without the reply skip, the answer is
+/// looked up as a request to the game, and the allow-list drops it.
+#[test]
+fn a_nodes_own_flow_from_a_published_port_gets_its_replies() {
+    if !root() {
+        return;
+    }
+    let mut lab = default_lab();
+    let m = admit(Manifests::default_lab(), "games", "game", &["192.0.2.0/24"]);
+    let mut states = compute(&mut lab, &m).node_states;
+    apply(&mut lab, &states).expect("the state applies");
+    let client = lab.netns("client-1").expect("client-1's namespace");
+    let echo = in_netns(&client, || std::net::UdpSocket::bind("0.0.0.0:7777")).expect("client-1's echo");
+    echo.set_read_timeout(Some(Duration::from_secs(3))).expect("a timeout");
+    let echoing = std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        let mut answered = 0;
+        while let Ok((n, from)) = echo.recv_from(&mut buf) {
+            answered += usize::from(echo.send_to(&buf[..n], from).is_ok());
+        }
+        answered
+    });
+    let edge = lab.netns("edge-a").expect("edge-a's namespace");
+    let answered = |port: u16| {
+        let s = in_netns(&edge, || std::net::UdpSocket::bind(("203.0.113.9", port))).expect("edge-a's socket");
+        s.set_read_timeout(Some(Duration::from_millis(700))).expect("a timeout");
+        s.send_to(b"own", "198.51.100.7:7777").expect("sent");
+        let mut buf = [0u8; 512];
+        s.recv(&mut buf).is_ok()
+    };
+    assert!(answered(27020), "edge-a's own flow from a published port is answered");
+
+    let skip = drop_rules(host_state(&mut states, "edge-a"), "kup-steer", |r| {
+        r.statements
+            .iter()
+            .any(|s| matches!(&s.kind, Some(nft_statement::Kind::Verdict(v)) if v.kind == VerdictKind::Accept as i32))
+    });
+    assert_eq!(skip, 1, "one reply skip");
+    apply(&mut lab, &states).expect("the ablated state applies");
+    let before = refused(&lab, "edge-a");
+    assert!(!answered(27021), "without the skip, the answer is taken for a request and dropped");
+    assert!(refused(&lab, "edge-a") > before, "by the game's allow-list");
+    assert!(echoing.join().expect("the echo") >= 2, "client-1 answered both");
 }

@@ -30,18 +30,20 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use kuport_proto::build::{
-    addr, base_chain, chain, counter, ct_count, ct_state, drop, dynamic_set, element, eq, ifname, jump_to, limit, port,
-    ports, proto, rule, set, set_update, verdict, verdict_map,
+    accept, addr, base_chain, chain, compare, counter, ct_count, ct_state, drop, dynamic_set, element, eq, id, ifname,
+    jump_to, limit, port, ports, proto, rule, set, set_update, verdict, verdict_map,
 };
 use kuport_proto::v1::{
-    AddressSet, ChainPolicy, ChainType, Hook, L4Proto, NftChain, NftElement, NftRule, NftSet, NftStatement, NftType,
-    Selector, VerdictKind, nft_statement,
+    AddressSet, ChainPolicy, ChainType, CmpOp, Hook, L4Proto, NftChain, NftElement, NftRule, NftSet, NftStatement,
+    NftType, Selector, VerdictKind, nft_statement,
 };
 
 use super::admission::SourceLimit;
 use super::datapath::Family;
 
 pub const CHAIN_STEER: &str = "kup-steer";
+/// `ct direction reply` (IP_CT_DIR_REPLY).
+const CT_DIRECTION_REPLY: u32 = 1;
 /// Single ports: (interface, address, protocol, port) to the stand-in; `steer_port6` for IPv6.
 pub const MAP_STEER_PORT: &str = "steer_port";
 /// Single ports with an allow-list: (interface, address, protocol, port) to a jump to the
@@ -435,6 +437,10 @@ pub fn steering(destinations: &Destinations, guards: &Guards, limits: &Limits) -
     if rules.is_empty() {
         return None;
     }
+    // A reply conntrack confirmed is never a request to a published port: it skips every
+    // lookup below (docs/portmap/guard.md, "Replies skip the chain"). A packet conntrack could
+    // not track has no direction and is looked up as before.
+    rules.insert(0, rule(vec![compare(Selector::CtDirection, CmpOp::Eq, id(CT_DIRECTION_REPLY), 0)], vec![accept()]));
     let chain =
         base_chain(CHAIN_STEER, ChainType::Filter, Hook::Prerouting, STEER_PRIORITY, ChainPolicy::Accept, rules);
     Some(Steering { stand_in, sets, chain, mapping_chains })
@@ -563,7 +569,7 @@ mod tests {
         assert_eq!(s.sets[0].elements.len(), 1, "duplicates merged, IPv6 not published");
         assert_eq!(s.sets[1].elements.len(), 1);
         assert!(s.sets[1].interval);
-        assert_eq!(s.chain.rules.len(), 2);
+        assert_eq!(s.chain.rules.len(), 3, "the reply skip, then one rule per map");
         assert_eq!(s.stand_in.keys().collect::<Vec<_>>(), [&a("203.0.113.9")]);
         assert!(steering_open(&accepting(&published, Family::V4, |_| &[])).is_none());
 
@@ -572,7 +578,7 @@ mod tests {
         let both = steering_open(&d).expect("steering");
         let names: Vec<&str> = both.sets.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["steer_port", "steer_range", "steer_port6", "steer_range6"]);
-        assert_eq!(both.chain.rules.len(), 4);
+        assert_eq!(both.chain.rules.len(), 5);
         assert_eq!(both.stand_in[&a("2001:db8::9")], a("fd6b:7570::5eb8:5c2d"));
     }
 
