@@ -145,7 +145,8 @@ fn nft_counts(ns: &Netns, name: &str) -> (Vec<(u64, u64)>, Vec<ChainCounters>) {
 /// the real applier), after a state with a VXLAN link and a pod's table is applied in scratch
 /// namespaces: the link's statistics are those `ip -s link` shows (its packets moved with the
 /// traffic sent over it), a link the kernel lacks is left out, and the pod's table counters are
-/// those `nft list table` shows inside the pod's namespace; a pod that cannot be found says why.
+/// those `nft list table` shows inside the pod's namespace; a pod that cannot be found, or whose
+/// namespace went, says why while the rest is still read; and reading repairs nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_counter_read_reports_links_and_pod_tables_as_ip_and_nft_show_them() {
     if !root() {
@@ -284,4 +285,18 @@ async fn a_counter_read_reports_links_and_pod_tables_as_ip_and_nft_show_them() {
     assert_eq!(gone.error, "not programmed: network namespace not found on this node");
     // Reading changed nothing: no keeper found drift to repair.
     assert_eq!(keepers.drift(), (0, vec![]), "the reads wrote nothing the keepers watch");
+
+    // The pod's namespace goes: its keeper ends, and the read says so instead of reading the
+    // dead namespace its second hold still keeps alive.
+    drop(sandbox);
+    let started = std::time::Instant::now();
+    while keepers.namespaces().iter().any(|k| k.starts_with("pod apps/web-0")) {
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "the pod's keeper did not end");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let r = read_counters(&keepers, 3).await;
+    let ended = r.pods.iter().find(|p| p.pod.as_ref() == Some(&pod)).expect("the pod is still in the state");
+    assert!(ended.tables.is_empty(), "{ended:?}");
+    assert!(ended.error.starts_with("its network namespace is no longer reachable"), "{}", ended.error);
+    assert_eq!((r.error.as_str(), r.links.len()), ("", 1), "the others are still read");
 }
