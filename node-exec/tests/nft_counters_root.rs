@@ -243,8 +243,11 @@ async fn a_counter_read_reports_links_and_pod_tables_as_ip_and_nft_show_them() {
 
     let before = ip_stats(&host, DEV);
     let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    let took = std::time::Instant::now();
     let r = read_counters(&keepers, 2).await;
+    let took = took.elapsed();
     let after = ip_stats(&host, DEV);
+    println!("the read took {took:?}");
     println!("oracle before {before:?}\nread {:?}\noracle after {after:?}", r.links);
     assert_eq!((r.id, r.error.as_str()), (2, ""));
     assert!(r.read_unix_seconds >= clock && r.read_unix_seconds <= clock + 5, "{} vs {clock}", r.read_unix_seconds);
