@@ -111,7 +111,7 @@ pub struct Held {
 }
 
 /// How a held namespace is reached, which is what [`Held::reachable`] checks.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Reach {
     /// A namespace file named by the state (the lab's): reachable while that file is it.
     File(PathBuf),
@@ -126,6 +126,18 @@ impl Held {
         let file = File::open(path).map_err(io)?;
         let id = NsId::of_file(&file).map_err(io)?;
         Ok(Held { file, id, how: Reach::File(path.to_path_buf()), owners: OwnerIds::AsInPod })
+    }
+
+    /// The same namespace held a second time (its file duplicated): for reading it while its
+    /// keeper's thread holds the first, without ever reaching another namespace.
+    pub fn try_clone(&self) -> Result<Held, PodnsError> {
+        let io = |source| PodnsError::Io { path: self.path(), source };
+        Ok(Held {
+            file: self.file.try_clone().map_err(io)?,
+            id: self.id,
+            how: self.how.clone(),
+            owners: self.owners.clone(),
+        })
     }
 
     /// How the rules' socket owners must be translated for this namespace.

@@ -3,8 +3,9 @@
 //! scratch namespace, on wireguard-go (this kernel has no WireGuard module), whose one peer is
 //! a device set up by hand with `wg` in a second namespace across a veth pair. A scripted
 //! controller receives a PeerReport naming the peer and the endpoint WireGuard holds, and once
-//! the two have shaken hands, a later report with the handshake and bytes both ways. Without
-//! root it fails, unless KUPORT_SKIP_ROOT_TESTS=1.
+//! the two have shaken hands, a later report with the handshake and bytes both ways. A counter
+//! read it asks over the stream names the device as a link (as `ip` shows it) and the peer.
+//! Without root it fails, unless KUPORT_SKIP_ROOT_TESTS=1.
 
 #[path = "common/fake.rs"]
 #[allow(dead_code)]
@@ -19,8 +20,8 @@ use std::time::{Duration, SystemTime};
 use host::{root, run};
 use kuport_node_exec::sync::{self, NodeKeepers};
 use kuport_proto::v1::{
-    ControllerMessage, DesiredState, ExecutorMessage, NetnsState, NodeState, PeerReport, controller_message,
-    executor_message,
+    ControllerMessage, CounterReport, DesiredState, ExecutorMessage, NetnsState, NodeState, PeerReport, ReadCounters,
+    controller_message, executor_message,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -105,6 +106,35 @@ async fn next_report(
     }
 }
 
+/// The first PeerReport and the answer to ReadCounters `id` the scripted controller receives
+/// before `deadline`, in whichever order they come.
+async fn report_and_counters(
+    seen: &mut mpsc::UnboundedReceiver<ExecutorMessage>,
+    deadline: tokio::time::Instant,
+    id: u64,
+) -> (PeerReport, CounterReport) {
+    let (mut peers, mut counters): (Option<PeerReport>, Option<CounterReport>) = (None, None);
+    loop {
+        if let (Some(p), Some(c)) = (&peers, &counters) {
+            return (p.clone(), c.clone());
+        }
+        match tokio::time::timeout_at(deadline, seen.recv()).await {
+            Ok(Some(ExecutorMessage { message: Some(executor_message::Message::Peers(r)) })) => {
+                peers.get_or_insert(r);
+            }
+            Ok(Some(ExecutorMessage { message: Some(executor_message::Message::Counters(c)) })) => {
+                assert_eq!(c.id, id, "the answer to the read asked");
+                counters = Some(c);
+            }
+            Ok(Some(ExecutorMessage { message: Some(executor_message::Message::Ack(a)) })) => {
+                assert!(a.ok, "the state applies: {:?}", a.errors);
+            }
+            Ok(Some(_)) => {}
+            other => panic!("no peer report and counters: {other:?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_executor_reports_its_peers_after_applying_a_device() {
     if !root() {
@@ -145,13 +175,32 @@ async fn the_executor_reports_its_peers_after_applying_a_device() {
     };
     let version = kuport_proto::canonical_version(&state);
     let ds = DesiredState { term: 1, sequence: 1, version, state: Some(state) };
-    let script = vec![ControllerMessage { message: Some(controller_message::Message::State(ds)) }];
+    // The state, then a counter read as the controller asks for one (docs/operations/counters.md).
+    let read = ReadCounters { id: 7 };
+    let script = vec![
+        ControllerMessage { message: Some(controller_message::Message::State(ds)) },
+        ControllerMessage { message: Some(controller_message::Message::ReadCounters(read)) },
+    ];
     let (address, mut seen) = fake::start(script).await;
     let (stop, executor) = start_executor(&address, "n", path, dir.clone());
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let first = next_report(&mut seen, deadline).await;
-    println!("first: {first:?}");
+    let (first, counters) = report_and_counters(&mut seen, deadline, 7).await;
+    println!("first: {first:?}\ncounters: {counters:?}");
+    // The counter read names the device as a link, as ip shows it, and the peer as WireGuard
+    // holds it.
+    assert_eq!(counters.error, "", "{counters:?}");
+    assert_eq!(counters.links.len(), 1, "{counters:?}");
+    let link = &counters.links[0];
+    let shown = run("ip", &["-n", &ns.0, "-j", "link", "show", &dev]);
+    let shown: serde_json::Value = serde_json::from_str(&shown).expect("ip's JSON");
+    let up = shown[0]["flags"].as_array().is_some_and(|f| f.iter().any(|f| f == "UP"));
+    assert_eq!((link.name.as_str(), link.mtu, link.up), (dev.as_str(), 1380, up), "{shown}");
+    assert_eq!(shown[0]["mtu"].as_u64(), Some(1380), "{shown}");
+    let keys: Vec<(&str, &str)> = counters.peers.iter().map(|p| (p.public_key.as_str(), p.endpoint.as_str())).collect();
+    assert_eq!(keys, [(public_b.as_str(), "192.0.2.2:51821")]);
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).expect("clock").as_secs();
+    assert!(counters.read_unix_seconds.abs_diff(now) < 60, "read at {}", counters.read_unix_seconds);
     assert_eq!(first.peers.len(), 1, "{first:?}");
     let p = &first.peers[0];
     assert_eq!((p.public_key.as_str(), p.endpoint.as_str()), (public_b.as_str(), "192.0.2.2:51821"));

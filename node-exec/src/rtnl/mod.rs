@@ -40,7 +40,7 @@ pub use error::{ApplyError, Error, Op};
 pub use model::{AddressSpec, Desired, LinkSpec, Mac, NeighbourSpec, RouteSpec, RuleSpec, SysctlSpec, VxlanSpec};
 pub use observe::{
     Observed, ObservedAddress, ObservedLink, ObservedNeighbour, ObservedRoute, ObservedRule, ObservedVxlan, addresses,
-    read,
+    link_counters, read,
 };
 pub use session::{Session, session};
 pub use watch::{Notification, Subject, Subscription, subscribe};

@@ -8,6 +8,7 @@ use std::{
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
+use kuport_proto::v1::LinkCounters;
 use netlink_packet_route::{
     AddressFamily,
     address::{AddressAttribute, AddressMessage},
@@ -171,6 +172,48 @@ pub fn addresses(netns: Option<&Path>) -> Result<Vec<(String, IpAddr)>, Error> {
                 .collect())
         })
     })?
+}
+
+/// The statistics of the links named `names` in `netns` (None: the caller's), as the kernel
+/// counts them now (IFLA_STATS64, what `ip -s link show` prints), in `names`' order; a name the
+/// kernel has no link of is left out. One dump, nothing written (docs/operations/counters.md).
+pub fn link_counters(netns: Option<&Path>, names: &[String]) -> Result<Vec<LinkCounters>, Error> {
+    session(netns, |s| {
+        let handle = s.handle();
+        let links: Vec<LinkMessage> =
+            s.block_on(async move { handle.link().get().execute().try_collect().await.map_err(dump_err("links")) })?;
+        let mut by_name: BTreeMap<String, LinkCounters> =
+            links.iter().map(counted_link).map(|c| (c.name.clone(), c)).collect();
+        Ok(names.iter().filter_map(|n| by_name.remove(n)).collect())
+    })?
+}
+
+/// A link message's name, MTU, IFF_UP and statistics (the 64-bit ones; the 32-bit ones only on a
+/// kernel that sends no others).
+fn counted_link(m: &LinkMessage) -> LinkCounters {
+    let mut out = LinkCounters { up: m.header.flags.contains(LinkFlags::Up), ..Default::default() };
+    let mut have64 = false;
+    for attr in &m.attributes {
+        match attr {
+            LinkAttribute::IfName(n) => out.name = n.clone(),
+            LinkAttribute::Mtu(mtu) => out.mtu = *mtu,
+            LinkAttribute::Stats64(s) => {
+                have64 = true;
+                (out.rx_packets, out.rx_bytes, out.rx_errors, out.rx_dropped) =
+                    (s.rx_packets, s.rx_bytes, s.rx_errors, s.rx_dropped);
+                (out.tx_packets, out.tx_bytes, out.tx_errors, out.tx_dropped) =
+                    (s.tx_packets, s.tx_bytes, s.tx_errors, s.tx_dropped);
+            }
+            LinkAttribute::Stats(s) if !have64 => {
+                (out.rx_packets, out.rx_bytes, out.rx_errors, out.rx_dropped) =
+                    (s.rx_packets.into(), s.rx_bytes.into(), s.rx_errors.into(), s.rx_dropped.into());
+                (out.tx_packets, out.tx_bytes, out.tx_errors, out.tx_dropped) =
+                    (s.tx_packets.into(), s.tx_bytes.into(), s.tx_errors.into(), s.tx_dropped.into());
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 fn dump_err(what: &'static str) -> impl Fn(rtnetlink::Error) -> Error {

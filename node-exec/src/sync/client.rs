@@ -8,8 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use kuport_proto::channel::{self, ChannelError};
 use kuport_proto::v1::{
-    Ack, ControllerMessage, CounterReport, DesiredState, DriftReport, ExecutorMessage, Hello, NetnsState, NodeFacts,
-    NodeState, ObjectError, PeerReport, PeerStatus, TableCounters, controller_message, executor_message,
+    Ack, ControllerMessage, CounterReport, DesiredState, DriftReport, ExecutorMessage, Hello, LinkCounters, NetnsState,
+    NodeFacts, NodeState, ObjectError, PeerReport, PeerStatus, PodCounters, TableCounters, controller_message,
+    executor_message,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -136,6 +137,17 @@ pub trait NodeApplier: Send {
     /// (docs/operations/counters.md); Err says why they could not be read.
     fn counters(&self) -> impl Future<Output = Result<Vec<TableCounters>, String>> + Send {
         std::future::ready(Ok(Vec::new()))
+    }
+    /// The kernel's statistics of each link the host namespace's applied state names (its
+    /// links and WireGuard devices), now; a link the kernel lacks is left out. Err says why
+    /// they could not be read.
+    fn link_counters(&self) -> impl Future<Output = Result<Vec<LinkCounters>, String>> + Send {
+        std::future::ready(Ok(Vec::new()))
+    }
+    /// The counters of the kuport tables of each pod namespace the node's state programs, read
+    /// inside it; a pod whose namespace cannot be read says why in its `error`.
+    fn pod_counters(&self) -> impl Future<Output = Vec<PodCounters>> + Send {
+        std::future::ready(Vec::new())
     }
 }
 
@@ -491,7 +503,7 @@ async fn session<A: NodeApplier>(
                         read_peers = true;
                     }
                     controller_message::Message::ReadCounters(r) => {
-                        let report = counter_report(r.id, applier.counters().await);
+                        let report = read_counters(applier, r.id).await;
                         let _ = tx.send(send(executor_message::Message::Counters(report))).await;
                     }
                 }
@@ -524,19 +536,57 @@ async fn session<A: NodeApplier>(
     }
 }
 
-/// The answer to ReadCounters `id`: what was read, cut to what the controller decodes.
-fn counter_report(id: u64, read: Result<Vec<TableCounters>, String>) -> CounterReport {
-    use prost::Message;
-    let mut report = match read {
-        Ok(tables) => CounterReport { id, tables, ..Default::default() },
-        Err(error) => CounterReport { id, error, ..Default::default() },
+/// The answer to ReadCounters `id`: the applier's counters read now (docs/operations/counters.md),
+/// cut to what the controller decodes. Reads only: nothing in the kernel changes.
+pub async fn read_counters<A: NodeApplier>(applier: &A, id: u64) -> CounterReport {
+    let read = Read {
+        tables: applier.counters().await,
+        links: applier.link_counters().await,
+        pods: applier.pod_counters().await,
+        peers: applier.peers().await,
     };
-    // Zero counters are left out already; a node this busy keeps the first elements of each set.
+    counter_report(id, read, SystemTime::now())
+}
+
+/// What one counter read found.
+struct Read {
+    tables: Result<Vec<TableCounters>, String>,
+    links: Result<Vec<LinkCounters>, String>,
+    pods: Vec<PodCounters>,
+    peers: Vec<PeerStatus>,
+}
+
+/// The report of `read` at `now`: each part that failed says so in `error` and the others go
+/// up; cut to the controller's limit.
+fn counter_report(id: u64, read: Read, now: SystemTime) -> CounterReport {
+    use prost::Message;
+    let mut errors = Vec::new();
+    let tables = read.tables.unwrap_or_else(|e| {
+        errors.push(e);
+        Vec::new()
+    });
+    let links = read.links.unwrap_or_else(|e| {
+        errors.push(format!("links: {e}"));
+        Vec::new()
+    });
+    let mut report = CounterReport {
+        id,
+        tables,
+        error: String::new(),
+        links,
+        pods: read.pods,
+        peers: read.peers.into_iter().take(MAX_REPORTED_PEERS).collect(),
+        read_unix_seconds: now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+    };
+    // Zero counters are left out already; a node this busy keeps the first elements of each set,
+    // the host's and the pods' alike (links and peers are small).
     let budget = MAX_UP_MESSAGE - 64 * 1024;
     if report.encoded_len() > budget {
         let mut cut = false;
         while report.encoded_len() > budget {
-            let Some(set) = report.tables.iter_mut().flat_map(|t| t.sets.iter_mut()).max_by_key(|s| s.elements.len())
+            let pods = report.pods.iter_mut().flat_map(|p| p.tables.iter_mut());
+            let Some(set) =
+                report.tables.iter_mut().chain(pods).flat_map(|t| t.sets.iter_mut()).max_by_key(|s| s.elements.len())
             else {
                 break;
             };
@@ -548,9 +598,10 @@ fn counter_report(id: u64, read: Result<Vec<TableCounters>, String>) -> CounterR
             cut = true;
         }
         if cut {
-            report.error = format!("cut to {budget} bytes: some sets' elements are left out");
+            errors.push(format!("cut to {budget} bytes: some sets' elements are left out"));
         }
     }
+    report.error = errors.join("; ");
     report
 }
 
@@ -715,6 +766,91 @@ mod tests {
         async fn relayed_bytes(&self) -> u64 {
             7
         }
+    }
+
+    /// An applier whose host tables, links, pods and peers are given.
+    struct Counted {
+        tables: Result<Vec<TableCounters>, String>,
+        links: Result<Vec<LinkCounters>, String>,
+        pods: Vec<PodCounters>,
+    }
+
+    impl NodeApplier for Counted {
+        async fn apply(&mut self, _: NodeState) -> Result<(), Vec<ObjectError>> {
+            Ok(())
+        }
+        fn drift(&self) -> (u64, Vec<String>) {
+            (0, vec![])
+        }
+        async fn peers(&self) -> Vec<PeerStatus> {
+            vec![PeerStatus { public_key: "k".into(), receive_bytes: 9, ..Default::default() }]
+        }
+        async fn counters(&self) -> Result<Vec<TableCounters>, String> {
+            self.tables.clone()
+        }
+        async fn link_counters(&self) -> Result<Vec<LinkCounters>, String> {
+            self.links.clone()
+        }
+        async fn pod_counters(&self) -> Vec<PodCounters> {
+            self.pods.clone()
+        }
+    }
+
+    /// A table with one set of `n` counted elements.
+    fn table(name: &str, n: u32) -> TableCounters {
+        use kuport_proto::build::{ifname, port};
+        use kuport_proto::v1::{ElementCount, SetCounters};
+        let elements =
+            (0..n).map(|i| ElementCount { key: vec![ifname("eth0"), port(i)], packets: 1, bytes: 60 }).collect();
+        TableCounters {
+            name: name.into(),
+            sets: vec![SetCounters { name: "steer_port".into(), elements }],
+            ..Default::default()
+        }
+    }
+
+    fn pod(name: &str, tables: Vec<TableCounters>, error: &str) -> PodCounters {
+        let pod = kuport_proto::v1::PodRef { namespace: "apps".into(), name: name.into(), ..Default::default() };
+        PodCounters { pod: Some(pod), tables, error: error.into() }
+    }
+
+    #[tokio::test]
+    async fn a_counter_report_carries_tables_links_pods_and_peers() {
+        let link = LinkCounters { name: "kup-l1".into(), mtu: 1450, up: true, tx_packets: 3, ..Default::default() };
+        let pods = vec![pod("web-0", vec![table("kuport-intercept", 2)], ""), pod("web-1", vec![], "gone")];
+        let applier =
+            Counted { tables: Ok(vec![table("kuport", 1)]), links: Ok(vec![link.clone()]), pods: pods.clone() };
+        let before = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).expect("clock").as_secs();
+        let r = read_counters(&applier, 7).await;
+        assert_eq!((r.id, r.error.as_str(), r.tables.len()), (7, "", 1));
+        assert_eq!((r.links, r.pods), (vec![link], pods));
+        assert_eq!((r.peers.len(), r.peers[0].receive_bytes), (1, 9));
+        assert!(r.read_unix_seconds >= before && r.read_unix_seconds < before + 60, "{}", r.read_unix_seconds);
+
+        // A part that fails says so; the others still go up.
+        let applier = Counted { tables: Err("table kuport: EPERM".into()), links: Err("ENOMEM".into()), pods: vec![] };
+        let r = read_counters(&applier, 8).await;
+        assert_eq!(r.error, "table kuport: EPERM; links: ENOMEM");
+        assert_eq!((r.tables.len(), r.links.len(), r.peers.len()), (0, 0, 1));
+    }
+
+    #[test]
+    fn a_report_too_large_cuts_the_biggest_sets_host_or_pod() {
+        use prost::Message;
+        // A pod's set alone is past the 4 MiB the controller decodes.
+        let read = Read {
+            tables: Ok(vec![table("kuport", 1000)]),
+            links: Ok(vec![LinkCounters { name: "kup-l1".into(), ..Default::default() }]),
+            pods: vec![pod("web-0", vec![table("kuport-intercept", 600_000)], "")],
+            peers: vec![PeerStatus { public_key: "k".into(), ..Default::default() }],
+        };
+        let r = counter_report(1, read, SystemTime::UNIX_EPOCH + Duration::from_secs(5));
+        assert!(r.encoded_len() <= MAX_UP_MESSAGE - 64 * 1024, "{}", r.encoded_len());
+        assert!(r.error.starts_with("cut to "), "{}", r.error);
+        let pod_set = r.pods[0].tables[0].sets[0].elements.len();
+        assert!(pod_set < 600_000 && pod_set > 1000, "the pod's set is cut, to more than the host's: {pod_set}");
+        assert_eq!(r.tables[0].sets[0].elements.len(), 1000, "the smaller host set is whole");
+        assert_eq!((r.links.len(), r.peers.len(), r.read_unix_seconds), (1, 1, 5));
     }
 
     /// A controller that never sends a state: it records what the executor sends.

@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use kuport_proto::v1::{NetnsRef, NetnsState, NodeState, ObjectError, PeerStatus, PodRef, netns_ref};
+use kuport_proto::v1::{
+    LinkCounters, NetnsRef, NetnsState, NftFamily, NodeState, ObjectError, PeerStatus, PodCounters, PodRef, netns_ref,
+};
 
 use super::client::NodeApplier;
 use crate::executor::{ExecError, Keeper, Stats, drop_elsewhere, spawn_keeper, spawn_keeper_held};
@@ -39,6 +41,15 @@ pub struct NodeKeepers {
     prober: Arc<Mutex<Prober>>,
     /// The relay rule's bytes as last read.
     relayed: std::sync::atomic::AtomicU64,
+    /// The pods the last state programs, by [`NetnsState::describe`]: whose tables a counter
+    /// read reports.
+    pods: BTreeMap<String, DesiredPod>,
+}
+
+/// A pod namespace the last state named, and why it was refused, if it was.
+struct DesiredPod {
+    pod: PodRef,
+    refused: Option<String>,
 }
 
 struct Kept {
@@ -49,6 +60,9 @@ struct Kept {
     state: Option<Arc<NetnsState>>,
     /// How the namespace's socket owners read (a pod's; others as sent).
     owners: OwnerIds,
+    /// A pod's namespace held a second time (the keeper's thread holds the first), to read its
+    /// counters in; None for others.
+    reader: Option<Arc<Held>>,
 }
 
 impl Kept {
@@ -69,6 +83,7 @@ impl NodeKeepers {
             cri: None,
             prober,
             relayed: Default::default(),
+            pods: BTreeMap::new(),
         }
     }
 
@@ -113,6 +128,7 @@ impl NodeKeepers {
         }
         let refused = |e: &dyn std::fmt::Display| ObjectError { object: namespace(key), reason: e.to_string() };
         let mut owners = OwnerIds::AsInPod;
+        let mut reader = None;
         let keeper = match ns.target.as_ref().and_then(|t| t.kind.as_ref()) {
             None => spawn_keeper(self.host_netns.clone()),
             Some(netns_ref::Kind::Path(p)) if p.is_empty() => spawn_keeper(self.host_netns.clone()),
@@ -125,12 +141,13 @@ impl NodeKeepers {
                     .map_err(|e| ObjectError { object: pod_object(pod), reason: e.to_string() })?;
                 tracing::info!(netns = %key, id = ?held.id(), owners = ?held.owners(), "pod network namespace found");
                 owners = held.owners().clone();
+                reader = second_hold(key, &held);
                 spawn_keeper_held(held)
             }
         }
         .map_err(|e| refused(&e))?;
-        self.kept
-            .insert(key.to_string(), Kept { target: ns.target.clone(), keeper: keeper.clone(), state: None, owners });
+        let target = ns.target.clone();
+        self.kept.insert(key.to_string(), Kept { target, keeper: keeper.clone(), state: None, owners, reader });
         Ok(keeper)
     }
 }
@@ -164,6 +181,7 @@ impl NodeKeepers {
             let Ok(held) = podns::resolve_with(&pod, &self.host_ids, self.cri.as_deref()) else { continue };
             tracing::info!(netns = %key, id = ?held.id(), "pod network namespace replaced; reprogramming it");
             let owners = held.owners().clone();
+            let reader = second_hold(&key, &held);
             let keeper = match spawn_keeper_held(held) {
                 Ok(k) => k,
                 Err(e) => {
@@ -185,7 +203,7 @@ impl NodeKeepers {
                 }
             };
             let target = Some(NetnsRef { kind: Some(netns_ref::Kind::Pod(pod)) });
-            self.kept.insert(key, Kept { target, keeper, state: held, owners });
+            self.kept.insert(key, Kept { target, keeper, state: held, owners, reader });
         }
     }
 }
@@ -215,6 +233,38 @@ fn peer_status(netns: Option<&std::path::Path>, devices: &[String], prober: &Mut
     out
 }
 
+/// `held` held a second time, for counter reads; None (logged) when its file cannot be
+/// duplicated, and the pod's counters then say so.
+fn second_hold(key: &str, held: &Held) -> Option<Arc<Held>> {
+    held.try_clone()
+        .map(Arc::new)
+        .inspect_err(|e| tracing::warn!(netns = %key, error = %e, "not held for reading"))
+        .ok()
+}
+
+/// The counters of `tables` in the namespace `held`, as [`NodeApplier::pod_counters`] reports
+/// them: those read before a failure are kept, and the failure named.
+fn pod_tables(pod: PodRef, held: &Held, tables: &[(NftFamily, String)]) -> PodCounters {
+    let mut out = PodCounters { pod: Some(pod), ..Default::default() };
+    let path = held.path();
+    for (family, name) in tables {
+        match crate::netfilter::nft::read_counters(Some(&path), *family, name) {
+            Ok(Some(t)) => out.tables.push(t),
+            Ok(None) => {}
+            Err(e) => {
+                out.error = format!("table {name}: {e}");
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// The (family, name) of each table of `state`.
+fn table_names(state: &NetnsState) -> Vec<(NftFamily, String)> {
+    state.nft_tables.iter().map(|t| (t.family(), t.name.clone())).collect()
+}
+
 fn namespace(key: &str) -> String {
     format!("network namespace {key:?}")
 }
@@ -223,10 +273,81 @@ fn pod_object(pod: &PodRef) -> String {
     format!("pod {}/{}", pod.namespace, pod.name)
 }
 
+impl NodeKeepers {
+    /// Applies the entry `key` of a new state (`absent`: the keys kept but no longer sent),
+    /// adding each refusal to `errors`.
+    async fn entry(&mut self, key: &str, ns: NetnsState, absent: &[String], errors: &mut Vec<ObjectError>) {
+        if ns.held {
+            let holding = self.kept.get(key).and_then(|k| k.state.as_ref()).map(|s| s.version.clone());
+            if holding.as_deref() != Some(ns.version.as_str()) {
+                let holds = holding.map_or_else(|| "nothing".to_string(), |v| format!("version {v}"));
+                errors.push(ObjectError {
+                    object: namespace(key),
+                    reason: format!("version {} is not held here (it holds {holds}): send it whole", ns.version),
+                });
+            }
+            return;
+        }
+        if self.kept.get(key).is_some_and(|k| k.holds(&ns.version)) {
+            drop_elsewhere(Arc::new(ns));
+            return;
+        }
+        let keeper = match self.keeper(key, &ns) {
+            Ok(k) => k,
+            Err(e) => {
+                errors.push(e);
+                return;
+            }
+        };
+        // Until this apply succeeds the namespace holds no known version; and the keeper's
+        // copy of the old state is then its last, which it frees off this path.
+        if let Some(k) = self.kept.get_mut(key) {
+            k.state = None;
+        }
+        let ns = Arc::new(ns);
+        // The kernel's view of socket owners in this namespace; the controller's state is
+        // what is remembered (and versioned).
+        let owners = self.kept.get(key).map(|k| k.owners.clone()).unwrap_or(OwnerIds::AsInPod);
+        let applied = match owners.apply_if_needed(&ns) {
+            Ok(None) => Arc::clone(&ns),
+            Ok(Some(t)) => Arc::new(t),
+            Err(e) => {
+                let object = match ns.target.as_ref().and_then(|t| t.kind.as_ref()) {
+                    Some(netns_ref::Kind::Pod(pod)) => pod_object(pod),
+                    _ => namespace(key),
+                };
+                errors.push(ObjectError { object, reason: e.to_string() });
+                return;
+            }
+        };
+        match keeper.apply(applied).await {
+            Ok(_) if absent.iter().any(|a| a == key) && !ns.is_host() => {
+                self.forget(key);
+            }
+            Ok(_) => {
+                if let Some(k) = self.kept.get_mut(key) {
+                    k.state = Some(ns);
+                }
+            }
+            Err(ExecError::Refused { report }) => {
+                errors.extend(report.errors.into_iter().map(|e| ObjectError { object: e.object, reason: e.reason }))
+            }
+            Err(e) => errors.push(ObjectError { object: namespace(key), reason: e.to_string() }),
+        }
+    }
+}
+
 impl NodeApplier for NodeKeepers {
     async fn apply(&mut self, state: NodeState) -> Result<(), Vec<ObjectError>> {
         self.forget_ended();
         let mut entries: BTreeMap<String, NetnsState> = state.netns.into_iter().map(|ns| (ns.describe(), ns)).collect();
+        self.pods = entries
+            .iter()
+            .filter_map(|(key, ns)| match ns.target.as_ref().and_then(|t| t.kind.as_ref()) {
+                Some(netns_ref::Kind::Pod(pod)) => Some((key.clone(), DesiredPod { pod: pod.clone(), refused: None })),
+                _ => None,
+            })
+            .collect();
         // A namespace kept before but absent now: its kuport objects go (the host entry is
         // then an empty state; a pod's or a file's keeper is forgotten once it emptied it).
         let mut absent = Vec::new();
@@ -238,62 +359,11 @@ impl NodeApplier for NodeKeepers {
         }
         let mut errors = Vec::new();
         for (key, ns) in entries {
-            if ns.held {
-                let holding = self.kept.get(&key).and_then(|k| k.state.as_ref()).map(|s| s.version.clone());
-                if holding.as_deref() != Some(ns.version.as_str()) {
-                    let holds = holding.map_or_else(|| "nothing".to_string(), |v| format!("version {v}"));
-                    errors.push(ObjectError {
-                        object: namespace(&key),
-                        reason: format!("version {} is not held here (it holds {holds}): send it whole", ns.version),
-                    });
-                }
-                continue;
-            }
-            if self.kept.get(&key).is_some_and(|k| k.holds(&ns.version)) {
-                drop_elsewhere(Arc::new(ns));
-                continue;
-            }
-            let keeper = match self.keeper(&key, &ns) {
-                Ok(k) => k,
-                Err(e) => {
-                    errors.push(e);
-                    continue;
-                }
-            };
-            // Until this apply succeeds the namespace holds no known version; and the keeper's
-            // copy of the old state is then its last, which it frees off this path.
-            if let Some(k) = self.kept.get_mut(&key) {
-                k.state = None;
-            }
-            let ns = Arc::new(ns);
-            // The kernel's view of socket owners in this namespace; the controller's state is
-            // what is remembered (and versioned).
-            let owners = self.kept.get(&key).map(|k| k.owners.clone()).unwrap_or(OwnerIds::AsInPod);
-            let applied = match owners.apply_if_needed(&ns) {
-                Ok(None) => Arc::clone(&ns),
-                Ok(Some(t)) => Arc::new(t),
-                Err(e) => {
-                    let object = match ns.target.as_ref().and_then(|t| t.kind.as_ref()) {
-                        Some(netns_ref::Kind::Pod(pod)) => pod_object(pod),
-                        _ => namespace(&key),
-                    };
-                    errors.push(ObjectError { object, reason: e.to_string() });
-                    continue;
-                }
-            };
-            match keeper.apply(applied).await {
-                Ok(_) if absent.contains(&key) && !ns.is_host() => {
-                    self.forget(&key);
-                }
-                Ok(_) => {
-                    if let Some(k) = self.kept.get_mut(&key) {
-                        k.state = Some(ns);
-                    }
-                }
-                Err(ExecError::Refused { report }) => {
-                    errors.extend(report.errors.into_iter().map(|e| ObjectError { object: e.object, reason: e.reason }))
-                }
-                Err(e) => errors.push(ObjectError { object: namespace(&key), reason: e.to_string() }),
+            let before = errors.len();
+            self.entry(&key, ns, &absent, &mut errors).await;
+            if let Some(p) = self.pods.get_mut(&key).filter(|_| errors.len() > before) {
+                let reasons: Vec<&str> = errors[before..].iter().map(|e| e.reason.as_str()).collect();
+                p.refused = Some(reasons.join("; "));
             }
         }
         if errors.is_empty() { Ok(()) } else { Err(errors) }
@@ -386,6 +456,63 @@ impl NodeApplier for NodeKeepers {
             Ok(out)
         };
         tokio::task::spawn_blocking(read).await.map_err(|e| e.to_string())?
+    }
+
+    async fn link_counters(&self) -> Result<Vec<LinkCounters>, String> {
+        let names: Vec<String> = self
+            .kept
+            .values()
+            .filter_map(|k| k.state.as_ref().filter(|s| s.is_host()))
+            .flat_map(|s| {
+                s.links.iter().map(|l| l.name.clone()).chain(s.wireguard_devices.iter().map(|d| d.name.clone()))
+            })
+            .collect();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let netns = self.host_netns.clone();
+        let read = move || crate::rtnl::link_counters(netns.as_deref(), &names).map_err(|e| e.to_string());
+        tokio::task::spawn_blocking(read).await.map_err(|e| e.to_string())?
+    }
+
+    async fn pod_counters(&self) -> Vec<PodCounters> {
+        type Ready = Result<(Arc<Held>, Vec<(NftFamily, String)>), String>;
+        let reads: Vec<(PodRef, Ready)> = self
+            .pods
+            .iter()
+            .map(|(key, want)| {
+                let ready = match self.kept.get(key) {
+                    Some(k) if k.keeper.ended() => {
+                        let why = k.keeper.stats().get().last_error.unwrap_or_default();
+                        Err(format!("its network namespace is no longer reachable: {why}"))
+                    }
+                    Some(Kept { state: Some(state), reader: Some(held), .. }) => {
+                        Ok((Arc::clone(held), table_names(state)))
+                    }
+                    Some(Kept { state: Some(_), reader: None, .. }) => {
+                        Err("its network namespace is not held for reading (see the executor's log)".to_string())
+                    }
+                    _ => Err(match &want.refused {
+                        Some(why) => format!("not programmed: {why}"),
+                        None => "not programmed yet".to_string(),
+                    }),
+                };
+                (want.pod.clone(), ready)
+            })
+            .collect();
+        if reads.is_empty() {
+            return Vec::new();
+        }
+        let read = move || {
+            reads
+                .into_iter()
+                .map(|(pod, ready)| match ready {
+                    Ok((held, tables)) => pod_tables(pod, &held, &tables),
+                    Err(error) => PodCounters { pod: Some(pod), error, ..Default::default() },
+                })
+                .collect()
+        };
+        tokio::task::spawn_blocking(read).await.unwrap_or_default()
     }
 
     async fn probe(&mut self) -> bool {

@@ -12,5 +12,5 @@ mod keepers;
 pub mod store;
 pub mod wire;
 
-pub use client::{Config, NodeApplier, run};
+pub use client::{Config, NodeApplier, read_counters, run};
 pub use keepers::NodeKeepers;
