@@ -377,7 +377,8 @@ fn udp_flows(
     })
 }
 
-/// `command` in `host`'s namespace, `every` until `stop` (once when `every` is None).
+/// `command` in `host`'s namespace, from 1 s on (after a trace's first read), then `every`
+/// until `stop` (once when `every` is None).
 fn in_host(
     lab: &kuport_lab::Lab,
     host: &str,
@@ -388,6 +389,7 @@ fn in_host(
     let name = lab.netns_name(host);
     let command: Vec<String> = command.iter().map(ToString::to_string).collect();
     std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
         loop {
             let _ = std::process::Command::new("ip").args(["netns", "exec", &name]).args(&command).output();
             match every {
@@ -438,7 +440,13 @@ fn trace_names_the_hop_where_a_flow_stops() {
     let (r, text) = trace("203.0.113.9:27015/udp", 2);
     assert_eq!((r.verdict, r.stopped_at.as_str()), (TraceVerdict::Stopped as i32, "accept"), "{text}");
     assert!(r.cause.contains("never reach the accepting node"), "{}", r.cause);
-    assert!(text.contains("PortMap games/late: Accepted False, PortConflict"), "the losing mapping is named:\n{text}");
+    // A port two mappings asked for: the one that publishes it, and the one refused.
+    let (_, text) = trace("203.0.113.9:27050/udp", 0);
+    assert!(text.contains("PortMap games/game (class public)"), "{text}");
+    assert!(
+        text.contains("refused: PortMap games/late: Accepted False, PortConflict"),
+        "the losing mapping is named:\n{text}"
+    );
 
     // Healthy: client-1's flows count on every hop there and back.
     let flows = udp_flows(lab, "client-1", game, Instant::now() + Duration::from_secs(4));
@@ -454,7 +462,7 @@ fn trace_names_the_hop_where_a_flow_stops() {
     // The pod node's element deleted by hand: the executor repairs it, and the trace names it.
     let stop = Instant::now() + Duration::from_secs(4);
     let flows = udp_flows(lab, "client-1", game, stop);
-    let flush = in_host(lab, "worker-2", &["nft", "flush", "set", "inet", "kuport", "return_mark_range"], None, stop);
+    let flush = in_host(lab, "worker-2", &["nft", "flush", "map", "inet", "kuport", "return_mark_range"], None, stop);
     let (r, text) = trace("203.0.113.9:27015/udp", 3);
     flush.join().expect("the flush");
     flows.join().expect("the flows");

@@ -286,7 +286,9 @@ fn link_hop(name: &str, node: &str, device: &str, peer: &str, tx: bool, seen: &S
     if !l.up {
         h.details.push("down".into());
     }
-    let errors = seen.count(node, |r| link(r, device).map(|l| l.tx_errors));
+    // Transmit errors belong to the sending hop: the same device's receiving hop does not
+    // repeat them.
+    let errors = seen.count(node, |r| link(r, device).map(|l| l.tx_errors)).filter(|_| tx);
     if let Some((n, moved)) = errors
         && n > 0
     {
@@ -493,7 +495,7 @@ pub fn port_map(
         report.verdict = TraceVerdict::Stopped as i32;
         report.stopped_at = h.name.clone();
         report.cause = format!(
-            "{}'s link {} failed to transmit (errors rose): the loop guard (ip rule pref 101) is likely missing, so the \
+            "{}'s {} failed to transmit (errors rose): the loop guard (ip rule pref 101) is likely missing, so the \
              link's own packets loop into it; {}",
             h.node, h.object, report.cause
         );
