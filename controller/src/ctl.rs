@@ -947,4 +947,55 @@ home-b           AAECAwQF  203.0.113.12:51820     10.42.2.0/24                 1
         assert_eq!(json["cloud"]["routes"]["home-b"], "direct");
         assert_eq!(json["home-b"]["peers"], serde_json::json!([]));
     }
+
+    #[test]
+    fn a_trace_prints_each_hop_with_its_counter_and_says_where_it_stops() {
+        use kuport_proto::v1::TraceHop;
+        let r = TraceReport {
+            subject: "203.0.113.9:27015/udp: PortMap games/game".into(),
+            hops: vec![
+                TraceHop {
+                    name: "accept".into(),
+                    node: "edge-a".into(),
+                    object: "steer element of the mapping".into(),
+                    packets: Some(12),
+                    moved: Some(4),
+                    state: TraceHopState::Ok as i32,
+                    ..Default::default()
+                },
+                TraceHop {
+                    name: "link out".into(),
+                    node: "edge-a".into(),
+                    object: "link kup-1 to worker-2".into(),
+                    packets: Some(3),
+                    moved: Some(0),
+                    state: TraceHopState::Stopped as i32,
+                    details: vec!["mtu 1330".into()],
+                    ..Default::default()
+                },
+            ],
+            verdict: TraceVerdict::Stopped as i32,
+            stopped_at: "link out".into(),
+            cause: "edge-a steered the flow but its link sent nothing".into(),
+            unanswered: vec!["worker-2: node worker-2: its executor is not connected".into()],
+            watched_seconds: 3,
+        };
+        let text = trace_text(&r);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "203.0.113.9:27015/udp: PortMap games/game",
+                "  ok       accept      edge-a     steer element of the mapping  12 pkts (+4)",
+                "  stopped  link out    edge-a     link kup-1 to worker-2  3 pkts (+0)",
+                format!("{:36}mtu 1330", "").as_str(),
+                "stopped at link out: edge-a steered the flow but its link sent nothing",
+                "not read: worker-2: node worker-2: its executor is not connected",
+            ]
+        );
+        let json = encode(&TraceView::of(&r), Output::Json).expect("json");
+        let v: serde_json::Value = serde_json::from_str(&json).expect("parses");
+        assert_eq!((v["verdict"].as_str(), v["stoppedAt"].as_str()), (Some("stopped"), Some("link out")));
+        assert_eq!((v["hops"][1]["state"].as_str(), v["hops"][1]["moved"].as_u64()), (Some("stopped"), Some(0)));
+    }
 }
