@@ -716,8 +716,14 @@ pub fn trace_text(r: &TraceReport) -> String {
             (None, b) if b > 0 => bytes(b),
             _ => String::new(),
         };
-        if let Some(m) = h.moved {
-            let _ = write!(count, " (+{m})");
+        match (h.moved, h.packets) {
+            (Some(m), Some(_)) => {
+                let _ = write!(count, " (+{m})");
+            }
+            (Some(m), None) => {
+                let _ = write!(count, " (+{})", bytes(m));
+            }
+            _ => {}
         }
         let line =
             format!("  {:<8} {:<11} {:<10} {}  {}", hop_state_word(h.state), h.name, node, h.object, count.trim());

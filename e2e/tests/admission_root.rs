@@ -467,6 +467,8 @@ fn trace_names_the_hop_where_a_flow_stops() {
     flush.join().expect("the flush");
     flows.join().expect("the flows");
     assert!(r.cause.contains("worker-2's executor repaired drift") && r.cause.contains("return_mark_range"), "{text}");
+    let ret = r.hops.iter().find(|h| h.name == "return").expect("the return hop");
+    assert!(ret.details.iter().any(|d| d.starts_with("remade during the watch")), "the hop is named: {ret:?}");
 
     // Without the loop guard (removed again and again while the executor puts it back), the
     // replies stop at worker-2's link.

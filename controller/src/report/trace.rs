@@ -52,17 +52,15 @@ impl Seen {
 
     /// A counter on `node`, read from each report by `count`: its value now and how much it
     /// moved during the watch (a counter that went down was remade: its new value).
-    fn count(&self, node: &str, count: impl Fn(&CounterReport) -> Option<u64>) -> Option<(u64, Option<u64>)> {
+    fn count(&self, node: &str, count: impl Fn(&CounterReport) -> Option<u64>) -> Option<Count> {
         let read = self.read(node)?;
-        let last = count(&read.last)?;
-        let moved = match &read.first {
-            Some(first) if self.watched > 0 => {
-                let before = count(first).unwrap_or(0);
-                Some(if last >= before { last - before } else { last })
-            }
-            _ => None,
-        };
-        Some((last, moved))
+        let now = count(&read.last)?;
+        let before = read.first.as_ref().filter(|_| self.watched > 0).map(|f| count(f).unwrap_or(0));
+        Some(Count {
+            now,
+            moved: before.map(|b| if now >= b { now - b } else { now }),
+            remade: before.is_some_and(|b| now < b),
+        })
     }
 
     /// The drift `node`'s executor repaired during the watch, named.
@@ -82,14 +80,40 @@ struct Hop {
     walk: bool,
 }
 
+impl Hop {
+    /// A hop that failed during the watch even if packets still passed: a link whose transmit
+    /// errors rose.
+    fn fails(&self) -> bool {
+        self.hop.name.starts_with("link") && errors_rose(&self.hop)
+    }
+
+    /// Where the flow stops: it did not count, or it failed.
+    fn stops(&self) -> bool {
+        self.hop.moved == Some(0) || self.fails()
+    }
+}
+
 fn hop(name: &str, node: &str, object: String) -> TraceHop {
     TraceHop { name: name.into(), node: node.into(), object, ..Default::default() }
 }
 
-fn counted(mut h: TraceHop, c: Option<(u64, Option<u64>)>) -> TraceHop {
-    if let Some((now, moved)) = c {
-        h.packets = Some(now);
-        h.moved = moved;
+/// A counter as a trace reads it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Count {
+    now: u64,
+    /// During the watch; None without one.
+    moved: Option<u64>,
+    /// It went down during the watch: its element or link was made again.
+    remade: bool,
+}
+
+fn counted(mut h: TraceHop, c: Option<Count>) -> TraceHop {
+    if let Some(c) = c {
+        h.packets = Some(c.now);
+        h.moved = c.moved;
+        if c.remade {
+            h.details.push("remade during the watch: its counter started again from 0".into());
+        }
     }
     h
 }
@@ -106,7 +130,7 @@ fn finish(subject: String, hops: Vec<Hop>, seen: &Seen, cause: impl Fn(&TraceHop
         report.cause = h.hop.details.first().cloned().unwrap_or_default();
     } else if seen.watched > 0 {
         let walked: Vec<&Hop> = hops.iter().filter(|h| h.walk && h.hop.moved.is_some()).collect();
-        let stop = walked.iter().position(|h| h.hop.moved == Some(0));
+        let stop = walked.iter().position(|h| h.stops());
         match stop {
             Some(i) => {
                 report.verdict = TraceVerdict::Stopped as i32;
@@ -137,7 +161,7 @@ fn finish(subject: String, hops: Vec<Hop>, seen: &Seen, cause: impl Fn(&TraceHop
         .map(|mut h| {
             // Judged by the watch: moved is ok, the stop is stopped, the rest is not judged.
             if h.hop.state == TraceHopState::Unknown as i32 {
-                let stops = !marked && h.walk && h.hop.name == stopped && h.hop.moved == Some(0);
+                let stops = !marked && h.walk && h.hop.name == stopped && h.stops();
                 marked |= stops;
                 if stops {
                     h.hop.state = TraceHopState::Stopped as i32;
@@ -289,7 +313,7 @@ fn link_hop(name: &str, node: &str, device: &str, peer: &str, tx: bool, seen: &S
     // Transmit errors belong to the sending hop: the same device's receiving hop does not
     // repeat them.
     let errors = seen.count(node, |r| link(r, device).map(|l| l.tx_errors)).filter(|_| tx);
-    if let Some((n, moved)) = errors
+    if let Some(Count { now: n, moved, .. }) = errors
         && n > 0
     {
         h.details.push(match moved {
@@ -463,6 +487,11 @@ pub fn port_map(
                  reach the accepting node (a firewall, NAT or route before it), the allow-list or rate limit dropped \
                  them (see their counters), or the client did not try"
             ),
+            "link back" if errors_rose(h) => format!(
+                "{on} marked the pod's replies but its link could not send them (transmit errors rose): the loop guard \
+                 (ip rule pref 101) is likely missing, so the link's own packets loop into it"
+            ),
+            _ if errors_rose(h) => format!("{on}'s {} could not send (transmit errors rose)", h.object),
             "link out" => {
                 format!("{on} steered the flow but its link to {pod_node} sent nothing: check the link's route and MTU")
             }
@@ -475,10 +504,6 @@ pub fn port_map(
             "return" => format!(
                 "the pod did not answer through {on}'s return mark: the pod does not reply, or the return mark element is missing"
             ),
-            "link back" if errors_rose(h) => format!(
-                "{on} marked the pod's replies but its link could not send them (transmit errors rose): the loop guard \
-                 (ip rule pref 101) is likely missing, so the link's own packets loop into it"
-            ),
             "link back" => format!("{on} marked the replies but its link sent nothing"),
             "link home" => {
                 format!("{on} received no reply on the link from {pod_node}: the underlay or the mesh loses them")
@@ -486,21 +511,7 @@ pub fn port_map(
             _ => format!("{} on {on} did not count the flow", h.name),
         }
     };
-    let mut report = finish(subject, hops, seen, cause);
-    // A link that fails to send is the cause even where packets still trickle.
-    if report.verdict != TraceVerdict::Refused as i32
-        && let Some(h) = report.hops.iter().find(|h| h.name.starts_with("link") && errors_rose(h))
-        && report.stopped_at != h.name
-    {
-        report.verdict = TraceVerdict::Stopped as i32;
-        report.stopped_at = h.name.clone();
-        report.cause = format!(
-            "{}'s {} failed to transmit (errors rose): the loop guard (ip rule pref 101) is likely missing, so the \
-             link's own packets loop into it; {}",
-            h.node, h.object, report.cause
-        );
-    }
-    report
+    finish(subject, hops, seen, cause)
 }
 
 fn has_set(state: &NodeState, name: &str) -> bool {
@@ -547,9 +558,9 @@ fn peer_hop(name: &str, node: &str, other: &str, tx: bool, out: &Outputs, seen: 
     let short = key.get(..8).unwrap_or(&key);
     let mut h = hop(name, node, format!("wg peer {short}… ({other})"));
     let bytes = seen.count(node, |r| peer(r, &key).map(|p| if tx { p.transmit_bytes } else { p.receive_bytes }));
-    if let Some((now, moved)) = bytes {
-        h.bytes = now;
-        h.moved = moved;
+    if let Some(c) = bytes {
+        h.bytes = c.now;
+        h.moved = c.moved;
     }
     let Some(read) = seen.read(node) else { return h };
     let Some(p) = peer(&read.last, &key) else {

@@ -125,7 +125,10 @@ fn a_refused_node_and_an_unread_node_are_said() {
 fn a_counter_remade_by_a_repair_moved_by_its_new_value_and_the_drift_is_named() {
     let mut seen = seen_of(2, vec![("b", Some(report(vec![peer("k", 500, 0)])), report(vec![peer("k", 40, 0)]))]);
     seen.drift.insert("b".into(), (3, 4, vec!["nft table kuport: set return_mark_range: 1 element missing".into()]));
-    assert_eq!(seen.count("b", |r| r.peers.first().map(|p| p.transmit_bytes)), Some((40, Some(40))));
+    let c = seen.count("b", |r| r.peers.first().map(|p| p.transmit_bytes));
+    assert_eq!(c, Some(Count { now: 40, moved: Some(40), remade: true }));
+    let h = counted(hop("return", "b", "return mark element of the pod".into()), c);
+    assert!(h.details.iter().any(|d| d.starts_with("remade during the watch")), "{h:?}");
     let said = seen.drift_during("b").expect("drift during the watch");
     assert!(said.contains("b's executor repaired drift 1 time(s)") && said.contains("return_mark_range"), "{said}");
 }
