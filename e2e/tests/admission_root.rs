@@ -442,7 +442,7 @@ fn trace_names_the_hop_where_a_flow_stops() {
     assert!(r.cause.contains("never reach the accepting node"), "{}", r.cause);
     // A port two mappings asked for: the one that publishes it, and the one refused.
     let (_, text) = trace("203.0.113.9:27050/udp", 0);
-    assert!(text.contains("PortMap games/game (class public)"), "{text}");
+    assert!(text.contains("PortMap games/game (class public, Single)"), "{text}");
     assert!(
         text.contains("refused: PortMap games/late: Accepted False, PortConflict"),
         "the losing mapping is named:\n{text}"

@@ -89,6 +89,7 @@ impl DebugService {
         };
         let repairs = |n: &str| self.hub.node(n).map(|s| (s.drift_repairs, s.last_drift)).unwrap_or_default();
         let mut seen = trace::Seen { watched: watch, ..Default::default() };
+        seen.now = Some(std::time::SystemTime::now());
         let mut first = BTreeMap::new();
         let mut before = BTreeMap::new();
         if watch > 0 {
@@ -103,8 +104,11 @@ impl DebugService {
         for (n, r) in read_all().await {
             let (now, last) = repairs(&n);
             seen.drift.insert(n.clone(), (before.get(&n).copied().unwrap_or(now), now, last));
-            if let Some(state) = self.hub.node(&n).and_then(|s| s.desired).and_then(|d| d.state.clone()) {
-                seen.states.insert(n.clone(), state);
+            if let Some(snapshot) = self.hub.node(&n) {
+                seen.reach_since.insert(n.clone(), snapshot.reach_since);
+                if let Some(state) = snapshot.desired.and_then(|d| d.state.clone()) {
+                    seen.states.insert(n.clone(), state);
+                }
             }
             let read = r.map(|last| trace::Read { first: first.remove(&n), last });
             seen.reads.insert(n, read);

@@ -43,6 +43,10 @@ pub struct Seen {
     pub drift: BTreeMap<String, (u64, u64, Vec<String>)>,
     /// Seconds watched; 0: one read.
     pub watched: u32,
+    /// Per node, per peer key, since when its reports give the peer's current reach.
+    pub reach_since: BTreeMap<String, BTreeMap<String, std::time::SystemTime>>,
+    /// The controller's clock at the last read.
+    pub now: Option<std::time::SystemTime>,
 }
 
 impl Seen {
@@ -384,7 +388,12 @@ pub fn port_map(
     };
     let status = out.port_maps.get(&key).cloned().unwrap_or_default();
     let class = &pm.spec.class_name;
-    let subject = format!("{dialed}: PortMap {}/{} (class {class}), accepted on {accepting}", key.0, key.1);
+    let class_spec = classes.iter().find(|c| c.metadata.name.as_deref() == Some(class.as_str()));
+    let mode = match class_spec.map(|c| c.spec.serving_mode) {
+        Some(crate::api::ServingMode::Multi) => "Multi",
+        _ => "Single",
+    };
+    let subject = format!("{dialed}: PortMap {}/{} (class {class}, {mode}), accepted on {accepting}", key.0, key.1);
     let mut hops = Vec::new();
     let mut mapping = hop("publish", &accepting, format!("PortMap {}/{}", key.0, key.1));
     for ((ns, n), why) in refused.iter().filter(|(k, _)| *k != key) {
@@ -407,7 +416,6 @@ pub fn port_map(
         let state = seen.states.get(&accepting)?;
         Some(attribute(&accepting, state, r, &owners).0.remove(&key).unwrap_or_default())
     };
-    let class_spec = classes.iter().find(|c| c.metadata.name.as_deref() == Some(class.as_str()));
     let list = class_spec.and_then(|c| source_ranges(c, class, &pm.spec.source_ranges).ok()).flatten();
     if let (Some(client), Some(h)) = (from, hops.first_mut()) {
         h.hop.details.push(match &list {
@@ -625,7 +633,12 @@ pub fn mesh(from: &str, to: &str, out: &Outputs, seen: &Seen) -> TraceReport {
     }
     for (a, b) in [(from, to), (to, from)] {
         let reach = out.overlay.get(a).and_then(|o| o.seen.get(b)).map(|s| s.reach).unwrap_or_default();
-        r.details.push(format!("{a} reports {b} {}", reach_word(reach)));
+        let key = out.overlay.get(b).and_then(|o| o.public_key.as_deref()).unwrap_or_default();
+        let since = seen.reach_since.get(a).and_then(|k| k.get(key)).zip(seen.now);
+        r.details.push(match since.and_then(|(at, now)| now.duration_since(*at).ok()) {
+            Some(age) => format!("{a} reports {b} {} (since {}s ago)", reach_word(reach), age.as_secs()),
+            None => format!("{a} reports {b} {}", reach_word(reach)),
+        });
     }
     match &route {
         PeerRoute::Via(relay) => r

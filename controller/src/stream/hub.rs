@@ -7,13 +7,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::jiff::Timestamp;
 use kuport_proto::channel::MAX_STATE_MESSAGE;
 use kuport_proto::v1::{
     Applied, CounterReport, DesiredState, ExecutorMessage, Hello, NodeFacts as WireFacts, NodeState, ObjectError,
-    PeerStatus, executor_message,
+    PeerStatus, Reach, executor_message,
 };
 use tokio::sync::{Notify, watch};
 
@@ -116,6 +116,9 @@ struct NodeEntry {
     peers: Option<Reported>,
     /// What of it the last compute read.
     peer_digest: Digest,
+    /// Per peer key, its reach in the reports and when a report first said it (for trace:
+    /// who reported a peer unreachable, and since when).
+    reach_since: BTreeMap<String, (Reach, SystemTime)>,
     /// The address the executor's latest stream came from.
     connect_address: Option<IpAddr>,
     /// Whether the node's first state of this term waits ([`Hold`]); `held` tells the session.
@@ -157,6 +160,7 @@ impl NodeEntry {
             facts: None,
             refused_facts: None,
             peers: None,
+            reach_since: BTreeMap::new(),
             peer_digest: Digest::new(),
             connect_address: None,
             hold: Hold::Free,
@@ -213,6 +217,8 @@ pub struct NodeSnapshot {
     pub facts: Option<WireFacts>,
     /// The executor's latest peer report, handshakes on the controller's clock.
     pub peers: Vec<PeerStatus>,
+    /// Per peer key, when the reports first gave its current reach (the controller's clock).
+    pub reach_since: BTreeMap<String, SystemTime>,
 }
 
 /// One member's route to one peer as last computed, for the metrics (docs/overlay/relays.md).
@@ -522,6 +528,14 @@ impl Hub {
                     let digest = peers::digest(&checked.observed, &inner.member_keys, Timestamp::now());
                     recompute = self.settings.overlay.is_some() && digest != entry.peer_digest;
                     entry.peer_digest = digest;
+                    let now = SystemTime::now();
+                    for p in &checked.statuses {
+                        let reach = p.reach();
+                        if entry.reach_since.get(&p.public_key).is_none_or(|(r, _)| *r != reach) {
+                            entry.reach_since.insert(p.public_key.clone(), (reach, now));
+                        }
+                    }
+                    entry.reach_since.retain(|k, _| checked.statuses.iter().any(|p| p.public_key == *k));
                     entry.peers = Some(checked);
                     entry.hold.report(session, Awaited::Peers);
                 }
@@ -914,6 +928,7 @@ impl Hub {
         for (name, e) in inner.nodes.iter_mut() {
             if out.overlay.get(name).is_none_or(|o| o.public_key.is_none()) {
                 e.peers = None;
+                e.reach_since.clear();
                 e.peer_digest.clear();
             }
         }
@@ -1046,6 +1061,7 @@ fn snapshot(node: &str, e: &NodeEntry) -> NodeSnapshot {
         last_drift: e.last_drift.clone(),
         facts: e.facts.as_ref().map(|(f, _)| f.clone()),
         peers: e.peers.as_ref().map(|r| r.statuses.clone()).unwrap_or_default(),
+        reach_since: e.reach_since.iter().map(|(k, (_, at))| (k.clone(), *at)).collect(),
     }
 }
 

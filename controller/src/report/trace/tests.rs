@@ -54,7 +54,7 @@ fn targets_parse_with_protocol_and_ipv6() {
 
 #[test]
 fn a_relayed_pair_is_traced_through_its_relay_and_stops_where_bytes_stop() {
-    let out = mesh_outputs(true);
+    let mut out = mesh_outputs(true);
     assert_eq!(mesh_nodes("a", "b", &out), ["a", "b", "r"]);
     let key = |n: &str| format!("{n}-key-0123456789");
     // a sent to r, r received from a, but r sent nothing on to b.
@@ -70,7 +70,17 @@ fn a_relayed_pair_is_traced_through_its_relay_and_stops_where_bytes_stop() {
             ("b", Some(report(vec![peer(&key("r"), 0, 50)])), report(vec![peer(&key("r"), 0, 50)])),
         ],
     );
+    let mut seen = seen;
+    let now = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000);
+    seen.now = Some(now);
+    let since = now - std::time::Duration::from_secs(45);
+    seen.reach_since.insert("a".into(), [(key("b"), since)].into());
+    if let Some(o) = out.overlay.get_mut("a") {
+        o.seen.insert("b".into(), crate::compute::overlay::PeerSeen { reach: Reach::Unreachable, endpoint: None });
+    }
     let r = mesh("a", "b", &out, &seen);
+    assert!(r.hops[0].details.iter().any(|d| d == "a reports b unreachable (since 45s ago)"), "{:?}", r.hops[0]);
+    assert!(r.hops[0].details.iter().any(|d| d == "b reports a unknown"), "{:?}", r.hops[0]);
     assert_eq!(r.verdict, TraceVerdict::Stopped as i32, "{r:?}");
     assert_eq!(r.stopped_at, "relay out");
     assert!(r.hops[0].object.contains("via r"), "{:?}", r.hops[0]);
