@@ -278,6 +278,15 @@ impl Homes {
         } else {
             assert_eq!(names, ["route", "send", "receive"], "{text}");
         }
+        // The same path asked by its pods: `trace pod NS/NAME --to NS/NAME`.
+        let (pa, pb) = (self.mesh.pod_of(A), self.mesh.pod_of(B));
+        let (from, to) = (format!("{}/{}", pa.namespace, pa.name), format!("{}/{}", pb.namespace, pb.name));
+        let pods = trace_request::Target::Mesh(TraceMesh { from: from.clone(), to: to.clone(), pods: true });
+        let request = TraceRequest { target: Some(pods), watch_seconds: 0, from: String::new() };
+        let (r, text) = self.mesh.plane().trace(request).expect("Trace");
+        println!("kuportctl trace pod {from} --to {to}:\n{text}");
+        assert!(r.subject.starts_with(&format!("pod {from} on {A} to pod {to} on {B}")), "{text}");
+        assert_eq!(r.hops.first().map(|h| h.object.as_str()), Some(format!("{A} to {B}: {route}").as_str()), "{text}");
     }
 
     /// The UDP conntrack entries of `home`'s router (`conntrack -L -p udp`), to see which port
