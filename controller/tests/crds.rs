@@ -156,6 +156,10 @@ fn kubectl_explain_prints_the_descriptions() {
         });
         found.unwrap_or_else(|| panic!("{kind}.{path}: no such field or no description"))
     };
+    // A discovery cache written before the CRDs' group was served (by `kubectl wait` above)
+    // would hide them from explain: read discovery anew, now that the schemas are published.
+    let fresh = cp.dir.join("explain-cache");
+    let fresh = fresh.to_string_lossy();
     // The fields of the issue's report (issue 28), then one of each kind of nesting.
     for (kind, path) in [
         ("PortMap", "spec.className"),
@@ -171,7 +175,7 @@ fn kubectl_explain_prints_the_descriptions() {
         ("Intercept", "status.pods.reason"),
     ] {
         let field = format!("{}.{path}", kind.to_lowercase());
-        let out = squeeze(&cp.ok(&["explain", &field], None));
+        let out = squeeze(&cp.ok(&["--cache-dir", &fresh, "explain", &field], None));
         let text = want(kind, path);
         assert!(out.contains(&text), "kubectl explain {field} does not print its description {text:?}:\n{out}");
     }

@@ -443,6 +443,11 @@ fn trace_names_the_hop_where_a_flow_stops() {
     // A port two mappings asked for: the one that publishes it, and the one refused.
     let (_, text) = trace("203.0.113.9:27050/udp", 0);
     assert!(text.contains("PortMap games/game (class public, Single)"), "{text}");
+    // --from: whether the mapping's allow-list admits a client (the game has none).
+    let target = Some(Target::Address("203.0.113.9:27050/udp".into()));
+    let request = TraceRequest { target, watch_seconds: 0, from: "198.51.100.7".into() };
+    let (_, from) = plane.trace(request).expect("Trace --from");
+    assert!(from.contains("no allow-list: 198.51.100.7 is admitted"), "{from}");
     assert!(
         text.contains("refused: PortMap games/late: Accepted False, PortConflict"),
         "the losing mapping is named:\n{text}"

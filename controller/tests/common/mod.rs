@@ -37,9 +37,13 @@ impl ControlPlane {
     /// kubectl with `args` (and `stdin`); Ok(stdout) or Err(stderr).
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
         use std::io::Write as _;
+        // Its own discovery cache: kubectl keys the shared one by host and port, and another API
+        // server that had this port before leaves a discovery without kuport's group there.
         let mut child = Command::new(&self.kubectl)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.dir.join("kubectl-cache"))
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
