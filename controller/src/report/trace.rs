@@ -23,7 +23,8 @@ use crate::compute::Outputs;
 use crate::compute::overlay::relays::PeerRoute;
 use crate::compute::portmap::admission::{MapKey, key_of, source_ranges};
 use crate::compute::portmap::links::device_name;
-use crate::report::counters::{Owners, attribute};
+use crate::compute::portmap::placement::l4;
+use crate::report::counters::{MapCounters, Owners, attribute};
 
 /// One node's counters: before the watch (None without one) and now.
 #[derive(Debug, Clone, Default)]
@@ -58,13 +59,18 @@ impl Seen {
     /// moved during the watch (a counter that went down was remade: its new value).
     fn count(&self, node: &str, count: impl Fn(&CounterReport) -> Option<u64>) -> Option<Count> {
         let read = self.read(node)?;
-        let now = count(&read.last)?;
-        let before = read.first.as_ref().filter(|_| self.watched > 0).map(|f| count(f).unwrap_or(0));
-        Some(Count {
-            now,
-            moved: before.map(|b| if now >= b { now - b } else { now }),
-            remade: before.is_some_and(|b| now < b),
-        })
+        let before = self.first(read).map(|f| count(f).unwrap_or(0));
+        Some(Count::new(count(&read.last)?, before))
+    }
+
+    /// The read before the watch; None without a watch.
+    fn first<'a>(&self, read: &'a Read) -> Option<&'a CounterReport> {
+        read.first.as_deref().filter(|_| self.watched > 0)
+    }
+
+    /// Each node that did not answer, and why.
+    fn unanswered(&self) -> Vec<String> {
+        self.reads.iter().filter_map(|(n, r)| r.as_ref().err().map(|e| format!("{n}: {e}"))).collect()
     }
 
     /// The drift `node`'s executor repaired during the watch, named.
@@ -111,6 +117,17 @@ struct Count {
     remade: bool,
 }
 
+impl Count {
+    /// A counter at `now` that was `before` when the watch began (None: no watch).
+    fn new(now: u64, before: Option<u64>) -> Count {
+        Count {
+            now,
+            moved: before.map(|b| if now >= b { now - b } else { now }),
+            remade: before.is_some_and(|b| now < b),
+        }
+    }
+}
+
 fn counted(mut h: TraceHop, c: Option<Count>) -> TraceHop {
     if let Some(c) = c {
         h.packets = Some(c.now);
@@ -125,9 +142,8 @@ fn counted(mut h: TraceHop, c: Option<Count>) -> TraceHop {
 /// The report of a traced flow: the first walked hop that did not move (after one that did)
 /// stops it, with `cause` saying why in words.
 fn finish(subject: String, hops: Vec<Hop>, seen: &Seen, cause: impl Fn(&TraceHop, bool) -> String) -> TraceReport {
-    let unanswered =
-        seen.reads.iter().filter_map(|(n, r)| r.as_ref().err().map(|e| format!("{n}: {e}"))).collect::<Vec<_>>();
-    let mut report = TraceReport { subject, watched_seconds: seen.watched, unanswered, ..Default::default() };
+    let mut report =
+        TraceReport { subject, watched_seconds: seen.watched, unanswered: seen.unanswered(), ..Default::default() };
     if let Some(h) = hops.iter().find(|h| h.hop.state == TraceHopState::Refused as i32) {
         report.verdict = TraceVerdict::Refused as i32;
         report.stopped_at = h.hop.name.clone();
@@ -246,13 +262,6 @@ fn refusal(status: &PortMapStatus) -> Option<String> {
         }
     }
     None
-}
-
-fn l4(p: Protocol) -> L4Proto {
-    match p {
-        Protocol::Tcp => L4Proto::Tcp,
-        Protocol::Udp => L4Proto::Udp,
-    }
 }
 
 /// The sum of the counted elements of a node's kuport sets named `base` (and the IPv6 twin)
@@ -412,10 +421,15 @@ pub fn port_map(
     };
     let pod_node = endpoint.node.clone();
     let owners = Owners::new(port_maps.iter(), &out.port_maps);
-    let mine = |r: &CounterReport| -> Option<crate::report::counters::MapCounters> {
+    // The mapping's counters on the accepting node, attributed once per read.
+    let mine = |r: &CounterReport| -> Option<MapCounters> {
         let state = seen.states.get(&accepting)?;
         Some(attribute(&accepting, state, r, &owners).0.remove(&key).unwrap_or_default())
     };
+    let read = seen.read(&accepting);
+    let (before, now) =
+        (read.and_then(|r| seen.first(r)).map(|r| mine(r).unwrap_or_default()), read.and_then(|r| mine(&r.last)));
+    let of = |pick: fn(&MapCounters) -> u64| now.as_ref().map(|n| Count::new(pick(n), before.as_ref().map(pick)));
     let list = class_spec.and_then(|c| source_ranges(c, class, &pm.spec.source_ranges).ok()).flatten();
     if let (Some(client), Some(h)) = (from, hops.first_mut()) {
         h.hop.details.push(match &list {
@@ -428,18 +442,18 @@ pub fn port_map(
         });
     }
     if list.is_some() || pm.spec.rate_limit.is_some() {
-        let c = seen.count(&accepting, |r| mine(r).map(|m| m.dropped_source));
+        let c = of(|m| m.dropped_source);
         let mut h = counted(hop("allow-list", &accepting, "the mapping's kup-guard chain".into()), c);
         h.details.push("counts the packets it drops".into());
         hops.push(Hop { hop: h, walk: false });
-        let c = seen.count(&accepting, |r| mine(r).map(|m| m.dropped_rate + m.dropped_connections));
+        let c = of(|m| m.dropped_rate + m.dropped_connections);
         let mut h = counted(hop("rate limit", &accepting, "the mapping's kup-limit chain".into()), c);
         h.details.push("counts the new connections it drops".into());
         hops.push(Hop { hop: h, walk: false });
     }
-    let c = seen.count(&accepting, |r| mine(r).map(|m| m.accepted_packets));
+    let c = of(|m| m.accepted_packets);
     hops.push(Hop { hop: counted(hop("accept", &accepting, "steer element of the mapping".into()), c), walk: true });
-    let c = seen.count(&accepting, |r| mine(r).map(|m| m.connections));
+    let c = of(|m| m.connections);
     let mut dnat = counted(hop("dnat", &accepting, "publish element of the mapping".into()), c);
     dnat.details.push("counts new connections".into());
     hops.push(Hop { hop: dnat, walk: false });
@@ -759,8 +773,7 @@ pub fn intercept(
         hops.push(Hop { hop: h, walk: false });
     }
     let hops_out: Vec<TraceHop> = hops.into_iter().map(|h| h.hop).collect();
-    let unanswered =
-        seen.reads.iter().filter_map(|(n, r)| r.as_ref().err().map(|e| format!("{n}: {e}"))).collect::<Vec<_>>();
+    let unanswered = seen.unanswered();
     let programmed = hops_out.iter().filter(|h| h.state == TraceHopState::Ok as i32).count();
     let mut report =
         TraceReport { subject, hops: hops_out, unanswered, watched_seconds: seen.watched, ..Default::default() };
