@@ -291,25 +291,34 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, protect
         // As steer.rs renders them: the mapping's chains, named by its tag (every mapping is on
         // enp1s0, the only protected interface).
         let tag = steer::tag(&[PUBLIC_IF].into(), PUBLIC_IF, m.protocol, first as u16);
+        let limit_chain = steer::chain_name(steer::CHAIN_LIMIT, Family::V4, tag);
         if protect.limit {
-            let chain = steer::chain_name(steer::CHAIN_LIMIT, Family::V4, tag);
-            let (map, key) = if first == last {
-                (steer::MAP_LIMIT_PORT, vec![ifname(PUBLIC_IF), addr(link.public.0), p.clone(), ports(first, last)])
-            } else {
-                (steer::MAP_LIMIT_RANGE, vec![ports(first, last), ifname(PUBLIC_IF), addr(link.public.0), p.clone()])
-            };
-            push(edge, map, key, vec![jump_to(&chain)]);
+            // Reached from the mapping's guard chain when it has one, else from the limit map.
+            if !protect.guard {
+                let (map, key) = if first == last {
+                    (steer::MAP_LIMIT_PORT, vec![ifname(PUBLIC_IF), addr(link.public.0), p.clone(), ports(first, last)])
+                } else {
+                    (
+                        steer::MAP_LIMIT_RANGE,
+                        vec![ports(first, last), ifname(PUBLIC_IF), addr(link.public.0), p.clone()],
+                    )
+                };
+                push(edge, map, key, vec![jump_to(&limit_chain)]);
+            }
             let update = set_update(
                 &[Selector::IpSaddr],
                 Some(tag),
                 steer::SET_RATE,
                 limit(NEVER_BINDS.into(), NEVER_BINDS, true),
             );
-            edge.chains
-                .push(chain_of(&chain, vec![rule(vec![ct_state(ct_state::NEW)], vec![update, counter(), drop()])]));
+            edge.chains.push(chain_of(
+                &limit_chain,
+                vec![rule(vec![ct_state(ct_state::NEW)], vec![update, counter(), drop()])],
+            ));
         }
         if protect.guard {
-            // The jump, for every packet, to the mapping's chain, which drops what is outside the list.
+            // The jump, for every packet, to the mapping's chain, which drops what is outside the
+            // list and sends what it admits on to the limit chain.
             let chain = steer::chain_name(steer::CHAIN_GUARD, Family::V4, tag);
             let (map, key) = if first == last {
                 (steer::MAP_GUARD_PORT, vec![ifname(PUBLIC_IF), addr(link.public.0), p.clone(), ports(first, last)])
@@ -318,7 +327,8 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, protect
             };
             push(edge, map, key, vec![jump_to(&chain)]);
             let nets: Vec<ipnet::IpNet> = GUARD_PREFIXES.iter().map(|n| n.parse().expect("a prefix")).collect();
-            let rules = steer::allow_list_rules(Family::V4, &nets).expect("the list is no /0");
+            let then = protect.limit.then_some(limit_chain.as_str());
+            let rules = steer::allow_list_rules(Family::V4, &nets, then).expect("the list is no /0");
             edge.chains.push(chain_of(&chain, rules));
         }
         let to = if m.remote { link.far } else { m.pod };

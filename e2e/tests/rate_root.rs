@@ -16,7 +16,8 @@ use std::io::Read as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use kuport_controller::api::RateLimit;
+use kuport_controller::api::{PortMapSpec, RateLimit};
+use kuport_controller::compute::Outputs;
 use kuport_controller::compute::portmap::steer::TRACKED_CLIENTS;
 use kuport_lab::Protocol::{Tcp, Udp};
 use kuport_lab::echo::parse_answer;
@@ -24,7 +25,7 @@ use kuport_lab::program::{apply, compute};
 use kuport_lab::sys::in_netns;
 use kuport_lab::{Flow, Prober, Protocol, Target};
 use kuport_lab::{Lab, Manifests};
-use kuport_proto::v1::{NodeState, nft_statement};
+use kuport_proto::v1::{NodeState, Verdict, VerdictKind, nft_statement};
 
 const API: &str = "apiVersion: kuport.wlz.li/v1alpha1
 kind: PortMap
@@ -348,22 +349,25 @@ fn bound(took: Duration) -> usize {
     (f64::from(BURST) + f64::from(RATE) * took.as_secs_f64() * 1.1 + 5.0) as usize
 }
 
+/// The default lab with the game's range limited to RATE and BURST and edited by `edit`,
+/// programmed and applied.
+fn game_at_the_rate(edit: impl FnOnce(&mut PortMapSpec)) -> (Lab, Outputs) {
+    let mut lab = default_lab();
+    let limit = RateLimit { new_per_second: RATE, burst: Some(BURST), max_connections: None };
+    let m = edit_port_map(limited(Manifests::default_lab(), "games", "game", limit), "games", "game", edit);
+    let out = compute(&mut lab, &m);
+    let programmed = condition(&out, "games", "game", "Programmed").0;
+    assert_eq!(programmed, "True", "{}", message(&out, "games", "game", "Programmed"));
+    apply(&mut lab, &out.node_states).expect("the state applies");
+    (lab, out)
+}
+
 #[test]
 fn a_flood_of_new_udp_flows_from_one_client_is_held_to_its_rate() {
     if !root() {
         return;
     }
-    let mut lab = default_lab();
-    let limit = RateLimit { new_per_second: RATE, burst: Some(BURST), max_connections: None };
-    let m = limited(Manifests::default_lab(), "games", "game", limit);
-    let mut out = compute(&mut lab, &m);
-    assert_eq!(
-        condition(&out, "games", "game", "Programmed").0,
-        "True",
-        "{}",
-        message(&out, "games", "game", "Programmed")
-    );
-    apply(&mut lab, &out.node_states).expect("the state applies");
+    let (mut lab, mut out) = game_at_the_rate(|_| {});
     assert_maps_any(&lab, "client-1", "203.0.113.9:27015", Udp, "game-0");
 
     // client-2's flood: 2,020 new flows, as fast as it can send them.
@@ -580,4 +584,54 @@ fn a_client_holds_no_more_connections_than_the_cap() {
     apply(&mut lab, &out.node_states).expect("the ablated state applies");
     let held = connect(&lab, "client-2", 4);
     assert_eq!(held.iter().filter(|c| c.is_ok()).count(), 4, "{held:?}");
+}
+
+/// A mapping with an allow-list and a rate limit: its guard chain sends what it admits on to its
+/// limit chain, so new connections pay one dispatch lookup, not two (docs/portmap/guard.md,
+/// "One dispatch for both"). The limit holds through that path, in both families; the
+/// ablation: with the guard chains' `goto` turned back into a plain `return`, nothing leads to
+/// the limit chain and the flood reaches game-0.
+#[test]
+fn an_allow_listed_client_is_held_to_its_rate_through_the_guard_chain() {
+    if !root() {
+        return;
+    }
+    let (mut lab, mut out) = game_at_the_rate(|s| {
+        s.source_ranges = vec!["198.51.100.0/24".into(), "2001:db8:100::/48".into()];
+    });
+    let listing = lab.exec("edge-a", &["nft", "list", "table", "inet", "kuport"]).expect("nft lists the table");
+    assert!(!listing.contains("@limit_range"), "no limit dispatch: the guard chain leads there\n{listing}");
+    assert!(listing.contains("ip saddr 198.51.100.0/24 goto kup-limit-"), "{listing}");
+    assert!(listing.contains("ip6 saddr 2001:db8:100::/48 goto kup-limit6-"), "{listing}");
+    assert_maps_any(&lab, "client-1", "203.0.113.9:27015", Udp, "game-0");
+
+    for to in ["203.0.113.9", "2001:db8::9"] {
+        let before = rate_drops(&lab, "edge-a");
+        let f = flood(&lab, "client-2", to, GAME_PORTS, 20);
+        let max = bound(f.took);
+        eprintln!("{to}: {} flows in {:?}, {} answered (bound {max})", f.sent, f.took, f.answered);
+        assert!(f.answered >= 1 && f.answered <= max, "{to}: {} of {} answered, bound {max}", f.answered, f.sent);
+        let dropped = rate_drops(&lab, "edge-a") - before;
+        assert!(dropped as usize >= f.sent - max, "{to}: each flow over the rate counted: {dropped} of {}", f.sent);
+        let client_1 = if to.contains(':') { format!("[{to}]:27115") } else { format!("{to}:27115") };
+        assert_maps_any(&lab, "client-1", &client_1, Udp, "game-0");
+    }
+
+    // Ablation: the admitted go back to kup-steer instead of on to the limit chain.
+    let mut turned = 0;
+    let t = kuport_table(host_state(&mut out.node_states, "edge-a"));
+    for c in t.chains.iter_mut().filter(|c| c.name.starts_with("kup-guard")) {
+        for s in c.rules.iter_mut().flat_map(|r| &mut r.statements) {
+            if let Some(nft_statement::Kind::Verdict(v)) = &mut s.kind
+                && v.kind == VerdictKind::Goto as i32
+            {
+                *v = Verdict { kind: VerdictKind::Return as i32, chain: String::new() };
+                turned += 1;
+            }
+        }
+    }
+    assert!(turned >= 2, "a prefix per family and interface: {turned}");
+    apply(&mut lab, &out.node_states).expect("the ablated state applies");
+    let f = flood(&lab, "client-2", "203.0.113.9", GAME_PORTS, 20);
+    assert!(f.answered > 3 * bound(f.took), "without the goto {} of {} flows are answered", f.answered, f.sent);
 }

@@ -10,8 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use kuport_proto::v1::{
-    CounterReport, L4Proto, NftChain, NftRule, NftSet, NftTable, NftType, NodeState, VerdictKind, nft_statement,
-    nft_value::Value, set_update,
+    CounterReport, L4Proto, NftChain, NftRule, NftSet, NftTable, NftType, NodeState, Verdict, VerdictKind,
+    nft_statement, nft_value::Value, set_update,
 };
 
 use crate::api::{PortMap, PortMapStatus, Protocol};
@@ -178,24 +178,44 @@ fn set_kind(name: &str) -> Option<SetKind> {
     }
 }
 
-/// The chains only one mapping's packets reach: those its verdict-map elements jump to.
+/// The chains only one mapping's packets reach: those its verdict-map elements jump to, and
+/// those these chains go on to (a guard chain's admitted packets go to the limit chain).
 fn own_chains<'a>(node: &str, table: &'a NftTable, owners: &'a Owners) -> HashMap<&'a str, (&'a NftChain, &'a MapKey)> {
     let chains: HashMap<&str, &NftChain> = table.chains.iter().map(|c| (c.name.as_str(), c)).collect();
     let mut out = HashMap::new();
+    let mut next = Vec::new();
     for s in table.sets.iter().filter(|s| s.data == [NftType::Verdict as i32]) {
         for e in &s.elements {
             let Some(owner) = owners.of_key(node, &e.key) else { continue };
             for d in &e.data {
                 if let Some(Value::Verdict(v)) = &d.value
-                    && matches!(VerdictKind::try_from(v.kind), Ok(VerdictKind::Jump | VerdictKind::Goto))
-                    && let Some(chain) = chains.get(v.chain.as_str())
+                    && let Some(chain) = target(v, &chains)
+                    && out.insert(v.chain.as_str(), (chain, owner)).is_none()
                 {
-                    out.insert(v.chain.as_str(), (*chain, owner));
+                    next.push(chain);
                 }
             }
         }
     }
+    while let Some(from) = next.pop() {
+        let Some(&(_, owner)) = out.get(from.name.as_str()) else { continue };
+        for s in from.rules.iter().flat_map(|r| &r.statements) {
+            if let Some(nft_statement::Kind::Verdict(v)) = &s.kind
+                && let Some(chain) = target(v, &chains)
+                && !out.contains_key(v.chain.as_str())
+            {
+                out.insert(v.chain.as_str(), (chain, owner));
+                next.push(chain);
+            }
+        }
+    }
     out
+}
+
+/// The chain a jump or goto names, when the table has it.
+fn target<'a>(v: &Verdict, chains: &HashMap<&str, &'a NftChain>) -> Option<&'a NftChain> {
+    let leaves = matches!(VerdictKind::try_from(v.kind), Ok(VerdictKind::Jump | VerdictKind::Goto));
+    leaves.then(|| chains.get(v.chain.as_str()).copied()).flatten()
 }
 
 #[cfg(test)]

@@ -219,46 +219,57 @@ pub fn per_address<'a, T: Clone>(
 /// before anything rewrites it (docs/portmap/guard.md): every packet to a guarded mapping jumps,
 /// through a verdict map, to the mapping's chain, whose last rule counts and drops it when its
 /// source is in none of the mapping's prefixes. A family the list closes to every client drops
-/// every packet; a family the list opens to every client (`0.0.0.0/0`) needs no chain.
+/// every packet; a family the list opens to every client (`0.0.0.0/0`) needs no chain. A mapping
+/// in `limited` goes on from its guard chain to its limit chain: its new connections pay one
+/// dispatch lookup, not two. Returns the rules and the guarded mappings' tags, each with whether
+/// its guard chain goes on to its limit chain.
 fn guard_rules(
     fam: Family,
     guards: &Guards,
+    limited: &BTreeSet<u32>,
     ifaces: &BTreeSet<&str>,
     sets: &mut Vec<NftSet>,
     chains: &mut Vec<NftChain>,
-) -> Vec<NftRule> {
+) -> (Vec<NftRule>, BTreeMap<u32, bool>) {
     let (mut single, mut range) = (Vec::new(), Vec::new());
-    let mut made = BTreeSet::new();
+    let mut guarded = BTreeMap::new();
     for ((iface, dst, pr), list) in guards.iter().filter(|((_, a, _), _)| fam.holds(a)) {
         for ((a, b), nets) in list {
-            let Some(rules) = allow_list_rules(fam, nets) else { continue };
-            let name = chain_name(CHAIN_GUARD, fam, tag(ifaces, iface, *pr, *a));
-            if made.insert(name.clone()) {
+            let tag = tag(ifaces, iface, *pr, *a);
+            let then = limited.contains(&tag).then(|| chain_name(CHAIN_LIMIT, fam, tag));
+            let Some(rules) = allow_list_rules(fam, nets, then.as_deref()) else { continue };
+            let name = chain_name(CHAIN_GUARD, fam, tag);
+            if !guarded.contains_key(&tag) {
+                // The last rule drops; any before it admits and goes on.
+                guarded.insert(tag, then.is_some() && rules.len() > 1);
                 chains.push(chain(&name, rules));
             }
             jump_element(&mut single, &mut range, (iface, *dst, *pr), (*a, *b), &name);
         }
     }
     // Every packet, not only a connection's first: a narrowed list cuts established flows.
-    dispatch(fam, single, range, [MAP_GUARD_PORT, MAP_GUARD_RANGE], false, sets)
+    (dispatch(fam, single, range, [MAP_GUARD_PORT, MAP_GUARD_RANGE], false, sets), guarded)
 }
 
 /// A guard chain's rules for a mapping's list `nets`, in family `fam`: a source in one of its
-/// prefixes of that family returns (`ip saddr 192.0.2.0/24 return`), overlapping prefixes
-/// merged, and the last rule counts and drops every other (`counter drop`). No prefix of the
-/// family closes it: `counter drop` alone. None: the list admits every source of the family
-/// (`0.0.0.0/0`). A rule per prefix, not a set: an anonymous set per mapping made a cold apply
-/// of 50,000 guarded mappings quadratic in the kernel (docs/decisions.md).
-pub fn allow_list_rules(fam: Family, nets: &[IpNet]) -> Option<Vec<NftRule>> {
+/// prefixes of that family is admitted (`ip saddr 192.0.2.0/24 return`, or `goto` the mapping's
+/// limit chain `then`), overlapping prefixes merged, and the last rule counts and drops every
+/// other (`counter drop`). No prefix of the family closes it: `counter drop` alone. None: the
+/// list admits every source of the family (`0.0.0.0/0`). A rule per prefix, not a set: an
+/// anonymous set per mapping made a cold apply of 50,000 guarded mappings quadratic in the
+/// kernel (docs/decisions.md).
+pub fn allow_list_rules(fam: Family, nets: &[IpNet], then: Option<&str>) -> Option<Vec<NftRule>> {
     let nets = IpNet::aggregate(&nets.iter().filter(|n| fam.holds(&n.addr())).copied().collect());
     if nets.iter().any(|n| n.prefix_len() == 0) {
         return None;
     }
     let text = |n: &IpNet| if n.prefix_len() == n.max_prefix_len() { n.addr().to_string() } else { n.to_string() };
-    let mut rules: Vec<NftRule> = nets
-        .iter()
-        .map(|n| rule(vec![eq(fam.saddr(), addr(text(n)))], vec![verdict(VerdictKind::Return, "")]))
-        .collect();
+    let admit = || match then {
+        Some(limit) => verdict(VerdictKind::Goto, limit),
+        None => verdict(VerdictKind::Return, ""),
+    };
+    let mut rules: Vec<NftRule> =
+        nets.iter().map(|n| rule(vec![eq(fam.saddr(), addr(text(n)))], vec![admit()])).collect();
     rules.push(rule(vec![], vec![counter(), drop()]));
     Some(rules)
 }
@@ -326,14 +337,23 @@ pub fn tag(ifaces: &BTreeSet<&str>, iface: &str, pr: L4Proto, first: u16) -> u32
     (index << 17) | (u32::from(pr == L4Proto::Udp) << 16) | u32::from(first)
 }
 
+/// The tags of the mappings of `by_mapping` in family `fam`.
+fn tags<T>(fam: Family, by_mapping: &PerMapping<T>, ifaces: &BTreeSet<&str>) -> BTreeSet<u32> {
+    let of_fam = by_mapping.iter().filter(|((_, a, _), _)| fam.holds(a));
+    of_fam.flat_map(|((iface, _, pr), list)| list.iter().map(|((a, _), _)| tag(ifaces, iface, *pr, *a))).collect()
+}
+
 /// The rate-limit rules of one family (docs/portmap/guard.md, "Rate limits"): a new connection
-/// to a limited mapping jumps, through a verdict map, to the mapping's chain, which counts and
-/// drops it when its client is over the mapping's rate or holds its connection bound. The
-/// clients' state lives in two dynamic sets per family shared by every mapping, keyed by the
-/// client's address and the mapping's tag; the chains hold each mapping's numbers.
+/// to a limited mapping reaches the mapping's chain, which counts and drops it when its client
+/// is over the mapping's rate or holds its connection bound. A mapping without a guard chain is
+/// reached through a verdict map; one with a guard chain (`guarded`) from that chain, and not
+/// at all when its list closes the family. The clients' state lives in two dynamic sets per
+/// family shared by every mapping, keyed by the client's address and the mapping's tag; the
+/// chains hold each mapping's numbers.
 fn limit_rules(
     fam: Family,
     limits: &Limits,
+    guarded: &BTreeMap<u32, bool>,
     ifaces: &BTreeSet<&str>,
     sets: &mut Vec<NftSet>,
     chains: &mut Vec<NftChain>,
@@ -345,7 +365,12 @@ fn limit_rules(
         for ((a, b), l) in list {
             let tag = tag(ifaces, iface, *pr, *a);
             let name = chain_name(CHAIN_LIMIT, fam, tag);
-            if made.insert(name.clone()) {
+            match guarded.get(&tag) {
+                None => jump_element(&mut single, &mut range, (iface, *dst, *pr), (*a, *b), &name),
+                Some(false) => continue,
+                Some(true) => {}
+            }
+            if made.insert(tag) {
                 let saddr = [fam.saddr()];
                 let mut rules = vec![rule(
                     vec![ct_state(ct_state::NEW)],
@@ -364,10 +389,9 @@ fn limit_rules(
                 }
                 chains.push(chain(&name, rules));
             }
-            jump_element(&mut single, &mut range, (iface, *dst, *pr), (*a, *b), &name);
         }
     }
-    if single.is_empty() && range.is_empty() {
+    if made.is_empty() {
         return Vec::new();
     }
     let a = fam.addr_type();
@@ -396,11 +420,15 @@ pub fn steering(destinations: &Destinations, guards: &Guards, limits: &Limits) -
     let stand_in = stand_ins(&all);
     let (mut sets, mut rules, mut mapping_chains) = (Vec::new(), Vec::new(), Vec::new());
     let ifaces: BTreeSet<&str> = guards.keys().chain(limits.keys()).map(|(i, _, _)| i.as_str()).collect();
+    let mut guarded = Vec::new();
     for fam in Family::BOTH {
-        rules.extend(guard_rules(fam, guards, &ifaces, &mut sets, &mut mapping_chains));
+        let limited = tags(fam, limits, &ifaces);
+        let (r, g) = guard_rules(fam, guards, &limited, &ifaces, &mut sets, &mut mapping_chains);
+        rules.extend(r);
+        guarded.push(g);
     }
-    for fam in Family::BOTH {
-        rules.extend(limit_rules(fam, limits, &ifaces, &mut sets, &mut mapping_chains));
+    for (fam, guarded) in Family::BOTH.into_iter().zip(&guarded) {
+        rules.extend(limit_rules(fam, limits, guarded, &ifaces, &mut sets, &mut mapping_chains));
     }
     for fam in Family::BOTH {
         let (mut single, mut range) = (Vec::new(), Vec::new());
@@ -468,10 +496,10 @@ mod tests {
         list.iter().map(|n| n.parse().expect("a prefix")).collect()
     }
 
-    /// docs/portmap/guard.md: each guarded mapping and family gets a chain that returns what its
+    /// docs/portmap/guard.md: each guarded mapping and family gets a chain that admits what its
     /// list admits and counts and drops the rest, reached from a verdict map looked up for every
-    /// packet; rate limits from their own map, for
-    /// new connections only; one mapping's chains share its tag.
+    /// packet; a guarded mapping's admitted packets go on to its limit chain, an unguarded
+    /// one's new connections reach it from the limit map; one mapping's chains share its tag.
     #[test]
     fn each_guarded_mapping_has_its_own_chain_and_counter() {
         let d: Destinations = [
@@ -491,8 +519,12 @@ mod tests {
         ]
         .into();
         let limit = SourceLimit { per_second: 5, burst: 5, connections: None };
-        let limits: Limits =
-            [(("enp1s0".to_string(), a("203.0.113.9"), L4Proto::Udp), vec![((27015, 27115), limit)])].into();
+        let both = vec![((27015, 27115), limit), ((53, 53), limit)];
+        let limits: Limits = [
+            (("enp1s0".to_string(), a("203.0.113.9"), L4Proto::Udp), both.clone()),
+            (("enp1s0".to_string(), a("2001:db8::9"), L4Proto::Udp), both),
+        ]
+        .into();
         let s = steering(&d, &guards, &limits).expect("steering");
         let mut chains = s.mapping_chains.clone();
         chains.push(s.chain.clone());
@@ -500,29 +532,48 @@ mod tests {
         let text = kuport_proto::text::nft_table(&t);
         let names: BTreeSet<&str> = s.mapping_chains.iter().map(|c| c.name.as_str()).collect();
         // enp1s0 is the first protected interface, wt0 the second; UDP sets bit 16. UDP 53 over
-        // IPv4 admits everyone: no chain.
-        let want = ["kup-guard-16987", "kup-guard-20bb8", "kup-guard6-10035", "kup-guard6-16987", "kup-limit-16987"];
+        // IPv4 admits everyone: no guard chain, and its limit chain is reached from the limit
+        // map. Over IPv6 its list admits no one: no limit chain either.
+        let want = [
+            "kup-guard-16987",
+            "kup-guard-20bb8",
+            "kup-guard6-10035",
+            "kup-guard6-16987",
+            "kup-limit-10035",
+            "kup-limit-16987",
+            "kup-limit6-16987",
+        ];
         assert_eq!(names, want.into());
         for want in [
-            // The /25 inside the /24 is merged; a host is listed without its /32, as nft lists it.
-            "chain kup-guard-16987 {\n\t\tip saddr 192.0.2.0/24 return\n\t\tip saddr 198.51.100.7 return\n\t\tcounter drop\n",
+            // The /25 inside the /24 is merged; a host is listed without its /32, as nft lists
+            // it. An admitted source of a limited mapping goes on to its limit chain.
+            "chain kup-guard-16987 {\n\t\tip saddr 192.0.2.0/24 goto kup-limit-16987\n\t\tip saddr 198.51.100.7 goto kup-limit-16987\n\t\tcounter drop\n",
             "chain kup-guard-20bb8 {\n\t\tip saddr 10.0.0.0/8 return\n\t\tcounter drop\n",
-            "chain kup-guard6-16987 {\n\t\tip6 saddr 2001:db8:100::/48 return\n\t\tcounter drop\n",
+            "chain kup-guard6-16987 {\n\t\tip6 saddr 2001:db8:100::/48 goto kup-limit6-16987\n\t\tcounter drop\n",
             // An empty list of the family closes it: every packet dropped.
             "chain kup-guard6-10035 {\n\t\tcounter drop\n",
             "chain kup-limit-16987 {\n\t\tct state new update @rate { ip saddr . 0x00016987 limit rate over 5/second } counter drop\n",
-            // Every packet is looked up in the guard maps, only new connections in the limit maps.
+            // Every packet is looked up in the guard maps, only new connections in the limit
+            // map, which holds only the mapping no guard chain leads to its limit chain.
             "\t\tiifname . ip daddr . meta l4proto . th dport vmap @guard_port\n\
              \t\tth dport . iifname . ip daddr . meta l4proto vmap @guard_range\n\
              \t\tiifname . ip6 daddr . meta l4proto . th dport vmap @guard_port6\n\
              \t\tth dport . iifname . ip6 daddr . meta l4proto vmap @guard_range6\n\
-             \t\tct state new th dport . iifname . ip daddr . meta l4proto vmap @limit_range\n",
+             \t\tct state new iifname . ip daddr . meta l4proto . th dport vmap @limit_port\n",
         ] {
             assert!(text.contains(want), "{want}\nnot in\n{text}");
+        }
+        for absent in ["@limit_range", "@limit_port6", "@limit_range6", "kup-limit6-10035"] {
+            assert!(!text.contains(absent), "{absent} in\n{text}");
         }
         let port = s.sets.iter().find(|s| s.name == MAP_GUARD_PORT).expect("guard_port");
         assert_eq!(port.elements.len(), 1, "the open family has no element");
         assert_eq!(port.elements[0].data, [jump_to("kup-guard-20bb8")]);
+        let limit_port = s.sets.iter().find(|s| s.name == MAP_LIMIT_PORT).expect("limit_port");
+        assert_eq!(limit_port.elements.len(), 1);
+        assert_eq!(limit_port.elements[0].data, [jump_to("kup-limit-10035")]);
+        let rate6 = s.sets.iter().any(|s| s.name == "rate6");
+        assert!(rate6, "IPv6's limit chain has its set");
     }
 
     #[test]
