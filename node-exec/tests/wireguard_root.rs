@@ -444,6 +444,37 @@ fn changing_one_peer_leaves_the_others_session_alone_and_a_device_wide_replace_w
     );
 }
 
+/// A reset (`wireguard::reset`, docs/overlay/reach.md, "The reset") makes one peer anew in one
+/// request, removed then added with the same key: its counters start again, its configuration
+/// is the same, the other peer keeps its session, and traffic to it resumes.
+#[test]
+fn a_reset_makes_one_peer_anew_and_leaves_the_other_alone() {
+    if !root() {
+        return;
+    }
+    let nodes = mesh(3);
+    let (_exs, states) = bring_up(&nodes);
+    let keys = keys(&nodes);
+    let (a, b_key, c_key) = (&nodes[0], &keys[1], &keys[2]);
+    let before = a.dump();
+    let (b_rx, c_hs, c_rx) = (before.rx(b_key), before.handshake(c_key), before.rx(c_key));
+    assert!(b_rx > 0 && c_hs > 0, "sessions with b and c");
+    let p = states[0].wireguard_devices[0].peers.iter().find(|p| &p.public_key == b_key).expect("b");
+    let spec = wireguard::PeerSpec {
+        public_key: p.public_key.parse().expect("key"),
+        endpoint: p.endpoint.parse().ok(),
+        allowed_ips: p.allowed_ips.iter().map(|n| n.parse().expect("net")).collect(),
+        keepalive: p.persistent_keepalive_seconds as u16,
+    };
+    assert!(wireguard::reset(&a.wireguard(), Some(&a.ns.path()), &a.dev, &spec).expect("reset"));
+    let after = a.dump();
+    assert_eq!(after.peer_set(), expected_peers(&states[0]), "the same configuration");
+    assert!(after.rx(b_key) < b_rx, "b's counters start again: {:?} (rx before {b_rx})", after.peer(b_key));
+    assert_eq!(after.handshake(c_key), c_hs, "c's session untouched");
+    assert!(after.rx(c_key) >= c_rx, "c's counters untouched");
+    wait_until("traffic to b again", Duration::from_secs(10), || reach(a, &nodes[1]));
+}
+
 #[test]
 fn a_peer_removed_by_hand_and_a_killed_daemon_are_repaired() {
     if !root() {
