@@ -25,4 +25,10 @@ progress "test: compiling the tests" "7-10 min cold, seconds warm" \
 cargo test --workspace --locked --no-fail-fast
 # The chart's RBAC with the real controller (the binary cargo test just built): enough, and each grant needed.
 bash e2e/chart/rbac.sh
+# The kernel WireGuard backend against the real wireguard.ko: Debian's kernel under QEMU runs
+# node-exec's WireGuard root tests, and their ablation, which must fail (docs/overlay/node.md,
+# "Proven in a real kernel"). A root test: KUPORT_SKIP_ROOT_TESTS=1 skips it.
+if [ "${KUPORT_SKIP_ROOT_TESTS:-}" != 1 ]; then
+  progress "test: kernel WireGuard in a VM" "about 45 s warm; cold, 40 s more for the kernel and minutes to build the ablation" bash e2e/vm/wireguard.sh
+fi
 echo "all tests finished in $(( $(date +%s) - start ))s"

@@ -1,8 +1,11 @@
-//! Root tests of the executor's WireGuard step against a real kernel, with the userspace backend
-//! (this kernel has no WireGuard module: `wireguard-go`, picked automatically once the kernel
-//! refuses the link type). Each test builds scratch namespaces joined by veth pairs as the
-//! underlay, one WireGuard device per namespace; the oracles are `wg show IFACE dump` and UDP
-//! echoes between the overlay addresses (a socket in each namespace: no ping on CI).
+//! Root tests of the executor's WireGuard step against a real kernel, on whichever backend the
+//! executor picks: the kernel's where it has WireGuard (Debian's kernel under QEMU,
+//! e2e/vm/wireguard.sh, which sets KUPORT_WIREGUARD=kernel so that a fallback fails the tests),
+//! `wireguard-go` elsewhere (this host's kernel has no WireGuard module; picked automatically
+//! once the kernel refuses the link type). Each test builds scratch namespaces joined by veth
+//! pairs as the underlay, one WireGuard device per namespace; the oracles are `wg show IFACE
+//! dump` and UDP echoes between the overlay addresses (a socket in each namespace: no ping on
+//! CI). What only wireguard-go has (a daemon to kill) is skipped on the kernel, saying so.
 //! Interface names are unique per test: wireguard-go's UAPI sockets share one folder across all
 //! namespaces. Without root they fail, unless KUPORT_SKIP_ROOT_TESTS=1.
 
@@ -28,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kuport_node_exec::executor::{Executor, WIREGUARD_POLL};
-use kuport_node_exec::wireguard::{self, Options, Wireguard, uapi};
+use kuport_node_exec::wireguard::{self, BackendKind, Options, Wireguard};
 use kuport_proto::v1::{Address, NetnsState, Route, WireguardDevice, WireguardPeer};
 
 const PORT: u32 = 51820;
@@ -92,13 +95,36 @@ impl Drop for Node {
     }
 }
 
+/// Whether the tests must run on the kernel backend (e2e/vm/wireguard.sh says so).
+fn kernel_required() -> bool {
+    std::env::var("KUPORT_WIREGUARD").as_deref() == Ok("kernel")
+}
+
+/// The backend running `node`'s device, by its link's kind (`ip -d link`); the kernel's when
+/// [`kernel_required`].
+fn backend(node: &Node) -> BackendKind {
+    let link = node.ns.ip(&["-d", "-o", "link", "show", &node.dev]);
+    let kind = link
+        .split_whitespace()
+        .find_map(|w| BackendKind::of_link_kind(Some(w)))
+        .unwrap_or_else(|| panic!("no WireGuard link kind in {link}"));
+    assert!(!kernel_required() || kind == BackendKind::Kernel, "KUPORT_WIREGUARD=kernel, but {link}");
+    kind
+}
+
 /// Whether a datagram from `from` reaches `to`'s overlay address and its echo comes back.
 fn reach(from: &Node, to: &Node) -> bool {
+    reach_at(&from.ns, &to.ns, to.overlay().parse().expect("overlay address"))
+}
+
+/// Whether a datagram from namespace `from` reaches `addr` in namespace `to` and its echo
+/// comes back.
+fn reach_at(from: &Netns, to: &Netns, addr: std::net::Ipv4Addr) -> bool {
     use kuport_node_exec::sys::{self, netns};
     let port = 20000 + (unique() % 20000) as u16;
     let (tx, rx) = std::sync::mpsc::channel();
     let served = netns::spawn(
-        Some(&to.ns.path()),
+        Some(&to.path()),
         "echo",
         move || {
             let s = UdpSocket::bind(("0.0.0.0", port)).map_err(sys::Error::Receive)?;
@@ -117,8 +143,7 @@ fn reach(from: &Node, to: &Node) -> bool {
     if served.is_err() {
         return false;
     }
-    let addr: std::net::Ipv4Addr = to.overlay().parse().expect("overlay address");
-    let answered = netns::run(Some(&from.ns.path()), move || {
+    let answered = netns::run(Some(&from.path()), move || {
         let c = UdpSocket::bind("0.0.0.0:0").map_err(sys::Error::Receive)?;
         c.set_read_timeout(Some(Duration::from_millis(1000))).map_err(sys::Error::Receive)?;
         c.send_to(b"kuport", (addr, port)).map_err(sys::Error::Send)?;
@@ -127,6 +152,23 @@ fn reach(from: &Node, to: &Node) -> bool {
     });
     let echoed = rx.recv_timeout(Duration::from_secs(3)).unwrap_or(false);
     answered.unwrap_or(false) && echoed
+}
+
+/// A pod on `node`: a namespace joined to the node's by a veth, 10.42.I.2/24 with its default
+/// route through the node's 10.42.I.1 (I the node's index), the node forwarding, as a bridge CNI
+/// would make it. The pod's /24 is among the node's allowed IPs on every peer.
+fn pod(node: &Node) -> (Netns, std::net::Ipv4Addr) {
+    let pod = Netns::new("wgpod", "");
+    let (i, host_end) = (node.index, format!("pod{}", node.index));
+    let ns = (&node.ns.name, &pod.name);
+    run("ip", &["link", "add", &host_end, "netns", ns.0, "type", "veth", "peer", "name", "eth0", "netns", ns.1]);
+    node.ns.ip(&["addr", "add", &format!("10.42.{i}.1/24"), "dev", &host_end]);
+    node.ns.ip(&["link", "set", &host_end, "up"]);
+    run("ip", &["netns", "exec", ns.0, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"]);
+    pod.ip(&["addr", "add", &format!("10.42.{i}.2/24"), "dev", "eth0"]);
+    pod.ip(&["link", "set", "eth0", "up"]);
+    pod.ip(&["route", "add", "default", "via", &format!("10.42.{i}.1")]);
+    (pod, std::net::Ipv4Addr::new(10, 42, i, 2))
 }
 
 /// `n` nodes, every pair joined by a veth pair on 192.168.{i}{j}.0/24 (i < j): node i is
@@ -246,6 +288,7 @@ fn bring_up(nodes: &[Node]) -> (Vec<Executor>, Vec<NetnsState>) {
         exs.push(ex);
         states.push(s);
     }
+    println!("backend: {}", backend(&nodes[0]));
     for a in nodes {
         for b in nodes.iter().filter(|b| b.index != a.index) {
             let start = Instant::now();
@@ -286,10 +329,44 @@ fn a_mesh_of_three_carries_traffic_and_wg_shows_exactly_the_state() {
         let mut fresh = n.executor();
         assert_eq!(apply(&mut fresh, s), 0, "a second executor finds everything in place");
     }
+    // Pod to pod across every pair, both ways, with the pods' own addresses (WireGuard lets in
+    // only a peer's allowed IPs, so a source address the mesh changed would be dropped).
+    let pods: Vec<_> = nodes.iter().map(pod).collect();
+    for (a, (pa, _)) in nodes.iter().zip(&pods) {
+        for (b, (pb, addr)) in nodes.iter().zip(&pods).filter(|(b, _)| b.index != a.index) {
+            wait_until(&format!("pod {} reaches pod {} ({addr})", a.index, b.index), Duration::from_secs(10), || {
+                reach_at(pa, pb, *addr)
+            });
+        }
+    }
     // The echoes went through WireGuard: 2's counters for 1 grow with one more.
     let before = nodes[1].dump().rx(&keys[0]);
     assert!(reach(&nodes[0], &nodes[1]));
     assert!(nodes[1].dump().rx(&keys[0]) > before);
+    // The backend reads back what `wg show` shows: key, port, peers, handshakes and counters.
+    for n in &nodes {
+        let (first, wg) = (n.dump(), n.wireguard());
+        let read = wireguard::show(&wg, Some(&n.ns.path()), &n.dev).expect("read").expect("a device");
+        let last = n.dump();
+        assert_eq!(read.public_key.map(|k| k.to_string()).as_ref(), Some(&first.device[1]));
+        assert_eq!(read.listen_port.to_string(), first.device[2]);
+        assert_eq!(read.peers.len(), first.peers.len());
+        for p in &read.peers {
+            let key = p.public_key.to_string();
+            let shown = first.peer(&key).unwrap_or_else(|| panic!("peer {key} not in wg show"));
+            let ips: Vec<String> = p.allowed_ips.iter().map(|ip| ip.to_string()).collect();
+            assert_eq!(p.endpoint.map(|e| e.to_string()).as_ref(), Some(&shown[2]), "{key}");
+            assert_eq!(sorted(&ips.join(",")), sorted(&shown[3]), "{key}");
+            assert_eq!(p.keepalive.to_string(), shown[7], "{key}");
+            let handshake = p.last_handshake.map_or(0, |d| d.as_secs());
+            assert!(handshake > 0, "{key} has a session");
+            assert!(first.handshake(&key) <= handshake && handshake <= last.handshake(&key), "{key}: {p:?}");
+            let (rx0, tx0) = first.bytes(&key);
+            let (rx1, tx1) = last.bytes(&key);
+            assert!(rx0 <= p.rx_bytes && p.rx_bytes <= rx1 && rx0 > 0, "{key}: {p:?}");
+            assert!(tx0 <= p.tx_bytes && p.tx_bytes <= tx1 && tx0 > 0, "{key}: {p:?}");
+        }
+    }
     // The device leaves the state: its link (and the daemon) go.
     let empty = NetnsState::default();
     apply(&mut exs[0], &empty);
@@ -338,17 +415,23 @@ fn changing_one_peer_leaves_the_others_session_alone_and_a_device_wide_replace_w
     assert_eq!(after.peer_set(), expected_peers(&without_b));
     assert_eq!(after.handshake(c_key), hs, "c's session untouched by b's removal");
 
-    // The ablation: the same peers set device-wide (`replace_peers=true`, what `wg setconf`
-    // does) resets c's session, which is why kuport never does it.
-    let socket = format!("/var/run/wireguard/{}.sock", a.dev);
+    // The ablation: the same peers set device-wide (`wg setconf`: every peer replaced, on
+    // either backend) resets c's session, which is why kuport never does it.
     let p = &without_b.wireguard_devices[0].peers[0];
-    let hex = hex::encode(p.public_key.parse::<wireguard::PublicKey>().expect("key").bytes());
-    let request = format!(
-        "set=1\nreplace_peers=true\npublic_key={hex}\nendpoint={}\npersistent_keepalive_interval=25\nallowed_ip={}\nallowed_ip={}\n\n",
-        p.endpoint, p.allowed_ips[0], p.allowed_ips[1]
-    );
-    let answer = uapi::exchange(Path::new(&socket), &request).expect("uapi");
-    assert_eq!(uapi::errno(&answer), Ok(0));
+    let conf = a.dir.join("setconf.conf");
+    std::fs::create_dir_all(&a.dir).expect("state dir");
+    std::fs::write(
+        &conf,
+        format!(
+            "[Interface]\nListenPort = {PORT}\n\n[Peer]\nPublicKey = {}\nEndpoint = {}\nPersistentKeepalive = 25\nAllowedIPs = {}\n",
+            p.public_key,
+            p.endpoint,
+            p.allowed_ips.join(", ")
+        ),
+    )
+    .expect("config");
+    let out = a.ns.exec(&["wg", "setconf", &a.dev, &conf.to_string_lossy()]);
+    assert!(out.status.success(), "wg setconf: {}", String::from_utf8_lossy(&out.stderr));
     let replaced = a.dump();
     assert_eq!(replaced.peer_set(), expected_peers(&without_b), "the same configuration");
     // c's entry was made anew: its counters start again and its session is a new one (the new
@@ -359,6 +442,37 @@ fn changing_one_peer_leaves_the_others_session_alone_and_a_device_wide_replace_w
         "a device-wide replace resets c's session: {:?} (before: handshake {hs}, rx {rx_before})",
         replaced.peer(c_key)
     );
+}
+
+/// A reset (`wireguard::reset`, docs/overlay/reach.md, "The reset") makes one peer anew in one
+/// request, removed then added with the same key: its counters start again, its configuration
+/// is the same, the other peer keeps its session, and traffic to it resumes.
+#[test]
+fn a_reset_makes_one_peer_anew_and_leaves_the_other_alone() {
+    if !root() {
+        return;
+    }
+    let nodes = mesh(3);
+    let (_exs, states) = bring_up(&nodes);
+    let keys = keys(&nodes);
+    let (a, b_key, c_key) = (&nodes[0], &keys[1], &keys[2]);
+    let before = a.dump();
+    let (b_rx, c_hs, c_rx) = (before.rx(b_key), before.handshake(c_key), before.rx(c_key));
+    assert!(b_rx > 0 && c_hs > 0, "sessions with b and c");
+    let p = states[0].wireguard_devices[0].peers.iter().find(|p| &p.public_key == b_key).expect("b");
+    let spec = wireguard::PeerSpec {
+        public_key: p.public_key.parse().expect("key"),
+        endpoint: p.endpoint.parse().ok(),
+        allowed_ips: p.allowed_ips.iter().map(|n| n.parse().expect("net")).collect(),
+        keepalive: p.persistent_keepalive_seconds as u16,
+    };
+    assert!(wireguard::reset(&a.wireguard(), Some(&a.ns.path()), &a.dev, &spec).expect("reset"));
+    let after = a.dump();
+    assert_eq!(after.peer_set(), expected_peers(&states[0]), "the same configuration");
+    assert!(after.rx(b_key) < b_rx, "b's counters start again: {:?} (rx before {b_rx})", after.peer(b_key));
+    assert_eq!(after.handshake(c_key), c_hs, "c's session untouched");
+    assert!(after.rx(c_key) >= c_rx, "c's counters untouched");
+    wait_until("traffic to b again", Duration::from_secs(10), || reach(a, &nodes[1]));
 }
 
 #[test]
@@ -399,6 +513,11 @@ fn a_peer_removed_by_hand_and_a_killed_daemon_are_repaired() {
         a.ns.ip(&["-o", "link", "show", &a.dev]).contains(&format!("mtu {MTU} "))
     });
 
+    if backend(a) == BackendKind::Kernel {
+        println!("skipped on the kernel backend: a killed wireguard-go daemon (there is none)");
+        drop(keeper);
+        return;
+    }
     // The daemon dies: its link goes, the keep loop hears it and starts it again, whole.
     let pids = a.ns.pids();
     assert_eq!(pids.len(), 1, "one wireguard-go in the namespace: {pids:?}");
@@ -448,6 +567,35 @@ fn the_key_survives_a_restart_and_a_lost_key_file_makes_a_new_one() {
     assert_eq!(d.peer_set(), expected_peers(&states[0]));
 }
 
+/// A peer with more allowed IPs than one message holds: the kernel backend cuts its set into
+/// messages (the first replaces the list, the next append) and the kernel's dump splits the peer
+/// across messages, joined up when read. All of them are set, all read back, nothing is left to
+/// write.
+#[test]
+fn a_peer_with_a_thousand_allowed_ips_is_set_and_read_back_whole() {
+    if !root() {
+        return;
+    }
+    let nodes = mesh(2);
+    let keys = keys(&nodes);
+    let a = &nodes[0];
+    let mut s = state(a, &nodes, &keys);
+    let many = (0..1000u32).map(|i| format!("10.{}.{}.0/24", 100 + i / 256, i % 256));
+    s.wireguard_devices[0].peers[0].allowed_ips.extend(many);
+    let mut whole = kuport_proto::v1::NodeState { node: String::new(), netns: vec![s] };
+    kuport_proto::canonicalize(&mut whole);
+    let s = whole.netns.remove(0);
+    assert!(apply(&mut a.executor(), &s) > 0);
+    println!("backend: {}", backend(a));
+    let dump = a.dump();
+    assert_eq!(dump.peers[0][3].split(',').count(), 1002);
+    assert_eq!(dump.peer_set(), expected_peers(&s));
+    let read = wireguard::show(&a.wireguard(), Some(&a.ns.path()), &a.dev).expect("read").expect("a device");
+    assert_eq!(read.peers.len(), 1);
+    assert_eq!(read.peers[0].allowed_ips.len(), 1002);
+    assert_eq!(apply(&mut a.executor(), &s), 0, "read back whole: nothing to write");
+}
+
 #[test]
 fn devices_are_refused_without_a_key_or_outside_kuports_names() {
     if !root() {
@@ -474,8 +622,12 @@ fn devices_are_refused_without_a_key_or_outside_kuports_names() {
     assert!(!nodes[0].ns.ip(&["-o", "link", "show"]).contains(&nodes[0].dev));
 }
 
+/// Where the kernel has WireGuard (the VM), Auto picks it; where it has none (this host), the
+/// kernel backend answers `Unsupported` when it creates a device and "no such device" when it
+/// reads one, and Auto makes a `tun` run by wireguard-go. Either way the new device reads back
+/// empty and deleting it leaves nothing.
 #[test]
-fn the_kernel_backend_says_unsupported_here_and_auto_falls_back_to_wireguard_go() {
+fn auto_picks_the_kernel_backend_when_the_kernel_has_wireguard_and_wireguard_go_otherwise() {
     if !root() {
         return;
     }
@@ -483,26 +635,28 @@ fn the_kernel_backend_says_unsupported_here_and_auto_falls_back_to_wireguard_go(
     let n = &nodes[0];
     let wg = n.wireguard();
     let path = n.ns.path();
-    let kernel = wg.backend(wireguard::BackendKind::Kernel);
+    let kernel = wg.backend(BackendKind::Kernel);
     let made = kuport_node_exec::sys::netns::run(Some(&path), || kernel.create(Some(&path), &n.dev));
-    match made {
-        // A kernel with WireGuard: the link is there; nothing more to prove on this machine.
+    let want = match made {
         Ok(()) => {
             n.ns.ip(&["link", "del", &n.dev]);
-            println!("skipped: this kernel has WireGuard");
-            return;
+            BackendKind::Kernel
         }
-        Err(e) => assert!(matches!(e, wireguard::Error::Unsupported { .. }), "{e}"),
-    }
-    // Reading a device without the family is "no such device", not an error.
-    let read = kuport_node_exec::sys::netns::run(Some(&path), || kernel.read(&n.dev)).expect("read");
-    assert_eq!(read, None);
+        Err(e) => {
+            assert!(matches!(e, wireguard::Error::Unsupported { .. }), "{e}");
+            let read = kuport_node_exec::sys::netns::run(Some(&path), || kernel.read(&n.dev)).expect("read");
+            assert_eq!(read, None, "without the family, no such device");
+            BackendKind::Userspace
+        }
+    };
+    println!("this kernel has WireGuard: {}", want == BackendKind::Kernel);
     let kind = kuport_node_exec::sys::netns::run(Some(&path), || wg.create(Some(&path), &n.dev)).expect("created");
-    assert_eq!(kind, wireguard::BackendKind::Userspace);
-    assert!(n.ns.ip(&["-d", "-o", "link", "show", &n.dev]).contains(" tun "));
+    assert_eq!(kind, want);
+    assert_eq!(backend(n), want);
     let shown = wireguard::show(&wg, Some(&path), &n.dev).expect("show").expect("a device");
-    assert!(shown.peers.is_empty() && shown.public_key.is_none(), "a new daemon has no key yet");
+    assert!(shown.peers.is_empty() && shown.public_key.is_none(), "a new device has no key yet");
     kuport_node_exec::sys::netns::run(Some(&path), || wg.backend(kind).delete(&n.dev)).expect("deleted");
+    assert!(!n.ns.ip(&["-o", "link", "show"]).contains(&n.dev));
     assert!(wg.userspace_pids().is_empty(), "the daemon ended with its link");
     assert!(!Path::new(&format!("/var/run/wireguard/{}.sock", n.dev)).exists());
 }

@@ -6,8 +6,9 @@
 //! `WGPEER_F_REMOVE_ME`; `WGDEVICE_F_REPLACE_PEERS` is never sent.
 //!
 //! The messages are written with the crate's own netlink codec ([`crate::sys::netlink`]), as
-//! nf_tables' are, and unit-tested byte for byte against the header's layout: this machine
-//! has no WireGuard module to answer them.
+//! nf_tables' are, and unit-tested byte for byte against the header's layout. This machine has
+//! no WireGuard module: the root tests meet the real one in Debian's kernel under QEMU
+//! (e2e/vm/wireguard.sh, docs/overlay/node.md, "Proven in a real kernel").
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::path::Path;
@@ -118,19 +119,32 @@ pub fn sockaddr(e: &SocketAddr) -> Vec<u8> {
     match e {
         SocketAddr::V4(a) => {
             b.extend_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
-            b.extend_from_slice(&a.port().to_be_bytes());
+            b.extend_from_slice(&port_bytes(a.port()));
             b.extend_from_slice(&a.ip().octets());
             b.extend_from_slice(&[0; 8]);
         }
         SocketAddr::V6(a) => {
             b.extend_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
-            b.extend_from_slice(&a.port().to_be_bytes());
+            b.extend_from_slice(&port_bytes(a.port()));
             b.extend_from_slice(&a.flowinfo().to_be_bytes());
             b.extend_from_slice(&a.ip().octets());
             b.extend_from_slice(&a.scope_id().to_ne_bytes());
         }
     }
     b
+}
+
+/// A sockaddr's port: network byte order.
+#[cfg(not(feature = "wireguard-ablation"))]
+fn port_bytes(port: u16) -> [u8; 2] {
+    port.to_be_bytes()
+}
+
+/// The ablation (feature `wireguard-ablation`, e2e/vm/wireguard.sh only): host byte order, so
+/// every peer's endpoint is wrong and the VM's tests must fail.
+#[cfg(feature = "wireguard-ablation")]
+fn port_bytes(port: u16) -> [u8; 2] {
+    port.to_ne_bytes()
 }
 
 fn parse_sockaddr(d: &[u8]) -> Option<SocketAddr> {
