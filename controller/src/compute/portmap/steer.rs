@@ -239,9 +239,9 @@ fn guard_rules(
             let then = limited.contains(&tag).then(|| chain_name(CHAIN_LIMIT, fam, tag));
             let Some(rules) = allow_list_rules(fam, nets, then.as_deref()) else { continue };
             let name = chain_name(CHAIN_GUARD, fam, tag);
-            if !guarded.contains_key(&tag) {
+            if let std::collections::btree_map::Entry::Vacant(e) = guarded.entry(tag) {
                 // The last rule drops; any before it admits and goes on.
-                guarded.insert(tag, then.is_some() && rules.len() > 1);
+                e.insert(then.is_some() && rules.len() > 1);
                 chains.push(chain(&name, rules));
             }
             jump_element(&mut single, &mut range, (iface, *dst, *pr), (*a, *b), &name);
