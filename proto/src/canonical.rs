@@ -162,7 +162,21 @@ fn boundary_hash(bytes: &[u8]) -> u64 {
     h ^ (h >> 31)
 }
 
+/// Destructured without `..`, so a new kind of object does not compile until it is ordered here.
 fn canonicalize_netns(ns: &mut NetnsState) {
+    let NetnsState {
+        target: _,
+        version: _,
+        held: _,
+        sysctls: _,
+        nft_tables: _,
+        links: _,
+        addresses: _,
+        routes: _,
+        ip_rules: _,
+        neighbours: _,
+        wireguard_devices: _,
+    } = ns;
     ns.sysctls.sort_by(|a, b| a.key.cmp(&b.key));
     ns.sysctls.dedup_by(|a, b| a.key == b.key);
     ns.nft_tables.sort_by(|a, b| (a.family, &a.name).cmp(&(b.family, &b.name)));

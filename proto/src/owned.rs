@@ -8,6 +8,16 @@ pub const NFT_TABLE: &str = "kuport";
 /// kuport owns every nftables table whose name starts with this, in any family (`kuport`,
 /// `kuport-intercept`, ...), as it owns its `kup-` links: one that leaves a state is removed.
 pub const NFT_TABLE_PREFIX: &str = "kuport";
+/// The overlay's table (inet) on every mesh member (docs/overlay/filter.md). The executor reads
+/// its pod sets and its relay counter.
+pub const OVERLAY_TABLE: &str = "kuport-overlay";
+/// The members' IPv4 pod CIDRs in the overlay's table: the only addresses what arrives through
+/// the device may be forwarded to, and on a relay the only ones it forwards between.
+pub const OVERLAY_PODS_V4: &str = "pods_v4";
+/// Their IPv6 pod CIDRs, when some member has one.
+pub const OVERLAY_PODS_V6: &str = "pods_v6";
+/// Interception's table in a pod's namespace, in both families.
+pub const INTERCEPT_TABLE: &str = "kuport-intercept";
 /// kuport's prefix in packet and conntrack marks ("kp"): a mark carries it exactly when it names
 /// one of kuport's links.
 pub const MARK_PREFIX: u32 = 0x6b70_0000;

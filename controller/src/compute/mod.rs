@@ -126,16 +126,30 @@ pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
 }
 
 /// Adds a capability's part of a namespace to what others put there; canonicalize orders it and
-/// drops duplicates (two capabilities may both need forwarding).
+/// drops duplicates (two capabilities may both need forwarding). Destructured without `..`, so a
+/// new kind of object does not compile until it is merged here.
 fn merge(into: &mut NetnsState, part: NetnsState) {
-    into.sysctls.extend(part.sysctls);
-    into.nft_tables.extend(part.nft_tables);
-    into.links.extend(part.links);
-    into.addresses.extend(part.addresses);
-    into.routes.extend(part.routes);
-    into.ip_rules.extend(part.ip_rules);
-    into.neighbours.extend(part.neighbours);
-    into.wireguard_devices.extend(part.wireguard_devices);
+    let NetnsState {
+        target: _,
+        version: _,
+        held: _,
+        sysctls,
+        nft_tables,
+        links,
+        addresses,
+        routes,
+        ip_rules,
+        neighbours,
+        wireguard_devices,
+    } = part;
+    into.sysctls.extend(sysctls);
+    into.nft_tables.extend(nft_tables);
+    into.links.extend(links);
+    into.addresses.extend(addresses);
+    into.routes.extend(routes);
+    into.ip_rules.extend(ip_rules);
+    into.neighbours.extend(neighbours);
+    into.wireguard_devices.extend(wireguard_devices);
 }
 
 /// Every node's state from its host namespace and its pods' namespaces, canonical (ordered,

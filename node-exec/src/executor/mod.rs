@@ -367,8 +367,22 @@ fn without_tables(state: &NetnsState) -> NetnsState {
 }
 
 /// Whether two states hold the same links, WireGuard devices, addresses, routes, rules and
-/// sysctls (their nft tables are not compared).
+/// sysctls (their nft tables are not compared). Destructured without `..`, so a new kind of
+/// object does not compile until it is compared here.
 fn same_objects(a: &NetnsState, b: &NetnsState) -> bool {
-    (&a.target, &a.sysctls, &a.links, &a.addresses, &a.neighbours, &a.routes, &a.ip_rules, &a.wireguard_devices)
+    let NetnsState {
+        target,
+        version: _,
+        held: _,
+        sysctls,
+        nft_tables: _,
+        links,
+        addresses,
+        routes,
+        ip_rules,
+        neighbours,
+        wireguard_devices,
+    } = a;
+    (target, sysctls, links, addresses, neighbours, routes, ip_rules, wireguard_devices)
         == (&b.target, &b.sysctls, &b.links, &b.addresses, &b.neighbours, &b.routes, &b.ip_rules, &b.wireguard_devices)
 }

@@ -86,9 +86,9 @@ pub fn until_own_turn(wall: Duration, even: bool) -> Duration {
 }
 
 /// The overlay's nftables table (inet), whose relay rule counts what this node relayed.
-pub const OVERLAY_TABLE: &str = "kuport-overlay";
+pub const OVERLAY_TABLE: &str = kuport_proto::owned::OVERLAY_TABLE;
 /// The sets the relay's accept rule looks up (docs/overlay/relays.md, "The relay's filter").
-pub const RELAY_SETS: [&str; 2] = ["pods_v4", "pods_v6"];
+pub const RELAY_SETS: [&str; 2] = [kuport_proto::owned::OVERLAY_PODS_V4, kuport_proto::owned::OVERLAY_PODS_V6];
 
 /// Observations further apart than this (the loop stopped, the stream was down) do not
 /// continue each other: the unanswered probes before the gap are forgotten.

@@ -24,7 +24,7 @@ mod tests;
 
 /// The table's name in both families: kuport-prefixed, so the executor removes it when it leaves
 /// the state (`kuport_proto::owned::NFT_TABLE_PREFIX`).
-pub const TABLE: &str = "kuport-intercept";
+pub const TABLE: &str = kuport_proto::owned::INTERCEPT_TABLE;
 /// The map from protocol . container port to agent port.
 pub const REDIRECT_PORTS: &str = "redirect_ports";
 /// The interval set of the mesh's dial subnets.

@@ -68,14 +68,11 @@ pub const WRITTEN_ANNOTATIONS: [&str; 4] =
 
 /// The overlay's own nftables table on every member: inet, so that IPv6 pod traffic is held to
 /// the same rules. Under the executor's table prefix (`kuport_proto::owned`), so it owns it.
-pub const NFT_TABLE: &str = "kuport-overlay";
+pub const NFT_TABLE: &str = kuport_proto::owned::OVERLAY_TABLE;
 /// Its forward chain (docs/overlay/filter.md).
 pub const FORWARD_CHAIN: &str = "forward";
-/// The members' IPv4 pod CIDRs: the only addresses what arrives through the device may be
-/// forwarded to, and on a relay the only ones it forwards between (docs/overlay/filter.md).
-pub const PODS_SET_V4: &str = "pods_v4";
-/// Their IPv6 pod CIDRs, when some member has one.
-pub const PODS_SET_V6: &str = "pods_v6";
+pub const PODS_SET_V4: &str = kuport_proto::owned::OVERLAY_PODS_V4;
+pub const PODS_SET_V6: &str = kuport_proto::owned::OVERLAY_PODS_V6;
 
 const IPV4_FORWARDING: &str = kuport_proto::owned::SYSCTL_FORWARDING;
 const IPV6_FORWARDING: &str = kuport_proto::owned::SYSCTL_FORWARDING6;
