@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::v1::{ElementRun, NetnsState, NftElement, NftValue, NodeState, nft_value};
+use crate::v1::{ElementRun, NetnsState, NftElement, NftValue, NodeState, Route, nft_value};
 
 /// A run ends after an element whose encoding hashes to 0 modulo this: runs of 128 elements on
 /// average. Smaller runs make a one-element change cheaper to locate and the state larger (36
@@ -45,6 +45,19 @@ pub fn netns_version(ns: &NetnsState) -> String {
     }
     let bare = NetnsState { version: String::new(), held: false, ..ns.clone() };
     hex::encode(Sha256::digest(bare.encode_to_vec()))
+}
+
+/// A route's identity, the kernel's key for it: its table and destination, "default" being the
+/// zero prefix of its gateway's family (IPv4 without one). kuport sets no metric, TOS or type,
+/// so two routes of one identity that differ in device or gateway cannot both be programmed; the
+/// executor refuses a state holding both (node-exec's route model keys its routes the same way).
+pub fn route_identity(r: &Route) -> (u32, &str) {
+    let dst = match r.dst.as_str() {
+        "default" if r.via.contains(':') => "::/0",
+        "default" => "0.0.0.0/0",
+        dst => dst,
+    };
+    (r.table, dst)
 }
 
 /// The order of namespaces in a state: the host first, then paths, then pods.

@@ -20,4 +20,4 @@ pub mod v1 {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("kuport_descriptor");
 }
 
-pub use canonical::{canonical_version, canonicalize, version};
+pub use canonical::{canonical_version, canonicalize, route_identity, version};

@@ -167,11 +167,36 @@ fn assemble(
         .map(|(node, host)| {
             let mut netns = vec![host];
             netns.extend(pods.remove(&node).unwrap_or_default());
+            for ns in &mut netns {
+                drop_route_clashes(&node, ns);
+            }
             let mut state = NodeState { node: node.clone(), netns };
             kuport_proto::canonicalize(&mut state);
             (node, state)
         })
         .collect()
+}
+
+/// Keeps the first of two routes with one identity (`kuport_proto::route_identity`) that differ:
+/// the executor would refuse the whole state, leaving the node on its last one. Two capabilities
+/// placing such routes is a bug in the computation, so it is logged as an error, not refused.
+fn drop_route_clashes(node: &str, ns: &mut NetnsState) {
+    let mut seen: BTreeMap<(u32, String), usize> = BTreeMap::new();
+    let mut keep = Vec::with_capacity(ns.routes.len());
+    for route in std::mem::take(&mut ns.routes) {
+        let (table, dst) = kuport_proto::route_identity(&route);
+        match seen.get(&(table, dst.to_owned())) {
+            Some(&i) if keep.get(i) != Some(&route) => {
+                tracing::error!(node, kept = ?keep.get(i), dropped = ?route, "two routes with one table and destination");
+            }
+            Some(_) => {}
+            None => {
+                seen.insert((table, dst.to_owned()), keep.len());
+                keep.push(route);
+            }
+        }
+    }
+    ns.routes = keep;
 }
 
 /// Of an executor's reported `facts`, what the computation reads given `inputs`: two reports
@@ -204,4 +229,33 @@ pub fn relevant_facts(inputs: Option<&Cluster>, facts: &KnownFacts) -> KnownFact
         }
     };
     KnownFacts { interfaces, routes, ..facts.clone() }
+}
+
+#[cfg(test)]
+mod tests {
+    use kuport_proto::v1::Route;
+
+    use super::*;
+
+    fn route(dst: &str, via: &str, dev: &str) -> Route {
+        Route { table: 201, dst: dst.into(), via: via.into(), dev: dev.into() }
+    }
+
+    #[test]
+    fn of_two_routes_with_one_identity_the_first_is_kept() {
+        let first = route("default", "169.254.77.1", "kup-a");
+        let v6 = route("default", "fd00::1", "kup-a");
+        let mut ns = NetnsState {
+            routes: vec![
+                first.clone(),
+                v6.clone(),
+                route("0.0.0.0/0", "169.254.77.3", "kup-b"),
+                first.clone(),
+                route("10.0.0.0/24", "", "kup-b"),
+            ],
+            ..Default::default()
+        };
+        drop_route_clashes("n1", &mut ns);
+        assert_eq!(ns.routes, vec![first, v6, route("10.0.0.0/24", "", "kup-b")]);
+    }
 }

@@ -505,6 +505,39 @@ mod tests {
         assert!(reason(&route("default", "nonsense")).contains("not an address"));
     }
 
+    /// The controller drops a clash by `kuport_proto::route_identity` before it sends a state;
+    /// it must be exactly what this model refuses, or a clash would still stall a node.
+    #[test]
+    fn refuses_two_routes_exactly_when_they_share_the_controllers_identity() {
+        let r = |dst: &str, via: &str, dev: &str| v1::Route {
+            table: 201,
+            dst: dst.into(),
+            via: via.into(),
+            dev: dev.into(),
+        };
+        let routes = [
+            r("default", "169.254.77.1", "kup-1"),
+            r("0.0.0.0/0", "169.254.77.3", "kup-2"),
+            r("default", "", "kup-2"),
+            r("default", "fd64::1", "kup-1"),
+            r("::/0", "", "kup-2"),
+            r("10.0.0.0/24", "", "kup-1"),
+            r("10.0.0.0/24", "169.254.77.1", "kup-2"),
+            r("10.0.0.0/25", "", "kup-1"),
+        ];
+        for a in &routes {
+            for b in &routes {
+                if std::ptr::eq(a, b) {
+                    continue;
+                }
+                let state = v1::NetnsState { routes: vec![a.clone(), b.clone()], ..Default::default() };
+                let refused = Desired::from_proto(&state).is_err();
+                let same = kuport_proto::route_identity(a) == kuport_proto::route_identity(b);
+                assert_eq!(refused, same, "{a:?} and {b:?}");
+            }
+        }
+    }
+
     #[test]
     fn names_rules_like_ip() {
         let mut r = rule(101, 0x6b70_0001);
