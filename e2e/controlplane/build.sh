@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Build (or reuse from cache) the control-plane binaries for the kuport lab:
 #   kube-apiserver, kubectl  <- k8s.io/kubernetes        (go/kube/go.mod)
+#   kubelet (only when named: e2e/realnode)  <- k8s.io/kubernetes, the same module
 #   etcd                     <- go.etcd.io/etcd/server/v3 (go/etcd/go.mod)
 #   helm                     <- helm.sh/helm/v3/cmd/helm  (go/helm/go.mod)
 # Everything comes from the Go module proxy at the versions pinned in the
 # go.mod/go.sum files next to this script. No Docker, no release downloads.
 #
-# Usage: build.sh [--force] [NAME...]     (NAME: kube-apiserver kubectl etcd helm)
-#   With no NAME, builds all four. Binaries that are already cached with a
+# Usage: build.sh [--force] [NAME...]     (NAME: kube-apiserver kubectl etcd helm kubelet)
+#   With no NAME, builds the first four. Binaries that are already cached with a
 #   matching stamp are reused instantly; a change to a go.mod/go.sum (a version
 #   bump), to the Go version or to the build flags rebuilds them.
 #   The bin dir is printed as the last line on stdout; messages go to stderr.
@@ -35,9 +36,9 @@ NAMES=()
 for a in "$@"; do
   case "$a" in
     --force) FORCE=1 ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    kube-apiserver|kubectl|etcd|helm) NAMES+=("$a") ;;
-    *) die "unknown argument '$a' (expected --force or one of: kube-apiserver kubectl etcd helm)" ;;
+    -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    kube-apiserver|kubectl|etcd|helm|kubelet) NAMES+=("$a") ;;
+    *) die "unknown argument '$a' (expected --force or one of: kube-apiserver kubectl etcd helm kubelet)" ;;
   esac
 done
 [ "${#NAMES[@]}" -gt 0 ] || NAMES=(kube-apiserver kubectl etcd helm)
@@ -49,6 +50,7 @@ spec() {
   case "$1" in
     kube-apiserver) echo "kube|k8s.io/kubernetes/cmd/kube-apiserver|k8s.io/kubernetes" ;;
     kubectl)        echo "kube|k8s.io/kubernetes/cmd/kubectl|k8s.io/kubernetes" ;;
+    kubelet)        echo "kube|k8s.io/kubernetes/cmd/kubelet|k8s.io/kubernetes" ;;
     etcd)           echo "etcd|go.etcd.io/etcd/server/v3|go.etcd.io/etcd/server/v3" ;;
     helm)           echo "helm|helm.sh/helm/v3/cmd/helm|helm.sh/helm/v3" ;;
   esac
@@ -62,6 +64,7 @@ usual() {
     kubectl) echo "about 1.5 min after kube-apiserver, 10 min alone" ;;
     etcd) echo "about 2 min cold" ;;
     helm) echo "about 4.5 min cold" ;;
+    kubelet) echo "about 6 min after kube-apiserver" ;;
   esac
 }
 
@@ -84,7 +87,7 @@ pinned_version() { # module-dir module
 ldflags_for() { # name version
   local ld="$LDFLAGS" v="$2" major minor p
   case "$1" in
-    kube-apiserver|kubectl)
+    kube-apiserver|kubectl|kubelet)
       major="${v#v}"; major="${major%%.*}"
       minor="${v#v*.}"; minor="${minor%%.*}"
       for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
