@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Build (or reuse from cache) the control-plane binaries for the kuport lab:
 #   kube-apiserver, kubectl  <- k8s.io/kubernetes        (go/kube/go.mod)
-#   kubelet (only when named: e2e/realnode)  <- k8s.io/kubernetes, the same module
+#   kubelet, kube-controller-manager, kube-scheduler (only when named: e2e/realnode)
+#                            <- k8s.io/kubernetes, the same module
 #   etcd                     <- go.etcd.io/etcd/server/v3 (go/etcd/go.mod)
 #   helm                     <- helm.sh/helm/v3/cmd/helm  (go/helm/go.mod)
 # Everything comes from the Go module proxy at the versions pinned in the
 # go.mod/go.sum files next to this script. No Docker, no release downloads.
 #
-# Usage: build.sh [--force] [NAME...]     (NAME: kube-apiserver kubectl etcd helm kubelet)
+# Usage: build.sh [--force] [NAME...]     (NAME: kube-apiserver kubectl etcd helm kubelet
+#                                           kube-controller-manager kube-scheduler)
 #   With no NAME, builds the first four. Binaries that are already cached with a
 #   matching stamp are reused instantly; a change to a go.mod/go.sum (a version
 #   bump), to the Go version or to the build flags rebuilds them.
@@ -37,8 +39,8 @@ for a in "$@"; do
   case "$a" in
     --force) FORCE=1 ;;
     -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    kube-apiserver|kubectl|etcd|helm|kubelet) NAMES+=("$a") ;;
-    *) die "unknown argument '$a' (expected --force or one of: kube-apiserver kubectl etcd helm kubelet)" ;;
+    kube-apiserver|kubectl|etcd|helm|kubelet|kube-controller-manager|kube-scheduler) NAMES+=("$a") ;;
+    *) die "unknown argument '$a' (expected --force or one of: kube-apiserver kubectl etcd helm kubelet kube-controller-manager kube-scheduler)" ;;
   esac
 done
 [ "${#NAMES[@]}" -gt 0 ] || NAMES=(kube-apiserver kubectl etcd helm)
@@ -51,6 +53,8 @@ spec() {
     kube-apiserver) echo "kube|k8s.io/kubernetes/cmd/kube-apiserver|k8s.io/kubernetes" ;;
     kubectl)        echo "kube|k8s.io/kubernetes/cmd/kubectl|k8s.io/kubernetes" ;;
     kubelet)        echo "kube|k8s.io/kubernetes/cmd/kubelet|k8s.io/kubernetes" ;;
+    kube-controller-manager) echo "kube|k8s.io/kubernetes/cmd/kube-controller-manager|k8s.io/kubernetes" ;;
+    kube-scheduler) echo "kube|k8s.io/kubernetes/cmd/kube-scheduler|k8s.io/kubernetes" ;;
     etcd)           echo "etcd|go.etcd.io/etcd/server/v3|go.etcd.io/etcd/server/v3" ;;
     helm)           echo "helm|helm.sh/helm/v3/cmd/helm|helm.sh/helm/v3" ;;
   esac
@@ -65,6 +69,8 @@ usual() {
     etcd) echo "about 2 min cold" ;;
     helm) echo "about 4.5 min cold" ;;
     kubelet) echo "about 6 min after kube-apiserver" ;;
+    kube-controller-manager) echo "about 75 s after kube-apiserver" ;;
+    kube-scheduler) echo "about 20 s after kube-controller-manager" ;;
   esac
 }
 
@@ -87,7 +93,7 @@ pinned_version() { # module-dir module
 ldflags_for() { # name version
   local ld="$LDFLAGS" v="$2" major minor p
   case "$1" in
-    kube-apiserver|kubectl|kubelet)
+    kube-apiserver|kubectl|kubelet|kube-controller-manager|kube-scheduler)
       major="${v#v}"; major="${major%%.*}"
       minor="${v#v*.}"; minor="${minor%%.*}"
       for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do

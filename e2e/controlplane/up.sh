@@ -14,8 +14,9 @@
 #   * starts etcd (data in STATE_DIR/etcd) and kube-apiserver (https on
 #     127.0.0.1, RBAC, SA token signing, service CIDR 10.96.0.0/16, the
 #     ServiceAccount admission plugin disabled since no token/SA controller
-#     runs) detached with setsid/nohup, logging to STATE_DIR/*.log, pids in
-#     STATE_DIR/*.pid;
+#     runs; KUPORT_APISERVER_SERVICEACCOUNTS=1 keeps it on, for a lab whose
+#     kube-controller-manager makes the accounts: e2e/realnode) detached with
+#     setsid/nohup, logging to STATE_DIR/*.log, pids in STATE_DIR/*.pid;
 #   * writes STATE_DIR/kubeconfig (self-contained, embedded certs) and
 #     STATE_DIR/env (shell-sourceable: KUBECONFIG, KUPORT_BIN, ports, ...);
 #   * waits until /readyz is ok (KUPORT_READY_TIMEOUT seconds, default 180).
@@ -27,7 +28,7 @@
 set -euo pipefail
 
 case "${1:-}" in
-  -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) echo "usage: $(basename "$0") [STATE_DIR]   (see --help)" >&2; exit 2 ;;
 esac
 
@@ -242,6 +243,8 @@ for attempt in 1 2 3; do
   pick_api_port
   write_kubeconfig
   log "starting kube-apiserver on $API_URL"
+  admission=(--disable-admission-plugins=ServiceAccount)
+  [ "${KUPORT_APISERVER_SERVICEACCOUNTS:-0}" = 1 ] && admission=()
   # shellcheck disable=SC2086
   start_bg kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers="$ETCD_URL" \
@@ -257,7 +260,7 @@ for attempt in 1 2 3; do
     --service-account-signing-key-file="$PKI/sa.key" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-cluster-ip-range=10.96.0.0/16 \
-    --disable-admission-plugins=ServiceAccount \
+    "${admission[@]}" \
     --endpoint-reconciler-type=none \
     --allow-privileged=true \
     --profiling=false \

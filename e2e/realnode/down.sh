@@ -58,6 +58,8 @@ for r in $(cg_roots); do
 done
 
 ip netns del "$NS" 2>/dev/null || true
+# A client namespace of chart.sh, if one was left.
+ip netns del "krc-$ID" 2>/dev/null || true
 
 "$HERE/../controlplane/down.sh" "$LAB/controlplane" >/dev/null 2>&1 || true
 
@@ -67,6 +69,7 @@ for r in $(cg_roots); do
   if [ -d "$r" ]; then log "left: cgroup $r"; left=1; fi
 done
 if [ -e "/run/netns/$NS" ]; then log "left: netns $NS"; left=1; fi
+if [ -e "/run/netns/krc-$ID" ]; then log "left: netns krc-$ID"; left=1; fi
 if grep -q " $LAB/" /proc/self/mountinfo; then log "left: mounts under $LAB"; left=1; fi
 for p in /proc/[0-9]*; do
   [ "${p#/proc/}" = $$ ] && continue

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The real node's two local images, as OCI archives for `ctr images import` (no registry is
 # reachable): the pod sandbox (pause.c, linked static) and a test image of Debian's
-# busybox-static (httpd, nc, sh). Sourced by up.sh; `image.sh DIR` writes DIR/pause.tar and
-# DIR/testpod.tar and prints their image names.
+# busybox-static (httpd, nc, sh): /www's index says "kuport realnode test pod", its
+# /cgi-bin/addr answers the caller's address as the pod saw it, and /agent's index says "agent"
+# (an interception agent's stand-in, httpd -h /agent). Sourced by up.sh; `image.sh DIR`
+# writes DIR/pause.tar and DIR/testpod.tar and prints their image names.
 set -euo pipefail
 
 PAUSE_IMAGE=kuport.local/pause:lab
@@ -48,10 +50,13 @@ build_images() {
   rm -rf "$root"
 
   root=$(mktemp -d)
-  mkdir -p "$root/bin" "$root/www" "$root/tmp"
+  mkdir -p "$root/bin" "$root/www/cgi-bin" "$root/agent" "$root/tmp"
   cp /bin/busybox "$root/bin/busybox"
   for a in sh httpd nc sleep cat ip hostname wget; do ln -s busybox "$root/bin/$a"; done
   echo "kuport realnode test pod" >"$root/www/index.html"
+  printf '#!/bin/sh\nprintf "Content-Type: text/plain\\r\\n\\r\\n%%s\\n" "$REMOTE_ADDR"\n' >"$root/www/cgi-bin/addr"
+  chmod 755 "$root/www/cgi-bin/addr"
+  echo "agent" >"$root/agent/index.html"
   oci_archive "$out/testpod.tar" "$TEST_IMAGE" "$root" \
     '{"Env":["PATH=/bin"],"Cmd":["/bin/httpd","-f","-v","-p","8080","-h","/www"]}'
   rm -rf "$root"

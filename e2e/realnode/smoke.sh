@@ -63,12 +63,15 @@ if node ip -o link show cni0 >/dev/null 2>&1; then ok "cni0 is in the node's nam
 rss() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
 kl="$(rss "$(cat "$KUPORT_REALNODE_DIR/kubelet.pid")")"
 cd_="$(rss "$(cat "$KUPORT_REALNODE_DIR/containerd.pid")")"
+kcm="$(rss "$(cat "$KUPORT_REALNODE_DIR/controller-manager.pid")")"
+ks="$(rss "$(cat "$KUPORT_REALNODE_DIR/scheduler.pid")")"
 shims=0
 for p in $(pgrep -f containerd-shim-runc-v2 || true); do
   grep -q "$KUPORT_REALNODE_CGROUP" "/proc/$p/cgroup" 2>/dev/null && shims=$((shims + $(rss "$p")))
 done
 mem="$(awk '$3 == "cgroup" && $4 ~ /(^|,)memory(,|$)/ { print $2; exit }' /proc/self/mounts)"
-echo "memory (RSS): kubelet $((kl / 1024)) MiB, containerd $((cd_ / 1024)) MiB, shims $((shims / 1024)) MiB;" \
+echo "memory (RSS): kubelet $((kl / 1024)) MiB, containerd $((cd_ / 1024)) MiB, shims $((shims / 1024)) MiB," \
+  "controller manager $((kcm / 1024)) MiB, scheduler $((ks / 1024)) MiB;" \
   "cgroup $KUPORT_REALNODE_CGROUP: $(( $(cat "$mem/$KUPORT_REALNODE_CGROUP/memory.usage_in_bytes" 2>/dev/null || echo 0) / 1048576 )) MiB with page cache"
 
 if [ "$(host_net)" = "$before" ]; then ok "the host's links, addresses, routes, rules and nftables unchanged"; else bad "the host's network changed: $(diff <(echo "$before") <(host_net) | head -20)"; fi

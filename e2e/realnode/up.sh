@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A real node for the lab: kubelet (k8s.io/kubernetes/cmd/kubelet at the control plane's pin,
 # built by e2e/controlplane/build.sh) with Debian's containerd, runc and the bridge CNI, joined
-# to the lab's API server (e2e/controlplane/up.sh). docs/decisions.md, "A real kubelet: on the
-# host or in a VM", says why it runs on the host and what that costs.
+# to the lab's API server (e2e/controlplane/up.sh), with kube-controller-manager and
+# kube-scheduler (the same pin) so that Deployments, DaemonSets, ServiceAccounts and
+# EndpointSlices work as in a cluster. docs/decisions.md, "A real kubelet: on the host or in a
+# VM", says why it runs on the host and what that costs.
 #
 # Usage: up.sh [LAB_DIR]     (default $KUPORT_REALNODE_DIR, else ${TMPDIR:-/tmp}/kuport-realnode)
 # Prints LAB_DIR/env last (source it: KUBECONFIG, PATH, KUPORT_REALNODE_* and the `node` and
@@ -22,6 +24,11 @@
 #     runtime and the kubelet make (overlay roots, tmpfs volumes, pod namespaces) dies with it.
 #   - processes: all of them (daemons, relays, shims, containers) in the cgroup
 #     kuport-realnode-<id>, which is also the kubelet's cgroupRoot; down.sh kills that tree.
+#   - Services: no kube-proxy and no cluster DNS. The node's nftables table `ip krn-services`
+#     (a lab name, not kuport's) DNATs a map of Service addresses to endpoints, in prerouting
+#     (pods) and output (the node and hostNetwork pods); up.sh puts the API server's
+#     10.96.0.1:443 in it (to the relay below), `krn_service VIP:PORT ADDR:PORT` in LAB_DIR/env
+#     adds more.
 #   - sysctls: the kubelet sets six kernel-wide ones (vm.overcommit_memory, vm.panic_on_oom,
 #     kernel.panic, kernel.panic_on_oops, kernel.keys.root_max{keys,bytes}) unless they already
 #     hold its values; in the node's mount namespace files holding those values are bound over
@@ -45,7 +52,7 @@ die() { printf '[realnode] ERROR: %s\n' "$*" >&2; exit 1; }
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 
 case "${1:-}" in
-  -h|--help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,37p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
   -*) die "usage: up.sh [LAB_DIR]" ;;
 esac
 [ "$(id -u)" = 0 ] || die "needs root (namespaces, cgroups, mounts)"
@@ -81,9 +88,10 @@ CNI_BIN=/usr/lib/cni
 for p in bridge host-local loopback; do [ -x "$CNI_BIN/$p" ] || die "no CNI plugin $CNI_BIN/$p"; done
 
 # ------------------------------------------------------------------ binaries, control plane
-BIN="$("$CP/build.sh" kube-apiserver kubectl etcd kubelet | tail -n1)"
+BIN="$("$CP/build.sh" kube-apiserver kubectl etcd kubelet kube-controller-manager kube-scheduler | tail -n1)"
 KUBECTL="$BIN/kubectl"
-"$CP/up.sh" "$LAB/controlplane" >/dev/null
+# ServiceAccount admission on: the controller manager makes the accounts and their CA ConfigMap.
+KUPORT_APISERVER_SERVICEACCOUNTS=1 "$CP/up.sh" "$LAB/controlplane" >/dev/null
 # shellcheck disable=SC1091
 . "$LAB/controlplane/env"
 API_PORT="${KUPORT_APISERVER_URL##*:}"
@@ -95,7 +103,7 @@ on_exit() {
   local rc=$?
   [ "$rc" = 0 ] && return
   log "failed (exit $rc); last lines of the logs:"
-  for l in containerd kubelet; do
+  for l in containerd kubelet controller-manager scheduler; do
     if [ -f "$LAB/$l.log" ]; then echo "----- $LAB/$l.log" >&2; tail -n 30 "$LAB/$l.log" >&2; fi
   done
   log "state left in $LAB; remove everything with: $HERE/down.sh $LAB"
@@ -205,6 +213,10 @@ done
 cat >"$LAB/etc/mountns.sh" <<EOF
 #!/bin/sh
 set -e
+# Shared as on a systemd host, in a peer group of this namespace only (unshare made every mount
+# private first): containerd refuses a HostToContainer volume (the executor's /var/run/netns,
+# through the /var/run symlink) whose mount is not shared or slave.
+mount --make-shared /
 mount --bind '$ROOT/run' /run
 mount --bind '$ROOT/var/lib' /var/lib
 mount --bind '$ROOT/var/log' /var/log
@@ -284,6 +296,36 @@ done
 start_bg relay-host socat "UNIX-LISTEN:$LAB/apiserver.sock,fork,unlink-early,mode=600" "TCP:127.0.0.1:$API_PORT"
 start_bg relay-node nsenter --net="/run/netns/$NS" -- socat TCP-LISTEN:6443,fork,reuseaddr "UNIX-CONNECT:$LAB/apiserver.sock"
 
+# Services: the API server's ClusterIP (pods' in-cluster configuration) leads to the relay.
+in_node nft -f - <<EOF
+table ip krn-services {
+  map services {
+    type ipv4_addr . inet_service : ipv4_addr . inet_service
+    elements = { 10.96.0.1 . 443 : $NODE_IP . 6443 }
+  }
+  chain prerouting {
+    type nat hook prerouting priority dstnat; policy accept;
+    meta l4proto tcp dnat ip to ip daddr . tcp dport map @services
+  }
+  chain output {
+    type nat hook output priority -100; policy accept;
+    meta l4proto tcp dnat ip to ip daddr . tcp dport map @services
+  }
+}
+EOF
+
+# ------------------------------------------------------------------ controller manager, scheduler
+# In the node's namespaces and cgroup like the kubelet (their ports stay there), as the lab's
+# admin through the relay; no leader election (one of each).
+sed "s#server: .*#server: https://127.0.0.1:6443#" "$KUBECONFIG" >"$LAB/etc/admin.kubeconfig"
+chmod 600 "$LAB/etc/admin.kubeconfig"
+start_bg controller-manager nsenter -t "$HOLDER" -m -n -- "$BIN/kube-controller-manager" \
+  --kubeconfig="$LAB/etc/admin.kubeconfig" --leader-elect=false --bind-address=127.0.0.1 \
+  --root-ca-file="$PKI/ca.crt" --service-account-private-key-file="$PKI/sa.key" \
+  --use-service-account-credentials=false --v=1
+start_bg scheduler nsenter -t "$HOLDER" -m -n -- "$BIN/kube-scheduler" \
+  --kubeconfig="$LAB/etc/admin.kubeconfig" --leader-elect=false --bind-address=127.0.0.1 --v=1
+
 # ------------------------------------------------------------------ kubelet
 cat >"$LAB/etc/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -310,6 +352,8 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 32
+# ConfigMap volumes (the chart's CA) follow their ConfigMap at each pod sync: every 10 s, not 60.
+syncFrequency: 10s
 EOF
 T_KL=$(date +%s%N)
 start_bg kubelet nsenter -t "$HOLDER" -m -n -- "$BIN/kubelet" \
@@ -321,6 +365,7 @@ cat >"$LAB/env" <<EOF
 . '$LAB/controlplane/env'
 export KUPORT_REALNODE_DIR='$LAB'
 export KUPORT_REALNODE_NAME='$NODE'
+export KUPORT_REALNODE_IP='$NODE_IP'
 export KUPORT_REALNODE_NETNS='$NS'
 export KUPORT_REALNODE_HOLDER='$HOLDER'
 export KUPORT_REALNODE_CGROUP='$CG'
@@ -328,6 +373,8 @@ export KUPORT_REALNODE_CGROUP='$CG'
 node() { nsenter -t '$HOLDER' -m -n -- "\$@"; }
 # nodectr ARGS...: ctr against the node's containerd, in the CRI's namespace.
 nodectr() { nsenter -t '$HOLDER' -m -n -- ctr -n k8s.io "\$@"; }
+# krn_service VIP:PORT ADDR:PORT: TCP to VIP:PORT in the node and its pods goes to ADDR:PORT.
+krn_service() { node nft add element ip krn-services services "{ \${1%:*} . \${1##*:} : \${2%:*} . \${2##*:} }"; }
 EOF
 
 waited=$(date +%s)
@@ -343,7 +390,17 @@ until [ "$(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready"
   sleep 0.25
 done
 log "node $NODE Ready $(ms "$T_KL") ms after the kubelet started ($(ms "$T0") ms after up.sh started)"
-# No controller-manager allocates pod CIDRs: the node gets the bridge CNI's range.
+# The controller manager allocates no pod CIDRs here: the node gets the bridge CNI's range.
 k patch node "$NODE" --type=merge -p "{\"spec\":{\"podCIDR\":\"$POD_CIDR\",\"podCIDRs\":[\"$POD_CIDR\"]}}" >/dev/null
+# Pods need their namespace's ServiceAccount and CA ConfigMap (ServiceAccount admission).
+for _ in $(seq 1 120); do
+  k -n default get serviceaccount default >/dev/null 2>&1 && k -n default get configmap kube-root-ca.crt >/dev/null 2>&1 && break
+  for d in controller-manager scheduler; do
+    [ -d "/proc/$(cat "$LAB/$d.pid")" ] || die "$d exited (see $LAB/$d.log)"
+  done
+  sleep 0.25
+done
+{ k -n default get serviceaccount default && k -n default get configmap kube-root-ca.crt; } >/dev/null 2>&1 \
+  || die "no ServiceAccount default/default or ConfigMap kube-root-ca.crt within 30 s (see $LAB/controller-manager.log)"
 trap - EXIT
 echo "$LAB/env"
