@@ -92,7 +92,10 @@ impl LogArgs {
     fn init(&self) -> anyhow::Result<()> {
         let filter = tracing_subscriber::EnvFilter::try_new(&self.log_level)
             .with_context(|| format!("--log-level {:?}", self.log_level))?;
-        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        // Colours only on a terminal: a pod's log (the kubelet keeps stderr verbatim) or a file
+        // gets plain text.
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
         match self.log_format {
             LogFormat::Text => builder.init(),
             LogFormat::Json => builder.json().init(),
