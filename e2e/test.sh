@@ -31,6 +31,12 @@ progress "test: compiling the tests" "7-10 min cold, seconds warm" \
 cargo test --workspace --locked --no-fail-fast
 # The chart's RBAC with the real controller (the binary cargo test just built): enough, and each grant needed.
 bash e2e/chart/rbac.sh
+# The chart on the real node: helm install with kuport's images on the kubelet, a PortMap and an
+# Intercept on real pods, then removal and uninstall (e2e/README.md, "The chart on the real node").
+# It takes the images' OCI archives (e2e/container/images.sh). A root test: KUPORT_SKIP_ROOT_TESTS=1 skips it.
+if [ "${KUPORT_SKIP_ROOT_TESTS:-}" != 1 ]; then
+  progress "test: the chart on a real node" "30-50 s warm" bash e2e/realnode/chart.sh
+fi
 # The kernel WireGuard backend against the real wireguard.ko: Debian's kernel under QEMU runs
 # node-exec's WireGuard root tests, and their ablation, which must fail (docs/overlay/node.md,
 # "Proven in a real kernel"). A root test: KUPORT_SKIP_ROOT_TESTS=1 skips it.

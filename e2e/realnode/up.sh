@@ -352,8 +352,8 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 32
-# ConfigMap volumes (the chart's CA) follow their ConfigMap at each pod sync: every 10 s, not 60.
-syncFrequency: 10s
+# ConfigMap volumes (the chart's CA) follow their ConfigMap at each pod sync: every 5 s, not 60.
+syncFrequency: 5s
 EOF
 T_KL=$(date +%s%N)
 start_bg kubelet nsenter -t "$HOLDER" -m -n -- "$BIN/kubelet" \
