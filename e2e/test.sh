@@ -18,7 +18,7 @@ bash e2e/chart/test.sh
 # A real node: the kubelet with containerd and the bridge CNI, joined to the lab's API server, runs
 # a pod (e2e/README.md, "A real node"). A root test: KUPORT_SKIP_ROOT_TESTS=1 skips it.
 if [ "${KUPORT_SKIP_ROOT_TESTS:-}" != 1 ]; then
-  progress "test: a real kubelet node" "about 13 s warm; the first run builds the kubelet (6 min after kube-apiserver)" \
+  progress "test: a real kubelet node" "13-22 s warm; the first run builds the kubelet, controller manager and scheduler (about 8 min after kube-apiserver)" \
     bash e2e/realnode/smoke.sh
 fi
 
