@@ -36,5 +36,8 @@ bash e2e/chart/rbac.sh
 # "Proven in a real kernel"). A root test: KUPORT_SKIP_ROOT_TESTS=1 skips it.
 if [ "${KUPORT_SKIP_ROOT_TESTS:-}" != 1 ]; then
   progress "test: kernel WireGuard in a VM" "about 45 s warm; cold, 40 s more for the kernel and minutes to build the ablation" bash e2e/vm/wireguard.sh
+  # Both images built from Containerfile on bases from Debian packages, run by podman as the
+  # chart runs them; users, capabilities and read-only roots checked (docs/container.md).
+  progress "test: the images" "30-50 s warm; cold, about 30 s more for podman, the bases and the images" bash e2e/container/images.sh
 fi
 echo "all tests finished in $(( $(date +%s) - start ))s"
