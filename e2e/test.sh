@@ -31,16 +31,17 @@ progress "test: compiling the tests" "7-10 min cold, seconds warm" \
 cargo test --workspace --locked --no-fail-fast
 # The chart's RBAC with the real controller (the binary cargo test just built): enough, and each grant needed.
 bash e2e/chart/rbac.sh
-# The chart on the real node: helm install with kuport's images on the kubelet, a PortMap and an
-# Intercept on real pods, then removal and uninstall (e2e/README.md, "The chart on the real node").
-# It takes the images' OCI archives (e2e/container/images.sh). A root test: KUPORT_SKIP_ROOT_TESTS=1 skips it.
-if [ "${KUPORT_SKIP_ROOT_TESTS:-}" != 1 ]; then
-  progress "test: the chart on a real node" "30-50 s warm" bash e2e/realnode/chart.sh
-fi
 # The kernel WireGuard backend against the real wireguard.ko: Debian's kernel under QEMU runs
 # node-exec's WireGuard root tests, and their ablation, which must fail (docs/overlay/node.md,
 # "Proven in a real kernel"). A root test: KUPORT_SKIP_ROOT_TESTS=1 skips it.
 if [ "${KUPORT_SKIP_ROOT_TESTS:-}" != 1 ]; then
   progress "test: kernel WireGuard in a VM" "about 45 s warm; cold, 40 s more for the kernel and minutes to build the ablation" bash e2e/vm/wireguard.sh
+  # Both images built from Containerfile on bases from Debian packages, run by podman as the
+  # chart runs them; users, capabilities and read-only roots checked (docs/container.md).
+  progress "test: the images" "30-50 s warm; cold, about 30 s more for podman, the bases and the images" bash e2e/container/images.sh
+  # The chart on the real node with those images (their OCI archives): helm install on the
+  # kubelet, a PortMap and an Intercept on real pods, then removal and uninstall (e2e/README.md,
+  # "The chart on the real node").
+  progress "test: the chart on a real node" "30-50 s warm" bash e2e/realnode/chart.sh
 fi
 echo "all tests finished in $(( $(date +%s) - start ))s"

@@ -18,6 +18,11 @@
 //!   and how many node states changed (by `kuport_proto::version`);
 //! - peak memory (VmHWM, reset through /proc/self/clear_refs) per PortMap;
 //! - node state sizes (prost encoded_len): largest and sum.
+//!
+//! The other two capabilities, on request: KUPORT_BENCH_MESH=1 puts every node in the WireGuard
+//! mesh (a key and its pods' /24 each), and the notes then time one member's new key;
+//! KUPORT_BENCH_INTERCEPTS=N labels every Nth pod Running for an Intercept per namespace, and
+//! the notes time one pod relabelled out. Each note counts the node states the change altered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -85,6 +90,18 @@ fn timed<T>(f: impl FnOnce() -> T) -> (Duration, T) {
     let t = Instant::now();
     let v = f();
     (t.elapsed(), v)
+}
+
+/// `f` run `reps` times: the durations and the last result.
+fn repeated<T: Default>(reps: usize, mut f: impl FnMut() -> T) -> (Vec<Duration>, T) {
+    let mut times = Vec::new();
+    let mut last = T::default();
+    for _ in 0..reps {
+        let (d, v) = timed(&mut f);
+        times.push(d);
+        last = v;
+    }
+    (times, last)
 }
 
 fn median_min(mut v: Vec<Duration>) -> (Duration, Duration) {
@@ -214,7 +231,10 @@ fn main() {
         Some(w) => w.iter().map(|n| SIZES.iter().copied().find(|(s, _)| s == n).unwrap_or((*n, n * 10))).collect(),
     };
     let stages_on = std::env::var("KUPORT_BENCH_STAGES").map(|v| v != "0").unwrap_or(true);
-    let settings = Settings::default();
+    let mesh = std::env::var("KUPORT_BENCH_MESH").is_ok_and(|v| v == "1");
+    let intercept_every: Option<usize> =
+        std::env::var("KUPORT_BENCH_INTERCEPTS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0);
+    let settings = Settings { overlay: mesh.then(Default::default) };
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let load_start = loadavg();
     let hwm_resettable = reset_hwm();
@@ -226,7 +246,16 @@ fn main() {
         eprintln!("size {n_nodes} nodes, {n_maps} PortMaps: building");
         reset_hwm();
         let rss0 = proc_status("VmRSS:");
-        let (build_time, mut cluster) = timed(|| build(n_nodes, n_maps, &mut Rng(42)));
+        let (build_time, mut cluster) = timed(|| {
+            let mut c = build(n_nodes, n_maps, &mut Rng(42));
+            if mesh {
+                join_mesh(&mut c);
+            }
+            if let Some(every) = intercept_every {
+                add_intercepts(&mut c, every);
+            }
+            c
+        });
         let rss_input = proc_status("VmRSS:").saturating_sub(rss0);
 
         eprintln!("  first compute (no class status)");
@@ -312,6 +341,46 @@ fn main() {
         }
         let standby_changed = changed(&before, &versions(&compute(&standby, &settings)));
         drop(standby);
+
+        if mesh {
+            let members = steady.overlay.values().filter(|o| o.refused.is_empty()).count();
+            let peers: usize = steady
+                .node_states
+                .values()
+                .flat_map(|s| &s.netns)
+                .flat_map(|ns| &ns.wireguard_devices)
+                .map(|d| d.peers.len())
+                .sum();
+            let mut rekeyed = cluster.clone();
+            let who = n_nodes / 2;
+            if let Some(f) = rekeyed.facts.get_mut(who) {
+                f.wireguard_public_key = Some(test_key(n_nodes + who));
+            }
+            let (times, out) = repeated(reps, || compute(&rekeyed, &settings));
+            let (median, min) = median_min(times);
+            notes.push(format!(
+                "{n_nodes} nodes, mesh: {members} members, {peers} peer entries; {} rekeyed: {} / {} (median / min), changed node states: {}",
+                node_name(who),
+                ms(median),
+                ms(min),
+                changed(&before, &versions(&out))
+            ));
+        }
+        if let Some(every) = intercept_every {
+            let programmed: u32 = steady.intercepts.values().map(|s| s.programmed_pods).sum();
+            let mut relabelled = cluster.clone();
+            if let Some(pod) = relabelled.pods.iter_mut().find(|p| p.metadata.labels.is_some()) {
+                pod.metadata.labels = None;
+            }
+            let (times, out) = repeated(reps, || compute(&relabelled, &settings));
+            let (median, min) = median_min(times);
+            notes.push(format!(
+                "{n_nodes} nodes, Intercepts on one pod in {every}: {programmed} pods programmed; one relabelled out: {} / {} (median / min), changed node states: {}",
+                ms(median),
+                ms(min),
+                changed(&before, &versions(&out))
+            ));
+        }
         drop(steady);
 
         if stages_on {

@@ -82,6 +82,43 @@ async fn stale_and_reordered_states_are_never_applied() {
     assert_eq!(acks[2].errors[0].object, "link kup-x", "a refusal names the object");
 }
 
+/// A stored state the applier refuses at start is not claimed as applied: the hello names no
+/// version, and the same state sent again is applied, not merely acknowledged.
+#[tokio::test]
+async fn a_stored_state_refused_at_start_is_not_claimed_and_is_applied_again() {
+    let dir = std::env::temp_dir().join(format!("kuport-fence-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("state dir");
+    let stored = DesiredState {
+        term: 5,
+        sequence: 2,
+        version: "refuse@5.2".into(),
+        state: Some(NodeState { node: "refuse".into(), netns: vec![] }),
+    };
+    kuport_node_exec::sync::store::save(&dir, &stored).expect("store");
+    let (address, mut seen) = start(vec![state(5, 2, "again"), state(5, 1, "older")]).await;
+    let recorder = Recorder::default();
+    let mut cfg = Config::new(format!("http://{address}"), "n1");
+    cfg.state_dir = Some(dir.clone());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let exec = tokio::spawn(run(cfg, recorder.clone(), async {
+        let _ = stop_rx.await;
+    }));
+    let hello = tokio::time::timeout(Duration::from_secs(5), seen.recv()).await.expect("hello in time").expect("hello");
+    let got = acks(&mut seen, 1, Duration::from_secs(5)).await;
+    let _ = stop_tx.send(());
+    let _ = exec.await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let Some(executor_message::Message::Hello(h)) = hello.message else { panic!("first message: {hello:?}") };
+    assert_eq!(h.applied, None, "a refused stored state is not claimed");
+    assert_eq!(
+        recorder.0.lock().expect("recorder").as_slice(),
+        ["refuse", "again"],
+        "refused at start, applied when sent"
+    );
+    assert_eq!(got.iter().map(|a| (a.version.as_str(), a.ok)).collect::<Vec<_>>(), [("again@5.2", true)]);
+}
+
 #[tokio::test]
 async fn the_first_message_is_hello_and_not_leader_redirects() {
     // The leader: one state.

@@ -285,3 +285,77 @@ pub fn move_pod(c: &mut Cluster, ns: &str, name: &str, address: &str, to: usize,
 pub fn slice_name(name: &str) -> String {
     format!("svc-{name}-x7k2p")
 }
+
+/// Every node joins the WireGuard mesh: its executor's public key (distinct, valid) and its
+/// Node's pod CIDR, the /24 its pods are in. Endpoints come from the InternalIPs.
+pub fn join_mesh(c: &mut Cluster) {
+    for (i, node) in c.nodes.iter_mut().enumerate() {
+        node.spec.get_or_insert_default().pod_cidrs = Some(vec![format!("{}/24", ip(PODS, i * 256))]);
+    }
+    for (i, facts) in c.facts.iter_mut().enumerate() {
+        facts.wireguard_public_key = Some(test_key(i));
+    }
+}
+
+/// A WireGuard public key for node `i`: 32 bytes, base64.
+pub fn test_key(i: usize) -> String {
+    let mut bytes = [0x4bu8; 32];
+    bytes[..8].copy_from_slice(&(i as u64 + 1).to_be_bytes());
+    base64(&bytes)
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for k in 0..4 {
+            if k <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * k)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The label an Intercept selects.
+pub const INTERCEPTED: (&str, &str) = ("kuport-bench/intercepted", "yes");
+
+/// An Intercept per namespace (two intercepted ports) selecting the labelled pods; every
+/// `every`th pod is labelled, Running, with a UID, as its kubelet reports it.
+pub fn add_intercepts(c: &mut Cluster, every: usize) {
+    use kuport_controller::api::{Intercept, InterceptPort, InterceptSpec, PodSelector};
+    for (k, pod) in c.pods.iter_mut().enumerate() {
+        let status = pod.status.get_or_insert_default();
+        status.phase = Some("Running".into());
+        pod.metadata.uid = Some(format!("uid-{k:08}"));
+        if k % every == 0 {
+            pod.metadata.labels = Some(BTreeMap::from([(INTERCEPTED.0.to_string(), INTERCEPTED.1.to_string())]));
+        }
+    }
+    let now = c.now.as_second();
+    for n in 0..NAMESPACES {
+        let spec = InterceptSpec {
+            pod_selector: PodSelector { match_labels: BTreeMap::from([(INTERCEPTED.0.into(), INTERCEPTED.1.into())]) },
+            intercepts: [(8080, 9900), (9090, 9901)]
+                .iter()
+                .map(|(container, agent)| InterceptPort {
+                    protocol: Protocol::Tcp,
+                    container_port: *container,
+                    agent_port: *agent,
+                    proxy_port: None,
+                })
+                .collect(),
+            agent: Default::default(),
+            mesh_dial_subnets: vec!["10.96.0.0/12".into()],
+        };
+        let mut ic = Intercept::new("agent", spec);
+        ic.metadata.namespace = Some(format!("team-{n:03}"));
+        ic.metadata.generation = Some(1);
+        ic.metadata.creation_timestamp = Timestamp::from_second(now - 3600 + n as i64).ok().map(Time);
+        c.intercepts.push(ic);
+    }
+}

@@ -213,15 +213,22 @@ pub async fn run<A: NodeApplier, F: Future<Output = ()>>(cfg: Config, mut applie
                 let state = stored.state.take().unwrap_or_default();
                 let outside = bounds::check(&state);
                 let applied = if outside.is_empty() { applier.apply(state).await } else { Err(outside) };
-                match applied {
-                    Ok(()) => tracing::info!(version = %stored.version, term = stored.term, "keeping the stored state"),
-                    Err(e) => tracing::warn!(version = %stored.version, errors = ?e, "the stored state was refused"),
-                }
-                fence = Fence::from_applied(Some(kuport_proto::v1::Applied {
-                    term: stored.term,
-                    sequence: stored.sequence,
-                    version: stored.version,
-                }));
+                fence = match applied {
+                    Ok(()) => {
+                        tracing::info!(version = %stored.version, term = stored.term, "keeping the stored state");
+                        Fence::from_applied(Some(kuport_proto::v1::Applied {
+                            term: stored.term,
+                            sequence: stored.sequence,
+                            version: stored.version,
+                        }))
+                    }
+                    // Claimed as applied, it would be acknowledged on a resend and never applied:
+                    // the hello claims nothing, and the same state may be applied again.
+                    Err(e) => {
+                        tracing::warn!(version = %stored.version, errors = ?e, "the stored state was refused");
+                        Fence::after_refused(stored.term, stored.sequence)
+                    }
+                };
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "ignoring the stored state"),

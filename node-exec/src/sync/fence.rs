@@ -21,6 +21,17 @@ impl Fence {
         Fence { seen: applied.as_ref().map(|a| (a.term, a.sequence)), applied }
     }
 
+    /// A fence after a stored state at (`term`, `sequence`) was refused at start: nothing is
+    /// applied, and that state or a newer one is admitted, an older one not.
+    pub fn after_refused(term: u64, sequence: u64) -> Self {
+        let before = match (term, sequence) {
+            (0, 0) => None,
+            (t, 0) => Some((t - 1, u64::MAX)),
+            (t, s) => Some((t, s - 1)),
+        };
+        Fence { seen: before, applied: None }
+    }
+
     /// Whether `state` is newer than everything seen.
     pub fn admits(&self, state: &DesiredState) -> bool {
         self.seen.is_none_or(|seen| (state.term, state.sequence) > seen)
@@ -68,5 +79,18 @@ mod tests {
         assert!(!f.admits(&st(3, 2)));
         assert!(!f.admits(&st(2, 10)));
         assert!(f.admits(&st(3, 3)));
+    }
+
+    #[test]
+    fn a_refused_stored_state_may_be_applied_again_but_fences_older_ones() {
+        let f = Fence::after_refused(3, 2);
+        assert_eq!(f.applied(), None);
+        assert!(f.admits(&st(3, 2)), "the same state, sent again");
+        assert!(f.admits(&st(3, 3)));
+        assert!(!f.admits(&st(3, 1)));
+        assert!(!f.admits(&st(2, 10)), "an older leader");
+        let f = Fence::after_refused(3, 0);
+        assert!(f.admits(&st(3, 0)) && !f.admits(&st(2, u64::MAX - 1)));
+        assert!(Fence::after_refused(0, 0).admits(&st(0, 0)));
     }
 }
