@@ -7,7 +7,7 @@
 //! docs/intercept/resource.md describes the resource.
 
 mod common;
-use common::{ControlPlane, bearer, node_sync, repo};
+use common::{ControlPlane, bearer, free_address, node_sync, repo};
 
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -26,11 +26,6 @@ impl Drop for Controller {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_address() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("address").to_string()
 }
 
 /// A fake executor of `node` (over TLS with `ca`, proving its node with `token`) that

@@ -284,9 +284,30 @@ impl Drop for Controller {
 }
 
 /// A free address on 127.0.0.1.
+/// A loopback address for a server a test starts. Its port is below the kernel's ephemeral
+/// range, so an outgoing connection (kubectl's, a client's) cannot take it between this check
+/// and the server's bind, as one did with a port from `bind(0)`; and never one this process
+/// handed out before, so two calls never name the same port.
 pub fn free_address() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("address").to_string()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|low| *low > 12_000)
+        .unwrap_or(32_768);
+    // Each test process starts at its own offset: processes run one after the other, but a
+    // server of an earlier one may still be going away.
+    let span = low - 10_000;
+    let start = std::process::id() * 7_919 % span;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < span, "no free port below {low}");
+        let port = 10_000 + (start + n * 101) % span;
+        if std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return format!("127.0.0.1:{port}");
+        }
+    }
 }
 
 /// Waits for `what` to hold within `limit`, checking every 100 ms; returns how long it took.
