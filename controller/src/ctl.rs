@@ -6,6 +6,10 @@
 //! or the kubeconfig's, which RBAC then judges on every call (docs/security.md). `http://` is the
 //! insecure folder mode: plain text.
 
+mod teardown;
+
+pub use teardown::{Progress, teardown};
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -74,6 +78,8 @@ pub struct Sources {
     pub namespace: String,
     /// The kubeconfig; None: $KUBECONFIG, ~/.kube/config or in-cluster.
     pub kubeconfig: Option<PathBuf>,
+    /// The Lease naming the leader; None: [`LEASE_NAME`].
+    pub lease_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -200,21 +206,20 @@ pub async fn discover(sources: &Sources) -> Result<String, CtlError> {
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
         kube::Api::namespaced(client, &sources.namespace);
     let ns = &sources.namespace;
-    let lease = leases.get_opt(LEASE_NAME).await.map_err(|e| {
-        CtlError::Credentials(format!(
-            "finding the controller: reading Lease {ns}/{LEASE_NAME}: {e} (or pass --controller)"
-        ))
+    let name = sources.lease_name.as_deref().unwrap_or(LEASE_NAME);
+    let lease = leases.get_opt(name).await.map_err(|e| {
+        CtlError::Credentials(format!("finding the controller: reading Lease {ns}/{name}: {e} (or pass --controller)"))
     })?;
     let lease = lease.ok_or_else(|| {
         CtlError::Credentials(format!(
-            "finding the controller: no Lease {ns}/{LEASE_NAME}: is kuport installed in namespace {ns} (-n)? Or pass --controller"
+            "finding the controller: no Lease {ns}/{name}: is kuport installed in namespace {ns} (-n)? Or pass --controller"
         ))
     })?;
     let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
     match holder.rsplit_once('@') {
         Some((_, address)) if !address.is_empty() => Ok(format!("https://{address}")),
         _ => Err(CtlError::Credentials(format!(
-            "finding the controller: Lease {ns}/{LEASE_NAME} names no leader ({holder:?}): no replica leads now; pass --controller"
+            "finding the controller: Lease {ns}/{name} names no leader ({holder:?}): no replica leads now; pass --controller"
         ))),
     }
 }

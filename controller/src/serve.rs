@@ -193,7 +193,7 @@ where
         .counting(hub.metrics().token_reviews.clone());
     let debug = DebugAccess::new(reviewer).counting(hub.metrics().debug_reviews.clone());
     let trust = Trust { tls: Some(tls), executors: Some(Arc::new(executors)), debug: Some(Arc::new(debug)) };
-    let stores = observe::kubernetes::watch(&client, hub.clone());
+    let stores = observe::kubernetes::watch(&client, &cfg.lease_namespace, hub.clone());
     let writer = status::Writer::new(client, stores, hub.clone(), Some(cfg.identity.clone()));
     let gate: Arc<dyn hub::Gate> = writer.clone();
     let recompute = tokio::spawn(hub.clone().recompute_loop(Some(gate)));

@@ -663,6 +663,61 @@ async fn scenario() {
         forger.abort();
     }
     assert_eq!(worker.borrow().len(), acks_before, "worker-2 was sent no new state");
+
+    // Teardown, as the chart's pre-delete hook runs it (docs/operations/uninstall.md): every
+    // node's state empty, kuportctl waits for the acks; the ConfigMap's deletion (Helm deletes
+    // it) changes nothing; a new leader finds the teardown; --undo brings the states back.
+    let teardown = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kuport-teardown","namespace":"default"},"data":{"teardown":"false"}}"#;
+    cp.ok(&["apply", "-f", "-"], Some(teardown));
+    let empty =
+        kuport_proto::canonical_version(&kuport_proto::v1::NodeState { node: "worker-2".into(), ..Default::default() });
+    let last_acked = || worker.borrow().last().map(|a| a.1.clone()).unwrap_or_default();
+    assert_ne!(last_acked(), empty, "worker-2 holds a state before the teardown");
+    let ca_file = cp.dir.join("teardown-ca.pem");
+    std::fs::write(&ca_file, &trust.ca).expect("the CA file");
+    let sources = |controller: &str| kuport_controller::ctl::Sources {
+        controller: format!("https://{controller}"),
+        ca_file: Some(ca_file.clone()),
+        token: Some(trust.debug.clone()),
+        namespace: "default".into(),
+        kubeconfig: Some(cp.kubeconfig.clone()),
+        lease_name: None,
+    };
+    let started = Instant::now();
+    let said = kuport_controller::ctl::teardown(&sources(&a2), false, Duration::from_secs(5), false)
+        .await
+        .expect("kuportctl teardown");
+    println!("teardown with one executor connected: {:?}\n{said}", started.elapsed());
+    assert!(said.contains("worker-2: empty, acknowledged"), "{said}");
+    assert!(said.contains("edge-a: no executor connected"), "{said}");
+    assert_eq!(last_acked(), empty, "worker-2 acknowledged an empty state");
+    cp.ok(&["delete", "configmap", "-n", "default", "kuport-teardown"], None);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let desired = desired_versions(&a2, &trust).await;
+    let empty_of = |n: &str| {
+        kuport_proto::canonical_version(&kuport_proto::v1::NodeState { node: n.into(), ..Default::default() })
+    };
+    assert!(desired.iter().all(|(n, v)| *v == empty_of(n)), "the ConfigMap's deletion reprogrammed: {desired:?}");
+    cp.ok(&["apply", "-f", "-"], Some(&teardown.replace(r#""false""#, r#""true""#)));
+    let acks_before = worker.borrow().len();
+    c2.signal("-KILL");
+    within(Duration::from_secs(15), "c1 leads and worker-2 acks its empty state", || {
+        let acks = worker.borrow();
+        match acks.get(acks_before..).and_then(|a| a.last()) {
+            Some((term, v)) if *term > c1_term && *v == empty && holder(&cp).starts_with("c1@") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(worker.borrow()[acks_before..].iter().all(|a| a.1 == empty), "the new leader sent only empty states");
+    let said = kuport_controller::ctl::teardown(&sources(&a1), false, Duration::from_secs(5), true)
+        .await
+        .expect("kuportctl teardown --undo");
+    assert!(said.contains("withdrawn"), "{said}");
+    within(Duration::from_secs(10), "worker-2's state comes back", || {
+        if last_acked() != empty { Ok(()) } else { Err("still empty".into()) }
+    })
+    .await;
     drop(c1);
     drop(c2);
 }

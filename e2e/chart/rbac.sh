@@ -12,7 +12,8 @@
 #     and serving certificate (Secret kuport-controller-tls) and publishes the CA (ConfigMap
 #     kuport-ca), removes a stale overlay annotation from a Node (--overlay, no member: nodes
 #     patch), renews a certificate that is due and brings a stale ConfigMap up to date, reads
-#     both back when restarted, and answers kuportctl for a ServiceAccount bound to the chart's
+#     both back when restarted, watches the ConfigMap kuport-teardown (list and watch of that
+#     name), and answers kuportctl for a ServiceAccount bound to the chart's
 #     debug ClusterRole (TokenReview, SubjectAccessReview); it logs no "forbidden", and the API
 #     server refused none of its requests; every grant was used.
 #  2. Minimal: each grant (one resource and verb at a time) is removed from its role, the
@@ -42,6 +43,7 @@ lease=kuport-controller  # the Deployment's --lease-name
 cr=kuport-controller     # its ClusterRole
 role=kuport-controller-leader-election
 tls_role=kuport-controller-tls  # the managed certificate's Secret and the CA's ConfigMap
+teardown_role=kuport-controller-teardown # the teardown ConfigMap, watched
 secret=kuport-controller-tls     # both names fixed in the controller
 configmap=kuport-ca
 debug_cr=kuport-debug            # kuportctl's users' ClusterRole
@@ -208,6 +210,7 @@ install() {
   kubectl get clusterrole "$cr" -o name
   kubectl -n "$ns" get role "$role" -o name
   kubectl -n "$ns" get role "$tls_role" -o name
+  kubectl -n "$ns" get role "$teardown_role" -o name
   kubectl get clusterrole "$debug_cr" -o name
 }
 check "helm install the chart into $ns" install
@@ -550,7 +553,7 @@ every_grant_used() {
   local used want g r v n c missing= line lbl
   # What it did with success (2xx), as "GROUP RESOURCE VERB NAME".
   used=$(audit "$main_from" | awk '$1 < 300 { print $3, $4, $2, $5 }' | sort)
-  want=$( (grants clusterrole "$cr"; grants role "$role"; grants role "$tls_role") | sort -u)
+  want=$( (grants clusterrole "$cr"; grants role "$role"; grants role "$tls_role"; grants role "$teardown_role") | sort -u)
   line=
   while read -r g r v n; do
     if [ "$n" = - ]; then
@@ -606,6 +609,7 @@ can_i_is() { local got; got=$(can_i "$1" "$2" "$3" "$4"); [ "$got" = "$5" ] || {
 cr_rules=$(kubectl get clusterrole "$cr" -o jsonpath='{.rules}')
 role_rules=$(kubectl -n "$ns" get role "$role" -o jsonpath='{.rules}')
 tls_role_rules=$(kubectl -n "$ns" get role "$tls_role" -o jsonpath='{.rules}')
+teardown_role_rules=$(kubectl -n "$ns" get role "$teardown_role" -o jsonpath='{.rules}')
 
 # Sets up what makes the controller need the grant (before it starts).
 prepare() { # GROUP RESOURCE VERB
@@ -735,22 +739,24 @@ while read -r g r v n; do
   [ -n "$g" ] || continue
   check "minimal: without ClusterRole '$v $g/$r' the API server refuses it" minimal clusterrole "$cr" "$cr_rules" "$g" "$r" "$v" "$n"
 done <<<"$(grants clusterrole "$cr")"
-while read -r g r v n; do
-  [ -n "$g" ] || continue
-  label="$v $g/$r"
-  [ "$n" = - ] || label+=" ($n)"
-  check "minimal: without Role '$label' the API server refuses it" minimal role "$role" "$role_rules" "$g" "$r" "$v" "$n"
-done <<<"$(grants role "$role")"
-while read -r g r v n; do
-  [ -n "$g" ] || continue
-  label="$v $g/$r"
-  [ "$n" = - ] || label+=" ($n)"
-  check "minimal: without Role $tls_role '$label' the API server refuses it" minimal role "$tls_role" "$tls_role_rules" "$g" "$r" "$v" "$n"
-done <<<"$(grants role "$tls_role")"
+# Each grant of one Role, removed in turn.
+minimal_role() { # ROLE FULL_RULES
+  local g r v n label
+  while read -r g r v n; do
+    [ -n "$g" ] || continue
+    label="$v $g/$r"
+    [ "$n" = - ] || label+=" ($n)"
+    check "minimal: without Role $1 '$label' the API server refuses it" minimal role "$1" "$2" "$g" "$r" "$v" "$n"
+  done <<<"$(grants role "$1")"
+}
+minimal_role "$role" "$role_rules"
+minimal_role "$tls_role" "$tls_role_rules"
+minimal_role "$teardown_role" "$teardown_role_rules"
 
 restored() {
   [ "$(kubectl get clusterrole "$cr" -o jsonpath='{.rules}')" = "$cr_rules" ]
   [ "$(kubectl -n "$ns" get role "$role" -o jsonpath='{.rules}')" = "$role_rules" ]
   [ "$(kubectl -n "$ns" get role "$tls_role" -o jsonpath='{.rules}')" = "$tls_role_rules" ]
+  [ "$(kubectl -n "$ns" get role "$teardown_role" -o jsonpath='{.rules}')" = "$teardown_role_rules" ]
 }
 check "the roles are back as the chart made them" restored

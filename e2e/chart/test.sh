@@ -158,6 +158,17 @@ want_tls_rules() { # ROLE
   } | sort
 }
 
+# Uninstall's teardown (templates/teardown.yaml): the controller watches its ConfigMap; the
+# pre-delete hook's account sets it, finds the leader and lists the nodes (the debug ClusterRole).
+want_teardown_rules() { # PREFIX
+  local c="$1-controller" v
+  {
+    for v in list watch; do echo "Role/$c-teardown core configmaps $v name=kuport-teardown"; done
+    echo "Role/$1-teardown core configmaps patch name=kuport-teardown"
+    echo "Role/$1-teardown coordination.k8s.io leases get name=$c"
+  } | sort
+}
+
 # kuportctl's users' ClusterRole: what the Debug service asks SubjectAccessReviews for; their
 # Role: the leader's Lease and the CA's ConfigMap, which kuportctl reads to find and verify it.
 want_debug_rules() { # NAME LEASE CONFIGMAP
@@ -281,7 +292,7 @@ exact_rbac() { # FILE PREFIX MANAGED_TLS CA_CONFIGMAP
   local got
   got=$(rbac_rules "$file")
   expect_eq "grants" "$got" "$( (want_cluster_rules "$c"; want_role_rules "$c-leader-election" "$c"
-    want_debug_rules "$2-debug" "$c" "$4"; [ "$3" = managed ] && want_tls_rules "$c-tls") | sort)"
+    want_debug_rules "$2-debug" "$c" "$4"; want_teardown_rules "$2"; [ "$3" = managed ] && want_tls_rules "$c-tls") | sort)"
   # The Roles are namespaced to the release namespace.
   [ "$(objects "$file" '{{if eq .kind "Role"}}{{.metadata.namespace}}{{"\n"}}{{end}}' | sort -u)" = "$ns" ]
 }
@@ -309,7 +320,10 @@ exec_unbound() { # FILE PREFIX MANAGED_TLS
   expect_eq "bindings" "$got" "$( {
     printf '%s\n' \
       "ClusterRoleBinding/$p-controller -> ClusterRole/$p-controller ServiceAccount:$ns/$p-controller" \
-      "RoleBinding/$p-controller-leader-election -> Role/$p-controller-leader-election ServiceAccount:$ns/$p-controller"
+      "RoleBinding/$p-controller-leader-election -> Role/$p-controller-leader-election ServiceAccount:$ns/$p-controller" \
+      "RoleBinding/$p-controller-teardown -> Role/$p-controller-teardown ServiceAccount:$ns/$p-controller" \
+      "RoleBinding/$p-teardown -> Role/$p-teardown ServiceAccount:$ns/$p-teardown" \
+      "ClusterRoleBinding/$p-teardown -> ClusterRole/$p-debug ServiceAccount:$ns/$p-teardown"
     [ "$3" = managed ] && echo "RoleBinding/$p-controller-tls -> Role/$p-controller-tls ServiceAccount:$ns/$p-controller"
   } | sort)"
   if grep -q "$p-node-exec" <<<"$got"; then echo "the executor is bound"; return 1; fi
@@ -400,15 +414,15 @@ kinds() { # FILE: kind/name of every object
 }
 monitoring_objects() {
   local all
-  if kinds "$work/default.yaml" | grep -E '^(ServiceMonitor|PrometheusRule|ConfigMap)/'; then
+  if kinds "$work/default.yaml" | grep -E '^(ServiceMonitor/|PrometheusRule/|ConfigMap/kuport-dashboard$)'; then
     echo "monitoring objects in the default render"; return 1
   fi
   helm template "$release" "$chart" -n "$ns" --kube-version "$kube_version" "${monitoring_sets[@]}" >"$work/monitoring-all.yaml"
   all=$(kinds "$work/monitoring-all.yaml")
-  expect_eq "monitoring objects" "$(grep -E '^(ServiceMonitor|PrometheusRule|ConfigMap)/' <<<"$all")" \
+  expect_eq "monitoring objects" "$(grep -E '^(ServiceMonitor/|PrometheusRule/|ConfigMap/kuport-dashboard$)' <<<"$all")" \
     "$(printf '%s\n' ConfigMap/kuport-dashboard PrometheusRule/kuport-controller ServiceMonitor/kuport-controller)"
   # Nothing else changes.
-  expect_eq "the rest of the render" "$(grep -vE '^(ServiceMonitor|PrometheusRule|ConfigMap)/' <<<"$all")" "$(kinds "$work/default.yaml")"
+  expect_eq "the rest of the render" "$(grep -vE '^(ServiceMonitor/|PrometheusRule/|ConfigMap/kuport-dashboard$)' <<<"$all")" "$(kinds "$work/default.yaml")"
   # The ServiceMonitor scrapes the port the Service names metrics, which the controller serves
   # /metrics on (--metrics-listen).
   expect_eq "scrape" "$(objects "$work/monitoring.yaml" '{{if eq .kind "ServiceMonitor"}}{{range .spec.endpoints}}{{.port}} {{.path}}{{end}} {{.spec.selector.matchLabels}}{{end}}')" \
@@ -570,9 +584,30 @@ check "the CRDs accept the examples and reject an invalid PortMap" examples
 custom_server() {
   # The custom render (privileged executor, NodePort, percentages, ...) passes the API server's
   # validation too.
-  kubectl create --dry-run=server -f "$work/custom.yaml" -o name
+  # (Less the ConfigMap kuport-teardown: its name is fixed in the controller, one kuport per
+  # namespace, and the release installed above holds it.)
+  awk 'BEGIN { RS = "\n---\n"; ORS = "\n---\n" } !/\nkind: ConfigMap\nmetadata:\n  name: kuport-teardown\n/' \
+    "$work/custom.yaml" >"$work/custom-server.yaml"
+  grep -q 'name: kuport-teardown' "$work/custom-server.yaml" && { echo "the teardown ConfigMap was not left out"; return 1; }
+  kubectl create --dry-run=server -f "$work/custom-server.yaml" -o name
 }
 check "the custom render passes server-side validation (dry run)" custom_server
+
+# The pre-delete hook (templates/teardown.yaml): its account, roles and Job made before the
+# uninstall deletes anything, the Job after them; kuportctl teardown from the controller's image,
+# finding the leader by the release's Lease and verifying it with the CA it mounts, run as the
+# controller runs.
+teardown_hook() { # FILE PREFIX CA_CONFIGMAP
+  expect_eq "hooks" "$(objects "$1" '{{with .metadata.annotations}}{{with index . "helm.sh/hook"}}{{$.kind}}/{{$.metadata.name}} {{.}} {{index $.metadata.annotations "helm.sh/hook-weight"}} {{index $.metadata.annotations "helm.sh/hook-delete-policy"}}{{"\n"}}{{end}}{{end}}' | sort)" \
+    "$(for o in ClusterRoleBinding Job Role RoleBinding ServiceAccount; do
+      w=-10; [ "$o" = Job ] && w=0
+      echo "$o/$2-teardown pre-delete $w before-hook-creation,hook-succeeded"
+    done)"
+  expect_eq "the Job" "$(objects "$1" '{{if eq .kind "Job"}}{{with .spec.template.spec}}{{.serviceAccountName}} {{.securityContext.runAsUser}} {{range .containers}}{{.image}} {{.command}} {{.args}} {{.securityContext.readOnlyRootFilesystem}} {{.securityContext.capabilities.drop}}{{end}} {{range .volumes}}{{.configMap.name}}{{end}}{{end}}{{end}}')" \
+    "$2-teardown 65532 $4 [/usr/local/bin/kuportctl] [teardown --namespace $ns --lease-name $2-controller --ca-file /etc/kuport/ca/ca.crt --wait 120] true [ALL] $3"
+}
+check "uninstall's teardown: a pre-delete hook runs kuportctl teardown (default)" teardown_hook "$work/default.yaml" kuport kuport-ca "$(objects "$work/default.yaml" '{{if eq .kind "Deployment"}}{{range .spec.template.spec.containers}}{{.image}}{{end}}{{end}}')"
+check "uninstall's teardown: a pre-delete hook runs kuportctl teardown (custom)" teardown_hook "$work/custom.yaml" portmapper kuport-serving-ca "$(objects "$work/custom.yaml" '{{if eq .kind "Deployment"}}{{range .spec.template.spec.containers}}{{.image}}{{end}}{{end}}')"
 
 upgrade() {
   helm upgrade "$release" "$chart" -n "$ns" --set controller.replicas=3 --set log.level=debug --wait=false >/dev/null
@@ -586,12 +621,15 @@ upgrade() {
 }
 check "helm upgrade (replicas 3, log level debug) is visible" upgrade
 
+# Without a kubelet the pre-delete hook's Job would never run (e2e/realnode/chart.sh runs it on a
+# real node): uninstalled without hooks here.
 uninstall() {
-  helm uninstall "$release" -n "$ns"
+  helm uninstall "$release" -n "$ns" --no-hooks
   local o left
   for o in deploy/kuport-controller ds/kuport-node-exec svc/kuport-controller sa/kuport-controller \
     sa/kuport-node-exec role/kuport-controller-leader-election rolebinding/kuport-controller-leader-election \
-    role/kuport-controller-tls rolebinding/kuport-controller-tls pdb/kuport-controller; do
+    role/kuport-controller-tls rolebinding/kuport-controller-tls pdb/kuport-controller \
+    configmap/kuport-teardown role/kuport-controller-teardown rolebinding/kuport-controller-teardown; do
     if kubectl -n "$ns" get "$o" >/dev/null 2>&1; then echo "$o is left"; return 1; fi
   done
   for o in clusterrole/kuport-controller clusterrolebinding/kuport-controller clusterrole/kuport-debug; do

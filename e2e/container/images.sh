@@ -143,11 +143,11 @@ case "$profile" in
   test)
     progress -q "container: the binaries" "seconds after e2e/test.sh compiled the tests" \
       nice -n 10 cargo test --workspace --locked --no-run
-    bins=("$CARGO_TARGET_DIR/debug/kuport-controller" "$CARGO_TARGET_DIR/debug/kuport-node-exec") ;;
+    bins=("$CARGO_TARGET_DIR/debug/kuport-controller" "$CARGO_TARGET_DIR/debug/kuportctl" "$CARGO_TARGET_DIR/debug/kuport-node-exec") ;;
   release)
     progress -q "container: the release binaries" "minutes cold, seconds warm" \
       nice -n 10 cargo build --release --locked -p kuport-controller -p kuport-node-exec
-    bins=("$CARGO_TARGET_DIR/release/kuport-controller" "$CARGO_TARGET_DIR/release/kuport-node-exec") ;;
+    bins=("$CARGO_TARGET_DIR/release/kuport-controller" "$CARGO_TARGET_DIR/release/kuportctl" "$CARGO_TARGET_DIR/release/kuport-node-exec") ;;
   *) say "KUPORT_IMAGE_PROFILE=$profile: test or release"; exit 2 ;;
 esac
 for b in "${bins[@]}"; do [ -x "$b" ] || { say "FAILED: no $b"; exit 1; }; done
@@ -265,6 +265,9 @@ done
 # Linked and runnable as the image's user (the executor's CLI has no --version).
 out=$(pm run --rm --network none "${limits[@]}" "$controller_image" --version 2>&1) || true
 expect "$controller_image --version" "$out" "kuport-controller $version"
+# kuportctl too: the chart's pre-delete hook runs `kuportctl teardown` from this image.
+out=$(pm run --rm --network none "${limits[@]}" --entrypoint /usr/local/bin/kuportctl "$controller_image" --version 2>&1) || true
+expect "$controller_image kuportctl --version" "$out" "kuportctl $version"
 out=$(pm run --rm --network none "${limits[@]}" "$node_exec_image" --help 2>&1) || true
 expect "$node_exec_image --help, first line" "${out%%$'\n'*}" "Makes this node's kernel match its kuport state"
 say "image checks in $(since "$t")s"

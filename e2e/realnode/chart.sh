@@ -14,12 +14,11 @@
 #     real CRI (containerd), the table `kuport-intercept` is in the pod's namespace (entered by
 #     one of the pod's processes, found by its cgroup), and a connection to the app's port is
 #     steered to the agent's;
-#   - removal: the Intercept and the PortMap deleted, the node acknowledges the emptied state,
-#     then `helm uninstall`: no kuport table, kup-* link or kuport rule is left in the node's
-#     namespace or the pod's, and the node's tables, links and rules are those it had before
-#     the install. The executor never tears down on exit (docs/design.md, "Apply"): what
-#     removes kuport's objects from a node is a state without them (charts/README.md,
-#     "Uninstall");
+#   - removal: the Intercept deleted, its table leaves the pod; then, with the Intercept back and
+#     the PortMap in place, `helm uninstall` alone: its pre-delete hook (kuportctl teardown)
+#     empties the node's state and waits for the acknowledgement, and no kuport table, kup-* link
+#     or kuport rule is left in the node's namespace or the pod's; the node's tables, links and
+#     rules are those it had before the install (docs/operations/uninstall.md);
 #   - the host's links, addresses, routes, rules and nftables unchanged; down.sh leaves nothing.
 # Prints "N passed, M failed" last. Run as root, after the images are built:
 #   bash e2e/container/images.sh && bash e2e/realnode/chart.sh [LAB_DIR]
@@ -297,7 +296,9 @@ in_pod() { nsenter -t "$icpt_pid" -n -- "$@"; }
 body="$(node curl -fsS --max-time 3 "http://$icpt_ip:8080/" 2>&1)"
 [ "$body" = "kuport realnode test pod" ] && ok "before the Intercept, $icpt_ip:8080 is the app" || bad "before the Intercept: '$body'"
 t=$(now)
-k apply -f - >/dev/null <<EOF
+# The Intercept on pod web/icpt: its port 8080 steered to the agent's 9900.
+apply_intercept() {
+  k apply -f - >/dev/null <<EOF
 apiVersion: kuport.wlz.li/v1alpha1
 kind: Intercept
 metadata: {name: icpt, namespace: web}
@@ -307,6 +308,8 @@ spec:
     - {protocol: TCP, containerPort: 8080, agentPort: 9900}
   agent: {group: 7439}
 EOF
+}
+apply_intercept
 icpt_programmed() { [ "$(k -n web get intercept icpt -o jsonpath='{.status.conditions[?(@.type=="Programmed")].status}')" = True ]; }
 if until_ok 60 icpt_programmed; then ok "Intercept web/icpt Programmed $(ms "$t") ms after it was applied"; else bad "Intercept not Programmed: $(k -n web get intercept icpt -o jsonpath='{.status}' 2>&1 | cut -c1-600)"; fi
 icpt_table() { in_pod nft list table ip kuport-intercept | grep 'tcp . 8080 .*: 9900' >/dev/null; }
@@ -332,23 +335,43 @@ if until_ok 30 no_icpt_table; then ok "Intercept deleted: the pod's table remove
 body="$(node curl -fsS --max-time 3 "http://$icpt_ip:8080/" 2>&1)"
 [ "$body" = "kuport realnode test pod" ] && ok "$icpt_ip:8080 is the app again" || bad "after the Intercept: '$body'"
 
-t=$(now)
-k -n web delete portmap web >/dev/null
-k delete portmapclass lab >/dev/null
-no_kuport_table() { ! node nft list tables | grep " kuport" >/dev/null; }
-if until_ok 30 no_kuport_table && until_ok 30 synced; then
-  ok "PortMap deleted: the node acknowledged a state without it, its tables removed ($(ms "$t") ms)"
+# The Intercept again, and the PortMap still in place: what the uninstall must remove.
+apply_intercept
+if until_ok 30 icpt_table && until_ok 30 synced && client_get / >/dev/null 2>&1; then
+  ok "before the uninstall: the Intercept's table in the pod again, the PortMap answering, the node synced"
 else
-  bad "after the PortMap's deletion: $(node nft list tables | grep kuport) $(ctl nodes 2>&1 | tail -n1)"
+  bad "before the uninstall: table $(in_pod nft list tables 2>&1 | tr '\n' ' '), $(ctl nodes 2>&1 | tail -n1)"
 fi
-if client_get / >/dev/null 2>&1; then bad "the port still answers without its PortMap"; else ok "without the PortMap the client's connection to $PORT fails"; fi
 
+# helm uninstall alone: its pre-delete hook (kuportctl teardown, a Job from the controller's
+# image) empties every node's state and waits for the acknowledgements before Helm deletes
+# anything (docs/operations/uninstall.md).
 t=$(now)
-if helm uninstall kuport -n "$NS" --wait >/dev/null 2>&1 && until_ok 60 sh -c "[ -z \"\$(kubectl -n $NS get pods -o name 2>/dev/null)\" ]"; then
-  ok "helm uninstall: every kuport pod gone ($(ms "$t") ms)"
+rm -f "$LAB/uninstall.done" "$LAB/teardown.log"
+# The hook's output, copied while its pod's log exists (Helm deletes the Job once it succeeded).
+(
+  while [ ! -f "$LAB/uninstall.done" ]; do
+    for f in "$KUPORT_REALNODE_DIR"/root/var/log/pods/"$NS"_kuport-teardown-*/teardown/0.log; do
+      [ -s "$f" ] && cp "$f" "$LAB/teardown.log.tmp" 2>/dev/null && mv "$LAB/teardown.log.tmp" "$LAB/teardown.log"
+    done
+    sleep 0.2
+  done
+) &
+hook_copy=$!
+if helm uninstall kuport -n "$NS" --wait >"$LAB/uninstall.out" 2>&1 && until_ok 60 sh -c "[ -z \"\$(kubectl -n $NS get pods -o name 2>/dev/null)\" ]"; then
+  ok "helm uninstall, its teardown hook included: every kuport pod gone ($(ms "$t") ms)"
 else
-  bad "helm uninstall: $(k -n "$NS" get pods 2>&1)"
+  bad "helm uninstall: $(tail -n 5 "$LAB/uninstall.out") $(k -n "$NS" get pods,jobs 2>&1)"
 fi
+touch "$LAB/uninstall.done"
+wait "$hook_copy"
+said="$(grep -o "$KUPORT_REALNODE_NAME: .*" "$LAB/teardown.log" 2>/dev/null | head -n1)"
+if [ "$said" = "$KUPORT_REALNODE_NAME: empty, acknowledged" ]; then
+  ok "the hook's kuportctl teardown said '$said'"
+else
+  bad "the hook's kuportctl teardown said '$said': $(tail -n 5 "$LAB/teardown.log" 2>&1)"
+fi
+if client_get / >/dev/null 2>&1; then bad "the port still answers after the uninstall"; else ok "after the uninstall the client's connection to $PORT fails"; fi
 leftovers="$(node nft list tables | grep ' kuport'; node ip -o link show | awk '{print $2}' | grep '^kup-'; node ip rule show | grep -E '^10[12]:|0x6b70')"
 [ -z "$leftovers" ] && ok "no kuport table, kup-* link or kuport rule in the node's namespace" || bad "left in the node: $leftovers"
 in_pod nft list tables 2>/dev/null | grep kuport >/dev/null && bad "a kuport table left in pod web/icpt" || ok "no kuport table in pod web/icpt's namespace"

@@ -10,7 +10,7 @@ use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use kuport_controller::ctl::{self, Output};
 
 #[derive(Parser)]
-#[command(version, about)]
+#[command(name = "kuportctl", version, about)]
 struct Cli {
     /// The controller's gRPC address (any replica; kubectl port-forward works): https://HOST:PORT,
     /// or http://HOST:PORT for a controller in the insecure folder mode. By default the leader's
@@ -32,6 +32,10 @@ struct Cli {
     /// The kubeconfig; by default $KUBECONFIG or ~/.kube/config.
     #[arg(long, global = true)]
     kubeconfig: Option<PathBuf>,
+    /// The Lease that names the leader, in --namespace (the chart's controller name, which
+    /// follows the release's).
+    #[arg(long, global = true, env = "KUPORT_LEASE_NAME", default_value = ctl::LEASE_NAME)]
+    lease_name: String,
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Text)]
     output: Output,
@@ -73,6 +77,18 @@ enum Command {
         /// Seconds to watch the counters while the client tries (at most 60).
         #[arg(long, default_value_t = 0)]
         watch: u32,
+    },
+    /// Empties every node's state (ConfigMap kuport-teardown in --namespace), then waits until
+    /// every node's executor acknowledged it: nothing of kuport stays in the nodes' kernels.
+    /// The chart's pre-delete hook runs it before `helm uninstall`. A node without a connected
+    /// executor is waited for, then named.
+    Teardown {
+        /// Seconds to wait for the nodes.
+        #[arg(long, default_value_t = 120)]
+        wait: u64,
+        /// Withdraws the teardown: the controller computes every node's state again.
+        #[arg(long)]
+        undo: bool,
     },
 }
 
@@ -122,7 +138,12 @@ fn main() -> ExitCode {
             token: cli.token.clone(),
             namespace: cli.namespace.clone(),
             kubeconfig: cli.kubeconfig.clone(),
+            lease_name: Some(cli.lease_name.clone()),
         };
+        if let Command::Teardown { wait, undo } = &cli.command {
+            let wait = std::time::Duration::from_secs(*wait);
+            return ctl::teardown(&sources, cli.controller.is_none(), wait, *undo).await;
+        }
         if cli.controller.is_none() {
             sources.controller = ctl::discover(&sources).await?;
         }
@@ -136,7 +157,7 @@ fn main() -> ExitCode {
                         "{reason} (the leader's address, from its Lease {}/{}; from outside the cluster's network: \
                          kubectl port-forward -n {} service/kuport-controller 9443, then --controller https://127.0.0.1:9443)",
                         cli.namespace,
-                        ctl::LEASE_NAME,
+                        cli.lease_name,
                         cli.namespace
                     ),
                 });
@@ -152,6 +173,7 @@ fn main() -> ExitCode {
                 let target = trace_target(what, name.clone(), to.clone(), from.clone())?;
                 ctl::trace(&mut client, target, *watch, cli.output).await
             }
+            Command::Teardown { .. } => Err(ctl::CtlError::Usage("teardown runs before connecting".into())),
         }
     });
     match result {

@@ -97,6 +97,9 @@ impl Outputs {
 }
 
 pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
+    if cluster.teardown {
+        return torn_down(cluster);
+    }
     let mut view = View::new(cluster);
     view.wireguard_port = settings.overlay.as_ref().map(|o| o.listen_port);
     let mut numbers = numbers::Numbers::default();
@@ -123,6 +126,18 @@ pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
     out.intercept_pods = intercepts.placed;
     out.node_states = assemble(hosts, intercepts.netns);
     out
+}
+
+/// Every node's state empty, and nothing placed: the executors remove what kuport made
+/// (docs/operations/uninstall.md). Statuses are left as they are.
+fn torn_down(cluster: &Cluster) -> Outputs {
+    let node_states = cluster
+        .nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .map(|node| (node.clone(), NodeState { node, ..Default::default() }))
+        .collect();
+    Outputs { node_states, ..Default::default() }
 }
 
 /// Adds a capability's part of a namespace to what others put there; canonicalize orders it and

@@ -5,9 +5,10 @@
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -23,6 +24,11 @@ use crate::compute::intercept::pods::InterceptKey;
 use crate::compute::portmap::MapKey;
 use crate::stream::Hub;
 
+/// The ConfigMap in the controller's namespace that empties every node's state when its
+/// [`TEARDOWN_KEY`] is `"true"`: the chart's pre-delete hook sets it (`kuportctl teardown`).
+pub const TEARDOWN_CONFIGMAP: &str = "kuport-teardown";
+pub const TEARDOWN_KEY: &str = "teardown";
+
 /// The stores of everything the computation reads.
 #[derive(Clone)]
 pub struct Stores {
@@ -34,9 +40,31 @@ pub struct Stores {
     port_maps: Store<PortMap>,
     intercepts: Store<Intercept>,
     pods: Store<Pod>,
+    teardown: Store<ConfigMap>,
+    /// The last teardown the ConfigMap asked for. Its deletion changes nothing: Helm deletes it
+    /// while the uninstalled controller may still run, and that controller must not program
+    /// the nodes again.
+    torn_down: Arc<AtomicBool>,
 }
 
 impl Stores {
+    /// Whether every node's state is to be empty; see [`Stores::torn_down`].
+    fn teardown(&self) -> bool {
+        if let Some(cm) = self.teardown.state().first() {
+            let asked = cm.data.as_ref().and_then(|d| d.get(TEARDOWN_KEY)).is_some_and(|v| v == "true");
+            if self.torn_down.swap(asked, Ordering::Relaxed) != asked {
+                tracing::warn!(
+                    configmap = TEARDOWN_CONFIGMAP,
+                    teardown = asked,
+                    "teardown {}: every node's state {}",
+                    if asked { "asked" } else { "withdrawn" },
+                    if asked { "is emptied" } else { "is computed again" }
+                );
+            }
+        }
+        self.torn_down.load(Ordering::Relaxed)
+    }
+
     fn snapshot(&self) -> Cluster {
         fn all<K: Clone + Resource>(s: &Store<K>) -> Vec<K>
         where
@@ -56,6 +84,7 @@ impl Stores {
             facts: Vec::new(),
             refused_facts: Default::default(),
             overlay_observed: Default::default(),
+            teardown: self.teardown(),
             now: Timestamp::now(),
         }
     }
@@ -147,6 +176,28 @@ where
     reader
 }
 
+/// Watches the one object `name` of `api` into a store (a field selector, as RBAC grants it
+/// by name).
+fn reflect_named<K>(api: Api<K>, name: &str, changed: Arc<Notify>) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = watcher(api, config).default_backoff().reflect(writer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(_) => changed.notify_one(),
+                Err(e) => tracing::warn!(kind = %K::kind(&K::DynamicType::default()), error = %e, "watch"),
+            }
+        }
+    });
+    reader
+}
+
 /// A digest of what the computation reads of an object (see [`reflect`]).
 fn digest(what: &impl Hash) -> u64 {
     use std::hash::Hasher;
@@ -197,8 +248,9 @@ fn pod_inputs(p: &Pod) -> u64 {
 }
 
 /// Starts the watches and feeds the hub: nothing until every store has listed once (a partial
-/// view would tear down what works), then a fresh snapshot after every change.
-pub fn watch(client: &Client, hub: Arc<Hub>) -> Stores {
+/// view would tear down what works), then a fresh snapshot after every change. `namespace`:
+/// the controller's, where [`TEARDOWN_CONFIGMAP`] is.
+pub fn watch(client: &Client, namespace: &str, hub: Arc<Hub>) -> Stores {
     let changed = Arc::new(Notify::new());
     // Intercepts: every update, as PortMaps. Pods: every pod (an endpoint is believed only when
     // its Pod vouches for it), stripped to what the computation reads, and only a change in that
@@ -218,6 +270,8 @@ pub fn watch(client: &Client, hub: Arc<Hub>) -> Stores {
         port_maps: reflect(Api::all(client.clone()), changed.clone(), None),
         intercepts,
         pods: reflect_stripped(Api::all(client.clone()), changed.clone(), Some(pod_reads), strip_pod),
+        teardown: reflect_named(Api::namespaced(client.clone(), namespace), TEARDOWN_CONFIGMAP, changed.clone()),
+        torn_down: Arc::default(),
     };
     let s = stores.clone();
     tokio::spawn(async move {
@@ -230,6 +284,8 @@ pub fn watch(client: &Client, hub: Arc<Hub>) -> Stores {
             s.port_maps.wait_until_ready().boxed(),
             s.intercepts.wait_until_ready().boxed(),
             s.pods.wait_until_ready().boxed(),
+            // A new leader learns of a teardown before it publishes anything.
+            s.teardown.wait_until_ready().boxed(),
         ])
         .await;
         if ready.iter().any(Result::is_err) {

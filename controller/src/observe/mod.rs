@@ -42,6 +42,9 @@ pub struct Cluster {
     /// (docs/overlay/status.md) and its relays (docs/overlay/relays.md); empty from a folder or
     /// before any report.
     pub overlay_observed: OverlayObserved,
+    /// Every node's state is to be empty: the chart's uninstall asked for it (the ConfigMap
+    /// [`kubernetes::TEARDOWN_CONFIGMAP`]; docs/operations/uninstall.md).
+    pub teardown: bool,
     pub now: Timestamp,
 }
 
