@@ -257,6 +257,11 @@ fn main() {
             c
         });
         let rss_input = proc_status("VmRSS:").saturating_sub(rss0);
+        // What the hub's compute_now copies of its inputs before every compute.
+        let (times, copies) = repeated(reps, || cluster.clone());
+        drop(copies);
+        let (median, min) = median_min(times);
+        notes.push(format!("{n_nodes} nodes: copying the inputs for a compute: {} / {} (median / min)", ms(median), ms(min)));
 
         eprintln!("  first compute (no class status)");
         let (first, out) = timed(|| compute(&cluster, &settings));
