@@ -44,8 +44,8 @@ use kuport_controller::compute::portmap::links::{self, LinkKey};
 use kuport_controller::compute::portmap::placement::{self, Placement};
 use kuport_controller::compute::portmap::status::Refusal;
 use kuport_controller::compute::{Outputs, Settings, compute};
-use kuport_controller::observe::Cluster;
 use kuport_controller::observe::index::View;
+use kuport_controller::observe::{Cluster, Objects};
 use kuport_proto::v1::NodeState;
 use prost::Message as _;
 
@@ -220,6 +220,24 @@ struct Row {
     links: usize,
 }
 
+/// The inputs with every object copied, not shared.
+fn deep_copy(c: &Cluster) -> Cluster {
+    fn each<K: Clone>(o: &Objects<K>) -> Objects<K> {
+        o.iter().cloned().collect()
+    }
+    Cluster {
+        nodes: each(&c.nodes),
+        namespaces: each(&c.namespaces),
+        services: each(&c.services),
+        endpoint_slices: each(&c.endpoint_slices),
+        classes: each(&c.classes),
+        port_maps: each(&c.port_maps),
+        intercepts: each(&c.intercepts),
+        pods: each(&c.pods),
+        ..c.clone()
+    }
+}
+
 fn main() {
     let reps: usize =
         std::env::var("KUPORT_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_REPS).max(1);
@@ -257,11 +275,21 @@ fn main() {
             c
         });
         let rss_input = proc_status("VmRSS:").saturating_sub(rss0);
-        // What the hub's compute_now copies of its inputs before every compute.
+        // What the hub's compute_now copies of its inputs before every compute, beside what a copy
+        // of every object (the inputs before they were shared) costs.
         let (times, copies) = repeated(reps, || cluster.clone());
         drop(copies);
         let (median, min) = median_min(times);
-        notes.push(format!("{n_nodes} nodes: copying the inputs for a compute: {} / {} (median / min)", ms(median), ms(min)));
+        let (deep, copies) = repeated(reps, || deep_copy(&cluster));
+        drop(copies);
+        let (deep_median, deep_min) = median_min(deep);
+        notes.push(format!(
+            "{n_nodes} nodes: copying the inputs for a compute: {} / {} (median / min); every object copied: {} / {}",
+            ms(median),
+            ms(min),
+            ms(deep_median),
+            ms(deep_min)
+        ));
 
         eprintln!("  first compute (no class status)");
         let (first, out) = timed(|| compute(&cluster, &settings));

@@ -51,7 +51,8 @@ fn sites() -> Cluster {
             node("cloud", &[("InternalIP", "10.0.0.5"), ("ExternalIP", "203.0.113.7")], "10.42.0.0/24"),
             node("home", &[("InternalIP", "192.168.1.10"), ("ExternalIP", "198.51.100.20")], "10.42.1.0/24"),
             node("vm", &[("InternalIP", "172.31.5.4")], "10.42.2.0/24"),
-        ],
+        ]
+        .into(),
         now: k8s_openapi::jiff::Timestamp::now(),
         ..Default::default()
     }

@@ -52,7 +52,7 @@ fn homes(published: bool) -> Cluster {
     for (n, key) in nodes.iter_mut().zip([CLOUD, HOME_A, HOME_B]).filter(|_| published) {
         n.metadata.annotations = Some([(PUBLIC_KEY_ANNOTATION.to_string(), key.to_string())].into());
     }
-    Cluster { nodes, now: k8s_openapi::jiff::Timestamp::now(), ..Default::default() }
+    Cluster { nodes: nodes.into(), now: k8s_openapi::jiff::Timestamp::now(), ..Default::default() }
 }
 
 fn unix_now() -> u64 {

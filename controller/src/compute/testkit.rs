@@ -209,7 +209,7 @@ impl World {
     }
 
     /// Edits the EndpointSlices (a forged slice: another namespace's pod, a fake node).
-    pub fn edit_slices(mut self, f: impl FnOnce(&mut Vec<EndpointSlice>)) -> Self {
+    pub fn edit_slices(mut self, f: impl FnOnce(&mut crate::observe::Objects<EndpointSlice>)) -> Self {
         f(&mut self.c.endpoint_slices);
         self
     }

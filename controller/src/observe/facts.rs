@@ -317,7 +317,7 @@ pub struct Underlay {
 /// two or more nodes with a Node object would use is used by none of them, each told which
 /// nodes clash.
 pub fn underlays(
-    nodes: &[Node],
+    nodes: &super::Objects<Node>,
     facts: &[KnownFacts],
     fallback: &BTreeMap<String, Ipv4Addr>,
 ) -> BTreeMap<String, Underlay> {
@@ -579,14 +579,18 @@ mod tests {
             [("edge-a".into(), "100.64.93.143".parse().unwrap()), ("worker-2".into(), "100.64.0.12".parse().unwrap())]
                 .into();
         // Any of the Node's addresses, whatever its type.
-        let u = underlays(&nodes, &[reported("edge-a", "203.0.113.9")], &fallback);
+        let u = underlays(&nodes.to_vec().into(), &[reported("edge-a", "203.0.113.9")], &fallback);
         assert_eq!(
             u["edge-a"],
             Underlay { address: Some("203.0.113.9".parse().unwrap()), reported: true, refused: None }
         );
         // Another node's address: refused; edge-a keeps its InternalIP and worker-2 is untouched.
         for forged in ["100.64.0.12", "100.64.0.66"] {
-            let u = underlays(&nodes, &[reported("worker-2", "100.64.0.12"), reported("edge-a", forged)], &fallback);
+            let u = underlays(
+                &nodes.to_vec().into(),
+                &[reported("worker-2", "100.64.0.12"), reported("edge-a", forged)],
+                &fallback,
+            );
             let r = u["edge-a"].refused.clone().unwrap();
             assert_eq!((r.field.as_str(), r.reason), ("underlayAddress", reason::UNDERLAY_NOT_NODE_ADDRESS));
             assert!(r.message.contains(forged) && r.message.contains("100.64.93.143, 203.0.113.9"), "{r}");
@@ -598,7 +602,7 @@ mod tests {
             );
         }
         // No Node object: nothing lists the address.
-        let u = underlays(&nodes, &[reported("ghost", "100.64.0.77")], &fallback);
+        let u = underlays(&nodes.to_vec().into(), &[reported("ghost", "100.64.0.77")], &fallback);
         assert_eq!(u["ghost"].address, None);
         assert!(u["ghost"].refused.as_ref().unwrap().message.contains("no Node object"));
     }
@@ -617,7 +621,7 @@ mod tests {
             ("edge-a".into(), "100.64.93.143".parse().unwrap()),
         ]
         .into();
-        let u = underlays(&nodes, &[reported("home-1", "192.168.1.10")], &fallback);
+        let u = underlays(&nodes.to_vec().into(), &[reported("home-1", "192.168.1.10")], &fallback);
         for (n, other) in [("home-1", "home-2"), ("home-2", "home-1")] {
             let r = u[n].refused.clone().unwrap();
             assert_eq!(u[n].address, None);
@@ -629,7 +633,7 @@ mod tests {
         // A deleted node's remembered address does not clash with the node that reuses it.
         let mut fallback = fallback;
         fallback.insert("gone".into(), "100.64.93.143".parse().unwrap());
-        let u = underlays(&nodes, &[], &fallback);
+        let u = underlays(&nodes.to_vec().into(), &[], &fallback);
         assert!(u["edge-a"].refused.is_none() && u["edge-a"].address.is_some());
     }
 }

@@ -66,11 +66,12 @@ impl Stores {
     }
 
     fn snapshot(&self) -> Cluster {
-        fn all<K: Clone + Resource>(s: &Store<K>) -> Vec<K>
+        // The cache's own objects, not copies.
+        fn all<K: Clone + Resource>(s: &Store<K>) -> super::Objects<K>
         where
             K::DynamicType: Eq + Hash + Clone,
         {
-            s.state().iter().map(|o| (**o).clone()).collect()
+            s.state().into()
         }
         Cluster {
             nodes: all(&self.nodes),

@@ -12,6 +12,7 @@ pub mod kubernetes;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -21,19 +22,154 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{Intercept, PortMap, PortMapClass};
 
+/// The objects of one kind, shared with the watch cache they came from: copying the inputs
+/// (the hub does before each compute) copies one pointer per kind, and a snapshot of the
+/// caches one pointer per object. Changed in place only by tests and the folder source, each
+/// object copied on its first write.
+#[derive(Debug)]
+pub struct Objects<K>(Arc<Vec<Arc<K>>>);
+
+impl<K> Clone for Objects<K> {
+    fn clone(&self) -> Self {
+        Objects(self.0.clone())
+    }
+}
+
+impl<K> Default for Objects<K> {
+    fn default() -> Self {
+        Objects(Arc::default())
+    }
+}
+
+impl<K> std::ops::Deref for Objects<K> {
+    type Target = [Arc<K>];
+    fn deref(&self) -> &[Arc<K>] {
+        &self.0
+    }
+}
+
+/// An iterator over [`Objects`], by reference to each object.
+pub type Iter<'a, K> = std::iter::Map<std::slice::Iter<'a, Arc<K>>, fn(&Arc<K>) -> &K>;
+
+impl<K> Objects<K> {
+    pub fn iter(&self) -> Iter<'_, K> {
+        self.0.iter().map(|o| &**o)
+    }
+}
+
+impl<'a, K> IntoIterator for &'a Objects<K> {
+    type Item = &'a K;
+    type IntoIter = Iter<'a, K>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl<K: PartialEq> PartialEq<Vec<K>> for Objects<K> {
+    fn eq(&self, other: &Vec<K>) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl<K> std::ops::Index<usize> for Objects<K> {
+    type Output = K;
+    fn index(&self, i: usize) -> &K {
+        &self.0[i]
+    }
+}
+
+impl<K: Clone> std::ops::IndexMut<usize> for Objects<K> {
+    fn index_mut(&mut self, i: usize) -> &mut K {
+        Arc::make_mut(&mut Arc::make_mut(&mut self.0)[i])
+    }
+}
+
+impl<'a, K: Clone> IntoIterator for &'a mut Objects<K> {
+    type Item = &'a mut K;
+    type IntoIter = std::iter::Map<std::slice::IterMut<'a, Arc<K>>, fn(&mut Arc<K>) -> &mut K>;
+    fn into_iter(self) -> Self::IntoIter {
+        Arc::make_mut(&mut self.0).iter_mut().map(Arc::make_mut)
+    }
+}
+
+impl<K> From<Vec<Arc<K>>> for Objects<K> {
+    fn from(v: Vec<Arc<K>>) -> Self {
+        Objects(Arc::new(v))
+    }
+}
+
+impl<K> From<Vec<K>> for Objects<K> {
+    fn from(v: Vec<K>) -> Self {
+        v.into_iter().collect()
+    }
+}
+
+impl<K> FromIterator<K> for Objects<K> {
+    fn from_iter<I: IntoIterator<Item = K>>(iter: I) -> Self {
+        Objects(Arc::new(iter.into_iter().map(Arc::new).collect()))
+    }
+}
+
+impl<K: Clone> Objects<K> {
+    pub fn push(&mut self, object: K) {
+        Arc::make_mut(&mut self.0).push(Arc::new(object));
+    }
+
+    pub fn extend(&mut self, objects: impl IntoIterator<Item = K>) {
+        Arc::make_mut(&mut self.0).extend(objects.into_iter().map(Arc::new));
+    }
+
+    pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
+        Arc::make_mut(&mut self.0).retain(|o| keep(o));
+    }
+
+    /// Each object, copied when another holder shares it.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut K> {
+        self.into_iter()
+    }
+
+    pub fn remove(&mut self, i: usize) -> K {
+        Arc::unwrap_or_clone(Arc::make_mut(&mut self.0).remove(i))
+    }
+
+    pub fn pop(&mut self) -> Option<K> {
+        Arc::make_mut(&mut self.0).pop().map(Arc::unwrap_or_clone)
+    }
+
+    pub fn sort_by(&mut self, mut order: impl FnMut(&K, &K) -> std::cmp::Ordering) {
+        Arc::make_mut(&mut self.0).sort_by(|a, b| order(a, b));
+    }
+
+    pub fn reverse(&mut self) {
+        Arc::make_mut(&mut self.0).reverse();
+    }
+
+    pub fn clear(&mut self) {
+        Arc::make_mut(&mut self.0).clear();
+    }
+
+    pub fn last_mut(&mut self) -> Option<&mut K> {
+        Arc::make_mut(&mut self.0).last_mut().map(Arc::make_mut)
+    }
+
+    pub fn get_mut(&mut self, i: usize) -> Option<&mut K> {
+        Arc::make_mut(&mut self.0).get_mut(i).map(Arc::make_mut)
+    }
+}
+
 /// Everything the computation reads.
 #[derive(Clone, Debug, Default)]
 pub struct Cluster {
-    pub nodes: Vec<Node>,
-    pub namespaces: Vec<Namespace>,
-    pub services: Vec<Service>,
-    pub endpoint_slices: Vec<EndpointSlice>,
-    pub classes: Vec<PortMapClass>,
-    pub port_maps: Vec<PortMap>,
-    pub intercepts: Vec<Intercept>,
+    pub nodes: Objects<Node>,
+    pub namespaces: Objects<Namespace>,
+    pub services: Objects<Service>,
+    pub endpoint_slices: Objects<EndpointSlice>,
+    pub classes: Objects<PortMapClass>,
+    pub port_maps: Objects<PortMap>,
+    pub intercepts: Objects<Intercept>,
     /// Pods, stripped to what the computation reads (`kubernetes::strip_pod`): what vouches
     /// for an endpoint and what Intercepts select.
-    pub pods: Vec<Pod>,
+    pub pods: Objects<Pod>,
     pub facts: Vec<KnownFacts>,
     /// Per node, why its executor's latest report was refused ([`facts::check`]); its
     /// previous facts, if any, are in `facts`.

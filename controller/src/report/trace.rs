@@ -24,6 +24,7 @@ use crate::compute::overlay::relays::PeerRoute;
 use crate::compute::portmap::admission::{MapKey, key_of, source_ranges};
 use crate::compute::portmap::links::device_name;
 use crate::compute::portmap::placement::l4;
+use crate::observe::Objects;
 use crate::report::counters::{MapCounters, Owners, attribute};
 
 /// One node's counters: before the watch (None without one) and now.
@@ -219,7 +220,7 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
 
 /// The nodes whose counters a port-map trace reads: the accepting node publishing `t`, and the
 /// pod's node.
-pub fn port_map_nodes(t: &Target, port_maps: &[PortMap], out: &Outputs) -> Vec<String> {
+pub fn port_map_nodes(t: &Target, port_maps: &Objects<PortMap>, out: &Outputs) -> Vec<String> {
     let Some((key, node)) = publisher(t, port_maps, out) else { return Vec::new() };
     let mut nodes = vec![node];
     if let Some(pod) = out.port_maps.get(&key).and_then(|s| s.endpoint.as_ref()).map(|e| e.node.clone())
@@ -235,7 +236,7 @@ fn covers(pm: &PortMap, t: &Target) -> bool {
 }
 
 /// The mapping whose status publishes `t`, and the accepting node.
-fn publisher(t: &Target, port_maps: &[PortMap], out: &Outputs) -> Option<(MapKey, String)> {
+fn publisher(t: &Target, port_maps: &Objects<PortMap>, out: &Outputs) -> Option<(MapKey, String)> {
     port_maps.iter().filter(|pm| covers(pm, t)).find_map(|pm| {
         let key = key_of(pm);
         let status = out.port_maps.get(&key)?;
@@ -351,8 +352,8 @@ fn errors_rose(h: &TraceHop) -> bool {
 pub fn port_map(
     t: &Target,
     from: Option<IpAddr>,
-    port_maps: &[PortMap],
-    classes: &[PortMapClass],
+    port_maps: &Objects<PortMap>,
+    classes: &Objects<PortMapClass>,
     out: &Outputs,
     seen: &Seen,
 ) -> TraceReport {
@@ -548,7 +549,7 @@ fn has_set(state: &NodeState, name: &str) -> bool {
 // ---- The mesh --------------------------------------------------------------------------------
 
 /// The node a mesh trace's end names: the node itself, or a pod's node.
-pub fn mesh_end(end: &str, pods: bool, cluster_pods: &[Pod]) -> Result<String, String> {
+pub fn mesh_end(end: &str, pods: bool, cluster_pods: &Objects<Pod>) -> Result<String, String> {
     if !pods {
         return Ok(end.to_string());
     }

@@ -814,12 +814,12 @@ impl Hub {
             let inputs = inner.inputs.as_ref()?;
             let mut cluster = Cluster::clone(inputs);
             if self.feed_back_status {
-                for c in &mut cluster.classes {
+                for c in cluster.classes.iter_mut() {
                     if let Some(s) = c.metadata.name.as_ref().and_then(|n| inner.class_status.get(n)) {
                         c.status = Some(s.clone());
                     }
                 }
-                for pm in &mut cluster.port_maps {
+                for pm in cluster.port_maps.iter_mut() {
                     let key: MapKey = admission::key_of(pm);
                     if let Some(s) = inner.port_map_status.get(&key) {
                         pm.status = Some(s.clone());
@@ -1132,7 +1132,8 @@ mod reach_tests {
                 node("cloud", "203.0.113.10", "10.42.0.0/24", true),
                 node("home-a", "10.99.0.2", "10.42.1.0/24", false),
                 node("home-b", "10.99.0.2", "10.42.2.0/24", false),
-            ],
+            ]
+            .into(),
             facts: vec![facts("cloud", CLOUD), facts("home-a", HOME_A), facts("home-b", HOME_B)],
             ..Default::default()
         });

@@ -17,6 +17,7 @@ use super::{AgentIdentity, Intercept as Port, InterceptSpec, Protocol, Refusal};
 use crate::api::{self, Intercept, InterceptStatus, PodProgress};
 use crate::compute::conditions::{condition, keep_time};
 use crate::compute::{ObjectKey, Tracked};
+use crate::observe::Objects;
 
 /// An Intercept's namespace and name.
 pub type InterceptKey = (String, String);
@@ -177,7 +178,7 @@ pub fn selected_by_any(intercepts: &[&Intercept], pod: &Pod) -> bool {
 
 /// Every Intercept, oldest first: an older Intercept keeps a pod a younger one also selects
 /// (the younger reports AlreadyIntercepted for it).
-pub fn compute(intercepts: &[Intercept], pods: &[Pod], now: Timestamp) -> Decided {
+pub fn compute(intercepts: &Objects<Intercept>, pods: &Objects<Pod>, now: Timestamp) -> Decided {
     let mut order: Vec<&Intercept> = intercepts.iter().collect();
     order.sort_by(|a, b| {
         let t = |i: &Intercept| i.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -398,8 +399,9 @@ mod tests {
             pod("hostnet", "Running", &["100.64.0.12"], |s| s.host_network = Some(true)),
             pod("noip", "Running", &[], |_| {}),
             pod("userns", "Running", &["10.0.1.7"], |s| s.host_users = Some(false)),
-        ];
-        w.c.intercepts = vec![intercept("web", 0, &[(8080, 9900), (8080, 9901)])];
+        ]
+        .into();
+        w.c.intercepts = vec![intercept("web", 0, &[(8080, 9900), (8080, 9901)])].into();
         w
     }
 
@@ -460,8 +462,8 @@ mod tests {
             p.metadata.uid = None;
             p
         };
-        w.c.pods = vec![unnamed("a", "10.0.1.5"), unnamed("b", "10.0.1.6"), unnamed("c", "10.0.1.7")];
-        w.c.intercepts = vec![intercept("web", 0, &[(8080, 9900)]), intercept("young", 10, &[(9090, 9902)])];
+        w.c.pods = vec![unnamed("a", "10.0.1.5"), unnamed("b", "10.0.1.6"), unnamed("c", "10.0.1.7")].into();
+        w.c.intercepts = vec![intercept("web", 0, &[(8080, 9900)]), intercept("young", 10, &[(9090, 9902)])].into();
         let out = w.run();
         let st = &out.intercepts[&("dev".to_string(), "web".to_string())];
         assert_eq!((st.selected_pods, st.programmed_pods), (3, 3), "{:?}", reasons(st));
@@ -532,8 +534,8 @@ mod tests {
     #[test]
     fn golden_pod_namespace() {
         let mut w = World::new().node("worker-2", "100.64.0.12", true);
-        w.c.pods = vec![pod("app", "Running", &["10.0.1.5", "fd00:1::5"], |_| {})];
-        w.c.intercepts = vec![intercept("web", 0, &[(8080, 9900)])];
+        w.c.pods = vec![pod("app", "Running", &["10.0.1.5", "fd00:1::5"], |_| {})].into();
+        w.c.intercepts = vec![intercept("web", 0, &[(8080, 9900)])].into();
         insta::assert_snapshot!(crate::render::render_text(&w.run()));
     }
 }

@@ -479,7 +479,8 @@ mod rotation_tests {
                 node("cloud", &[("InternalIP", "10.0.0.5"), ("ExternalIP", "203.0.113.7")], "10.42.0.0/24"),
                 node("home", &[("InternalIP", "192.168.1.10")], "10.42.1.0/24"),
                 node("vm", &[("InternalIP", "172.31.5.4")], "10.42.2.0/24"),
-            ],
+            ]
+            .into(),
             facts: vec![facts("cloud", CLOUD), facts("home", HOME), facts("vm", VM)],
             now: at(now),
             ..Default::default()

@@ -84,7 +84,8 @@ fn sites() -> World {
             &["10.42.2.0/24"],
             &[(EXTERNAL_ENDPOINT_ANNOTATION, "198.51.100.4:51821")],
         ),
-    ];
+    ]
+    .into();
     w.c.facts = vec![
         facts("cloud", Some(key(1)), Some(1500)),
         facts("home", Some(key(2)), Some(1492)),
@@ -627,7 +628,8 @@ fn homes() -> World {
         cloud,
         node("home-a", &[("InternalIP", "10.99.0.2")], &["10.42.1.0/24"], &[]),
         node("home-b", &[("InternalIP", "10.99.0.2")], &["10.42.2.0/24"], &[]),
-    ];
+    ]
+    .into();
     w.c.facts = vec![
         facts("cloud", Some(key(1)), Some(1500)),
         facts("home-a", Some(key(2)), Some(1500)),

@@ -9,6 +9,7 @@ use ipnet::IpNet;
 
 use super::status::{Refusal, reason};
 use crate::api::{DEFAULT_MIN_PORT, PortMap, PortMapClass, Protocol};
+use crate::observe::Objects;
 use crate::observe::index::{View, selects};
 
 /// A PortMap's namespace and name.
@@ -102,7 +103,7 @@ fn reserved_for_node(view: &View, protocol: Protocol, (first, last): (u16, u16))
 type Held = BTreeMap<(String, String), (u32, u32)>;
 
 /// Judges every mapping, oldest first. The result is in that order.
-pub fn admit<'a>(view: &View<'a>, port_maps: &'a [PortMap]) -> Vec<(MapKey, Result<Admitted<'a>, Refusal>)> {
+pub fn admit<'a>(view: &View<'a>, port_maps: &'a Objects<PortMap>) -> Vec<(MapKey, Result<Admitted<'a>, Refusal>)> {
     let mut ordered: Vec<&PortMap> = port_maps.iter().collect();
     ordered.sort_by_cached_key(|pm| age_order(pm));
     let mut claims = Claims::default();
