@@ -37,6 +37,7 @@ use cluster::*;
 use machine::{cpu_time, loadavg};
 
 use kuport_controller::api::Protocol;
+use kuport_controller::compute::by_change::{Computer, Redone};
 use kuport_controller::compute::numbers::Numbers;
 use kuport_controller::compute::portmap::admission::{self, MapKey};
 use kuport_controller::compute::portmap::datapath::{Builder, LinkEnd};
@@ -238,6 +239,51 @@ fn deep_copy(c: &Cluster) -> Cluster {
     }
 }
 
+/// A change computed by a [`Computer`] that computed `base` just before (untimed), `reps`
+/// times: median, minimum, what it redid, and the node states whose version changed.
+fn by_change(
+    reps: usize,
+    base: &Cluster,
+    changed: &Cluster,
+    settings: &Settings,
+) -> (Duration, Duration, Redone, usize) {
+    let mut times = Vec::new();
+    let mut redone = Redone::default();
+    let mut versions_changed = 0;
+    for _ in 0..reps {
+        let mut computer = Computer::new(settings.clone());
+        let before = versions(&computer.compute(base));
+        let (d, out) = timed(|| computer.compute(changed));
+        times.push(d);
+        redone = computer.redone().clone();
+        versions_changed = self::changed(&before, &versions(&out));
+    }
+    let (median, min) = median_min(times);
+    (median, min, redone, versions_changed)
+}
+
+/// One line of the by-change table: the change, the whole compute's median / min, the
+/// Computer's, what it redid.
+fn by_change_row(
+    what: &str,
+    whole: (Duration, Duration),
+    (median, min, r, changed): (Duration, Duration, Redone, usize),
+) -> String {
+    let redid: Vec<&str> = [(r.mesh, "mesh"), (r.port_maps, "port maps"), (r.intercepts, "interception")]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+    let redid = if redid.is_empty() { "nothing".to_string() } else { redid.join(", ") };
+    format!(
+        "| {what} | {} / {} | {} / {} | {redid} | {} | {changed} |",
+        ms(whole.0),
+        ms(whole.1),
+        ms(median),
+        ms(min),
+        r.node_states
+    )
+}
+
 fn main() {
     let reps: usize =
         std::env::var("KUPORT_BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_REPS).max(1);
@@ -259,6 +305,7 @@ fn main() {
     let mut rows = Vec::new();
     let mut stage_report = String::new();
     let mut notes = Vec::new();
+    let mut by_change_rows = Vec::new();
 
     for (n_nodes, n_maps) in sizes {
         eprintln!("size {n_nodes} nodes, {n_maps} PortMaps: building");
@@ -313,6 +360,12 @@ fn main() {
             steady = Some(o);
         }
         let steady_cpu = cpu_time().saturating_sub(cpu0) / reps as u32;
+        let size = format!("{n_nodes} nodes");
+        by_change_rows.push(by_change_row(
+            &format!("{size}: nothing"),
+            median_min(steady_times.clone()),
+            by_change(reps, &cluster, &cluster, &settings),
+        ));
         let steady = steady.unwrap_or_default();
         let peak = proc_status("VmHWM:").saturating_sub(rss0);
         let before = versions(&steady);
@@ -346,6 +399,11 @@ fn main() {
             change_times.push(d);
             after = Some(o);
         }
+        by_change_rows.push(by_change_row(
+            &format!("{size}: one chosen endpoint moved"),
+            median_min(change_times.clone()),
+            by_change(reps, &cluster, &moved, &settings),
+        ));
         let after = after.unwrap_or_default();
         let moved_to = after.port_maps.get(&key).and_then(|s| s.endpoint.as_ref()).map(|e| e.node.clone());
         let changed_nodes = changed(&before, &versions(&after));
@@ -390,6 +448,29 @@ fn main() {
                 f.wireguard_public_key = Some(test_key(n_nodes + who));
             }
             let (times, out) = repeated(reps, || compute(&rekeyed, &settings));
+            by_change_rows.push(by_change_row(
+                &format!("{size}: one member's new key"),
+                median_min(times.clone()),
+                by_change(reps, &cluster, &rekeyed, &settings),
+            ));
+            drop(rekeyed);
+            // One reach report: a member finds its direct path to another broken.
+            let mut reported = cluster.clone();
+            let (a, b) = (node_name(1), n_nodes / 3);
+            let peer_key = reported.facts.get(b).and_then(|f| f.wireguard_public_key.clone()).unwrap_or_default();
+            let seen = kuport_controller::observe::ObservedPeer {
+                reach: kuport_proto::v1::Reach::Unreachable,
+                last_handshake: Some(reported.now),
+                endpoint: None,
+            };
+            reported.overlay_observed.reports.entry(a).or_default().insert(peer_key, seen);
+            let (whole, _) = repeated(reps, || compute(&reported, &settings));
+            by_change_rows.push(by_change_row(
+                &format!("{size}: one reach report"),
+                median_min(whole),
+                by_change(reps, &cluster, &reported, &settings),
+            ));
+            drop(reported);
             let (median, min) = median_min(times);
             notes.push(format!(
                 "{n_nodes} nodes, mesh: {members} members, {peers} peer entries; {} rekeyed: {} / {} (median / min), changed node states: {}",
@@ -406,6 +487,11 @@ fn main() {
                 pod.metadata.labels = None;
             }
             let (times, out) = repeated(reps, || compute(&relabelled, &settings));
+            by_change_rows.push(by_change_row(
+                &format!("{size}: one pod relabelled out of its Intercept"),
+                median_min(times.clone()),
+                by_change(reps, &cluster, &relabelled, &settings),
+            ));
             let (median, min) = median_min(times);
             notes.push(format!(
                 "{n_nodes} nodes, Intercepts on one pod in {every}: {programmed} pods programmed; one relabelled out: {} / {} (median / min), changed node states: {}",
@@ -489,6 +575,17 @@ fn main() {
     }
     if !hwm_resettable {
         let _ = writeln!(s, "\n(VmHWM could not be reset; peak figures after the first size include earlier sizes.)");
+    }
+    let _ = writeln!(
+        s,
+        "\nBy change: a Computer that computed the steady input computes the changed one (compute::by_change), beside the whole compute of the changed input.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| change | whole compute median / min | by change median / min | redone | node states assembled | node states changed |\n|---|---:|---:|---|---:|---:|"
+    );
+    for row in &by_change_rows {
+        let _ = writeln!(s, "{row}");
     }
     print!("{s}{stage_report}");
     if !notes.is_empty() {

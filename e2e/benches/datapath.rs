@@ -224,7 +224,7 @@ struct Link {
     public: (Ipv4Addr, Ipv4Addr),
 }
 
-fn link_of(states: &mut BTreeMap<String, NodeState>) -> Link {
+fn link_of(states: &mut BTreeMap<String, std::sync::Arc<NodeState>>) -> Link {
     let edge = kuport_table(host_state(states, ACCEPTING));
     let far: Ipv4Addr = text_of(&first(edge, "publish_range").data[0]).parse().expect("an address");
     let claim = set_elements(edge, "claim_range")
@@ -283,7 +283,7 @@ fn synthetic(i: usize) -> Synthetic {
 /// controller renders them (datapath.rs): edge-a publishes each, to the pod or to the link's far
 /// end, and claims it; worker-2 translates the remote ones from the link and claims and marks
 /// their replies.
-fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, protect: Protect) {
+fn add_synthetic(states: &mut BTreeMap<String, std::sync::Arc<NodeState>>, count: usize, protect: Protect) {
     let link = link_of(states);
     let edge = kuport_table(host_state(states, ACCEPTING));
     for m in (0..count).map(synthetic) {
@@ -368,7 +368,9 @@ fn add_synthetic(states: &mut BTreeMap<String, NodeState>, count: usize, protect
         push(pod_node, &sized("return_mark", first, last), marked, vec![mark(link.mark)]);
     }
     for node in [ACCEPTING, POD_NODE] {
-        kuport_proto::canonical::canonicalize(states.get_mut(node).expect("a computed state"));
+        kuport_proto::canonical::canonicalize(std::sync::Arc::make_mut(
+            states.get_mut(node).expect("a computed state"),
+        ));
     }
 }
 

@@ -12,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kuport_controller::compute::{Outputs, Settings, compute as compute_outputs};
 use kuport_node_exec::executor::Executor;
 use kuport_proto::v1::{NetnsState, NodeState};
+use std::borrow::Borrow;
 
 use crate::lab::Lab;
 use crate::manifests::Manifests;
@@ -63,23 +64,23 @@ pub fn compute(lab: &mut Lab, manifests: &Manifests) -> Outputs {
 
 /// Applies node states, each in its node's namespace; a node of the lab without a state gets
 /// the empty one (kuport's objects removed).
-pub fn apply(lab: &mut Lab, states: &BTreeMap<String, NodeState>) -> anyhow::Result<()> {
+pub fn apply<S: Borrow<NodeState>>(lab: &mut Lab, states: &BTreeMap<String, S>) -> anyhow::Result<()> {
     let mut failures = Vec::new();
     let nodes: Vec<String> = lab.topology().nodes.iter().map(|n| n.name.clone()).collect();
     for name in states.keys().filter(|n| !nodes.contains(n)) {
         // The controller computes states for every node a class names; those outside the lab
         // have no namespace to apply them in.
-        let empty = states[name]
-            .netns
-            .iter()
-            .all(|n| *n == NetnsState { target: n.target.clone(), version: n.version.clone(), ..Default::default() });
+        let empty =
+            states[name].borrow().netns.iter().all(|n| {
+                *n == NetnsState { target: n.target.clone(), version: n.version.clone(), ..Default::default() }
+            });
         if !empty {
             failures.push(format!("{name}: a state for a node the lab does not have"));
         }
     }
     for node in nodes {
         let path = netns_path(&lab.netns_name(&node));
-        let state = states.get(&node).cloned().unwrap_or_default();
+        let state = states.get(&node).map(|s| s.borrow().clone()).unwrap_or_default();
         let mut host = NetnsState::default();
         for ns in state.netns {
             if ns.is_host() {

@@ -33,7 +33,7 @@ const GAME: &str = "203.0.113.9:27015";
 const SHORT: Duration = Duration::from_millis(500);
 
 /// The default lab programmed with the default manifests and probed once; the computed states.
-fn single_lab(cni: Cni) -> (Lab, BTreeMap<String, NodeState>) {
+fn single_lab(cni: Cni) -> (Lab, BTreeMap<String, std::sync::Arc<NodeState>>) {
     let mut lab = default_lab_on(cni);
     let out = compute(&mut lab, &Manifests::default_lab());
     apply(&mut lab, &out.node_states).expect("the full state applies");
@@ -41,7 +41,7 @@ fn single_lab(cni: Cni) -> (Lab, BTreeMap<String, NodeState>) {
     (lab, out.node_states)
 }
 
-fn multi_lab(cni: Cni) -> (Lab, BTreeMap<String, NodeState>) {
+fn multi_lab(cni: Cni) -> (Lab, BTreeMap<String, std::sync::Arc<NodeState>>) {
     let mut lab = multi_lab_on(cni);
     let out = compute(&mut lab, &Manifests::multi_lab());
     apply(&mut lab, &out.node_states).expect("the full state applies");

@@ -87,7 +87,7 @@ const PROBES: [(&str, Protocol, &str, &str); 5] = [
 const CLIENTS: [&str; 2] = ["client-1", "client-2"];
 
 /// The addresses in the keys of a pod node's link maps: the stand-ins the steering chain writes.
-fn link_keys(states: &mut BTreeMap<String, NodeState>, node: &str) -> Vec<Ipv4Addr> {
+fn link_keys(states: &mut BTreeMap<String, std::sync::Arc<NodeState>>, node: &str) -> Vec<Ipv4Addr> {
     let t = kuport_table(host_state(states, node));
     t.sets
         .iter()
@@ -103,7 +103,7 @@ fn link_keys(states: &mut BTreeMap<String, NodeState>, node: &str) -> Vec<Ipv4Ad
 
 /// The default lab with web-0 answering UDP 3000 too, programmed, the firewall and the mark on
 /// every node; the computed states.
-fn firewalled_lab() -> (Lab, BTreeMap<String, NodeState>) {
+fn firewalled_lab() -> (Lab, BTreeMap<String, std::sync::Arc<NodeState>>) {
     let mut t = Topology::default_lab();
     let web = t.pods.iter_mut().find(|p| p.name == "web-0").expect("web-0");
     web.udp.push("3000".parse().expect("a port"));
@@ -175,10 +175,10 @@ fn all_map(lab: &Lab) -> BTreeMap<&'static str, u64> {
 
 /// The full state with the steering chain changed on `nodes`: removed (None) or moved.
 fn steering_on(
-    full: &BTreeMap<String, NodeState>,
+    full: &BTreeMap<String, std::sync::Arc<NodeState>>,
     nodes: &[&str],
     priority: Option<i32>,
-) -> BTreeMap<String, NodeState> {
+) -> BTreeMap<String, std::sync::Arc<NodeState>> {
     let mut states = full.clone();
     for node in nodes {
         let t = kuport_table(host_state(&mut states, node));

@@ -68,7 +68,7 @@ fn assert_dropped(lab: &Lab, client: &str, to: &str, proto: Protocol) {
 }
 
 /// Removes the dispatch to the guard chains from `node`'s steering chain: the ablation.
-fn without_guard(states: &mut BTreeMap<String, NodeState>, node: &str) -> usize {
+fn without_guard(states: &mut BTreeMap<String, std::sync::Arc<NodeState>>, node: &str) -> usize {
     drop_rules(host_state(states, node), "kup-steer", |r| {
         r.statements.iter().any(|s| {
             matches!(&s.kind, Some(nft_statement::Kind::VerdictMap(v)) if v.map.starts_with(steer::MAP_GUARD_PORT)

@@ -331,7 +331,7 @@ fn rate_drops(lab: &Lab, node: &str) -> u64 {
 }
 
 /// Removes the dispatch to the limit chains from `node`'s steering chain: the ablation.
-fn without_limits(states: &mut BTreeMap<String, NodeState>, node: &str) -> usize {
+fn without_limits(states: &mut BTreeMap<String, std::sync::Arc<NodeState>>, node: &str) -> usize {
     drop_rules(host_state(states, node), "kup-steer", |r| {
         r.statements
             .iter()

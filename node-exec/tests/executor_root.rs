@@ -25,7 +25,7 @@ use kuport_controller::{
 use kuport_node_exec::executor::{ExecError, Executor};
 use kuport_proto::{
     owned,
-    v1::{NetnsState, NftFamily, NftTable, Route, link},
+    v1::{NetnsState, NftFamily, NftTable, NodeState, Route, link},
 };
 
 /// The examples' clock: every PortMap is older than this.
@@ -103,7 +103,7 @@ fn states(dir: &Path) -> Vec<(String, NetnsState)> {
         .into_iter()
         .map(|(node, s)| {
             assert!(s.netns.len() <= 1, "{node}: only the host namespace is expected");
-            (node, s.netns.into_iter().next().unwrap_or_default())
+            (node, s.netns.first().cloned().unwrap_or_default())
         })
         .collect()
 }
@@ -674,7 +674,7 @@ fn the_binary_applies_a_json_state() {
     }
     let cluster = load_dir(&examples(), NOW.parse().expect("timestamp")).expect("load");
     let out = compute(&cluster, &Settings::default());
-    let state = out.node_states.get("worker-2").expect("worker-2").clone();
+    let state = NodeState::clone(out.node_states.get("worker-2").expect("worker-2"));
     let ns = Netns::new();
     ns.underlay(&state.netns[0]);
     let file = std::env::temp_dir().join(format!("kuport-ex-{}-state.json", std::process::id()));

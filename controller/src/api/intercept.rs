@@ -15,6 +15,7 @@ use super::Protocol;
 #[kube(
     group = "kuport.wlz.li",
     version = "v1alpha1",
+    derive = "PartialEq",
     kind = "Intercept",
     namespaced,
     shortname = "icpt",

@@ -24,6 +24,7 @@ pub const DEFAULT_LINK_SUBNET6: &str = "fd64:f5ac:e961::/112";
 #[kube(
     group = "kuport.wlz.li",
     version = "v1alpha1",
+    derive = "PartialEq",
     kind = "PortMapClass",
     shortname = "pmc",
     status = "PortMapClassStatus",
@@ -315,6 +316,7 @@ pub struct InterfaceAddress {
 #[kube(
     group = "kuport.wlz.li",
     version = "v1alpha1",
+    derive = "PartialEq",
     kind = "PortMap",
     namespaced,
     shortname = "pm",

@@ -7,6 +7,7 @@
 //! facts matter ([`relevant_facts`]) and the assembly of each node's state. docs/design.md shows
 //! where each rule is decided.
 
+pub mod by_change;
 pub mod conditions;
 pub mod intercept;
 pub mod numbers;
@@ -16,11 +17,11 @@ pub mod portmap;
 pub mod testkit;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use kuport_proto::v1::{NetnsState, NodeState};
 
 use crate::api::{InterceptStatus, PortMapClassStatus, PortMapStatus};
-use crate::observe::index::View;
 use crate::observe::{Cluster, KnownFacts};
 use intercept::pods::InterceptKey;
 use portmap::MapKey;
@@ -74,7 +75,8 @@ pub struct Tracked {
 /// Everything the computation decides.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outputs {
-    pub node_states: BTreeMap<String, NodeState>,
+    /// Shared with the [`by_change::Computer`] that keeps them for the next compute.
+    pub node_states: BTreeMap<String, Arc<NodeState>>,
     pub port_maps: BTreeMap<MapKey, PortMapStatus>,
     pub classes: BTreeMap<String, PortMapClassStatus>,
     /// For each programmed mapping, its programming (accepting) nodes.
@@ -86,7 +88,8 @@ pub struct Outputs {
     /// Per Intercept, the pods placed in node states: (pod, node).
     pub intercept_pods: BTreeMap<InterceptKey, Vec<(String, String)>>,
     /// Every Node's place in the overlay, with why a node is not in it; empty when it is off.
-    pub overlay: BTreeMap<String, overlay::NodeOverlay>,
+    /// Shared with the [`by_change::Computer`]: each member's lists hold every other member.
+    pub overlay: Arc<BTreeMap<String, overlay::NodeOverlay>>,
 }
 
 impl Outputs {
@@ -96,36 +99,10 @@ impl Outputs {
     }
 }
 
+/// Everything decided for `cluster`, from nothing kept: the reference a
+/// [`by_change::Computer`] equals after every change.
 pub fn compute(cluster: &Cluster, settings: &Settings) -> Outputs {
-    if cluster.teardown {
-        return torn_down(cluster);
-    }
-    let mut view = View::new(cluster);
-    view.wireguard_port = settings.overlay.as_ref().map(|o| o.listen_port);
-    let mut numbers = numbers::Numbers::default();
-    let mut out = Outputs::default();
-    // The mesh first: port maps' links between members ride on it.
-    let mesh = settings.overlay.as_ref().map(|o| overlay::compute(&view, cluster, o));
-    for (name, place) in mesh.iter().flat_map(|m| &m.nodes) {
-        if let (Some(address), true) = (place.address, place.refused.is_empty())
-            && let Some(node) = view.nodes.get_mut(name)
-        {
-            node.overlay = Some((address, place.mtu));
-        }
-    }
-    let mut hosts = portmap::compute(&view, cluster, &mut numbers, &mut out);
-    if let Some(mesh) = mesh {
-        for (node, part) in mesh.netns {
-            merge(hosts.entry(node).or_default(), part);
-        }
-        out.overlay = mesh.nodes;
-    }
-    let intercepts = intercept::pods::compute(&cluster.intercepts, &cluster.pods, cluster.now);
-    out.tracked.extend(intercepts.tracked);
-    out.intercepts = intercepts.statuses;
-    out.intercept_pods = intercepts.placed;
-    out.node_states = assemble(hosts, intercepts.netns);
-    out
+    by_change::Computer::new(settings.clone()).compute(cluster)
 }
 
 /// Every node's state empty, and nothing placed: the executors remove what kuport made
@@ -135,7 +112,7 @@ fn torn_down(cluster: &Cluster) -> Outputs {
         .nodes
         .iter()
         .filter_map(|n| n.metadata.name.clone())
-        .map(|node| (node.clone(), NodeState { node, ..Default::default() }))
+        .map(|node| (node.clone(), Arc::new(NodeState { node, ..Default::default() })))
         .collect();
     Outputs { node_states, ..Default::default() }
 }
@@ -165,31 +142,6 @@ fn merge(into: &mut NetnsState, part: NetnsState) {
     into.ip_rules.extend(ip_rules);
     into.neighbours.extend(neighbours);
     into.wireguard_devices.extend(wireguard_devices);
-}
-
-/// Every node's state from its host namespace and its pods' namespaces, canonical (ordered,
-/// digested, versioned). A node with pod namespaces but no host state gets an empty host.
-fn assemble(
-    hosts: BTreeMap<String, NetnsState>,
-    mut pods: BTreeMap<String, Vec<NetnsState>>,
-) -> BTreeMap<String, NodeState> {
-    let mut hosts = hosts;
-    for node in pods.keys() {
-        hosts.entry(node.clone()).or_default();
-    }
-    hosts
-        .into_iter()
-        .map(|(node, host)| {
-            let mut netns = vec![host];
-            netns.extend(pods.remove(&node).unwrap_or_default());
-            for ns in &mut netns {
-                drop_route_clashes(&node, ns);
-            }
-            let mut state = NodeState { node: node.clone(), netns };
-            kuport_proto::canonicalize(&mut state);
-            (node, state)
-        })
-        .collect()
 }
 
 /// Keeps the first of two routes with one identity (`kuport_proto::route_identity`) that differ:

@@ -143,6 +143,12 @@ impl<'a> KnownPod<'a> {
     }
 }
 
+/// Whether two versions of a Pod read the same to the port maps, which see a Pod only as
+/// [`KnownPod`] (its labels, for one, are interception's alone).
+pub fn same_for_port_maps(a: &Pod, b: &Pod) -> bool {
+    a.metadata.namespace == b.metadata.namespace && KnownPod::of(a) == KnownPod::of(b)
+}
+
 /// The device of the longest prefix in `routes` that contains `addr`; of two equal prefixes
 /// (a folder's facts are not checked) the first.
 pub fn longest_prefix(routes: &[(Ipv4Net, String)], addr: Ipv4Addr) -> Option<&str> {

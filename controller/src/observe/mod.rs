@@ -55,6 +55,11 @@ impl<K> Objects<K> {
     pub fn iter(&self) -> Iter<'_, K> {
         self.0.iter().map(|o| &**o)
     }
+
+    /// The shared objects themselves: one unchanged since an earlier list is the same allocation.
+    pub fn arcs(&self) -> &[Arc<K>] {
+        &self.0
+    }
 }
 
 impl<'a, K> IntoIterator for &'a Objects<K> {

@@ -232,7 +232,7 @@ mod tests {
         let world = scenarios().into_iter().find(|(n, _)| *n == "rate_limited_dual_stack").expect("scenario").1;
         let out = world.run();
         let cluster = world.cluster();
-        (out.node_states["edge-a"].clone(), Owners::new(&cluster.port_maps, &out.port_maps))
+        (NodeState::clone(&out.node_states["edge-a"]), Owners::new(&cluster.port_maps, &out.port_maps))
     }
 
     /// Every counted element and every counted rule of `state`'s host tables at one packet.

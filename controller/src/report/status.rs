@@ -218,7 +218,7 @@ impl Writer {
         let held_labels = overlay::labels(&out.overlay);
         let api: Api<Node> = Api::all(self.client.clone());
         let params = PatchParams { field_manager: Some(OVERLAY_FIELD_MANAGER.into()), ..Default::default() };
-        for (name, place) in &out.overlay {
+        for (name, place) in out.overlay.iter() {
             if !self.leading() {
                 return;
             }

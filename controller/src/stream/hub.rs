@@ -20,11 +20,12 @@ use tokio::sync::{Notify, watch};
 use super::leader::Leadership;
 use super::peers::{self, Digest, Reported};
 use crate::api::{PortMapClassStatus, PortMapStatus};
+use crate::compute::by_change::Computer;
 use crate::compute::overlay::members::{self, ROTATE_EVERY_SECONDS};
 use crate::compute::overlay::reason as overlay_reason;
 use crate::compute::overlay::relays::PeerRoute;
 use crate::compute::portmap::{MapKey, admission};
-use crate::compute::{ObjectKey, Outputs, Settings, compute, relevant_facts};
+use crate::compute::{ObjectKey, Outputs, Settings, relevant_facts};
 use crate::observe::facts::{self, Refused};
 use crate::observe::{Cluster, KnownFacts, OverlayObserved};
 use crate::report::metrics::Metrics;
@@ -290,6 +291,8 @@ pub struct Hub {
     feed_back_status: bool,
     status_dirty: Notify,
     metrics: Metrics,
+    /// The last compute's results, so that the next redoes only what changed.
+    computer: Mutex<Computer>,
 }
 
 impl Hub {
@@ -300,11 +303,12 @@ impl Hub {
         Arc::new(Hub {
             inner: Mutex::default(),
             changed: Notify::new(),
-            settings,
             leadership,
             closing: watch::channel(false).0,
             feed_back_status,
             status_dirty: Notify::new(),
+            computer: Mutex::new(Computer::new(settings.clone())),
+            settings,
             metrics: Metrics::default(),
         })
     }
@@ -826,11 +830,11 @@ impl Hub {
                     }
                 }
             }
+            let reported: BTreeMap<&String, &KnownFacts> =
+                inner.nodes.iter().filter_map(|(node, e)| Some((node, &e.facts.as_ref()?.1))).collect();
+            cluster.facts.retain(|x| !reported.contains_key(&x.node));
+            cluster.facts.extend(reported.into_values().cloned());
             for (node, e) in &inner.nodes {
-                if let Some((_, f)) = &e.facts {
-                    cluster.facts.retain(|x| &x.node != node);
-                    cluster.facts.push(f.clone());
-                }
                 if let Some(r) = &e.refused_facts {
                     cluster.refused_facts.insert(node.clone(), r.clone());
                 }
@@ -841,7 +845,10 @@ impl Hub {
             (cluster, self.leadership.borrow().term, read)
         };
         cluster.now = Timestamp::now();
-        let outputs = Arc::new(compute(&cluster, &self.settings));
+        let outputs = {
+            let mut computer = self.computer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            Arc::new(computer.compute(&cluster))
+        };
         if let Some(o) = &self.settings.overlay {
             // Which peers rotate while silent: judged again, which is cheap beside the compute.
             let judged = members::judge(&cluster, o);
@@ -875,7 +882,7 @@ impl Hub {
                 .node_states
                 .get(&name)
                 .cloned()
-                .unwrap_or_else(|| NodeState { node: name.clone(), ..Default::default() });
+                .unwrap_or_else(|| Arc::new(NodeState { node: name.clone(), ..Default::default() }));
             // Computed states are canonical already (compute's assembly canonicalizes them).
             let version = kuport_proto::canonical_version(&state);
             let same =
@@ -886,7 +893,9 @@ impl Hub {
                 }
                 continue;
             }
-            let ds = DesiredState { term, sequence: inner.sequence + 1, version, state: Some(state) };
+            // Copied only when sent: most computes change few states.
+            let state = Some(NodeState::clone(&state));
+            let ds = DesiredState { term, sequence: inner.sequence + 1, version, state };
             // A state the executor would not decode is not sent: the node keeps its last one,
             // and the refusal is logged, counted and shown as the node's error.
             let bytes = kuport_proto::channel::state_message_len(&ds);
@@ -1260,7 +1269,7 @@ mod oversize_tests {
         let mut state = NodeState { node: "n1".into(), netns: vec![ns] };
         kuport_proto::canonicalize(&mut state);
         let mut out = Outputs::default();
-        out.node_states.insert("n1".into(), state);
+        out.node_states.insert("n1".into(), Arc::new(state));
         Computed { outputs: Arc::new(out), term: 1, read: 0 }
     }
 

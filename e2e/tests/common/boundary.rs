@@ -103,7 +103,7 @@ fn packets_listed(out: &str) -> u64 {
 
 /// `node`'s kuport table as the kernel lists it (`nft -s`) is the computed table's canonical text:
 /// the codec encoded each rule as nft would.
-pub fn assert_lists_as_computed(lab: &Lab, states: &mut BTreeMap<String, NodeState>, node: &str) {
+pub fn assert_lists_as_computed(lab: &Lab, states: &mut BTreeMap<String, std::sync::Arc<NodeState>>, node: &str) {
     let listed = lab.exec(node, &["nft", "-s", "list", "table", "inet", "kuport"]).expect("nft lists the table");
     let computed = kuport_proto::text::nft_table(kuport_table(host_state(states, node)));
     assert_eq!(listed, computed, "{node}: the kernel lists the table as computed");
@@ -115,7 +115,7 @@ pub const PUSH: &str = "203.0.113.9:7000";
 
 /// The default lab on `cni` with push-0 on worker-2, whose UDP 7000 edge-a publishes (so over
 /// the link); its computed states, not applied yet.
-pub fn push_lab(cni: Cni) -> (Lab, BTreeMap<String, NodeState>) {
+pub fn push_lab(cni: Cni) -> (Lab, BTreeMap<String, std::sync::Arc<NodeState>>) {
     let mut t = Topology::default_lab().with_cni(cni);
     t.pods.push(PodSpec {
         name: "push-0".into(),
@@ -166,7 +166,7 @@ pub struct Forger {
 impl Forger {
     pub fn new(
         lab: &Lab,
-        states: &mut BTreeMap<String, NodeState>,
+        states: &mut BTreeMap<String, std::sync::Arc<NodeState>>,
         node: &str,
         attacker: &str,
         forged: Ipv4Addr,

@@ -121,8 +121,11 @@ pub fn message(out: &Outputs, ns: &str, name: &str, type_: &str) -> String {
 }
 
 /// A node's own (host) namespace entry of its computed state.
-pub fn host_state<'a>(states: &'a mut std::collections::BTreeMap<String, NodeState>, node: &str) -> &'a mut NetnsState {
-    let s = states.get_mut(node).unwrap_or_else(|| panic!("no state for {node}"));
+pub fn host_state<'a>(
+    states: &'a mut std::collections::BTreeMap<String, std::sync::Arc<NodeState>>,
+    node: &str,
+) -> &'a mut NetnsState {
+    let s = std::sync::Arc::make_mut(states.get_mut(node).unwrap_or_else(|| panic!("no state for {node}")));
     s.netns.iter_mut().find(|n| n.is_host()).unwrap_or_else(|| panic!("{node}: no host namespace entry"))
 }
 
@@ -158,7 +161,10 @@ pub fn drop_ip_rules(ns: &mut NetnsState, pref: u32) -> usize {
 }
 
 /// The names of kuport's links in a node's state.
-pub fn links(states: &std::collections::BTreeMap<String, NodeState>, node: &str) -> Vec<(String, String)> {
+pub fn links(
+    states: &std::collections::BTreeMap<String, std::sync::Arc<NodeState>>,
+    node: &str,
+) -> Vec<(String, String)> {
     states
         .get(node)
         .into_iter()

@@ -184,8 +184,16 @@ pub fn compute(intercepts: &Objects<Intercept>, pods: &Objects<Pod>, now: Timest
         let t = |i: &Intercept| i.metadata.creation_timestamp.as_ref().map(|t| t.0);
         t(a).cmp(&t(b)).then_with(|| key_of(a).cmp(&key_of(b)))
     });
-    let mut pods: Vec<&Pod> = pods.iter().collect();
-    pods.sort_by(|a, b| (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name)));
+    // By namespace, in name order: an Intercept reads only its own namespace's pods.
+    let mut by_namespace: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
+    for p in pods.iter() {
+        if let Some(ns) = p.metadata.namespace.as_deref() {
+            by_namespace.entry(ns).or_default().push(p);
+        }
+    }
+    for list in by_namespace.values_mut() {
+        list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    }
     // Pod (namespace, name, UID) -> the Intercept programming it. The name too: a manifest
     // folder's pods have no UID, and each is a pod of its own.
     let mut claimed: BTreeMap<(String, String, String), InterceptKey> = BTreeMap::new();
@@ -195,11 +203,8 @@ pub fn compute(intercepts: &Objects<Intercept>, pods: &Objects<Pod>, now: Timest
         let stored = ic.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
         let generation = ic.metadata.generation;
         let (verdict, accepted_reason, accepted_message) = accept(&ic.spec);
-        let selected: Vec<&Pod> = pods
-            .iter()
-            .copied()
-            .filter(|p| p.metadata.namespace.as_deref() == Some(&key.0) && selects(&ic.spec, p))
-            .collect();
+        let selected: Vec<&Pod> =
+            by_namespace.get(key.0.as_str()).into_iter().flatten().copied().filter(|p| selects(&ic.spec, p)).collect();
         let mut st = InterceptStatus {
             observed_generation: generation,
             selected_pods: selected.len() as u32,

@@ -75,6 +75,26 @@ pub fn silent(p: &ObservedPeer, now: Timestamp) -> bool {
     p.last_handshake.is_none_or(|t| now.as_second().saturating_sub(t.as_second()) >= SESSION_LIFE_SECONDS)
 }
 
+/// The first moment after `cluster.now` at which the clock alone may change the mesh: a live
+/// session a report shows turning [`silent`], or, while some peer is silent, the next
+/// [`rotation`]. Until then the mesh computed at `now` holds (`compute::by_change`).
+pub fn horizon(cluster: &Cluster) -> Option<Timestamp> {
+    let now = cluster.now.as_second();
+    let mut next: Option<i64> = None;
+    let mut any_silent = false;
+    for p in cluster.overlay_observed.reports.values().flat_map(|r| r.values()) {
+        match p.last_handshake.map(|t| t.as_second().saturating_add(SESSION_LIFE_SECONDS)) {
+            Some(turns) if turns > now => next = Some(next.map_or(turns, |n| n.min(turns))),
+            _ => any_silent = true,
+        }
+    }
+    if any_silent {
+        let turn = now.div_euclid(ROTATE_EVERY_SECONDS).saturating_add(1).saturating_mul(ROTATE_EVERY_SECONDS);
+        next = Some(next.map_or(turn, |n| n.min(turn)));
+    }
+    next.and_then(|s| Timestamp::from_second(s).ok())
+}
+
 /// The candidate a silent peer gets at `now`: the next one every [`ROTATE_EVERY_SECONDS`],
 /// the same on every replica and every recompute within one period.
 pub fn rotation(candidates: &[SocketAddr], now: Timestamp) -> Option<SocketAddr> {

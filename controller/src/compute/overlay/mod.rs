@@ -202,6 +202,8 @@ pub fn overlay_address(pod_cidrs: &[IpNet]) -> Option<Ipv4Addr> {
     })
 }
 
+pub use members::horizon;
+
 fn same_family(a: &IpNet, b: &IpNet) -> bool {
     matches!((a, b), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)))
 }

@@ -151,7 +151,7 @@ fn the_overlay_adds_to_port_maps_state_and_changes_nothing_of_it() {
         assert_eq!(off.port_maps, with.port_maps, "{name}");
         assert_eq!(off.classes, with.classes, "{name}");
         for (node, state) in &with.node_states {
-            let mut s = state.clone();
+            let mut s = kuport_proto::v1::NodeState::clone(state);
             let before = &off.node_states[node];
             for ns in &mut s.netns {
                 ns.wireguard_devices.clear();
@@ -190,7 +190,7 @@ fn the_overlay_adds_to_port_maps_state_and_changes_nothing_of_it() {
             // Forwarding is the one thing both may set.
             s.netns[0].sysctls = before.netns[0].sysctls.clone();
             kuport_proto::canonicalize(&mut s);
-            assert_eq!(&s, before, "{name}/{node}");
+            assert_eq!(&s, &**before, "{name}/{node}");
             assert_eq!(state.netns[0].wireguard_devices[0].peers.len(), w.c.nodes.len() - 1, "{name}/{node}");
         }
     }

@@ -15,7 +15,7 @@ use k8s_openapi::jiff::Timestamp;
 use sha2::{Digest, Sha256};
 
 use super::status::reason;
-use crate::api::{LinkSlot, PortMapClass};
+use crate::api::{LinkSlot, PortMapClass, PortMapClassStatus};
 use crate::compute::numbers::{self, MAX_SLOT, Numbers, Runs, Slot};
 use crate::observe::index::View;
 
@@ -238,6 +238,17 @@ impl NodeUse {
             && !self.nets127.contains(&u128::from(net6.network()))
             && !self.wider6.iter().any(|n| n.contains(net6) || net6.contains(n))
     }
+}
+
+/// When the first unused link of `classes` (as computed) is released by the clock alone: the
+/// compute's result holds until then (`compute::by_change`).
+pub fn horizon(classes: &BTreeMap<String, PortMapClassStatus>) -> Option<Timestamp> {
+    classes
+        .values()
+        .flat_map(|c| &c.links)
+        .filter_map(|row| row.unused_since.as_ref())
+        .filter_map(|t| Timestamp::from_second(t.0.as_second().saturating_add(RELEASE_AFTER_SECONDS)).ok())
+        .min()
 }
 
 /// Keeps existing claims, releases those unused for a day (at once when a node of the pair is

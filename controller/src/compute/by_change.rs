@@ -1,0 +1,347 @@
+//! Compute by change: the next compute redoes only the capabilities a change reaches, and
+//! assembles only the node states whose parts changed (docs/design.md, "Compute by change").
+//!
+//! Each capability names what it reads ([`Reads`]) and until when its result holds with
+//! nothing else changed (its horizon: the mesh's clock, the port maps' link release). A change
+//! is found by comparing the new inputs with the last ones, object by object: the watch caches
+//! share unchanged objects, so most comparisons are one pointer. [`super::compute`] is the
+//! same with nothing kept, and stays the reference: `tests.rs` drives random changes through a
+//! long-lived [`Computer`] and a fresh compute and requires the same outputs after every step.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use kuport_proto::v1::{NetnsState, NodeState};
+
+use super::intercept::pods::Decided;
+use super::{Outputs, Settings, merge, numbers, overlay, portmap};
+use crate::observe::index::{View, same_for_port_maps};
+use crate::observe::{Cluster, KnownFacts, Objects};
+
+/// What the last compute redid: which capabilities ran and how many node states were
+/// assembled anew (the others kept from the compute before).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Redone {
+    pub mesh: bool,
+    pub port_maps: bool,
+    pub intercepts: bool,
+    pub node_states: usize,
+}
+
+/// A compute that keeps what it computed, for the next.
+#[derive(Default)]
+pub struct Computer {
+    settings: Settings,
+    last: Option<Last>,
+    redone: Redone,
+}
+
+impl std::fmt::Debug for Computer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Computer").field("kept", &self.last.is_some()).field("redone", &self.redone).finish()
+    }
+}
+
+/// The overlay's result, with what port maps read of it.
+struct Meshed {
+    /// Each member's part of its host namespace.
+    netns: BTreeMap<String, NetnsState>,
+    nodes: Arc<BTreeMap<String, overlay::NodeOverlay>>,
+    /// Each member's overlay address and device MTU: port maps' links ride on them.
+    addresses: BTreeMap<String, (Ipv4Addr, u32)>,
+    horizon: Horizon,
+}
+
+/// The port maps' result: every node's host namespace and their part of the outputs.
+struct PortMapped {
+    hosts: BTreeMap<String, NetnsState>,
+    out: Outputs,
+    horizon: Horizon,
+}
+
+/// When a result computed at `at` stops holding by the clock alone: at `until`, or before `at`
+/// (a clock set back).
+#[derive(Clone, Copy, Debug)]
+struct Horizon {
+    at: Timestamp,
+    until: Option<Timestamp>,
+}
+
+impl Horizon {
+    fn holds(&self, now: Timestamp) -> bool {
+        now >= self.at && self.until.is_none_or(|u| now < u)
+    }
+}
+
+struct Last {
+    inputs: Cluster,
+    mesh: Option<Arc<Meshed>>,
+    port_maps: Arc<PortMapped>,
+    intercepts: Arc<Decided>,
+    states: BTreeMap<String, Arc<NodeState>>,
+}
+
+/// Which inputs changed, kind by kind, as each capability reads them.
+#[derive(Debug, Default)]
+struct Reads {
+    mesh: bool,
+    port_maps: bool,
+    intercepts: bool,
+}
+
+impl Reads {
+    fn between(old: &Cluster, new: &Cluster) -> Reads {
+        let nodes = !diff(&old.nodes, &new.nodes).is_empty();
+        let classes = !diff(&old.classes, &new.classes).is_empty();
+        let facts = !same_facts(&old.facts, &new.facts) || old.refused_facts != new.refused_facts;
+        let pods = diff(&old.pods, &new.pods);
+        let pods_for_port_maps = pods.iter().any(|(a, b)| match (a, b) {
+            (Some(a), Some(b)) => !same_for_port_maps(a, b),
+            _ => true,
+        });
+        let mesh = nodes || classes || facts || old.overlay_observed != new.overlay_observed;
+        let port_maps = nodes
+            || classes
+            || facts
+            || pods_for_port_maps
+            || !diff(&old.namespaces, &new.namespaces).is_empty()
+            || !diff(&old.services, &new.services).is_empty()
+            || !diff(&old.endpoint_slices, &new.endpoint_slices).is_empty()
+            || !diff(&old.port_maps, &new.port_maps).is_empty();
+        let intercepts = !pods.is_empty() || !diff(&old.intercepts, &new.intercepts).is_empty();
+        Reads { mesh, port_maps, intercepts }
+    }
+}
+
+impl Computer {
+    pub fn new(settings: Settings) -> Self {
+        Computer { settings, last: None, redone: Redone::default() }
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// What the last [`Computer::compute`] redid.
+    pub fn redone(&self) -> &Redone {
+        &self.redone
+    }
+
+    /// Everything the computation decides for `cluster`, equal to [`super::compute`]'s.
+    pub fn compute<'a>(&mut self, cluster: &'a Cluster) -> Outputs {
+        if cluster.teardown {
+            self.last = None;
+            self.redone = Redone::default();
+            return super::torn_down(cluster);
+        }
+        let last = self.last.take();
+        let reads = match &last {
+            Some(l) => Reads::between(&l.inputs, cluster),
+            None => Reads { mesh: true, port_maps: true, intercepts: true },
+        };
+        let now = cluster.now;
+        // Made once, and only for a capability that runs.
+        let wireguard_port = self.settings.overlay.as_ref().map(|o| o.listen_port);
+        let mut view: Option<View> = None;
+        let view_of = |view: &mut Option<View<'a>>| {
+            view.get_or_insert_with(|| View { wireguard_port, ..View::new(cluster) });
+        };
+
+        // The mesh first: port maps' links between members ride on it.
+        let last_mesh = last.as_ref().and_then(|l| l.mesh.clone());
+        let mesh = match &self.settings.overlay {
+            None => None,
+            Some(settings) => match last_mesh.clone().filter(|m| !reads.mesh && m.horizon.holds(now)) {
+                Some(kept) => Some(kept),
+                None => {
+                    view_of(&mut view);
+                    let v = view.as_ref().expect("made above");
+                    let mesh = overlay::compute(v, cluster, settings);
+                    let addresses = mesh
+                        .nodes
+                        .iter()
+                        .filter(|(_, p)| p.refused.is_empty())
+                        .filter_map(|(n, p)| Some((n.clone(), (p.address?, p.mtu))))
+                        .collect();
+                    let horizon = Horizon { at: now, until: overlay::horizon(cluster) };
+                    Some(Arc::new(Meshed { netns: mesh.netns, nodes: Arc::new(mesh.nodes), addresses, horizon }))
+                }
+            },
+        };
+        let mesh_redone = mesh.is_some() && !same_arc(&mesh, &last_mesh);
+        let addresses_moved = match (&mesh, &last_mesh) {
+            (Some(a), Some(b)) => a.addresses != b.addresses,
+            (None, None) => false,
+            _ => true,
+        };
+
+        let last_pm = last.as_ref().map(|l| l.port_maps.clone());
+        let port_maps = match last_pm.clone().filter(|p| !reads.port_maps && !addresses_moved && p.horizon.holds(now)) {
+            Some(kept) => kept,
+            None => {
+                view_of(&mut view);
+                let v = view.as_mut().expect("made above");
+                for (name, (address, mtu)) in mesh.iter().flat_map(|m| &m.addresses) {
+                    if let Some(node) = v.nodes.get_mut(name) {
+                        node.overlay = Some((*address, *mtu));
+                    }
+                }
+                let mut numbers = numbers::Numbers::default();
+                let mut out = Outputs::default();
+                let hosts = portmap::compute(v, cluster, &mut numbers, &mut out);
+                let horizon = Horizon { at: now, until: portmap::links::horizon(&out.classes) };
+                Arc::new(PortMapped { hosts, out, horizon })
+            }
+        };
+        let pm_redone = !last_pm.as_ref().is_some_and(|p| Arc::ptr_eq(p, &port_maps));
+
+        let last_ic = last.as_ref().map(|l| l.intercepts.clone());
+        let intercepts = match last_ic.clone().filter(|_| !reads.intercepts) {
+            Some(kept) => kept,
+            None => Arc::new(super::intercept::pods::compute(&cluster.intercepts, &cluster.pods, now)),
+        };
+        let ic_redone = !last_ic.as_ref().is_some_and(|i| Arc::ptr_eq(i, &intercepts));
+
+        // Node states: kept where no part changed, assembled anew where one did.
+        let mut assembled = 0;
+        let states = match &last {
+            Some(l) if !mesh_redone && !pm_redone && !ic_redone => l.states.clone(),
+            _ => {
+                let mut names: BTreeSet<&String> = port_maps.hosts.keys().collect();
+                names.extend(intercepts.netns.keys());
+                names.extend(mesh.iter().flat_map(|m| m.netns.keys()));
+                let mut states = BTreeMap::new();
+                for name in names {
+                    let host = port_maps.hosts.get(name);
+                    let meshed = mesh.as_ref().and_then(|m| m.netns.get(name));
+                    let pods = intercepts.netns.get(name);
+                    let kept = last.as_ref().and_then(|l| {
+                        let same = (!pm_redone || l.port_maps.hosts.get(name) == host)
+                            && (!mesh_redone || l.mesh.as_ref().and_then(|m| m.netns.get(name)) == meshed)
+                            && (!ic_redone || l.intercepts.netns.get(name) == pods);
+                        same.then(|| l.states.get(name).cloned()).flatten()
+                    });
+                    let state = kept.unwrap_or_else(|| {
+                        assembled += 1;
+                        Arc::new(assemble_node(name, host, meshed, pods))
+                    });
+                    states.insert(name.clone(), state);
+                }
+                states
+            }
+        };
+        self.redone = Redone { mesh: mesh_redone, port_maps: pm_redone, intercepts: ic_redone, node_states: assembled };
+
+        let mut out = port_maps.out.clone();
+        out.tracked.extend(intercepts.tracked.clone());
+        out.intercepts = intercepts.statuses.clone();
+        out.intercept_pods = intercepts.placed.clone();
+        if let Some(m) = &mesh {
+            out.overlay = m.nodes.clone();
+        }
+        out.node_states = states.clone();
+        self.last = Some(Last { inputs: cluster.clone(), mesh, port_maps, intercepts, states });
+        out
+    }
+}
+
+fn same_arc<T>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// One node's state from its capabilities' parts, canonical (ordered, digested, versioned).
+fn assemble_node(
+    node: &str,
+    host: Option<&NetnsState>,
+    mesh: Option<&NetnsState>,
+    pods: Option<&Vec<NetnsState>>,
+) -> NodeState {
+    let mut first = host.cloned().unwrap_or_default();
+    if let Some(part) = mesh {
+        merge(&mut first, part.clone());
+    }
+    let mut netns = vec![first];
+    netns.extend(pods.into_iter().flatten().cloned());
+    for ns in &mut netns {
+        super::drop_route_clashes(node, ns);
+    }
+    let mut state = NodeState { node: node.to_string(), netns };
+    kuport_proto::canonicalize(&mut state);
+    state
+}
+
+/// The executors' facts, in any order, are the same.
+fn same_facts(a: &[KnownFacts], b: &[KnownFacts]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    if a == b {
+        return true;
+    }
+    let mut a: Vec<&KnownFacts> = a.iter().collect();
+    let mut b: Vec<&KnownFacts> = b.iter().collect();
+    a.sort_by(|x, y| x.node.cmp(&y.node));
+    b.sort_by(|x, y| x.node.cmp(&y.node));
+    a == b
+}
+
+type Key<'a> = (Option<&'a str>, Option<&'a str>);
+
+fn key<K: Resource>(o: &K) -> Key<'_> {
+    (o.meta().namespace.as_deref(), o.meta().name.as_deref())
+}
+
+/// The objects that differ between `old` and `new` (by namespace and name, in any order):
+/// (old, new), either None for an object added or removed. An object the watch cache did not
+/// replace is the same allocation, so an unchanged list costs a pointer per object.
+fn diff<'a, K: Resource + PartialEq>(old: &'a Objects<K>, new: &'a Objects<K>) -> Vec<(Option<&'a K>, Option<&'a K>)> {
+    let mut changed = Vec::new();
+    if old.len() == new.len() {
+        let mut aligned = true;
+        for (a, b) in old.arcs().iter().zip(new.arcs()) {
+            if Arc::ptr_eq(a, b) {
+                continue;
+            }
+            if key(&**a) != key(&**b) {
+                aligned = false;
+                break;
+            }
+            if a != b {
+                changed.push((Some(&**a), Some(&**b)));
+            }
+        }
+        if aligned {
+            return changed;
+        }
+        changed.clear();
+    }
+    let mut before: HashMap<Key<'a>, &'a K> = HashMap::with_capacity(old.len());
+    let mut twice = false;
+    for a in old.iter() {
+        twice |= before.insert(key(a), a).is_some();
+    }
+    for b in new.iter() {
+        match before.remove(&key(b)) {
+            Some(a) if std::ptr::eq(a, b) || a == b => {}
+            a => changed.push((a, Some(b))),
+        }
+    }
+    changed.extend(before.into_values().map(|a| (Some(a), None)));
+    if twice && changed.is_empty() {
+        // Two objects with one name (a folder's): compared as lists.
+        if old.iter().ne(new.iter()) {
+            changed.push((None, None));
+        }
+    }
+    changed
+}

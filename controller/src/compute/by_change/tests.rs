@@ -1,0 +1,382 @@
+//! The compute by change against the whole compute: random sequences of changes to one cluster
+//! (endpoints, pods, their labels, Intercepts, PortMaps, keys, endpoints of members, reach
+//! reports, the clock, a leader's restart) drive a long-lived [`Computer`], and after every step
+//! its outputs must equal a compute from nothing. Statuses are written back after each step, as
+//! the status writer does, and each member's published endpoints are fed back as the hub does.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use k8s_openapi::api::core::v1::PodStatus;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kuport_proto::v1::Reach;
+use proptest::prelude::*;
+
+use super::*;
+use crate::api::{
+    self, Intercept, InterceptPort, PodSelector, Protocol::Tcp, Protocol::Udp, ReturnPathMode::Vxlan, ServingMode,
+};
+use crate::compute::overlay::relays::RELAY_LABEL;
+use crate::compute::overlay::{EXTERNAL_ENDPOINT_ANNOTATION, OverlaySettings};
+use crate::compute::testkit::World;
+use crate::compute::{Settings, compute};
+use crate::observe::ObservedPeer;
+
+const NODES: [&str; 4] = ["edge-a", "worker-b", "worker-c", "worker-d"];
+/// (namespace, pod) of every pod, each an endpoint of a Service.
+const PODS: [(&str, &str); 5] =
+    [("web", "web-0"), ("web", "web-1"), ("web", "web-2"), ("games", "game-0"), ("games", "game-1")];
+
+/// A WireGuard key: 32 bytes in base64, one per seed.
+fn key(seed: u8) -> String {
+    let c = char::from(b'B' + seed % 24);
+    format!("{}A=", c.to_string().repeat(42))
+}
+
+fn intercept(selects: &str) -> Intercept {
+    let spec = api::InterceptSpec {
+        pod_selector: PodSelector { match_labels: [("app".to_string(), selects.to_string())].into() },
+        intercepts: vec![InterceptPort { protocol: Tcp, container_port: 3000, agent_port: 9900, proxy_port: None }],
+        agent: Default::default(),
+        mesh_dial_subnets: vec!["10.96.0.0/12".into()],
+    };
+    let mut i = Intercept::new("agent", spec);
+    i.metadata.namespace = Some("web".into());
+    i.metadata.generation = Some(1);
+    i.metadata.creation_timestamp = Timestamp::from_second(1_700_000_000).ok().map(Time);
+    i
+}
+
+/// Four nodes in the mesh, two classes, three PortMaps over two Services, an Intercept over
+/// the web pods.
+fn cluster() -> Cluster {
+    let mut w = World::new()
+        .node("edge-a", "100.64.93.143", true)
+        .node("worker-b", "100.64.0.2", true)
+        .node("worker-c", "100.64.0.3", true)
+        .node("worker-d", "100.64.0.4", true)
+        .facts("edge-a", 1420, &[("enp1s0", "203.0.113.9"), ("wt0", "100.64.93.143")])
+        .facts("worker-b", 1380, &[("wt0", "100.64.0.2")])
+        .facts("worker-c", 1420, &[("wt0", "100.64.0.3")])
+        .facts("worker-d", 1420, &[("wt0", "100.64.0.4")])
+        .class("public", ServingMode::Single, Vxlan, &[("edge-a", &["enp1s0", "wt0"])])
+        .class("pair", ServingMode::Multi, Vxlan, &[("edge-a", &["wt0"]), ("worker-c", &["wt0"])])
+        .edit_class("pair", |s| {
+            s.return_path.vxlan.vni = 4300;
+            s.return_path.vxlan.subnet = "169.254.79.0/24".into();
+        })
+        .service(
+            "web",
+            "web",
+            "TCP",
+            3000,
+            &[
+                ("web-0", "worker-b", "10.244.1.7", true),
+                ("web-1", "worker-c", "10.244.2.7", true),
+                ("web-2", "worker-d", "10.244.3.7", false),
+            ],
+        )
+        .service(
+            "games",
+            "game",
+            "UDP",
+            27015,
+            &[("game-0", "edge-a", "10.244.0.107", true), ("game-1", "worker-b", "10.244.1.107", true)],
+        )
+        .port_map("web", "web", "public", Tcp, 3000, None, "web", 0)
+        .port_map("games", "game", "public", Udp, 27015, Some(27115), "game", 1)
+        .port_map("web", "web-pair", "pair", Tcp, 3001, None, "web", 2);
+    for (i, n) in w.c.nodes.iter_mut().enumerate() {
+        n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            pod_cidrs: Some(vec![format!("10.244.{i}.0/24")]),
+            ..Default::default()
+        });
+    }
+    for (i, f) in w.c.facts.iter_mut().enumerate() {
+        f.wireguard_public_key = Some(key(i as u8));
+    }
+    for p in w.c.pods.iter_mut() {
+        p.metadata.labels = Some([("app".to_string(), "web".to_string())].into());
+        p.metadata.uid = p.metadata.name.as_ref().map(|n| format!("uid-{n}"));
+        p.status.get_or_insert_with(PodStatus::default).phase = Some("Running".into());
+    }
+    w.c.intercepts = vec![intercept("web")].into();
+    // A second candidate endpoint per member: a silent peer's endpoint rotates by the clock.
+    for (i, n) in NODES.iter().enumerate() {
+        let from = format!("198.18.0.{}", i + 1).parse().expect("an address");
+        w.c.overlay_observed.connect_addresses.insert((*n).to_string(), from);
+    }
+    w.cluster()
+}
+
+/// One change to the cluster.
+#[derive(Clone, Debug)]
+enum Step {
+    /// The `i`th endpoint of the web slice turns ready or not ready.
+    Ready(usize),
+    /// A pod's address moves.
+    PodAddress(usize, u8),
+    /// A pod is relabelled in or out of the Intercept.
+    Relabel(usize),
+    /// A pod turns Running or Pending.
+    Phase(usize),
+    /// The Intercept selects the other label.
+    Selector,
+    /// The PortMap web/web-pair comes or goes.
+    PortMap,
+    /// A node's key changes, or is lost.
+    Key(usize, Option<u8>),
+    /// A node's endpoint annotation comes or goes.
+    Endpoint(usize),
+    /// A node's underlay MTU changes.
+    Mtu(usize, u32),
+    /// A node is a relay candidate or not.
+    Relay(usize),
+    /// A node reports a peer (reach, handshake seconds ago, the endpoint its WireGuard holds).
+    Reach(usize, usize, Reach, Option<i64>, Option<u8>),
+    /// The clock moves on (or is set back a little).
+    Time(i64),
+    /// A new leader: nothing kept.
+    Restart,
+    /// The uninstall's teardown is asked or withdrawn.
+    Teardown,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let node = 0..NODES.len();
+    let pod = 0..PODS.len();
+    prop_oneof![
+        (0usize..3).prop_map(Step::Ready),
+        (pod.clone(), 1u8..250).prop_map(|(p, a)| Step::PodAddress(p, a)),
+        pod.clone().prop_map(Step::Relabel),
+        pod.prop_map(Step::Phase),
+        Just(Step::Selector),
+        Just(Step::PortMap),
+        (node.clone(), proptest::option::of(0u8..6)).prop_map(|(n, k)| Step::Key(n, k)),
+        node.clone().prop_map(Step::Endpoint),
+        (node.clone(), prop_oneof![Just(1280u32), Just(1420), Just(1500)]).prop_map(|(n, m)| Step::Mtu(n, m)),
+        node.clone().prop_map(Step::Relay),
+        (
+            node.clone(),
+            node,
+            prop_oneof![Just(Reach::Direct), Just(Reach::Unreachable), Just(Reach::Unknown)],
+            proptest::option::of(0i64..400),
+            proptest::option::of(1u8..4),
+        )
+            .prop_map(|(a, b, r, h, e)| Step::Reach(a, b, r, h, e)),
+        prop_oneof![3 => 1i64..400, 1 => -60i64..0, 1 => Just(crate::compute::portmap::links::RELEASE_AFTER_SECONDS)]
+            .prop_map(Step::Time),
+        Just(Step::Restart),
+        Just(Step::Teardown),
+    ]
+}
+
+fn named<'a, K: Resource + Clone>(list: &'a mut Objects<K>, ns: Option<&str>, name: &str) -> Option<&'a mut K> {
+    list.iter_mut()
+        .find(|o| o.meta().name.as_deref() == Some(name) && (ns.is_none() || o.meta().namespace.as_deref() == ns))
+}
+
+fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Settings) {
+    match step {
+        Step::Ready(i) => {
+            if let Some(s) = named(&mut c.endpoint_slices, Some("web"), "web-x")
+                && let Some(e) = s.endpoints.as_mut().and_then(|e| e.get_mut(*i))
+            {
+                let c = e.conditions.get_or_insert_default();
+                c.ready = Some(!c.ready.unwrap_or(false));
+            }
+        }
+        Step::PodAddress(p, a) => {
+            let (ns, name) = PODS[*p];
+            if let Some(pod) = named(&mut c.pods, Some(ns), name) {
+                let ips = pod.status.get_or_insert_default().pod_ips.get_or_insert_default();
+                if let Some(ip) = ips.first_mut() {
+                    let mut parts: Vec<String> = ip.ip.split('.').map(String::from).collect();
+                    if let Some(last) = parts.last_mut() {
+                        *last = a.to_string();
+                    }
+                    ip.ip = parts.join(".");
+                }
+            }
+        }
+        Step::Relabel(p) => {
+            let (ns, name) = PODS[*p];
+            if let Some(pod) = named(&mut c.pods, Some(ns), name) {
+                let labels = pod.metadata.labels.get_or_insert_default();
+                let app = labels.entry("app".into()).or_default();
+                *app = if app == "web" { "other".into() } else { "web".into() };
+            }
+        }
+        Step::Phase(p) => {
+            let (ns, name) = PODS[*p];
+            if let Some(pod) = named(&mut c.pods, Some(ns), name) {
+                let phase = pod.status.get_or_insert_default().phase.get_or_insert_default();
+                *phase = if phase == "Running" { "Pending".into() } else { "Running".into() };
+            }
+        }
+        Step::Selector => {
+            if let Some(i) = named(&mut c.intercepts, Some("web"), "agent") {
+                let app = i.spec.pod_selector.match_labels.entry("app".into()).or_default();
+                *app = if app == "web" { "other".into() } else { "web".into() };
+            }
+        }
+        Step::PortMap => {
+            let before = c.port_maps.len();
+            c.port_maps.retain(|p| p.metadata.name.as_deref() != Some("web-pair"));
+            if c.port_maps.len() == before {
+                let added = World::new().port_map("web", "web-pair", "pair", Tcp, 3001, None, "web", 2);
+                c.port_maps.extend(added.c.port_maps.iter().cloned());
+            }
+        }
+        Step::Key(n, k) => {
+            if let Some(f) = c.facts.iter_mut().find(|f| f.node == NODES[*n]) {
+                f.wireguard_public_key = k.map(key);
+            }
+        }
+        Step::Endpoint(n) => {
+            if let Some(node) = named(&mut c.nodes, None, NODES[*n]) {
+                let a = node.metadata.annotations.get_or_insert_default();
+                if a.remove(EXTERNAL_ENDPOINT_ANNOTATION).is_none() {
+                    a.insert(EXTERNAL_ENDPOINT_ANNOTATION.into(), format!("198.51.100.{}:51820", n + 1));
+                }
+            }
+        }
+        Step::Mtu(n, m) => {
+            if let Some(f) = c.facts.iter_mut().find(|f| f.node == NODES[*n]) {
+                f.underlay_mtu = Some(*m);
+            }
+        }
+        Step::Relay(n) => {
+            if let Some(node) = named(&mut c.nodes, None, NODES[*n]) {
+                let l = node.metadata.labels.get_or_insert_default();
+                if l.remove(RELAY_LABEL).is_none() {
+                    l.insert(RELAY_LABEL.into(), "true".into());
+                }
+            }
+        }
+        Step::Reach(a, b, reach, handshake, endpoint) => {
+            let peer_key = c.facts.iter().find(|f| f.node == NODES[*b]).and_then(|f| f.wireguard_public_key.clone());
+            if let Some(k) = peer_key {
+                let now = c.now.as_second();
+                let seen = ObservedPeer {
+                    endpoint: endpoint.and_then(|e| format!("192.0.2.{e}:51820").parse::<SocketAddr>().ok()),
+                    last_handshake: handshake.and_then(|h| Timestamp::from_second(now - h).ok()),
+                    reach: *reach,
+                };
+                c.overlay_observed.reports.entry(NODES[*a].into()).or_default().insert(k, seen);
+            }
+        }
+        Step::Time(s) => {
+            c.now = Timestamp::from_second(c.now.as_second() + s).unwrap_or(c.now);
+        }
+        Step::Restart => *computer = Computer::new(settings.clone()),
+        Step::Teardown => c.teardown = !c.teardown,
+    }
+}
+
+/// What the status writer and the hub feed back after a compute: statuses that differ, and the
+/// endpoint each member's state gave each peer.
+fn feed_back(c: &mut Cluster, out: &Outputs) {
+    for class in c.classes.iter_mut() {
+        if let Some(s) = class.metadata.name.as_ref().and_then(|n| out.classes.get(n))
+            && class.status.as_ref() != Some(s)
+        {
+            class.status = Some(s.clone());
+        }
+    }
+    for pm in c.port_maps.iter_mut() {
+        let key = portmap::admission::key_of(pm);
+        if let Some(s) = out.port_maps.get(&key)
+            && pm.status.as_ref() != Some(s)
+        {
+            pm.status = Some(s.clone());
+        }
+    }
+    for i in c.intercepts.iter_mut() {
+        let key = (i.metadata.namespace.clone().unwrap_or_default(), i.metadata.name.clone().unwrap_or_default());
+        if let Some(s) = out.intercepts.get(&key)
+            && i.status.as_ref() != Some(s)
+        {
+            i.status = Some(s.clone());
+        }
+    }
+    let mut last: BTreeMap<String, BTreeMap<String, SocketAddr>> = BTreeMap::new();
+    for (node, state) in &out.node_states {
+        for peer in state.netns.iter().flat_map(|n| &n.wireguard_devices).flat_map(|d| &d.peers) {
+            if let Ok(e) = peer.endpoint.parse() {
+                last.entry(node.clone()).or_default().insert(peer.public_key.clone(), e);
+            }
+        }
+    }
+    if c.overlay_observed.last_endpoints != last {
+        c.overlay_observed.last_endpoints = last;
+    }
+}
+
+fn run(steps: &[Step], settings: &Settings) -> Result<(), TestCaseError> {
+    let mut c = cluster();
+    let mut computer = Computer::new(settings.clone());
+    let out = computer.compute(&c);
+    prop_assert_eq!(&out, &compute(&c, settings));
+    feed_back(&mut c, &out);
+    for (i, s) in steps.iter().enumerate() {
+        apply(&mut c, s, &mut computer, settings);
+        let whole = compute(&c, settings);
+        let by_change = computer.compute(&c);
+        prop_assert!(whole == by_change, "after step {} ({:?}) of {:?}: {:?}", i, s, steps, computer.redone());
+        feed_back(&mut c, &by_change);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn by_change_equals_the_whole_compute_with_the_mesh(steps in proptest::collection::vec(step(), 1..14)) {
+        run(&steps, &Settings { overlay: Some(OverlaySettings::default()) })?;
+    }
+
+    #[test]
+    fn by_change_equals_the_whole_compute_without_the_mesh(steps in proptest::collection::vec(step(), 1..14)) {
+        run(&steps, &Settings::default())?;
+    }
+}
+
+/// The cost follows the change: a relabel redoes interception alone and assembles one node's
+/// state; a reach report redoes the mesh alone; a moved endpoint redoes the port maps alone.
+#[test]
+fn each_change_redoes_only_the_capability_it_reaches() {
+    let settings = Settings { overlay: Some(OverlaySettings::default()) };
+    let mut c = cluster();
+    let mut computer = Computer::new(settings.clone());
+    let out = computer.compute(&c);
+    feed_back(&mut c, &out);
+    let out = computer.compute(&c);
+    feed_back(&mut c, &out);
+    computer.compute(&c);
+    assert_eq!(
+        computer.redone(),
+        &Redone { mesh: false, port_maps: false, intercepts: false, node_states: 0 },
+        "nothing changed: nothing redone"
+    );
+
+    let mut relabelled = c.clone();
+    apply(&mut relabelled, &Step::Relabel(1), &mut computer, &settings);
+    computer.compute(&relabelled);
+    assert_eq!(computer.redone(), &Redone { mesh: false, port_maps: false, intercepts: true, node_states: 1 });
+
+    let mut reported = relabelled.clone();
+    apply(&mut reported, &Step::Reach(1, 2, Reach::Unreachable, Some(10), Some(1)), &mut computer, &settings);
+    computer.compute(&reported);
+    let r = computer.redone().clone();
+    assert!(r.mesh && !r.port_maps && !r.intercepts, "{r:?}");
+
+    let mut moved = reported.clone();
+    apply(&mut moved, &Step::Ready(0), &mut computer, &settings);
+    computer.compute(&moved);
+    let r = computer.redone().clone();
+    assert!(!r.mesh && r.port_maps && !r.intercepts, "{r:?}");
+    assert!(r.node_states < NODES.len(), "{r:?}");
+}
