@@ -34,7 +34,7 @@ mod cluster;
 #[path = "common/machine.rs"]
 mod machine;
 use cluster::*;
-use machine::{cpu_time, loadavg};
+use machine::{cpu_time, loadavg, median_min, ms, proc_status, reset_hwm, timed};
 
 use kuport_controller::api::Protocol;
 use kuport_controller::compute::by_change::{Computer, Redone};
@@ -64,35 +64,6 @@ fn with_class_status(c: &mut Cluster, out: &Outputs) {
     }
 }
 
-fn versions(out: &Outputs) -> BTreeMap<String, String> {
-    out.node_states.iter().map(|(n, s)| (n.clone(), kuport_proto::version(s))).collect()
-}
-
-fn changed(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> usize {
-    let names: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-    names.into_iter().filter(|n| a.get(*n) != b.get(*n)).count()
-}
-
-fn proc_status(field: &str) -> u64 {
-    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    text.lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Resets VmHWM to the current RSS; false where the kernel refuses.
-fn reset_hwm() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-fn timed<T>(f: impl FnOnce() -> T) -> (Duration, T) {
-    let t = Instant::now();
-    let v = f();
-    (t.elapsed(), v)
-}
-
 /// `f` run `reps` times: the durations and the last result.
 fn repeated<T: Default>(reps: usize, mut f: impl FnMut() -> T) -> (Vec<Duration>, T) {
     let mut times = Vec::new();
@@ -103,16 +74,6 @@ fn repeated<T: Default>(reps: usize, mut f: impl FnMut() -> T) -> (Vec<Duration>
         last = v;
     }
     (times, last)
-}
-
-fn median_min(mut v: Vec<Duration>) -> (Duration, Duration) {
-    v.sort();
-    (v[v.len() / 2], v[0])
-}
-
-fn ms(d: Duration) -> String {
-    let ms = d.as_secs_f64() * 1e3;
-    if ms >= 100.0 { format!("{ms:.0} ms") } else { format!("{ms:.1} ms") }
 }
 
 /// The stages of `compute`, copied (they are public except link_ends and the statuses), timed.
@@ -463,7 +424,7 @@ fn main() {
                 last_handshake: Some(reported.now),
                 endpoint: None,
             };
-            reported.overlay_observed.reports.entry(a).or_default().insert(peer_key, seen);
+            std::sync::Arc::make_mut(reported.overlay_observed.reports.entry(a).or_default()).insert(peer_key, seen);
             let (whole, _) = repeated(reps, || compute(&reported, &settings));
             by_change_rows.push(by_change_row(
                 &format!("{size}: one reach report"),

@@ -169,7 +169,8 @@ impl Lab {
             c.facts.push(n.facts());
         }
         let unreachable = ObservedPeer { reach: Reach::Unreachable, ..Default::default() };
-        c.overlay_observed.reports.entry("home-a".into()).or_default().insert(self.node("home-b").key(), unreachable);
+        std::sync::Arc::make_mut(c.overlay_observed.reports.entry("home-a".into()).or_default())
+            .insert(self.node("home-b").key(), unreachable);
         c
     }
 }

@@ -359,3 +359,14 @@ pub fn add_intercepts(c: &mut Cluster, every: usize) {
         c.intercepts.push(ic);
     }
 }
+
+/// Every node state's version.
+pub fn versions(out: &kuport_controller::compute::Outputs) -> BTreeMap<String, String> {
+    out.node_states.iter().map(|(n, s)| (n.clone(), kuport_proto::version(s))).collect()
+}
+
+/// How many nodes' versions differ between `a` and `b`.
+pub fn changed(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> usize {
+    let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    names.into_iter().filter(|n| a.get(*n) != b.get(*n)).count()
+}

@@ -29,6 +29,8 @@ use crate::observe::{Cluster, KnownFacts, Objects};
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Redone {
     pub mesh: bool,
+    /// The mesh members whose part was made anew.
+    pub mesh_members: usize,
     pub port_maps: bool,
     pub intercepts: bool,
     pub node_states: usize,
@@ -50,11 +52,23 @@ impl std::fmt::Debug for Computer {
 
 /// The overlay's result, with what port maps read of it.
 struct Meshed {
-    /// Each member's part of its host namespace.
-    netns: BTreeMap<String, NetnsState>,
-    nodes: Arc<BTreeMap<String, overlay::NodeOverlay>>,
+    plan: overlay::Plan,
+    members: BTreeMap<String, MemberPart>,
+    places: Arc<overlay::Places>,
     /// Each member's overlay address and device MTU: port maps' links ride on them.
     addresses: BTreeMap<String, (Ipv4Addr, u32)>,
+    horizon: Horizon,
+    /// How many members' parts this compute made anew.
+    remade: usize,
+}
+
+/// One member's part of its host namespace and its place, with what only it read: its node's
+/// MTU, and the horizon of its own report.
+#[derive(Clone)]
+struct MemberPart {
+    netns: Arc<NetnsState>,
+    place: Arc<overlay::NodeOverlay>,
+    node_mtu: u32,
     horizon: Horizon,
 }
 
@@ -91,6 +105,8 @@ struct Last {
 #[derive(Debug, Default)]
 struct Reads {
     mesh: bool,
+    /// What judges the mesh's members: Nodes, facts, refused facts.
+    members: bool,
     port_maps: bool,
     intercepts: bool,
 }
@@ -115,7 +131,7 @@ impl Reads {
             || !diff(&old.endpoint_slices, &new.endpoint_slices).is_empty()
             || !diff(&old.port_maps, &new.port_maps).is_empty();
         let intercepts = !pods.is_empty() || !diff(&old.intercepts, &new.intercepts).is_empty();
-        Reads { mesh, port_maps, intercepts }
+        Reads { mesh, members: nodes || facts, port_maps, intercepts }
     }
 }
 
@@ -143,7 +159,7 @@ impl Computer {
         let last = self.last.take();
         let reads = match &last {
             Some(l) => Reads::between(&l.inputs, cluster),
-            None => Reads { mesh: true, port_maps: true, intercepts: true },
+            None => Reads { mesh: true, members: true, port_maps: true, intercepts: true },
         };
         let now = cluster.now;
         // Made once, and only for a capability that runs.
@@ -162,15 +178,8 @@ impl Computer {
                 None => {
                     view_of(&mut view);
                     let v = view.as_ref().expect("made above");
-                    let mesh = overlay::compute(v, cluster, settings);
-                    let addresses = mesh
-                        .nodes
-                        .iter()
-                        .filter(|(_, p)| p.refused.is_empty())
-                        .filter_map(|(n, p)| Some((n.clone(), (p.address?, p.mtu))))
-                        .collect();
-                    let horizon = Horizon { at: now, until: overlay::horizon(cluster) };
-                    Some(Arc::new(Meshed { netns: mesh.netns, nodes: Arc::new(mesh.nodes), addresses, horizon }))
+                    let old = last.as_ref().and_then(|l| Some((l.mesh.as_deref()?, &l.inputs)));
+                    Some(Arc::new(mesh_by_member(v, cluster, settings, old, !reads.members)))
                 }
             },
         };
@@ -215,39 +224,115 @@ impl Computer {
             _ => {
                 let mut names: BTreeSet<&String> = port_maps.hosts.keys().collect();
                 names.extend(intercepts.netns.keys());
-                names.extend(mesh.iter().flat_map(|m| m.netns.keys()));
+                names.extend(mesh.iter().flat_map(|m| m.members.keys()));
                 let mut states = BTreeMap::new();
                 for name in names {
                     let host = port_maps.hosts.get(name);
-                    let meshed = mesh.as_ref().and_then(|m| m.netns.get(name));
+                    let meshed = mesh.as_ref().and_then(|m| m.members.get(name)).map(|p| &p.netns);
                     let pods = intercepts.netns.get(name);
                     let kept = last.as_ref().and_then(|l| {
                         let same = (!pm_redone || l.port_maps.hosts.get(name) == host)
-                            && (!mesh_redone || l.mesh.as_ref().and_then(|m| m.netns.get(name)) == meshed)
+                            && (!mesh_redone
+                                || same_part(
+                                    l.mesh.as_ref().and_then(|m| m.members.get(name)).map(|p| &p.netns),
+                                    meshed,
+                                ))
                             && (!ic_redone || l.intercepts.netns.get(name) == pods);
                         same.then(|| l.states.get(name).cloned()).flatten()
                     });
                     let state = kept.unwrap_or_else(|| {
                         assembled += 1;
-                        Arc::new(assemble_node(name, host, meshed, pods))
+                        Arc::new(assemble_node(name, host, meshed.map(|m| &**m), pods))
                     });
                     states.insert(name.clone(), state);
                 }
                 states
             }
         };
-        self.redone = Redone { mesh: mesh_redone, port_maps: pm_redone, intercepts: ic_redone, node_states: assembled };
+        let mesh_members = if mesh_redone { mesh.as_ref().map_or(0, |m| m.remade) } else { 0 };
+        self.redone = Redone {
+            mesh: mesh_redone,
+            mesh_members,
+            port_maps: pm_redone,
+            intercepts: ic_redone,
+            node_states: assembled,
+        };
 
         let mut out = port_maps.out.clone();
         out.tracked.extend(intercepts.tracked.clone());
         out.intercepts = intercepts.statuses.clone();
         out.intercept_pods = intercepts.placed.clone();
         if let Some(m) = &mesh {
-            out.overlay = m.nodes.clone();
+            out.overlay = m.places.clone();
         }
         out.node_states = states.clone();
         self.last = Some(Last { inputs: cluster.clone(), mesh, port_maps, intercepts, states });
         out
+    }
+}
+
+/// The mesh, remaking only the members whose part may differ from `old`'s: every one when the
+/// members, their candidates or their pod CIDRs changed; else those whose own report or last
+/// endpoints, node MTU or routes changed, or whose horizon passed. A member's part reads nothing
+/// else ([`overlay::member`]). The plan is made from the old one when what judges the members
+/// did not change (`same_members`), hearing again only the reports that changed.
+fn mesh_by_member(
+    view: &View,
+    cluster: &Cluster,
+    settings: &overlay::OverlaySettings,
+    old: Option<(&Meshed, &Cluster)>,
+    same_members: bool,
+) -> Meshed {
+    let now = cluster.now;
+    let plan = match old.filter(|_| same_members) {
+        Some((m, was)) => overlay::replan(&m.plan, was, cluster, settings),
+        None => overlay::plan(cluster, settings),
+    };
+    let old = old.filter(|(m, _)| m.plan.same_members(&plan));
+    let rerouted = old.map(|(m, _)| m.plan.rerouted(&plan)).unwrap_or_default();
+    let observed = &cluster.overlay_observed;
+    let mut members = BTreeMap::new();
+    let mut remade = 0;
+    for name in plan.judged.members.keys() {
+        let node_mtu = view.node(name).mtu();
+        let kept = old.and_then(|(m, inputs)| {
+            let part = m.members.get(name)?;
+            let was = &inputs.overlay_observed;
+            let same = part.node_mtu == node_mtu
+                && part.horizon.holds(now)
+                && !rerouted.contains(name)
+                && was.reports.get(name) == observed.reports.get(name)
+                && was.last_endpoints.get(name) == observed.last_endpoints.get(name);
+            same.then(|| part.clone())
+        });
+        let part = match kept {
+            Some(p) => p,
+            None => {
+                let Some((netns, place)) = overlay::member(cluster, settings, &plan, name, node_mtu) else { continue };
+                remade += 1;
+                let report = observed.reports.get(name).into_iter().flat_map(|r| r.values());
+                let horizon = Horizon { at: now, until: overlay::members::horizon_of(report, now) };
+                MemberPart { netns: Arc::new(netns), place: Arc::new(place), node_mtu, horizon }
+            }
+        };
+        members.insert(name.clone(), part);
+    }
+    let mut places: overlay::Places =
+        plan.judged.refused.iter().map(|(n, why)| (n.clone(), Arc::new(overlay::refused_place(why)))).collect();
+    places.extend(members.iter().map(|(n, p)| (n.clone(), p.place.clone())));
+    let addresses = members.iter().filter_map(|(n, p)| Some((n.clone(), (p.place.address?, p.place.mtu)))).collect();
+    // Each member's horizon covers its own report, the only reports the mesh reads.
+    let until = members.values().filter_map(|p| p.horizon.until).min();
+    let horizon = Horizon { at: now, until };
+    Meshed { plan, members, places: Arc::new(places), addresses, horizon, remade }
+}
+
+/// The same part, kept (one allocation), or none on both sides.
+fn same_part<T>(a: Option<&Arc<T>>, b: Option<&Arc<T>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
     }
 }
 

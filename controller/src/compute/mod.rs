@@ -89,7 +89,7 @@ pub struct Outputs {
     pub intercept_pods: BTreeMap<InterceptKey, Vec<(String, String)>>,
     /// Every Node's place in the overlay, with why a node is not in it; empty when it is off.
     /// Shared with the [`by_change::Computer`]: each member's lists hold every other member.
-    pub overlay: Arc<BTreeMap<String, overlay::NodeOverlay>>,
+    pub overlay: Arc<overlay::Places>,
 }
 
 impl Outputs {

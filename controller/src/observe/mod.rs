@@ -189,18 +189,22 @@ pub struct Cluster {
     pub now: Timestamp,
 }
 
-/// What the leader learns of the mesh at run time, from the executors' streams.
+/// What the leader learns of the mesh at run time, from the executors' streams. Each node's
+/// part is shared from where the hub keeps it, so that a compute finds a node whose report or
+/// state did not change by one pointer (`compute::by_change`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OverlayObserved {
-    /// Per reporting node, its latest PeerReport: per peer public key, what its WireGuard
-    /// holds.
-    pub reports: BTreeMap<String, BTreeMap<String, ObservedPeer>>,
+    /// Per reporting node, its latest PeerReport.
+    pub reports: BTreeMap<String, Arc<SeenPeers>>,
     /// Per node, the address its executor's NodeSync stream comes from.
     pub connect_addresses: BTreeMap<String, IpAddr>,
     /// Per node, per peer public key, the endpoint its last published state gave that peer:
     /// a peer with a live session keeps it.
-    pub last_endpoints: BTreeMap<String, BTreeMap<String, SocketAddr>>,
+    pub last_endpoints: BTreeMap<String, Arc<BTreeMap<String, SocketAddr>>>,
 }
+
+/// One node's peer report: per peer public key, what its WireGuard holds.
+pub type SeenPeers = BTreeMap<String, ObservedPeer>;
 
 /// One peer in a node's PeerReport.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

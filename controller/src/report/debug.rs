@@ -124,7 +124,7 @@ impl Debug for DebugService {
         let name = request.into_inner().node;
         let (out, _) = self.hub.outputs();
         match self.hub.node(&name) {
-            Some(v) => Ok(Response::new(node_debug(v, true, out.overlay.get(&name)))),
+            Some(v) => Ok(Response::new(node_debug(v, true, out.overlay.get(&name).map(|o| &**o)))),
             None => Err(Status::not_found(format!("node {name:?}: no desired state and no executor"))),
         }
     }
@@ -139,7 +139,7 @@ impl Debug for DebugService {
             .into_iter()
             .map(|v| {
                 let o = out.overlay.get(&v.node);
-                node_debug(v, false, o)
+                node_debug(v, false, o.map(|o| &**o))
             })
             .collect();
         let input_error = self.hub.source_error().unwrap_or_default();

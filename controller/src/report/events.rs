@@ -13,7 +13,7 @@ use crate::api::{InterceptStatus, PortMapClassStatus, PortMapStatus};
 use crate::compute::intercept::pods::{self as intercept, reason as intercept_reason};
 use crate::compute::overlay::members::REPORT_REFUSED;
 use crate::compute::overlay::relays::PeerRoute;
-use crate::compute::overlay::{NodeOverlay, Refusal, reason as overlay_reason};
+use crate::compute::overlay::{Places, Refusal, reason as overlay_reason};
 use crate::compute::portmap::status::reason;
 use crate::observe::facts::reason as facts_reason;
 
@@ -139,11 +139,7 @@ pub mod route_reason {
 /// route and who reports whom unreachable. A peer missing from `before` counts as direct, so a
 /// new member's direct pairs are no event. On a member's Node only, the peer's Node as the
 /// related object: the recorder folds events by regarding, reason and related.
-pub fn of_route_change(
-    node: &str,
-    before: Option<&BTreeMap<String, String>>,
-    nodes: &BTreeMap<String, NodeOverlay>,
-) -> Vec<Event> {
+pub fn of_route_change(node: &str, before: Option<&BTreeMap<String, String>>, nodes: &Places) -> Vec<Event> {
     use kuport_proto::v1::Reach;
     let Some(me) = nodes.get(node).filter(|o| o.public_key.is_some()) else { return Vec::new() };
     let direct = PeerRoute::Direct.to_string();
@@ -344,11 +340,13 @@ mod tests {
     fn a_route_change_gets_one_event_per_peer_on_the_member_and_none_when_unchanged() {
         use crate::compute::overlay::PeerSeen;
         use kuport_proto::v1::Reach;
-        let member = |routes: &[(&str, PeerRoute)], seen: &[(&str, Reach)]| NodeOverlay {
-            public_key: Some("K".into()),
-            routes: routes.iter().map(|(p, r)| (p.to_string(), r.clone())).collect(),
-            seen: seen.iter().map(|(p, r)| (p.to_string(), PeerSeen { reach: *r, endpoint: None })).collect(),
-            ..Default::default()
+        let member = |routes: &[(&str, PeerRoute)], seen: &[(&str, Reach)]| {
+            std::sync::Arc::new(crate::compute::overlay::NodeOverlay {
+                public_key: Some("K".into()),
+                routes: routes.iter().map(|(p, r)| (p.to_string(), r.clone())).collect(),
+                seen: seen.iter().map(|(p, r)| (p.to_string(), PeerSeen { reach: *r, endpoint: None })).collect(),
+                ..Default::default()
+            })
         };
         let via = PeerRoute::Via("cloud".into());
         let relayed = BTreeMap::from([

@@ -122,6 +122,8 @@ struct NodeEntry {
     reach_since: BTreeMap<String, (Reach, SystemTime)>,
     /// The address the executor's latest stream came from.
     connect_address: Option<IpAddr>,
+    /// Per peer key, the endpoint the overlay device of the state last sent gives it.
+    sent_endpoints: Option<Arc<BTreeMap<String, SocketAddr>>>,
     /// Whether the node's first state of this term waits ([`Hold`]); `held` tells the session.
     hold: Hold,
     held: watch::Sender<bool>,
@@ -164,6 +166,7 @@ impl NodeEntry {
             reach_since: BTreeMap::new(),
             peer_digest: Digest::new(),
             connect_address: None,
+            sent_endpoints: None,
             hold: Hold::Free,
             held: watch::channel(false).0,
             served_term: 0,
@@ -839,8 +842,8 @@ impl Hub {
                     cluster.refused_facts.insert(node.clone(), r.clone());
                 }
             }
-            if let Some(o) = &self.settings.overlay {
-                cluster.overlay_observed = observed(inner, &o.interface);
+            if self.settings.overlay.is_some() {
+                cluster.overlay_observed = observed(inner);
             }
             (cluster, self.leadership.borrow().term, read)
         };
@@ -910,8 +913,10 @@ impl Hub {
                 continue;
             }
             inner.sequence += 1;
+            let endpoints = self.settings.overlay.as_ref().and_then(|o| sent_endpoints(&ds, &o.interface));
             let entry = inner.nodes.entry(name).or_insert_with(NodeEntry::new);
             entry.oversize = None;
+            entry.sent_endpoints = endpoints;
             entry.tx.send_replace(Some(Arc::new(ds)));
             published += 1;
         }
@@ -1006,9 +1011,9 @@ fn until_next_rotation(now: Timestamp) -> Duration {
 }
 
 /// What the endpoint choice reads of the hub (docs/overlay/status.md): every node's latest
-/// peer report, the address each executor's stream came from, and the endpoint each node's
-/// published state gives each peer of device `interface`.
-fn observed(inner: &Inner, interface: &str) -> OverlayObserved {
+/// peer report, the address each executor's stream came from, and the endpoint the state last
+/// sent to each node gives each peer. Each node's part is shared, not copied.
+fn observed(inner: &Inner) -> OverlayObserved {
     let mut o = OverlayObserved::default();
     for (node, e) in &inner.nodes {
         if let Some(r) = &e.peers {
@@ -1017,22 +1022,27 @@ fn observed(inner: &Inner, interface: &str) -> OverlayObserved {
         if let Some(a) = e.connect_address {
             o.connect_addresses.insert(node.clone(), a);
         }
-        let Some(desired) = e.desired() else { continue };
-        let Some(state) = desired.state.as_ref() else { continue };
-        let endpoints: BTreeMap<String, SocketAddr> = state
-            .netns
-            .iter()
-            .filter(|ns| ns.is_host())
-            .flat_map(|ns| &ns.wireguard_devices)
-            .filter(|d| d.name == interface)
-            .flat_map(|d| &d.peers)
-            .filter_map(|p| Some((p.public_key.clone(), p.endpoint.parse().ok()?)))
-            .collect();
-        if !endpoints.is_empty() {
-            o.last_endpoints.insert(node.clone(), endpoints);
+        if let Some(endpoints) = &e.sent_endpoints {
+            o.last_endpoints.insert(node.clone(), endpoints.clone());
         }
     }
     o
+}
+
+/// Per peer key, the endpoint `ds`'s overlay device `interface` gives it; None when it gives
+/// none. Read once per state sent, not at every compute.
+fn sent_endpoints(ds: &DesiredState, interface: &str) -> Option<Arc<BTreeMap<String, SocketAddr>>> {
+    let endpoints: BTreeMap<String, SocketAddr> = ds
+        .state
+        .iter()
+        .flat_map(|s| &s.netns)
+        .filter(|ns| ns.is_host())
+        .flat_map(|ns| &ns.wireguard_devices)
+        .filter(|d| d.name == interface)
+        .flat_map(|d| &d.peers)
+        .filter_map(|p| Some((p.public_key.clone(), p.endpoint.parse().ok()?)))
+        .collect();
+    (!endpoints.is_empty()).then(|| Arc::new(endpoints))
 }
 
 /// A compute's result, not yet published.

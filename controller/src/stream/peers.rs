@@ -5,13 +5,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kuport_proto::v1::{PeerReport, PeerStatus, Reach};
 
 use crate::compute::overlay::members;
-use crate::observe::ObservedPeer;
 use crate::observe::facts;
+use crate::observe::{ObservedPeer, SeenPeers};
 
 /// Peers per report: twice the 5,000 nodes kuport is sized for. At about 100 bytes a peer the
 /// largest report is 1 MB, within the 4 MiB an executor may send (docs/security.md).
@@ -22,8 +23,8 @@ pub const MAX_PEERS: usize = 10_000;
 pub struct Reported {
     /// As reported, by public key, with handshakes on the controller's clock (Debug, metrics).
     pub statuses: Vec<PeerStatus>,
-    /// What the endpoint choice reads, by public key.
-    pub observed: BTreeMap<String, ObservedPeer>,
+    /// What the endpoint choice reads, by public key; shared with every compute that reads it.
+    pub observed: Arc<SeenPeers>,
     /// Bytes the node relayed between two of its peers (its relay rule's counter, as reported;
     /// docs/overlay/relays.md): metrics only, never a recompute.
     pub relayed_bytes: u64,
@@ -49,6 +50,7 @@ pub fn check(report: &PeerReport, now: Timestamp) -> Result<Reported, String> {
         Ok(read) => now_s.saturating_sub(read),
     };
     let mut out = Reported { relayed_bytes: report.relayed_bytes, ..Reported::default() };
+    let mut observed = SeenPeers::new();
     for (i, p) in report.peers.iter().enumerate() {
         facts::wireguard_key(&p.public_key).map_err(|m| format!("peers[{i}].publicKey: {m}"))?;
         let endpoint = match p.endpoint.as_str() {
@@ -64,7 +66,7 @@ pub fn check(report: &PeerReport, now: Timestamp) -> Result<Reported, String> {
         let last_handshake = handshake.and_then(|t| Timestamp::from_second(t).ok());
         // A value this controller does not know (a newer executor's) is no news: unknown.
         let reach = Reach::try_from(p.reach).unwrap_or(Reach::Unknown);
-        if out.observed.insert(p.public_key.clone(), ObservedPeer { endpoint, last_handshake, reach }).is_some() {
+        if observed.insert(p.public_key.clone(), ObservedPeer { endpoint, last_handshake, reach }).is_some() {
             return Err(format!("peers[{i}].publicKey: {} is listed twice", p.public_key));
         }
         out.statuses.push(PeerStatus {
@@ -73,6 +75,7 @@ pub fn check(report: &PeerReport, now: Timestamp) -> Result<Reported, String> {
         });
     }
     out.statuses.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+    out.observed = Arc::new(observed);
     Ok(out)
 }
 

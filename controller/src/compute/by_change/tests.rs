@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PodStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -135,6 +136,11 @@ enum Step {
     Relay(usize),
     /// A node reports a peer (reach, handshake seconds ago, the endpoint its WireGuard holds).
     Reach(usize, usize, Reach, Option<i64>, Option<u8>),
+    /// A node's executor connects again, from another address: a candidate of its own.
+    Connect(usize, u8),
+    /// A member's state has not been sent since the leader started: no endpoint it gave is
+    /// known (a publish lags the compute).
+    Unsent(usize),
     /// The clock moves on (or is set back a little).
     Time(i64),
     /// A new leader: nothing kept.
@@ -159,12 +165,14 @@ fn step() -> impl Strategy<Value = Step> {
         node.clone().prop_map(Step::Relay),
         (
             node.clone(),
-            node,
+            node.clone(),
             prop_oneof![Just(Reach::Direct), Just(Reach::Unreachable), Just(Reach::Unknown)],
             proptest::option::of(0i64..400),
-            proptest::option::of(1u8..4),
+            proptest::option::of(1u8..5),
         )
             .prop_map(|(a, b, r, h, e)| Step::Reach(a, b, r, h, e)),
+        (node.clone(), 1u8..4).prop_map(|(n, a)| Step::Connect(n, a)),
+        node.prop_map(Step::Unsent),
         prop_oneof![3 => 1i64..400, 1 => -60i64..0, 1 => Just(crate::compute::portmap::links::RELEASE_AFTER_SECONDS)]
             .prop_map(Step::Time),
         Just(Step::Restart),
@@ -260,12 +268,24 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
             if let Some(k) = peer_key {
                 let now = c.now.as_second();
                 let seen = ObservedPeer {
-                    endpoint: endpoint.and_then(|e| format!("192.0.2.{e}:51820").parse::<SocketAddr>().ok()),
+                    // 4: the peer's own connect address at another port, which vouches for it: a
+                    // new candidate of the peer for every pair.
+                    endpoint: endpoint.and_then(|e| match e {
+                        4 => format!("198.18.0.{}:4000", b + 1).parse::<SocketAddr>().ok(),
+                        e => format!("192.0.2.{e}:51820").parse::<SocketAddr>().ok(),
+                    }),
                     last_handshake: handshake.and_then(|h| Timestamp::from_second(now - h).ok()),
                     reach: *reach,
                 };
-                c.overlay_observed.reports.entry(NODES[*a].into()).or_default().insert(k, seen);
+                Arc::make_mut(c.overlay_observed.reports.entry(NODES[*a].into()).or_default()).insert(k, seen);
             }
+        }
+        Step::Connect(n, a) => {
+            let from = format!("198.18.{a}.{}", n + 1).parse().expect("an address");
+            c.overlay_observed.connect_addresses.insert(NODES[*n].to_string(), from);
+        }
+        Step::Unsent(a) => {
+            c.overlay_observed.last_endpoints.remove(NODES[*a]);
         }
         Step::Time(s) => {
             c.now = Timestamp::from_second(c.now.as_second() + s).unwrap_or(c.now);
@@ -309,6 +329,8 @@ fn feed_back(c: &mut Cluster, out: &Outputs) {
             }
         }
     }
+    let last: BTreeMap<String, Arc<BTreeMap<String, SocketAddr>>> =
+        last.into_iter().map(|(n, e)| (n, Arc::new(e))).collect();
     if c.overlay_observed.last_endpoints != last {
         c.overlay_observed.last_endpoints = last;
     }
@@ -330,13 +352,19 @@ fn run(steps: &[Step], settings: &Settings) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+// The mesh has the most to keep apart (members, routes, candidates, each member's reports and
+// clock), so it gets the most cases.
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn by_change_equals_the_whole_compute_with_the_mesh(steps in proptest::collection::vec(step(), 1..14)) {
         run(&steps, &Settings { overlay: Some(OverlaySettings::default()) })?;
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
     fn by_change_equals_the_whole_compute_without_the_mesh(steps in proptest::collection::vec(step(), 1..14)) {
@@ -345,7 +373,8 @@ proptest! {
 }
 
 /// The cost follows the change: a relabel redoes interception alone and assembles one node's
-/// state; a reach report redoes the mesh alone; a moved endpoint redoes the port maps alone.
+/// state; a reach report redoes the mesh alone, and there only the members whose routes or own
+/// report changed; a moved endpoint redoes the port maps alone.
 #[test]
 fn each_change_redoes_only_the_capability_it_reaches() {
     let settings = Settings { overlay: Some(OverlaySettings::default()) };
@@ -358,20 +387,31 @@ fn each_change_redoes_only_the_capability_it_reaches() {
     computer.compute(&c);
     assert_eq!(
         computer.redone(),
-        &Redone { mesh: false, port_maps: false, intercepts: false, node_states: 0 },
+        &Redone { mesh: false, mesh_members: 0, port_maps: false, intercepts: false, node_states: 0 },
         "nothing changed: nothing redone"
     );
 
     let mut relabelled = c.clone();
     apply(&mut relabelled, &Step::Relabel(1), &mut computer, &settings);
     computer.compute(&relabelled);
-    assert_eq!(computer.redone(), &Redone { mesh: false, port_maps: false, intercepts: true, node_states: 1 });
+    assert_eq!(
+        computer.redone(),
+        &Redone { mesh: false, mesh_members: 0, port_maps: false, intercepts: true, node_states: 1 }
+    );
 
     let mut reported = relabelled.clone();
-    apply(&mut reported, &Step::Reach(1, 2, Reach::Unreachable, Some(10), Some(1)), &mut computer, &settings);
+    apply(&mut reported, &Step::Reach(1, 2, Reach::Unreachable, Some(10), None), &mut computer, &settings);
     computer.compute(&reported);
     let r = computer.redone().clone();
     assert!(r.mesh && !r.port_maps && !r.intercepts, "{r:?}");
+    assert_eq!((r.mesh_members, r.node_states), (2, 2), "the pair now relayed, and no other member: {r:?}");
+
+    // A live session's report that changes no route: the reporter's part alone.
+    let mut reported = reported.clone();
+    apply(&mut reported, &Step::Reach(3, 0, Reach::Direct, Some(5), None), &mut computer, &settings);
+    computer.compute(&reported);
+    let r = computer.redone().clone();
+    assert_eq!((r.mesh, r.mesh_members, r.node_states), (true, 1, 1), "{r:?}");
 
     let mut moved = reported.clone();
     apply(&mut moved, &Step::Ready(0), &mut computer, &settings);
@@ -379,4 +419,44 @@ fn each_change_redoes_only_the_capability_it_reaches() {
     let r = computer.redone().clone();
     assert!(!r.mesh && r.port_maps && !r.intercepts, "{r:?}");
     assert!(r.node_states < NODES.len(), "{r:?}");
+}
+
+/// Sequences random steps seldom reach: the endpoints a member's last state gave (a live session
+/// keeps them; unsent, the report's are used); a peer's candidates, which a silent peer's
+/// endpoint rotates over, and which another member's report adds to, until its session turns
+/// silent; a broken pair that heals.
+#[test]
+fn a_members_part_follows_its_last_endpoints_and_its_peers_candidates() {
+    let mesh = Settings { overlay: Some(OverlaySettings::default()) };
+    let unsent = [Step::Reach(0, 1, Reach::Direct, Some(10), Some(2)), Step::Unsent(0)];
+    if let Err(e) = run(&unsent, &mesh) {
+        panic!("{e}");
+    }
+    // Over six rotation periods, so that the new candidate list rotates elsewhere than the old.
+    for period in 0..6 {
+        let vouched = [
+            Step::Time(period * crate::compute::overlay::members::ROTATE_EVERY_SECONDS),
+            Step::Reach(2, 1, Reach::Unknown, None, None),
+            Step::Reach(3, 1, Reach::Direct, Some(10), Some(4)),
+        ];
+        if let Err(e) = run(&vouched, &mesh) {
+            panic!("period {period}: {e}");
+        }
+        // A session that vouched for a candidate turns silent: the candidate goes.
+        let fading = [
+            Step::Time(period * crate::compute::overlay::members::ROTATE_EVERY_SECONDS),
+            Step::Reach(3, 1, Reach::Direct, Some(170), Some(4)),
+            Step::Reach(2, 1, Reach::Unknown, None, None),
+            Step::Time(15),
+        ];
+        if let Err(e) = run(&fading, &mesh) {
+            panic!("period {period}: {e}");
+        }
+    }
+    // A pair breaks, then heals.
+    let healed =
+        [Step::Reach(1, 2, Reach::Unreachable, Some(10), None), Step::Reach(1, 2, Reach::Direct, Some(10), None)];
+    if let Err(e) = run(&healed, &mesh) {
+        panic!("{e}");
+    }
 }

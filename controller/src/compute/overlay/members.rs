@@ -3,13 +3,14 @@
 //! and why; a refused node is no one's peer and has no device, and the rest of the mesh is
 //! computed as if it did not exist (docs/overlay/mesh.md, "Refusals").
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 
+use super::heard::Heard;
 use super::{EXTERNAL_ENDPOINT_ANNOTATION, KEY_HELD_LABEL, OverlaySettings, Refusal, key_tag, reason};
 use crate::observe::facts;
 use crate::observe::{Cluster, KnownFacts, ObservedPeer};
@@ -46,7 +47,7 @@ pub struct Member {
 }
 
 /// What [`judge`] decides, per node name.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Judged {
     pub members: BTreeMap<String, Member>,
     /// Every node with a Node object that is not a member, with why (at least one reason).
@@ -75,14 +76,14 @@ pub fn silent(p: &ObservedPeer, now: Timestamp) -> bool {
     p.last_handshake.is_none_or(|t| now.as_second().saturating_sub(t.as_second()) >= SESSION_LIFE_SECONDS)
 }
 
-/// The first moment after `cluster.now` at which the clock alone may change the mesh: a live
-/// session a report shows turning [`silent`], or, while some peer is silent, the next
-/// [`rotation`]. Until then the mesh computed at `now` holds (`compute::by_change`).
-pub fn horizon(cluster: &Cluster) -> Option<Timestamp> {
-    let now = cluster.now.as_second();
+/// The first moment after `now` at which the clock alone may change what these peers' reports
+/// say: a live session turning [`silent`], or, while some peer is silent, the next
+/// [`rotation`]. Until then a member's part computed at `now` holds (`compute::by_change`).
+pub fn horizon_of<'a>(peers: impl IntoIterator<Item = &'a ObservedPeer>, now: Timestamp) -> Option<Timestamp> {
+    let now = now.as_second();
     let mut next: Option<i64> = None;
     let mut any_silent = false;
-    for p in cluster.overlay_observed.reports.values().flat_map(|r| r.values()) {
+    for p in peers {
         match p.last_handshake.map(|t| t.as_second().saturating_add(SESSION_LIFE_SECONDS)) {
             Some(turns) if turns > now => next = Some(next.map_or(turns, |n| n.min(turns))),
             _ => any_silent = true,
@@ -137,51 +138,56 @@ pub fn choose(cluster: &Cluster, node: &str, key: &str, candidates: &[SocketAddr
 pub fn candidates(
     cluster: &Cluster,
     members: &BTreeMap<String, Member>,
+    heard: &Heard,
     listen_port: u16,
 ) -> BTreeMap<String, Vec<SocketAddr>> {
-    let observed = &cluster.overlay_observed;
-    let by_key: BTreeMap<&str, &str> = members.iter().map(|(n, m)| (m.public_key.as_str(), n.as_str())).collect();
-    let nodes: BTreeMap<&str, &Node> =
-        cluster.nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, n))).collect();
-    let mut seen: BTreeMap<&str, Vec<(SocketAddr, &str)>> = BTreeMap::new();
-    for (reporter, peers) in &observed.reports {
-        if !members.contains_key(reporter) {
-            continue;
-        }
-        for (key, p) in peers {
-            let Some(peer) = by_key.get(key.as_str()).filter(|n| **n != reporter) else { continue };
-            if let Some(e) = p.endpoint.filter(|e| !silent(p, cluster.now) && usable(e.ip()) && e.port() != 0) {
-                seen.entry(peer).or_default().push((e, reporter.as_str()));
-            }
+    let nodes = node_index(cluster);
+    members.iter().map(|(n, m)| (n.clone(), candidates_of(cluster, &nodes, heard, listen_port, n, m))).collect()
+}
+
+/// Every Node by name, for [`candidates_of`].
+pub fn node_index(cluster: &Cluster) -> BTreeMap<&str, &Node> {
+    cluster.nodes.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, n))).collect()
+}
+
+/// Member `name`'s [`candidates`].
+pub fn candidates_of(
+    cluster: &Cluster,
+    nodes: &BTreeMap<&str, &Node>,
+    heard: &Heard,
+    listen_port: u16,
+    name: &str,
+    m: &Member,
+) -> Vec<SocketAddr> {
+    let mut out: Vec<SocketAddr> = m.endpoint.into_iter().collect();
+    let node = nodes.get(name).copied();
+    if m.endpoint.is_some() && node.is_some_and(announces) {
+        return out;
+    }
+    let port = m.endpoint.map_or(listen_port, |e| e.port());
+    let connect = cluster
+        .overlay_observed
+        .connect_addresses
+        .get(name)
+        .map(|ip| ip.to_canonical())
+        .filter(|ip| usable(*ip))
+        .map(|ip| SocketAddr::new(ip, port));
+    let reports = heard.learned(name);
+    // Each address once, with its distinct reporters: every member may report the same.
+    let mut reporters: BTreeMap<IpAddr, BTreeSet<&str>> = BTreeMap::new();
+    for (r, e) in reports.into_iter().flatten() {
+        reporters.entry(e.ip()).or_default().insert(r.as_str());
+    }
+    let mut learned: Vec<SocketAddr> = reports.into_iter().flat_map(|r| r.values().copied()).collect();
+    learned.sort();
+    learned.dedup();
+    learned.retain(|e| vouched(node, m, connect, reporters.get(&e.ip()).map_or(0, BTreeSet::len), e.ip()));
+    for e in learned.into_iter().chain(connect) {
+        if !out.contains(&e) {
+            out.push(e);
         }
     }
-    members
-        .iter()
-        .map(|(name, m)| {
-            let mut out: Vec<SocketAddr> = m.endpoint.into_iter().collect();
-            if m.endpoint.is_some() && announces(cluster, name) {
-                return (name.clone(), out);
-            }
-            let port = m.endpoint.map_or(listen_port, |e| e.port());
-            let connect = observed
-                .connect_addresses
-                .get(name)
-                .map(|ip| ip.to_canonical())
-                .filter(|ip| usable(*ip))
-                .map(|ip| SocketAddr::new(ip, port));
-            let reports = seen.remove(name.as_str()).unwrap_or_default();
-            let node = nodes.get(name.as_str()).copied();
-            let mut learned: Vec<SocketAddr> =
-                reports.iter().map(|(e, _)| *e).filter(|e| vouched(node, m, connect, &reports, e.ip())).collect();
-            learned.sort();
-            for e in learned.into_iter().chain(connect) {
-                if !out.contains(&e) {
-                    out.push(e);
-                }
-            }
-            (name.clone(), out)
-        })
-        .collect()
+    out
 }
 
 /// Whether an address another member observed member `name`'s packets come from may be one of
@@ -189,36 +195,30 @@ pub fn candidates(
 /// member itself stands for (its announced endpoint's, its Node's `status.addresses`, which its
 /// own kubelet writes), the address its executor's stream reaches the controller from
 /// (`connect`, what the controller sees, not what a node says), or two or more distinct members
-/// report it. A node's own report of a peer is what its WireGuard holds, never rewritten here;
-/// so one compromised node cannot steer other pairs' handshakes to an address of its choosing.
-fn vouched(
-    node: Option<&Node>,
-    m: &Member,
-    connect: Option<SocketAddr>,
-    reports: &[(SocketAddr, &str)],
-    ip: IpAddr,
-) -> bool {
+/// report it (`reporters`: how many distinct members do). A node's own report of a peer is what
+/// its WireGuard holds, never rewritten here; so one compromised node cannot steer other pairs'
+/// handshakes to an address of its choosing.
+fn vouched(node: Option<&Node>, m: &Member, connect: Option<SocketAddr>, reporters: usize, ip: IpAddr) -> bool {
     let own = m.endpoint.iter().chain(connect.iter()).any(|e| e.ip() == ip)
         || node
             .into_iter()
             .flat_map(|n| n.status.iter().flat_map(|s| s.addresses.iter().flatten()))
             .any(|a| a.address.parse::<IpAddr>().is_ok_and(|a| a.to_canonical() == ip.to_canonical()));
-    let mut reporters: Vec<&str> = reports.iter().filter(|(e, _)| e.ip() == ip).map(|(_, r)| *r).collect();
-    reporters.sort_unstable();
-    reporters.dedup();
-    own || reporters.len() >= 2
+    own || reporters >= 2
 }
 
-/// Whether `node`'s Node carries the external-endpoint annotation.
-fn announces(cluster: &Cluster, node: &str) -> bool {
-    cluster.nodes.iter().any(|n| {
-        n.metadata.name.as_deref() == Some(node)
-            && n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(EXTERNAL_ENDPOINT_ANNOTATION))
-    })
+/// Whether a Node carries the external-endpoint annotation.
+fn announces(node: &Node) -> bool {
+    node.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(EXTERNAL_ENDPOINT_ANNOTATION))
 }
 
 /// Judges every Node (by name; input order does not matter).
 pub fn judge(cluster: &Cluster, settings: &OverlaySettings) -> Judged {
+    judge_and_hear(cluster, settings).0
+}
+
+/// [`judge`], with what the members' reports told ([`Heard`]).
+pub fn judge_and_hear(cluster: &Cluster, settings: &OverlaySettings) -> (Judged, Heard) {
     let mut nodes: Vec<&Node> = cluster.nodes.iter().filter(|n| n.metadata.name.is_some()).collect();
     nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut keys: BTreeMap<&str, &KnownFacts> = BTreeMap::new();
@@ -244,8 +244,10 @@ pub fn judge(cluster: &Cluster, settings: &OverlaySettings) -> Judged {
     }
     refuse_held(cluster, &mut out);
     refuse_clashes(&mut out);
-    out.candidates = candidates(cluster, &out.members, settings.listen_port);
-    out
+    let mut heard = Heard::default();
+    heard.hear(cluster, &out.members);
+    out.candidates = candidates(cluster, &out.members, &heard, settings.listen_port);
+    (out, heard)
 }
 
 fn refuse(node: &str, field: impl Into<String>, reason: &'static str, message: String) -> Refusal {
@@ -314,7 +316,7 @@ fn pod_cidrs(node: &str, n: &Node, why: &mut Vec<Refusal>) -> Vec<IpNet> {
     out
 }
 
-fn usable(ip: IpAddr) -> bool {
+pub fn usable(ip: IpAddr) -> bool {
     !(ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || ip == IpAddr::from([255, 255, 255, 255]))
 }
 
@@ -450,6 +452,7 @@ fn overlaps(members: &BTreeMap<String, Member>) -> Vec<(Owned<'_>, Owned<'_>)> {
 mod rotation_tests {
     use std::collections::BTreeMap;
     use std::net::SocketAddr;
+    use std::sync::Arc;
 
     use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -536,15 +539,15 @@ mod rotation_tests {
         let o = &mut c.overlay_observed;
         // cloud and vm both see home's packets from its NAT's mappings; vm's silent view of
         // home is only what we set, not where packets come from.
-        o.reports.insert("cloud".into(), BTreeMap::from([(HOME.into(), live("198.51.100.20:40002", T0))]));
+        o.reports.insert("cloud".into(), Arc::new(BTreeMap::from([(HOME.into(), live("198.51.100.20:40002", T0))])));
         o.reports.insert(
             "vm".into(),
-            BTreeMap::from([
+            Arc::new(BTreeMap::from([
                 (HOME.into(), live("198.51.100.20:40001", T0)),
                 (CLOUD.into(), live("203.0.113.7:51820", T0)),
-            ]),
+            ])),
         );
-        o.reports.insert("home".into(), BTreeMap::from([(VM.into(), silent_peer(Some("198.51.100.99:1")))]));
+        o.reports.insert("home".into(), Arc::new(BTreeMap::from([(VM.into(), silent_peer(Some("198.51.100.99:1")))])));
         o.connect_addresses.insert("home".into(), "::ffff:198.51.100.20".parse().expect("ip"));
         o.connect_addresses.insert("cloud".into(), "203.0.113.7".parse().expect("ip"));
         o.connect_addresses.insert("vm".into(), "127.0.0.1".parse().expect("ip"));
@@ -562,7 +565,7 @@ mod rotation_tests {
         let mut c = sites(T0);
         c.overlay_observed
             .reports
-            .insert("cloud".into(), BTreeMap::from([(HOME.into(), live("198.51.100.20:40002", T0))]));
+            .insert("cloud".into(), Arc::new(BTreeMap::from([(HOME.into(), live("198.51.100.20:40002", T0))])));
         c.overlay_observed.connect_addresses.insert("home".into(), "198.51.100.20".parse().expect("ip"));
         let home = c.nodes.iter_mut().find(|n| n.metadata.name.as_deref() == Some("home")).expect("home");
         home.metadata
@@ -575,7 +578,9 @@ mod rotation_tests {
         for dt in [0, 20, 40] {
             let mut c = c.clone();
             c.now = at(T0 + dt);
-            c.overlay_observed.reports.insert("vm".into(), BTreeMap::from([(HOME.into(), silent_peer(None))]));
+            c.overlay_observed
+                .reports
+                .insert("vm".into(), Arc::new(BTreeMap::from([(HOME.into(), silent_peer(None))])));
             assert_eq!(endpoint(&c, "vm", HOME), Some(ep("198.51.100.20:51820")), "at +{dt} s");
         }
     }
@@ -586,10 +591,10 @@ mod rotation_tests {
             let mut c = sites(now);
             let o = &mut c.overlay_observed;
             let home_sees_vm = ObservedPeer { endpoint: None, last_handshake: handshake.map(at), ..Default::default() };
-            o.reports.insert("home".into(), BTreeMap::from([(VM.into(), home_sees_vm)]));
+            o.reports.insert("home".into(), Arc::new(BTreeMap::from([(VM.into(), home_sees_vm)])));
             // cloud sees vm's packets from its 1:1 NAT's public address, where vm's stream
             // reaches the controller from too (one node's observation alone is no candidate).
-            o.reports.insert("cloud".into(), BTreeMap::from([(VM.into(), live("198.51.100.4:51820", now))]));
+            o.reports.insert("cloud".into(), Arc::new(BTreeMap::from([(VM.into(), live("198.51.100.4:51820", now))])));
             o.connect_addresses.insert("vm".into(), "198.51.100.4".parse().expect("ip"));
             endpoint(&c, "home", VM)
         };
@@ -612,9 +617,9 @@ mod rotation_tests {
         for now in [T0, T0 + 20, T0 + 40] {
             let mut c = sites(now);
             let o = &mut c.overlay_observed;
-            o.reports.insert("home".into(), BTreeMap::from([(CLOUD.into(), live("203.0.113.7:51820", now))]));
-            o.reports.insert("vm".into(), BTreeMap::from([(CLOUD.into(), live("203.0.113.70:4000", now))]));
-            o.last_endpoints.insert("home".into(), BTreeMap::from([(CLOUD.into(), ep("203.0.113.70:4000"))]));
+            o.reports.insert("home".into(), Arc::new(BTreeMap::from([(CLOUD.into(), live("203.0.113.7:51820", now))])));
+            o.reports.insert("vm".into(), Arc::new(BTreeMap::from([(CLOUD.into(), live("203.0.113.70:4000", now))])));
+            o.last_endpoints.insert("home".into(), Arc::new(BTreeMap::from([(CLOUD.into(), ep("203.0.113.70:4000"))])));
             assert_eq!(endpoint(&c, "home", CLOUD), Some(ep("203.0.113.70:4000")), "at {now}");
             // No last state (a new leader): what WireGuard holds.
             c.overlay_observed.last_endpoints.clear();
@@ -632,8 +637,8 @@ mod rotation_tests {
         let attacked = |now: i64| {
             let mut c = sites(now);
             let o = &mut c.overlay_observed;
-            o.reports.insert("home".into(), BTreeMap::from([(VM.into(), live("198.51.100.20:40000", now))]));
-            o.reports.insert("cloud".into(), BTreeMap::from([(VM.into(), silent_peer(None))]));
+            o.reports.insert("home".into(), Arc::new(BTreeMap::from([(VM.into(), live("198.51.100.20:40000", now))])));
+            o.reports.insert("cloud".into(), Arc::new(BTreeMap::from([(VM.into(), silent_peer(None))])));
             o.connect_addresses.insert("home".into(), "198.51.100.20".parse().expect("ip"));
             c
         };
@@ -648,7 +653,8 @@ mod rotation_tests {
         // controller from; a mapping another node observes there is a candidate.
         let mut c = attacked(T0);
         c.overlay_observed.connect_addresses.insert("vm".into(), "198.51.100.4".parse().expect("ip"));
-        c.overlay_observed.reports.get_mut("home").expect("home").insert(VM.into(), live("198.51.100.4:40001", T0));
+        Arc::make_mut(c.overlay_observed.reports.get_mut("home").expect("home"))
+            .insert(VM.into(), live("198.51.100.4:40001", T0));
         let judged = judge(&c, &OverlaySettings::default());
         assert_eq!(
             judged.candidates["vm"],
@@ -658,7 +664,7 @@ mod rotation_tests {
         let mut c = attacked(T0);
         c.overlay_observed
             .reports
-            .insert("cloud".into(), BTreeMap::from([(VM.into(), live("198.51.100.20:40002", T0))]));
+            .insert("cloud".into(), Arc::new(BTreeMap::from([(VM.into(), live("198.51.100.20:40002", T0))])));
         let judged = judge(&c, &OverlaySettings::default());
         assert_eq!(
             judged.candidates["vm"],

@@ -2,21 +2,25 @@
 //!
 //! Off unless [`OverlaySettings`] are given. Two stages:
 //!
-//! 1. [`members`]: which nodes are in the mesh (a valid public key from the node's own stream,
-//!    pod CIDRs that overlap no one's, an endpoint that parses), and why the others are not.
-//! 2. [`compute`]: every member's device, one peer per other member, its overlay address, the
-//!    routes of the other members' pod CIDRs through the device, and its MTU; with [`relays`],
-//!    which pairs go through a relay and which one (docs/overlay/relays.md).
+//! 1. [`plan`], once for the mesh: [`members`], which nodes are in it (a valid public key from
+//!    the node's own stream, pod CIDRs that overlap no one's, an endpoint that parses) and why
+//!    the others are not, with each member's endpoint candidates; what the members' reports
+//!    told ([`heard`]); and with [`relays`], which pairs go through a relay and which one
+//!    (docs/overlay/relays.md).
+//! 2. [`member`], per member: its device, one peer per other member, its overlay address, the
+//!    routes of the other members' pod CIDRs through the device, and its MTU.
 //!
 //! The executor's half (keys, the device, peer-by-peer changes) is docs/overlay/node.md.
 
+pub mod heard;
 pub mod members;
 pub mod relays;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use kuport_proto::v1::{
@@ -25,7 +29,6 @@ use kuport_proto::v1::{
 
 use crate::compute::numbers::MAIN_TABLE;
 use crate::observe::Cluster;
-use crate::observe::index::View;
 
 /// The device's default name: under kuport's link prefix, so the executor owns it (and its
 /// addresses and routes) as it owns its VXLAN links, whose names are `kup-` and 8 hex digits.
@@ -181,14 +184,9 @@ pub struct PeerSeen {
     pub endpoint: Option<SocketAddr>,
 }
 
-/// What the overlay decides.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Mesh {
-    /// Each member's part of its host namespace (device, addresses, routes, sysctls).
-    pub netns: BTreeMap<String, NetnsState>,
-    /// Every Node's place, members and refused.
-    pub nodes: BTreeMap<String, NodeOverlay>,
-}
+/// Every Node's place in the mesh, by name; a member's shared by the computes that did not
+/// change it.
+pub type Places = BTreeMap<String, Arc<NodeOverlay>>;
 
 /// The overlay address of a node with `pod_cidrs`: the first address of its first IPv4 pod
 /// CIDR. Derived, not allocated: nothing to persist, every replica and every failover computes
@@ -202,103 +200,176 @@ pub fn overlay_address(pod_cidrs: &[IpNet]) -> Option<Ipv4Addr> {
     })
 }
 
-pub use members::horizon;
-
 fn same_family(a: &IpNet, b: &IpNet) -> bool {
     matches!((a, b), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)))
 }
 
-/// Every member's device and peers, and every Node's place in the mesh.
-pub fn compute(view: &View, cluster: &Cluster, settings: &OverlaySettings) -> Mesh {
-    let judged = members::judge(cluster, settings);
-    let candidates: std::collections::BTreeSet<String> =
-        judged.members.iter().filter(|(_, m)| m.relay).map(|(n, _)| n.clone()).collect();
-    let routes = relays::decide(&candidates, &relays::broken(cluster, &judged.members));
+/// What the mesh decides once for all its members: who they are and where each may be reached,
+/// and which pairs go through a relay. Each member's part follows from it and from the member's
+/// own reports ([`member`]).
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    pub judged: members::Judged,
+    /// What the members' reports told, kept for the next plan ([`replan`]).
+    pub heard: heard::Heard,
+    pub routes: relays::Routes,
+    /// Every member's pod CIDRs, in order: the filter's sets.
+    pub member_cidrs: Vec<IpNet>,
+}
+
+impl Plan {
+    /// Whether `other` gives every member the same part as this plan, with the same reports:
+    /// the same members, candidates and pod CIDRs. Routes are compared pair by pair
+    /// ([`Plan::rerouted`]); refused nodes are no member's concern.
+    pub fn same_members(&self, other: &Plan) -> bool {
+        self.judged.members == other.judged.members
+            && self.judged.candidates == other.judged.candidates
+            && self.member_cidrs == other.member_cidrs
+    }
+
+    /// The members on either side of a pair whose route differs between the two plans: only
+    /// their own parts hold their routes (a relay's entries do not depend on whom it carries).
+    pub fn rerouted(&self, other: &Plan) -> BTreeSet<String> {
+        let (a, b) = (&self.routes.not_direct, &other.routes.not_direct);
+        let changed = |(p, r): (&relays::Pair, &relays::PeerRoute),
+                       them: &BTreeMap<relays::Pair, relays::PeerRoute>| {
+            (them.get(p) != Some(r)).then(|| [p.0.clone(), p.1.clone()])
+        };
+        a.iter().filter_map(|e| changed(e, b)).chain(b.iter().filter_map(|e| changed(e, a))).flatten().collect()
+    }
+}
+
+/// The mesh's [`Plan`] for `cluster`.
+pub fn plan(cluster: &Cluster, settings: &OverlaySettings) -> Plan {
+    let (judged, heard) = members::judge_and_hear(cluster, settings);
     let mut member_cidrs: Vec<IpNet> = judged.members.values().flat_map(|m| m.pod_cidrs.iter().copied()).collect();
     member_cidrs.sort();
-    let mut mesh = Mesh::default();
-    for (name, why) in judged.refused {
-        mesh.nodes.insert(name, NodeOverlay { refused: why, ..Default::default() });
-    }
-    for (name, me) in &judged.members {
-        let others: Vec<(&String, &members::Member)> = judged.members.iter().filter(|(n, _)| *n != name).collect();
-        // One MTU for the device: the outer header is IPv6 if any path may be.
-        let v6 = me.endpoint.iter().chain(others.iter().filter_map(|(_, m)| m.endpoint.as_ref())).any(|e| e.is_ipv6());
-        let mtu = view.node(name).mtu().saturating_sub(if v6 { OVERHEAD_IPV6 } else { OVERHEAD_IPV4 });
-        let entries = relays::entries(name, &judged.members, &routes);
-        let peers = others
-            .iter()
-            .map(|(other, m)| {
-                // Its pod CIDRs, or for a relayed peer its overlay address only, and what it
-                // relays (docs/overlay/relays.md). Its endpoint: a candidate, rotating while
-                // silent (docs/overlay/status.md).
-                let endpoint = members::endpoint_for(cluster, &judged.members, &judged.candidates, name, other);
-                let e = entries.get(other.as_str()).cloned().unwrap_or_default();
-                let mut p = kuport_proto::build::wireguard_peer(&m.public_key, endpoint, &e.allowed_ips, e.keepalive);
-                p.probe_address = e.probe.map(|a| a.to_string()).unwrap_or_default();
-                p
-            })
-            .collect();
-        let device = kuport_proto::build::wireguard_device(&settings.interface, mtu, settings.listen_port, peers);
-        let address = overlay_address(&me.pod_cidrs);
-        let mut ns = NetnsState {
-            wireguard_devices: vec![device],
-            nft_tables: vec![if me.relay {
-                relay_filter_table(&settings.interface, &member_cidrs)
-            } else {
-                filter_table(&settings.interface, &member_cidrs)
-            }],
-            ..Default::default()
-        };
-        ns.sysctls.push(Sysctl { key: IPV4_FORWARDING.into(), value: "1".into() });
-        if me.pod_cidrs.iter().any(|c| matches!(c, IpNet::V6(_))) {
-            ns.sysctls.push(Sysctl { key: IPV6_FORWARDING.into(), value: "1".into() });
-        }
-        if let Some(a) = address {
-            ns.addresses.push(Address { dev: settings.interface.clone(), cidr: format!("{a}/32") });
-        }
-        // Routes of the families this node's pods have: no one here could use the others. IPv4
-        // only for now: the executor's routes are IPv4 (dual-stack is issue 19), and one IPv6
-        // route would refuse the node's whole state (`overlay_root.rs` found it).
-        for (_, m) in &others {
-            let routed = |c: &&IpNet| matches!(c, IpNet::V4(_)) && me.pod_cidrs.iter().any(|o| same_family(c, o));
-            for c in m.pod_cidrs.iter().filter(routed) {
-                ns.routes.push(Route {
-                    table: MAIN_TABLE,
-                    dst: c.to_string(),
-                    via: String::new(),
-                    dev: settings.interface.clone(),
-                });
+    let routes = routes(&judged, &heard);
+    Plan { judged, heard, routes, member_cidrs }
+}
+
+/// The plan for `cluster` from `last`, the plan for `was`, whose Nodes, facts and refused facts
+/// (all that judges the members) did not change: the members stand; the reports that changed
+/// are heard again, and only the members whose learned endpoints or connect address changed
+/// have their candidates made again. Equal to [`plan`] (`compute::by_change`'s tests).
+pub fn replan(last: &Plan, was: &Cluster, cluster: &Cluster, settings: &OverlaySettings) -> Plan {
+    let mut heard = last.heard.clone();
+    let members = &last.judged.members;
+    let mut touched = heard.hear(cluster, members);
+    let (a, b) = (&was.overlay_observed.connect_addresses, &cluster.overlay_observed.connect_addresses);
+    touched.extend(members.keys().filter(|n| a.get(*n) != b.get(*n)).cloned());
+    let mut candidates = last.judged.candidates.clone();
+    if !touched.is_empty() {
+        let nodes = members::node_index(cluster);
+        for name in &touched {
+            if let Some(m) = members.get(name) {
+                let c = members::candidates_of(cluster, &nodes, &heard, settings.listen_port, name, m);
+                candidates.insert(name.clone(), c);
             }
         }
-        mesh.netns.insert(name.clone(), ns);
-        mesh.nodes.insert(
-            name.clone(),
-            NodeOverlay {
-                public_key: Some(me.public_key.clone()),
-                endpoint: me.endpoint,
-                pod_cidrs: me.pod_cidrs.clone(),
-                address,
-                mtu,
-                peers: others.iter().map(|(n, _)| (*n).clone()).collect(),
-                refused: Vec::new(),
-                relay: me.relay,
-                routes: others.iter().map(|(n, _)| ((*n).clone(), routes.route(name, n))).collect(),
-                seen: others
-                    .iter()
-                    .map(|(n, m)| {
-                        let p = cluster.overlay_observed.reports.get(name.as_str()).and_then(|r| r.get(&m.public_key));
-                        let seen = PeerSeen {
-                            reach: p.map_or(kuport_proto::v1::Reach::Unknown, |p| p.reach),
-                            endpoint: p.and_then(|p| p.endpoint),
-                        };
-                        ((*n).clone(), seen)
-                    })
-                    .collect(),
-            },
-        );
     }
-    mesh
+    let judged = members::Judged { members: members.clone(), refused: last.judged.refused.clone(), candidates };
+    let routes = routes(&judged, &heard);
+    Plan { judged, heard, routes, member_cidrs: last.member_cidrs.clone() }
+}
+
+/// Every pair's route, from the relay candidates among the members and the broken pairs.
+fn routes(judged: &members::Judged, heard: &heard::Heard) -> relays::Routes {
+    let candidates: BTreeSet<String> = judged.members.iter().filter(|(_, m)| m.relay).map(|(n, _)| n.clone()).collect();
+    relays::decide(&candidates, &heard.broken())
+}
+
+/// A refused node's place: why it is not in the mesh.
+pub fn refused_place(why: &[Refusal]) -> NodeOverlay {
+    NodeOverlay { refused: why.to_vec(), ..Default::default() }
+}
+
+/// Member `name`'s device and peers, its part of its host namespace, and its place; `node_mtu`
+/// is its node's MTU (the device's is smaller by WireGuard's overhead). It reads of the cluster
+/// only `name`'s own reports and the clock (`compute::by_change` keeps it while they hold).
+pub fn member(
+    cluster: &Cluster,
+    settings: &OverlaySettings,
+    plan: &Plan,
+    name: &str,
+    node_mtu: u32,
+) -> Option<(NetnsState, NodeOverlay)> {
+    let judged = &plan.judged;
+    let me = judged.members.get(name)?;
+    let others: Vec<(&String, &members::Member)> = judged.members.iter().filter(|(n, _)| *n != name).collect();
+    // One MTU for the device: the outer header is IPv6 if any path may be.
+    let v6 = me.endpoint.iter().chain(others.iter().filter_map(|(_, m)| m.endpoint.as_ref())).any(|e| e.is_ipv6());
+    let mtu = node_mtu.saturating_sub(if v6 { OVERHEAD_IPV6 } else { OVERHEAD_IPV4 });
+    let entries = relays::entries(name, &judged.members, &plan.routes);
+    let peers = others
+        .iter()
+        .map(|(other, m)| {
+            // Its pod CIDRs, or for a relayed peer its overlay address only, and what it
+            // relays (docs/overlay/relays.md). Its endpoint: a candidate, rotating while
+            // silent (docs/overlay/status.md).
+            let endpoint = members::endpoint_for(cluster, &judged.members, &judged.candidates, name, other);
+            let e = entries.get(other.as_str()).cloned().unwrap_or_default();
+            let mut p = kuport_proto::build::wireguard_peer(&m.public_key, endpoint, &e.allowed_ips, e.keepalive);
+            p.probe_address = e.probe.map(|a| a.to_string()).unwrap_or_default();
+            p
+        })
+        .collect();
+    let device = kuport_proto::build::wireguard_device(&settings.interface, mtu, settings.listen_port, peers);
+    let address = overlay_address(&me.pod_cidrs);
+    let mut ns = NetnsState {
+        wireguard_devices: vec![device],
+        nft_tables: vec![if me.relay {
+            relay_filter_table(&settings.interface, &plan.member_cidrs)
+        } else {
+            filter_table(&settings.interface, &plan.member_cidrs)
+        }],
+        ..Default::default()
+    };
+    ns.sysctls.push(Sysctl { key: IPV4_FORWARDING.into(), value: "1".into() });
+    if me.pod_cidrs.iter().any(|c| matches!(c, IpNet::V6(_))) {
+        ns.sysctls.push(Sysctl { key: IPV6_FORWARDING.into(), value: "1".into() });
+    }
+    if let Some(a) = address {
+        ns.addresses.push(Address { dev: settings.interface.clone(), cidr: format!("{a}/32") });
+    }
+    // Routes of the families this node's pods have: no one here could use the others. IPv4
+    // only for now: the executor's routes are IPv4 (dual-stack is issue 19), and one IPv6
+    // route would refuse the node's whole state (`overlay_root.rs` found it).
+    for (_, m) in &others {
+        let routed = |c: &&IpNet| matches!(c, IpNet::V4(_)) && me.pod_cidrs.iter().any(|o| same_family(c, o));
+        for c in m.pod_cidrs.iter().filter(routed) {
+            ns.routes.push(Route {
+                table: MAIN_TABLE,
+                dst: c.to_string(),
+                via: String::new(),
+                dev: settings.interface.clone(),
+            });
+        }
+    }
+    let report = cluster.overlay_observed.reports.get(name);
+    let place = NodeOverlay {
+        public_key: Some(me.public_key.clone()),
+        endpoint: me.endpoint,
+        pod_cidrs: me.pod_cidrs.clone(),
+        address,
+        mtu,
+        peers: others.iter().map(|(n, _)| (*n).clone()).collect(),
+        refused: Vec::new(),
+        relay: me.relay,
+        routes: others.iter().map(|(n, _)| ((*n).clone(), plan.routes.route(name, n))).collect(),
+        seen: others
+            .iter()
+            .map(|(n, m)| {
+                let p = report.and_then(|r| r.get(&m.public_key));
+                let seen = PeerSeen {
+                    reach: p.map_or(kuport_proto::v1::Reach::Unknown, |p| p.reach),
+                    endpoint: p.and_then(|p| p.endpoint),
+                };
+                ((*n).clone(), seen)
+            })
+            .collect(),
+    };
+    Some((ns, place))
 }
 
 /// The overlay's table on a member (docs/overlay/filter.md): one forward chain that
@@ -384,7 +455,7 @@ fn forward_table(interface: &str, cidrs: &[IpNet], relay: bool) -> NftTable {
 /// so that `kubectl get node -o yaml` shows its key, the endpoint its peers dial, and how its
 /// pod traffic reaches each peer ([`ROUTES_ANNOTATION`]). A member without a usable address has
 /// no endpoint annotation. Non-members get none (their published ones are removed).
-pub fn annotations(nodes: &BTreeMap<String, NodeOverlay>) -> BTreeMap<String, BTreeMap<String, String>> {
+pub fn annotations(nodes: &Places) -> BTreeMap<String, BTreeMap<String, String>> {
     nodes
         .iter()
         .filter_map(|(n, o)| {
@@ -408,7 +479,7 @@ pub fn key_tag(key: &str) -> String {
 }
 
 /// The labels the controller writes on each member's Node: [`KEY_HELD_LABEL`]. Never removed.
-pub fn labels(nodes: &BTreeMap<String, NodeOverlay>) -> BTreeMap<String, BTreeMap<String, String>> {
+pub fn labels(nodes: &Places) -> BTreeMap<String, BTreeMap<String, String>> {
     nodes
         .iter()
         .filter_map(|(n, o)| {
@@ -481,7 +552,7 @@ pub fn debug_lines(o: &NodeOverlay) -> Vec<String> {
 /// One line per node for goldens and tools: members with address, endpoint, MTU and peers (a
 /// relay candidate marked `relay`, and the routes that are not direct: `routes b=via r`);
 /// refused nodes with every reason.
-pub fn summary(nodes: &BTreeMap<String, NodeOverlay>) -> String {
+pub fn summary(nodes: &Places) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     for (n, o) in nodes {

@@ -18,12 +18,10 @@ use std::fmt;
 use std::net::Ipv4Addr;
 
 use ipnet::{IpNet, Ipv4Net};
-use kuport_proto::v1::Reach;
 use sha2::{Digest, Sha256};
 
 use super::members::Member;
 use super::{KEEPALIVE_SECONDS, overlay_address};
-use crate::observe::Cluster;
 
 /// A node with this label (any value) is a relay candidate: a control-plane node is usually
 /// the one with a public address that every site reaches.
@@ -84,26 +82,6 @@ pub type Pair = (String, String);
 /// The pair of `a` and `b`, in order.
 pub fn pair(a: &str, b: &str) -> Pair {
     if a <= b { (a.to_string(), b.to_string()) } else { (b.to_string(), a.to_string()) }
-}
-
-/// Every pair of members one of which reports the other unreachable, from each member's
-/// latest peer report. Reports of keys that are no member's, or the reporter's own, count for
-/// nothing.
-pub fn broken(cluster: &Cluster, members: &BTreeMap<String, Member>) -> BTreeSet<Pair> {
-    let by_key: BTreeMap<&str, &str> = members.iter().map(|(n, m)| (m.public_key.as_str(), n.as_str())).collect();
-    let mut out = BTreeSet::new();
-    for (reporter, peers) in &cluster.overlay_observed.reports {
-        if !members.contains_key(reporter) {
-            continue;
-        }
-        for (key, p) in peers {
-            let Some(peer) = by_key.get(key.as_str()).filter(|n| **n != reporter) else { continue };
-            if p.reach == Reach::Unreachable {
-                out.insert(pair(reporter, peer));
-            }
-        }
-    }
-    out
 }
 
 /// The rendezvous score of `relay` for the pair of `a` and `b`: sha256 of the relay's name and

@@ -614,7 +614,7 @@ fn report(w: &mut World, node: &str, peer_key: String, endpoint: Option<&str>, r
         last_handshake: endpoint.map(|_| Timestamp::from_second(now.as_second() - 10).expect("time")),
         reach,
     };
-    w.c.overlay_observed.reports.entry(node.into()).or_default().insert(peer_key, p);
+    std::sync::Arc::make_mut(w.c.overlay_observed.reports.entry(node.into()).or_default()).insert(peer_key, p);
 }
 
 /// The scenario: a cloud node with a public address (a control-plane node, so a

@@ -26,7 +26,7 @@ fn mesh_outputs(relayed: bool) -> Outputs {
         if relayed && n != "r" {
             o.routes.insert(if n == "a" { "b" } else { "a" }.into(), PeerRoute::Via("r".into()));
         }
-        Arc::make_mut(&mut out.overlay).insert(n.into(), o);
+        Arc::make_mut(&mut out.overlay).insert(n.into(), Arc::new(o));
     }
     out
 }
@@ -76,7 +76,9 @@ fn a_relayed_pair_is_traced_through_its_relay_and_stops_where_bytes_stop() {
     let since = now - std::time::Duration::from_secs(45);
     seen.reach_since.insert("a".into(), [(key("b"), since)].into());
     if let Some(o) = Arc::make_mut(&mut out.overlay).get_mut("a") {
-        o.seen.insert("b".into(), crate::compute::overlay::PeerSeen { reach: Reach::Unreachable, endpoint: None });
+        Arc::make_mut(o)
+            .seen
+            .insert("b".into(), crate::compute::overlay::PeerSeen { reach: Reach::Unreachable, endpoint: None });
     }
     let r = mesh("a", "b", &out, &seen);
     assert!(r.hops[0].details.iter().any(|d| d == "a reports b unreachable (since 45s ago)"), "{:?}", r.hops[0]);
@@ -116,7 +118,7 @@ fn a_direct_pair_that_moved_both_ways_is_healthy_and_one_read_judges_nothing() {
 fn a_refused_node_and_an_unread_node_are_said() {
     let mut out = mesh_outputs(false);
     if let Some(b) = Arc::make_mut(&mut out.overlay).get_mut("b") {
-        b.refused.push(crate::compute::overlay::Refusal {
+        Arc::make_mut(b).refused.push(crate::compute::overlay::Refusal {
             node: "b".into(),
             field: "spec.podCIDRs".into(),
             reason: "NoPodCIDR",

@@ -1,0 +1,142 @@
+//! What the mesh's plan reads of the members' peer reports, kept report by report: the
+//! endpoints each member's live sessions show for its peers (their [`members::candidates`]),
+//! and the pairs one side reports unreachable ([`relays::decide`]). A new report costs its own
+//! size, and only the peers whose learned endpoints it changed have their candidates made again
+//! (docs/design.md, "Compute by change").
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kuport_proto::v1::Reach;
+
+use super::members::{self, Member, SESSION_LIFE_SECONDS, silent};
+use super::relays::{Pair, pair};
+use crate::observe::{Cluster, SeenPeers};
+
+/// What one member's report tells the plan, read at `at`; it holds until `until`, when the
+/// first of its live sessions turns silent.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Told {
+    /// Per peer name, the endpoint a live session with it shows (usable, with a port).
+    learned: BTreeMap<String, SocketAddr>,
+    /// The peers it reports unreachable.
+    unreachable: BTreeSet<String>,
+    at: i64,
+    until: Option<i64>,
+}
+
+impl Told {
+    fn holds(&self, now: i64) -> bool {
+        now >= self.at && self.until.is_none_or(|u| now < u)
+    }
+}
+
+/// What the plan has heard from every member's report, for one set of members.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Heard {
+    /// Per reporter, its report as read and what it told.
+    told: BTreeMap<String, (Arc<SeenPeers>, Arc<Told>)>,
+    /// Per member, per reporter, the endpoint a live session with it shows.
+    learned: BTreeMap<String, Arc<BTreeMap<String, SocketAddr>>>,
+    /// Per pair, the sides that report the other unreachable.
+    broken: BTreeMap<Pair, BTreeSet<String>>,
+}
+
+impl Heard {
+    /// Hears `cluster`'s reports of `members`, keeping what each report that did not change
+    /// told while it holds. Returns the members whose learned endpoints changed. `members`
+    /// must be those every earlier call heard with (a new set of members starts a new Heard).
+    pub fn hear(&mut self, cluster: &Cluster, members: &BTreeMap<String, Member>) -> BTreeSet<String> {
+        let now = cluster.now.as_second();
+        let reports = &cluster.overlay_observed.reports;
+        let mut touched = BTreeSet::new();
+        let gone: Vec<String> =
+            self.told.keys().filter(|r| !members.contains_key(*r) || !reports.contains_key(*r)).cloned().collect();
+        for reporter in gone {
+            if let Some((_, old)) = self.told.remove(&reporter) {
+                self.change(&reporter, &old, &Told::default(), &mut touched);
+            }
+        }
+        let mut by_key: Option<BTreeMap<&str, &str>> = None;
+        for (reporter, report) in reports.iter().filter(|(r, _)| members.contains_key(*r)) {
+            let kept = self.told.get(reporter).is_some_and(|(was, t)| was == report && t.holds(now));
+            if kept {
+                continue;
+            }
+            let by_key = by_key
+                .get_or_insert_with(|| members.iter().map(|(n, m)| (m.public_key.as_str(), n.as_str())).collect());
+            let new = told(reporter, report, by_key, cluster.now);
+            let old = self.told.get(reporter).map(|(_, t)| t.clone()).unwrap_or_default();
+            self.change(reporter, &old, &new, &mut touched);
+            self.told.insert(reporter.clone(), (report.clone(), Arc::new(new)));
+        }
+        touched
+    }
+
+    /// Replaces what `reporter` told (`old`) by `new`, noting the peers whose learned
+    /// endpoints changed.
+    fn change(&mut self, reporter: &str, old: &Told, new: &Told, touched: &mut BTreeSet<String>) {
+        let peers: BTreeSet<&String> = old.learned.keys().chain(new.learned.keys()).collect();
+        for peer in peers {
+            let after = new.learned.get(peer);
+            if old.learned.get(peer) == after {
+                continue;
+            }
+            let entry = Arc::make_mut(self.learned.entry(peer.clone()).or_default());
+            match after {
+                Some(e) => entry.insert(reporter.to_string(), *e),
+                None => entry.remove(reporter),
+            };
+            if entry.is_empty() {
+                self.learned.remove(peer);
+            }
+            touched.insert(peer.clone());
+        }
+        for peer in old.unreachable.difference(&new.unreachable) {
+            let p = pair(reporter, peer);
+            if let Some(sides) = self.broken.get_mut(&p) {
+                sides.remove(reporter);
+                if sides.is_empty() {
+                    self.broken.remove(&p);
+                }
+            }
+        }
+        for peer in new.unreachable.difference(&old.unreachable) {
+            self.broken.entry(pair(reporter, peer)).or_default().insert(reporter.to_string());
+        }
+    }
+
+    /// Per reporter, the endpoint a live session with `member` shows.
+    pub fn learned(&self, member: &str) -> Option<&BTreeMap<String, SocketAddr>> {
+        self.learned.get(member).map(|l| &**l)
+    }
+
+    /// Every pair one side of which reports the other unreachable.
+    pub fn broken(&self) -> BTreeSet<Pair> {
+        self.broken.keys().cloned().collect()
+    }
+}
+
+/// What `reporter`'s report tells at `now`; reports of keys that are no member's, or the
+/// reporter's own, tell nothing.
+fn told(reporter: &str, report: &SeenPeers, by_key: &BTreeMap<&str, &str>, now: Timestamp) -> Told {
+    let mut out = Told { at: now.as_second(), ..Told::default() };
+    for (key, p) in report.iter() {
+        let Some(peer) = by_key.get(key.as_str()).filter(|n| **n != reporter) else { continue };
+        if p.reach == Reach::Unreachable {
+            out.unreachable.insert((*peer).to_string());
+        }
+        if silent(p, now) {
+            continue;
+        }
+        if let Some(turns) = p.last_handshake.map(|t| t.as_second().saturating_add(SESSION_LIFE_SECONDS)) {
+            out.until = Some(out.until.map_or(turns, |u| u.min(turns)));
+        }
+        if let Some(e) = p.endpoint.filter(|e| members::usable(e.ip()) && e.port() != 0) {
+            out.learned.insert((*peer).to_string(), e);
+        }
+    }
+    out
+}
