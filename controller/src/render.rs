@@ -145,12 +145,12 @@ pub fn render_text(out: &Outputs) -> String {
         text.push_str(&kuport_proto::text::node_state(state));
         text.push('\n');
     }
-    for ((ns, name), status) in &out.port_maps {
+    for ((ns, name), status) in out.port_maps.iter() {
         let _ = writeln!(text, "=== PortMap {ns}/{name} status");
         text.push_str(&serde_yaml::to_string(status).unwrap_or_else(|e| format!("<unprintable: {e}>\n")));
         text.push('\n');
     }
-    for ((ns, name), status) in &out.intercepts {
+    for ((ns, name), status) in out.intercepts.iter() {
         let _ = writeln!(text, "=== Intercept {ns}/{name} status");
         text.push_str(&serde_yaml::to_string(status).unwrap_or_else(|e| format!("<unprintable: {e}>\n")));
         text.push('\n');
@@ -160,7 +160,7 @@ pub fn render_text(out: &Outputs) -> String {
         text.push_str(&crate::compute::overlay::summary(&out.overlay));
         text.push('\n');
     }
-    for (name, status) in &out.classes {
+    for (name, status) in out.classes.iter() {
         let _ = writeln!(text, "=== PortMapClass {name} status");
         text.push_str(&serde_yaml::to_string(status).unwrap_or_else(|e| format!("<unprintable: {e}>\n")));
         text.push('\n');

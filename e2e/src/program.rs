@@ -58,7 +58,7 @@ pub fn compute(lab: &mut Lab, manifests: &Manifests) -> Outputs {
         }
     }
     let out = compute_outputs(&cluster, &Settings::default());
-    lab.classes = out.classes.clone();
+    lab.classes = BTreeMap::clone(&out.classes);
     out
 }
 

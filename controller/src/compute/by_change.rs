@@ -20,7 +20,7 @@ use kube::Resource;
 use kuport_proto::v1::{NetnsState, NodeState};
 
 use super::intercept::pods::Decided;
-use super::{Outputs, Settings, merge, numbers, overlay, portmap};
+use super::{ObjectKey, Outputs, Settings, Tracked, merge, numbers, overlay, portmap};
 use crate::observe::index::{View, same_for_port_maps};
 use crate::observe::{Cluster, KnownFacts, Objects};
 
@@ -99,6 +99,8 @@ struct Last {
     port_maps: Arc<PortMapped>,
     intercepts: Arc<Decided>,
     states: BTreeMap<String, Arc<NodeState>>,
+    /// The port maps' and the Intercepts' tracked objects, in one map.
+    tracked: Arc<BTreeMap<ObjectKey, Tracked>>,
 }
 
 /// Which inputs changed, kind by kind, as each capability reads them.
@@ -258,15 +260,25 @@ impl Computer {
             node_states: assembled,
         };
 
+        // Shared maps: a capability not redone costs a pointer here.
+        let tracked = match &last {
+            Some(l) if !pm_redone && !ic_redone => l.tracked.clone(),
+            _ if intercepts.tracked.is_empty() => port_maps.out.tracked.clone(),
+            _ => {
+                let mut both = BTreeMap::clone(&port_maps.out.tracked);
+                both.extend(intercepts.tracked.iter().map(|(k, t)| (k.clone(), t.clone())));
+                Arc::new(both)
+            }
+        };
         let mut out = port_maps.out.clone();
-        out.tracked.extend(intercepts.tracked.clone());
+        out.tracked = tracked.clone();
         out.intercepts = intercepts.statuses.clone();
         out.intercept_pods = intercepts.placed.clone();
         if let Some(m) = &mesh {
             out.overlay = m.places.clone();
         }
         out.node_states = states.clone();
-        self.last = Some(Last { inputs: cluster.clone(), mesh, port_maps, intercepts, states });
+        self.last = Some(Last { inputs: cluster.clone(), mesh, port_maps, intercepts, states, tracked });
         out
     }
 }

@@ -72,23 +72,23 @@ pub struct Tracked {
     pub fingerprint: u64,
 }
 
-/// Everything the computation decides.
+/// Everything the computation decides. Each map is shared with the [`by_change::Computer`]
+/// that keeps it for the next compute: a capability not redone costs a pointer, not a copy.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outputs {
-    /// Shared with the [`by_change::Computer`] that keeps them for the next compute.
     pub node_states: BTreeMap<String, Arc<NodeState>>,
-    pub port_maps: BTreeMap<MapKey, PortMapStatus>,
-    pub classes: BTreeMap<String, PortMapClassStatus>,
+    pub port_maps: Arc<BTreeMap<MapKey, PortMapStatus>>,
+    pub classes: Arc<BTreeMap<String, PortMapClassStatus>>,
     /// For each programmed mapping, its programming (accepting) nodes.
-    pub programming: BTreeMap<MapKey, Vec<String>>,
+    pub programming: Arc<BTreeMap<MapKey, Vec<String>>>,
     /// Every object placed in node states, with the nodes that must acknowledge it.
-    pub tracked: BTreeMap<ObjectKey, Tracked>,
+    pub tracked: Arc<BTreeMap<ObjectKey, Tracked>>,
     /// Intercept statuses as if every placed pod were programmed (`intercept::pods::finish`).
-    pub intercepts: BTreeMap<InterceptKey, InterceptStatus>,
+    pub intercepts: Arc<BTreeMap<InterceptKey, InterceptStatus>>,
     /// Per Intercept, the pods placed in node states: (pod, node).
-    pub intercept_pods: BTreeMap<InterceptKey, Vec<(String, String)>>,
+    pub intercept_pods: Arc<BTreeMap<InterceptKey, Vec<(String, String)>>>,
     /// Every Node's place in the overlay, with why a node is not in it; empty when it is off.
-    /// Shared with the [`by_change::Computer`]: each member's lists hold every other member.
+    /// Each member's lists hold every other member.
     pub overlay: Arc<overlay::Places>,
 }
 

@@ -65,7 +65,7 @@ impl Writer {
     /// Writes every class status that differs from the stored one; false when one failed.
     async fn write_classes(&self, out: &Outputs) -> bool {
         let mut ok = true;
-        for (name, st) in &out.classes {
+        for (name, st) in out.classes.iter() {
             if !self.leading() {
                 return false;
             }
@@ -114,7 +114,7 @@ impl Writer {
             })
             .collect();
         let now = Timestamp::now();
-        for (key, computed) in &out.port_maps {
+        for (key, computed) in out.port_maps.iter() {
             if !self.leading() {
                 return;
             }
@@ -157,7 +157,7 @@ impl Writer {
             .map(|v| (v.node.clone(), v.errors.iter().map(|e| (e.object.clone(), e.reason.clone())).collect()))
             .collect();
         let now = Timestamp::now();
-        for (key, computed) in &out.intercepts {
+        for (key, computed) in out.intercepts.iter() {
             if !self.leading() {
                 return;
             }

@@ -255,8 +255,8 @@ struct Inner {
     inputs: Option<Arc<Cluster>>,
     /// The statuses the last compute decided, fed back as the objects' stored status (slots
     /// and condition times survive recomputes, as they would through the API server).
-    class_status: BTreeMap<String, PortMapClassStatus>,
-    port_map_status: BTreeMap<MapKey, PortMapStatus>,
+    class_status: Arc<BTreeMap<String, PortMapClassStatus>>,
+    port_map_status: Arc<BTreeMap<MapKey, PortMapStatus>>,
     outputs: Arc<Outputs>,
     term: u64,
     sequence: u64,
@@ -922,7 +922,7 @@ impl Hub {
         }
         let mut since = std::mem::take(&mut inner.holds_since);
         since.retain(|k, _| out.tracked.contains_key(k));
-        for (key, tracked) in &out.tracked {
+        for (key, tracked) in out.tracked.iter() {
             if !restamp && since.get(key).is_some_and(|(f, _)| *f == tracked.fingerprint) {
                 continue;
             }

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Pod;
@@ -47,16 +48,16 @@ pub mod reason {
     pub const PENDING: &str = "Pending";
 }
 
-/// What the computation decided for every Intercept.
+/// What the computation decided for every Intercept; the maps [`super::super::Outputs`] shares.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Decided {
     /// Per node, the pod namespaces to program.
     pub netns: BTreeMap<String, Vec<NetnsState>>,
     /// Statuses as if every placed pod were programmed ([`finish`] corrects them).
-    pub statuses: BTreeMap<InterceptKey, InterceptStatus>,
+    pub statuses: Arc<BTreeMap<InterceptKey, InterceptStatus>>,
     /// Per Intercept, its placed pods: (pod name, node).
-    pub placed: BTreeMap<InterceptKey, Vec<(String, String)>>,
-    pub tracked: BTreeMap<ObjectKey, Tracked>,
+    pub placed: Arc<BTreeMap<InterceptKey, Vec<(String, String)>>>,
+    pub tracked: Arc<BTreeMap<ObjectKey, Tracked>>,
 }
 
 fn key_of(i: &Intercept) -> InterceptKey {
@@ -261,13 +262,13 @@ pub fn compute(intercepts: &Objects<Intercept>, pods: &Objects<Pod>, now: Timest
             programmed_condition(stored, &st, generation, now),
         ];
         if !placed.is_empty() {
-            out.tracked.insert(
+            Arc::make_mut(&mut out.tracked).insert(
                 ObjectKey::intercept(&key.0, &key.1),
                 Tracked { nodes: nodes.into_iter().collect(), fingerprint: hasher.finish() },
             );
         }
-        out.placed.insert(key.clone(), placed);
-        out.statuses.insert(key, st);
+        Arc::make_mut(&mut out.placed).insert(key.clone(), placed);
+        Arc::make_mut(&mut out.statuses).insert(key, st);
     }
     out
 }

@@ -23,6 +23,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kuport_proto::v1::NetnsState;
@@ -129,16 +130,18 @@ pub fn compute(
         let Some(pm) = previous.get(&key) else { continue };
         let mut over_v6 = BTreeSet::new();
         let verdict = verdict.map(|(p, fingerprint, v6)| {
-            out.programming.insert(key.clone(), p.nodes.keys().cloned().collect());
-            out.tracked.insert(ObjectKey::port_map(&key.0, &key.1), Tracked { nodes: must_ack(&p), fingerprint });
+            Arc::make_mut(&mut out.programming).insert(key.clone(), p.nodes.keys().cloned().collect());
+            Arc::make_mut(&mut out.tracked)
+                .insert(ObjectKey::port_map(&key.0, &key.1), Tracked { nodes: must_ack(&p), fingerprint });
             over_v6 = v6;
             p
         });
-        out.port_maps.insert(key, port_map_status(view, pm, &verdict, &over_v6, now));
+        Arc::make_mut(&mut out.port_maps).insert(key, port_map_status(view, pm, &verdict, &over_v6, now));
     }
     for (name, class) in &view.classes {
         let rows = alloc.rows.get(name).cloned().unwrap_or_default();
-        out.classes.insert(name.clone(), class_status(view, class, &vxlan[name], &alloc, rows, now));
+        Arc::make_mut(&mut out.classes)
+            .insert(name.clone(), class_status(view, class, &vxlan[name], &alloc, rows, now));
     }
     builder.finish(view)
 }

@@ -740,7 +740,7 @@ proptest! {
             .service("ns", "extra", "TCP", i32::from(port), &[("pod", NODES[node], "10.244.99.1", true)])
             .port_map("ns", "extra", &format!("c{class}"), Tcp, port, None, "extra", 1000);
         let second = w.run();
-        for (class, st) in &first.classes {
+        for (class, st) in first.classes.iter() {
             for row in &st.links {
                 let kept = second.classes[class].links.iter().find(|r| r.pair == row.pair);
                 prop_assert_eq!(
