@@ -28,7 +28,7 @@ use cluster::*;
 use machine::{loadavg, median_min, ms, proc_status, reset_hwm, timed};
 
 use k8s_openapi::jiff::Timestamp;
-use kuport_controller::compute::by_change::{Computer, Redone};
+use kuport_controller::compute::by_change::Redone;
 use kuport_controller::compute::overlay::members::ROTATE_EVERY_SECONDS;
 use kuport_controller::compute::overlay::relays::CONTROL_PLANE_LABEL;
 use kuport_controller::compute::{Settings, compute};
@@ -92,12 +92,9 @@ fn side_by_side(reps: usize, base: &Cluster, changed: &Cluster, settings: &Setti
     for _ in 0..reps {
         let (d, _) = timed(|| compute(changed, settings));
         whole.push(d);
-        let mut computer = Computer::new(settings.clone());
-        let before = versions(&computer.compute(base));
-        let (d, out) = timed(|| computer.compute(changed));
+        let (d, r, n) = by_change_once(base, changed, settings);
         by_change.push(d);
-        redone = computer.redone().clone();
-        altered = self::changed(&before, &versions(&out));
+        (redone, altered) = (r, n);
     }
     let ((wm, wn), (bm, bn)) = (median_min(whole), median_min(by_change));
     format!(

@@ -370,3 +370,16 @@ pub fn changed(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> us
     let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     names.into_iter().filter(|n| a.get(*n) != b.get(*n)).count()
 }
+
+/// One change computed by a fresh `Computer` that computed `base` just before (untimed): its
+/// time, what it redid, and how many node states' versions changed.
+pub fn by_change_once(
+    base: &Cluster,
+    changed: &Cluster,
+    settings: &kuport_controller::compute::Settings,
+) -> (std::time::Duration, kuport_controller::compute::by_change::Redone, usize) {
+    let mut computer = kuport_controller::compute::by_change::Computer::new(settings.clone());
+    let before = versions(&computer.compute(base));
+    let (d, out) = super::machine::timed(|| computer.compute(changed));
+    (d, computer.redone().clone(), self::changed(&before, &versions(&out)))
+}

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
@@ -49,7 +50,8 @@ pub struct Member {
 /// What [`judge`] decides, per node name.
 #[derive(Debug, Default, PartialEq)]
 pub struct Judged {
-    pub members: BTreeMap<String, Member>,
+    /// Shared: a plan made again from the last one keeps them (`super::replan`).
+    pub members: Arc<BTreeMap<String, Member>>,
     /// Every node with a Node object that is not a member, with why (at least one reason).
     pub refused: BTreeMap<String, Vec<Refusal>>,
     /// Per member, every endpoint it may be reached at, in the order tried
@@ -235,7 +237,8 @@ pub fn judge_and_hear(cluster: &Cluster, settings: &OverlaySettings) -> (Judged,
         match (key, why.is_empty()) {
             (Some(public_key), true) => {
                 let relay = super::relays::is_candidate(node.metadata.labels.as_ref());
-                out.members.insert(name.to_string(), Member { public_key, pod_cidrs, endpoint, relay });
+                Arc::make_mut(&mut out.members)
+                    .insert(name.to_string(), Member { public_key, pod_cidrs, endpoint, relay });
             }
             _ => {
                 out.refused.insert(name.to_string(), why);
@@ -365,7 +368,7 @@ fn refuse_held(cluster: &Cluster, out: &mut Judged) {
         }
     }
     let mut refused = Vec::new();
-    for (name, m) in &out.members {
+    for (name, m) in out.members.iter() {
         let holders: Vec<&str> =
             held.get(key_tag(&m.public_key).as_str()).into_iter().flatten().copied().filter(|h| h != name).collect();
         if !holders.is_empty() {
@@ -381,7 +384,7 @@ fn refuse_held(cluster: &Cluster, out: &mut Judged) {
         }
     }
     for r in refused {
-        out.members.remove(&r.node);
+        Arc::make_mut(&mut out.members).remove(&r.node);
         out.refused.entry(r.node.clone()).or_default().push(r);
     }
 }
@@ -393,7 +396,7 @@ fn refuse_held(cluster: &Cluster, out: &mut Judged) {
 fn refuse_clashes(out: &mut Judged) {
     let mut clashes: BTreeMap<String, Vec<Refusal>> = BTreeMap::new();
     let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (name, m) in &out.members {
+    for (name, m) in out.members.iter() {
         by_key.entry(&m.public_key).or_default().push(name);
     }
     for names in by_key.values().filter(|n| n.len() > 1) {
@@ -418,7 +421,7 @@ fn refuse_clashes(out: &mut Judged) {
         }
     }
     for (n, why) in clashes {
-        out.members.remove(&n);
+        Arc::make_mut(&mut out.members).remove(&n);
         out.refused.entry(n).or_default().extend(why);
     }
 }

@@ -213,8 +213,8 @@ pub struct Plan {
     /// What the members' reports told, kept for the next plan ([`replan`]).
     pub heard: heard::Heard,
     pub routes: relays::Routes,
-    /// Every member's pod CIDRs, in order: the filter's sets.
-    pub member_cidrs: Vec<IpNet>,
+    /// Every member's pod CIDRs, in order: the filter's sets. Shared like the members.
+    pub member_cidrs: Arc<Vec<IpNet>>,
 }
 
 impl Plan {
@@ -245,7 +245,7 @@ pub fn plan(cluster: &Cluster, settings: &OverlaySettings) -> Plan {
     let mut member_cidrs: Vec<IpNet> = judged.members.values().flat_map(|m| m.pod_cidrs.iter().copied()).collect();
     member_cidrs.sort();
     let routes = routes(&judged, &heard);
-    Plan { judged, heard, routes, member_cidrs }
+    Plan { judged, heard, routes, member_cidrs: Arc::new(member_cidrs) }
 }
 
 /// The plan for `cluster` from `last`, the plan for `was`, whose Nodes, facts and refused facts
