@@ -21,7 +21,7 @@ use kuport_proto::v1::{NetnsState, NodeState};
 
 use super::intercept::pods::Decided;
 use super::{ObjectKey, Outputs, Settings, Tracked, merge, numbers, overlay, portmap};
-use crate::observe::index::{View, same_for_port_maps};
+use crate::observe::index::{self, KnownNode, View, same_for_port_maps};
 use crate::observe::{Cluster, KnownFacts, Objects};
 
 /// What the last compute redid: which capabilities ran and how many node states were
@@ -55,6 +55,8 @@ struct Meshed {
     plan: overlay::Plan,
     members: BTreeMap<String, MemberPart>,
     places: Arc<overlay::Places>,
+    /// Every node's underlay MTU, as the mesh read it.
+    mtus: Arc<BTreeMap<String, u32>>,
     /// Each member's overlay address and device MTU: port maps' links ride on them.
     addresses: BTreeMap<String, (Ipv4Addr, u32)>,
     horizon: Horizon,
@@ -109,6 +111,8 @@ struct Reads {
     mesh: bool,
     /// What judges the mesh's members: Nodes, facts, refused facts.
     members: bool,
+    /// What a node's [`KnownNode`] reads: Nodes, facts, refused facts, classes (their rows).
+    known_nodes: bool,
     port_maps: bool,
     intercepts: bool,
 }
@@ -133,7 +137,7 @@ impl Reads {
             || !diff(&old.endpoint_slices, &new.endpoint_slices).is_empty()
             || !diff(&old.port_maps, &new.port_maps).is_empty();
         let intercepts = !pods.is_empty() || !diff(&old.intercepts, &new.intercepts).is_empty();
-        Reads { mesh, members: nodes || facts, port_maps, intercepts }
+        Reads { mesh, members: nodes || facts, known_nodes: nodes || facts || classes, port_maps, intercepts }
     }
 }
 
@@ -152,7 +156,7 @@ impl Computer {
     }
 
     /// Everything the computation decides for `cluster`, equal to [`super::compute`]'s.
-    pub fn compute<'a>(&mut self, cluster: &'a Cluster) -> Outputs {
+    pub fn compute(&mut self, cluster: &Cluster) -> Outputs {
         if cluster.teardown {
             self.last = None;
             self.redone = Redone::default();
@@ -161,15 +165,11 @@ impl Computer {
         let last = self.last.take();
         let reads = match &last {
             Some(l) => Reads::between(&l.inputs, cluster),
-            None => Reads { mesh: true, members: true, port_maps: true, intercepts: true },
+            None => Reads { mesh: true, members: true, known_nodes: true, port_maps: true, intercepts: true },
         };
         let now = cluster.now;
-        // Made once, and only for a capability that runs.
-        let wireguard_port = self.settings.overlay.as_ref().map(|o| o.listen_port);
-        let mut view: Option<View> = None;
-        let view_of = |view: &mut Option<View<'a>>| {
-            view.get_or_insert_with(|| View { wireguard_port, ..View::new(cluster) });
-        };
+        // Made once, and only when read: the port maps' view indexes every Pod.
+        let mut known: Option<BTreeMap<String, KnownNode>> = None;
 
         // The mesh first: port maps' links between members ride on it.
         let last_mesh = last.as_ref().and_then(|l| l.mesh.clone());
@@ -178,10 +178,15 @@ impl Computer {
             Some(settings) => match last_mesh.clone().filter(|m| !reads.mesh && m.horizon.holds(now)) {
                 Some(kept) => Some(kept),
                 None => {
-                    view_of(&mut view);
-                    let v = view.as_ref().expect("made above");
+                    let mtus = match last_mesh.as_ref().filter(|_| !reads.known_nodes) {
+                        Some(m) => m.mtus.clone(),
+                        None => {
+                            let nodes = known.get_or_insert_with(|| index::known_nodes(cluster));
+                            Arc::new(nodes.iter().map(|(n, k)| (n.clone(), k.mtu())).collect())
+                        }
+                    };
                     let old = last.as_ref().and_then(|l| Some((l.mesh.as_deref()?, &l.inputs)));
-                    Some(Arc::new(mesh_by_member(v, cluster, settings, old, !reads.members)))
+                    Some(Arc::new(mesh_by_member(mtus, cluster, settings, old, !reads.members)))
                 }
             },
         };
@@ -196,8 +201,9 @@ impl Computer {
         let port_maps = match last_pm.clone().filter(|p| !reads.port_maps && !addresses_moved && p.horizon.holds(now)) {
             Some(kept) => kept,
             None => {
-                view_of(&mut view);
-                let v = view.as_mut().expect("made above");
+                let nodes = known.take().unwrap_or_else(|| index::known_nodes(cluster));
+                let wireguard_port = self.settings.overlay.as_ref().map(|o| o.listen_port);
+                let v = &mut View { wireguard_port, ..View::with_nodes(cluster, nodes) };
                 for (name, (address, mtu)) in mesh.iter().flat_map(|m| &m.addresses) {
                     if let Some(node) = v.nodes.get_mut(name) {
                         node.overlay = Some((*address, *mtu));
@@ -289,7 +295,7 @@ impl Computer {
 /// else ([`overlay::member`]). The plan is made from the old one when what judges the members
 /// did not change (`same_members`), hearing again only the reports that changed.
 fn mesh_by_member(
-    view: &View,
+    mtus: Arc<BTreeMap<String, u32>>,
     cluster: &Cluster,
     settings: &overlay::OverlaySettings,
     old: Option<(&Meshed, &Cluster)>,
@@ -306,7 +312,7 @@ fn mesh_by_member(
     let mut members = BTreeMap::new();
     let mut remade = 0;
     for name in plan.judged.members.keys() {
-        let node_mtu = view.node(name).mtu();
+        let node_mtu = mtus.get(name).copied().unwrap_or_else(|| KnownNode::default().mtu());
         let kept = old.and_then(|(m, inputs)| {
             let part = m.members.get(name)?;
             let was = &inputs.overlay_observed;
@@ -336,7 +342,7 @@ fn mesh_by_member(
     // Each member's horizon covers its own report, the only reports the mesh reads.
     let until = members.values().filter_map(|p| p.horizon.until).min();
     let horizon = Horizon { at: now, until };
-    Meshed { plan, members, places: Arc::new(places), addresses, horizon, remade }
+    Meshed { plan, members, places: Arc::new(places), mtus, addresses, horizon, remade }
 }
 
 /// The same part, kept (one allocation), or none on both sides.

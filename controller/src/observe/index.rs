@@ -183,69 +183,11 @@ pub struct View<'a> {
 
 impl<'a> View<'a> {
     pub fn new(cluster: &'a Cluster) -> Self {
-        let mut nodes: BTreeMap<String, KnownNode> = BTreeMap::new();
-        for node in &cluster.nodes {
-            let Some(name) = node.metadata.name.clone() else { continue };
-            nodes.insert(
-                name,
-                KnownNode { exists: true, ready: node_ready(node), underlay: internal_ip(node), ..Default::default() },
-            );
-        }
-        // Rows a previous leader wrote: the fallback for facts no executor has sent yet.
-        let mut classes: Vec<&PortMapClass> = cluster.classes.iter().collect();
-        classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        for class in &classes {
-            for row in class.status.iter().flat_map(|s: &PortMapClassStatus| &s.nodes) {
-                let view = nodes.entry(row.name.clone()).or_default();
-                if view.underlay.is_none() {
-                    view.underlay = row.underlay_address.as_deref().and_then(|a| a.parse().ok());
-                }
-                if view.underlay_mtu.is_none() {
-                    view.underlay_mtu = row.underlay_mtu;
-                }
-                if let (Some(have), Some(spec)) = (&row.interfaces, class.spec.nodes.get(&row.name)) {
-                    for i in &spec.interfaces {
-                        view.remembered_interfaces.insert(i.clone(), have.contains(i));
-                    }
-                }
-                for a in &row.addresses {
-                    let list = view.remembered.entry(a.interface.clone()).or_default();
-                    if !list.contains(&a.address) {
-                        list.push(a.address.clone());
-                    }
-                }
-            }
-        }
-        // A reported underlay is used only when the Node objects vouch for it; its MTU with it.
-        let fallback = nodes.iter().filter_map(|(n, k)| Some((n.clone(), k.underlay?))).collect();
-        let underlays = facts::underlays(&cluster.nodes, &cluster.facts, &fallback);
-        let mut facts: Vec<&KnownFacts> = cluster.facts.iter().collect();
-        facts.sort_by(|a, b| a.node.cmp(&b.node));
-        for f in facts {
-            let view = nodes.entry(f.node.clone()).or_default();
-            let vouched = f.underlay_address.is_none() || underlays.get(&f.node).is_some_and(|u| u.reported);
-            if let Some(m) = f.underlay_mtu
-                && vouched
-            {
-                view.underlay_mtu = Some(m);
-            }
-            if let Some(ifaces) = &f.interfaces {
-                view.interfaces = Some(ifaces.iter().map(|i| (i.name.clone(), i.addresses.clone())).collect());
-            }
-            if let Some(routes) = &f.routes {
-                // IPv4 only for now; a prefix that does not parse (a folder's facts) is skipped.
-                view.routes = Some(routes.iter().filter_map(|r| Some((r.dst.parse().ok()?, r.dev.clone()))).collect());
-            }
-            view.vxlan_ports = f.vxlan_ports.clone();
-        }
-        for (name, u) in underlays {
-            let view = nodes.entry(name).or_default();
-            view.underlay = u.address;
-            view.refused.extend(u.refused);
-        }
-        for (name, r) in &cluster.refused_facts {
-            nodes.entry(name.clone()).or_default().refused.push(r.clone());
-        }
+        View::with_nodes(cluster, known_nodes(cluster))
+    }
+
+    /// The view of `cluster` whose nodes ([`known_nodes`]) were made already.
+    pub fn with_nodes(cluster: &'a Cluster, nodes: BTreeMap<String, KnownNode>) -> Self {
         let namespaces = cluster.namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n))).collect();
         let services = cluster
             .services
@@ -310,6 +252,76 @@ impl<'a> View<'a> {
     pub fn namespace_labels(&self, ns: &str) -> BTreeMap<String, String> {
         self.namespaces.get(ns).and_then(|n| n.metadata.labels.clone()).unwrap_or_default()
     }
+}
+
+/// What the computation knows of each node: its Node, its executor's vouched facts, and the
+/// class status rows a previous leader wrote (the fallback for facts no executor has sent yet).
+/// Reads no Pod: the mesh needs only this.
+pub fn known_nodes(cluster: &Cluster) -> BTreeMap<String, KnownNode> {
+    let mut nodes: BTreeMap<String, KnownNode> = BTreeMap::new();
+    for node in &cluster.nodes {
+        let Some(name) = node.metadata.name.clone() else { continue };
+        nodes.insert(
+            name,
+            KnownNode { exists: true, ready: node_ready(node), underlay: internal_ip(node), ..Default::default() },
+        );
+    }
+    // Rows a previous leader wrote: the fallback for facts no executor has sent yet.
+    let mut classes: Vec<&PortMapClass> = cluster.classes.iter().collect();
+    classes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for class in &classes {
+        for row in class.status.iter().flat_map(|s: &PortMapClassStatus| &s.nodes) {
+            let view = nodes.entry(row.name.clone()).or_default();
+            if view.underlay.is_none() {
+                view.underlay = row.underlay_address.as_deref().and_then(|a| a.parse().ok());
+            }
+            if view.underlay_mtu.is_none() {
+                view.underlay_mtu = row.underlay_mtu;
+            }
+            if let (Some(have), Some(spec)) = (&row.interfaces, class.spec.nodes.get(&row.name)) {
+                for i in &spec.interfaces {
+                    view.remembered_interfaces.insert(i.clone(), have.contains(i));
+                }
+            }
+            for a in &row.addresses {
+                let list = view.remembered.entry(a.interface.clone()).or_default();
+                if !list.contains(&a.address) {
+                    list.push(a.address.clone());
+                }
+            }
+        }
+    }
+    // A reported underlay is used only when the Node objects vouch for it; its MTU with it.
+    let fallback = nodes.iter().filter_map(|(n, k)| Some((n.clone(), k.underlay?))).collect();
+    let underlays = facts::underlays(&cluster.nodes, &cluster.facts, &fallback);
+    let mut facts: Vec<&KnownFacts> = cluster.facts.iter().collect();
+    facts.sort_by(|a, b| a.node.cmp(&b.node));
+    for f in facts {
+        let view = nodes.entry(f.node.clone()).or_default();
+        let vouched = f.underlay_address.is_none() || underlays.get(&f.node).is_some_and(|u| u.reported);
+        if let Some(m) = f.underlay_mtu
+            && vouched
+        {
+            view.underlay_mtu = Some(m);
+        }
+        if let Some(ifaces) = &f.interfaces {
+            view.interfaces = Some(ifaces.iter().map(|i| (i.name.clone(), i.addresses.clone())).collect());
+        }
+        if let Some(routes) = &f.routes {
+            // IPv4 only for now; a prefix that does not parse (a folder's facts) is skipped.
+            view.routes = Some(routes.iter().filter_map(|r| Some((r.dst.parse().ok()?, r.dev.clone()))).collect());
+        }
+        view.vxlan_ports = f.vxlan_ports.clone();
+    }
+    for (name, u) in underlays {
+        let view = nodes.entry(name).or_default();
+        view.underlay = u.address;
+        view.refused.extend(u.refused);
+    }
+    for (name, r) in &cluster.refused_facts {
+        nodes.entry(name.clone()).or_default().refused.push(r.clone());
+    }
+    nodes
 }
 
 /// What the computation reads of a Node besides its name: readiness, the InternalIP, every
