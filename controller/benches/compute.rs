@@ -24,6 +24,10 @@
 //! KUPORT_BENCH_INTERCEPTS=N labels every Nth pod Running for an Intercept per namespace, and
 //! the notes time one pod relabelled out. Each note counts the node states the change altered.
 
+/// The controller's allocator (its `main.rs`), so the benchmark measures what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;

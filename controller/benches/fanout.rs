@@ -26,6 +26,10 @@
 //! and delivery (to the last ACK). The bench relies on those two log events: if they change,
 //! changes show as timed out.
 
+/// The controller's allocator (its `main.rs`), so the benchmark measures what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

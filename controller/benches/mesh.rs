@@ -16,6 +16,10 @@
 //! the cluster before the change (untimed). The table gives both, what the Computer remade
 //! (members, node states) and how many node states the change altered (by version).
 
+/// The controller's allocator (its `main.rs`), so the benchmark measures what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -20,6 +20,10 @@
 //! Measured: from the start to the last executor holding its first state and having acked it;
 //! the TokenReviews sent (`Executors::reviews_sent`); connection attempts that failed.
 
+/// The controller's allocator (its `main.rs`), so the benchmark measures what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

@@ -13,6 +13,12 @@ use kuport_controller::api::crds;
 use kuport_controller::compute::{Settings, compute, overlay};
 use kuport_controller::{render, serve};
 
+/// mimalloc, as the executor: a compute makes and drops millions of small objects, and glibc's
+/// malloc spent half its time on them (docs/decisions.md, "The controller allocates with
+/// mimalloc"). The benchmarks declare it too, so they measure what runs here.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {

@@ -115,6 +115,9 @@ struct Reads {
     known_nodes: bool,
     port_maps: bool,
     intercepts: bool,
+    /// The namespaces of the Intercepts and pods that changed; none when one has no namespace
+    /// or a folder's two objects share a name (then every namespace is redone).
+    intercept_namespaces: Option<BTreeSet<String>>,
 }
 
 impl Reads {
@@ -136,8 +139,29 @@ impl Reads {
             || !diff(&old.services, &new.services).is_empty()
             || !diff(&old.endpoint_slices, &new.endpoint_slices).is_empty()
             || !diff(&old.port_maps, &new.port_maps).is_empty();
-        let intercepts = !pods.is_empty() || !diff(&old.intercepts, &new.intercepts).is_empty();
-        Reads { mesh, members: nodes || facts, known_nodes: nodes || facts || classes, port_maps, intercepts }
+        let intercept_changes = diff(&old.intercepts, &new.intercepts);
+        let intercepts = !pods.is_empty() || !intercept_changes.is_empty();
+        let namespaces_of =
+            |a: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+             b: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>| {
+                if a.is_none() && b.is_none() {
+                    return vec![None];
+                }
+                [a, b].into_iter().flatten().map(|m| m.namespace.clone()).collect()
+            };
+        let intercept_namespaces = pods
+            .iter()
+            .flat_map(|(a, b)| namespaces_of(a.map(|p| &p.metadata), b.map(|p| &p.metadata)))
+            .chain(intercept_changes.iter().flat_map(|(a, b)| namespaces_of(a.map(|i| i.meta()), b.map(|i| i.meta()))))
+            .collect();
+        Reads {
+            mesh,
+            members: nodes || facts,
+            known_nodes: nodes || facts || classes,
+            port_maps,
+            intercepts,
+            intercept_namespaces,
+        }
     }
 }
 
@@ -165,7 +189,14 @@ impl Computer {
         let last = self.last.take();
         let reads = match &last {
             Some(l) => Reads::between(&l.inputs, cluster),
-            None => Reads { mesh: true, members: true, known_nodes: true, port_maps: true, intercepts: true },
+            None => Reads {
+                mesh: true,
+                members: true,
+                known_nodes: true,
+                port_maps: true,
+                intercepts: true,
+                intercept_namespaces: None,
+            },
         };
         let now = cluster.now;
         // Made once, and only when read: the port maps' view indexes every Pod.
@@ -219,9 +250,22 @@ impl Computer {
         let pm_redone = !last_pm.as_ref().is_some_and(|p| Arc::ptr_eq(p, &port_maps));
 
         let last_ic = last.as_ref().map(|l| l.intercepts.clone());
-        let intercepts = match last_ic.clone().filter(|_| !reads.intercepts) {
-            Some(kept) => kept,
-            None => Arc::new(super::intercept::pods::compute(&cluster.intercepts, &cluster.pods, now)),
+        let intercepts = match (last_ic.clone(), &reads.intercept_namespaces) {
+            (Some(kept), _) if !reads.intercepts => kept,
+            // An Intercept reads only its own namespace: the namespaces that changed are redone.
+            (Some(kept), Some(namespaces)) => {
+                let namespaces: BTreeSet<&str> = namespaces.iter().map(String::as_str).collect();
+                let inside = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+                    m.namespace.as_deref().is_some_and(|n| namespaces.contains(n))
+                };
+                let redone = super::intercept::pods::compute(
+                    cluster.intercepts.iter().filter(|i| inside(&i.metadata)),
+                    cluster.pods.iter().filter(|p| inside(&p.metadata)),
+                    now,
+                );
+                Arc::new(kept.with_namespaces_redone(&namespaces, redone))
+            }
+            _ => Arc::new(super::intercept::pods::compute(cluster.intercepts.iter(), cluster.pods.iter(), now)),
         };
         let ic_redone = !last_ic.as_ref().is_some_and(|i| Arc::ptr_eq(i, &intercepts));
 
@@ -245,12 +289,12 @@ impl Computer {
                                     l.mesh.as_ref().and_then(|m| m.members.get(name)).map(|p| &p.netns),
                                     meshed,
                                 ))
-                            && (!ic_redone || l.intercepts.netns.get(name) == pods);
+                            && (!ic_redone || same_or_equal(l.intercepts.netns.get(name), pods));
                         same.then(|| l.states.get(name).cloned()).flatten()
                     });
                     let state = kept.unwrap_or_else(|| {
                         assembled += 1;
-                        Arc::new(assemble_node(name, host, meshed.map(|m| &**m), pods))
+                        Arc::new(assemble_node(name, host, meshed.map(|m| &**m), pods.map(|p| &**p)))
                     });
                     states.insert(name.clone(), state);
                 }
@@ -349,6 +393,15 @@ fn mesh_by_member(
 fn same_part<T>(a: Option<&Arc<T>>, b: Option<&Arc<T>>) -> bool {
     match (a, b) {
         (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// The same part, kept or equal, or none on both sides.
+fn same_or_equal<T: PartialEq>(a: Option<&Arc<T>>, b: Option<&Arc<T>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
         (None, None) => true,
         _ => false,
     }

@@ -35,7 +35,7 @@ fn key(seed: u8) -> String {
     format!("{}A=", c.to_string().repeat(42))
 }
 
-fn intercept(selects: &str) -> Intercept {
+fn intercept(namespace: &str, selects: &str) -> Intercept {
     let spec = api::InterceptSpec {
         pod_selector: PodSelector { match_labels: [("app".to_string(), selects.to_string())].into() },
         intercepts: vec![InterceptPort { protocol: Tcp, container_port: 3000, agent_port: 9900, proxy_port: None }],
@@ -43,14 +43,14 @@ fn intercept(selects: &str) -> Intercept {
         mesh_dial_subnets: vec!["10.96.0.0/12".into()],
     };
     let mut i = Intercept::new("agent", spec);
-    i.metadata.namespace = Some("web".into());
+    i.metadata.namespace = Some(namespace.into());
     i.metadata.generation = Some(1);
     i.metadata.creation_timestamp = Timestamp::from_second(1_700_000_000).ok().map(Time);
     i
 }
 
-/// Four nodes in the mesh, two classes, three PortMaps over two Services, an Intercept over
-/// the web pods.
+/// Four nodes in the mesh, two classes, three PortMaps over two Services, an Intercept in each
+/// namespace over its pods (a change in one namespace redoes only its Intercepts).
 fn cluster() -> Cluster {
     let mut w = World::new()
         .node("edge-a", "100.64.93.143", true)
@@ -102,7 +102,7 @@ fn cluster() -> Cluster {
         p.metadata.uid = p.metadata.name.as_ref().map(|n| format!("uid-{n}"));
         p.status.get_or_insert_with(PodStatus::default).phase = Some("Running".into());
     }
-    w.c.intercepts = vec![intercept("web")].into();
+    w.c.intercepts = vec![intercept("web", "web"), intercept("games", "web")].into();
     // A second candidate endpoint per member: a silent peer's endpoint rotates by the clock.
     for (i, n) in NODES.iter().enumerate() {
         let from = format!("198.18.0.{}", i + 1).parse().expect("an address");

@@ -18,7 +18,6 @@ use super::{AgentIdentity, Intercept as Port, InterceptSpec, Protocol, Refusal};
 use crate::api::{self, Intercept, InterceptStatus, PodProgress};
 use crate::compute::conditions::{condition, keep_time};
 use crate::compute::{ObjectKey, Tracked};
-use crate::observe::Objects;
 
 /// An Intercept's namespace and name.
 pub type InterceptKey = (String, String);
@@ -51,8 +50,9 @@ pub mod reason {
 /// What the computation decided for every Intercept; the maps [`super::super::Outputs`] shares.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Decided {
-    /// Per node, the pod namespaces to program.
-    pub netns: BTreeMap<String, Vec<NetnsState>>,
+    /// Per node, the pod namespaces to program, in canonical order: a node whose list did not
+    /// change keeps its allocation ([`Decided::with_namespaces_redone`]).
+    pub netns: BTreeMap<String, Arc<Vec<NetnsState>>>,
     /// Statuses as if every placed pod were programmed ([`finish`] corrects them).
     pub statuses: Arc<BTreeMap<InterceptKey, InterceptStatus>>,
     /// Per Intercept, its placed pods: (pod name, node).
@@ -179,15 +179,21 @@ pub fn selected_by_any(intercepts: &[&Intercept], pod: &Pod) -> bool {
 
 /// Every Intercept, oldest first: an older Intercept keeps a pod a younger one also selects
 /// (the younger reports AlreadyIntercepted for it).
-pub fn compute(intercepts: &Objects<Intercept>, pods: &Objects<Pod>, now: Timestamp) -> Decided {
-    let mut order: Vec<&Intercept> = intercepts.iter().collect();
+/// An Intercept reads only its own namespace's pods and claims only them, so the Intercepts and
+/// pods of some namespaces alone decide exactly those namespaces' part.
+pub fn compute<'a>(
+    intercepts: impl IntoIterator<Item = &'a Intercept>,
+    pods: impl IntoIterator<Item = &'a Pod>,
+    now: Timestamp,
+) -> Decided {
+    let mut order: Vec<&Intercept> = intercepts.into_iter().collect();
     order.sort_by(|a, b| {
         let t = |i: &Intercept| i.metadata.creation_timestamp.as_ref().map(|t| t.0);
         t(a).cmp(&t(b)).then_with(|| key_of(a).cmp(&key_of(b)))
     });
     // By namespace, in name order: an Intercept reads only its own namespace's pods.
     let mut by_namespace: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
-    for p in pods.iter() {
+    for p in pods {
         if let Some(ns) = p.metadata.namespace.as_deref() {
             by_namespace.entry(ns).or_default().push(p);
         }
@@ -199,6 +205,7 @@ pub fn compute(intercepts: &Objects<Intercept>, pods: &Objects<Pod>, now: Timest
     // folder's pods have no UID, and each is a pod of its own.
     let mut claimed: BTreeMap<(String, String, String), InterceptKey> = BTreeMap::new();
     let mut out = Decided::default();
+    let mut netns: BTreeMap<String, Vec<NetnsState>> = BTreeMap::new();
     for ic in order {
         let key = key_of(ic);
         let stored = ic.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or(&[]);
@@ -254,7 +261,7 @@ pub fn compute(intercepts: &Objects<Intercept>, pods: &Objects<Pod>, now: Timest
             node.hash(&mut hasher);
             nodes.insert(node.clone());
             placed.push((name, node.clone()));
-            out.netns.entry(node).or_default().push(ns);
+            netns.entry(node).or_default().push(ns);
         }
         st.programmed_pods = placed.len() as u32;
         st.conditions = vec![
@@ -270,7 +277,63 @@ pub fn compute(intercepts: &Objects<Intercept>, pods: &Objects<Pod>, now: Timest
         Arc::make_mut(&mut out.placed).insert(key.clone(), placed);
         Arc::make_mut(&mut out.statuses).insert(key, st);
     }
+    for (node, mut list) in netns {
+        list.sort_by(|a, b| kuport_proto::canonical::netns_order(a).cmp(&kuport_proto::canonical::netns_order(b)));
+        out.netns.insert(node, Arc::new(list));
+    }
     out
+}
+
+impl Decided {
+    /// This result with `namespaces`' part replaced by `redone`, which [`compute`] made from
+    /// those namespaces' Intercepts and pods alone. A node whose pod namespaces are the same
+    /// keeps its list.
+    pub fn with_namespaces_redone(&self, namespaces: &BTreeSet<&str>, redone: Decided) -> Decided {
+        let inside = |ns: &str| namespaces.contains(ns);
+        let gone: Vec<&InterceptKey> = self.statuses.keys().filter(|k| inside(&k.0)).collect();
+        let mut nodes: BTreeSet<&str> =
+            gone.iter().flat_map(|k| self.placed.get(*k)).flatten().map(|(_, node)| node.as_str()).collect();
+        nodes.extend(redone.netns.keys().map(String::as_str));
+        let mut netns = self.netns.clone();
+        for node in nodes {
+            let old = self.netns.get(node);
+            let mut list: Vec<NetnsState> =
+                old.into_iter().flat_map(|l| l.iter()).filter(|ns| !inside(pod_namespace(ns))).cloned().collect();
+            list.extend(redone.netns.get(node).into_iter().flat_map(|l| l.iter()).cloned());
+            list.sort_by(|a, b| kuport_proto::canonical::netns_order(a).cmp(&kuport_proto::canonical::netns_order(b)));
+            if old.is_some_and(|o| **o == list) {
+                continue;
+            }
+            if list.is_empty() {
+                netns.remove(node);
+            } else {
+                netns.insert(node.to_string(), Arc::new(list));
+            }
+        }
+        let mut statuses = self.statuses.clone();
+        let mut placed = self.placed.clone();
+        let mut tracked = self.tracked.clone();
+        {
+            let (s, p, t) = (Arc::make_mut(&mut statuses), Arc::make_mut(&mut placed), Arc::make_mut(&mut tracked));
+            for key in gone {
+                s.remove(key);
+                p.remove(key);
+                t.remove(&ObjectKey::intercept(&key.0, &key.1));
+            }
+            s.extend(Arc::unwrap_or_clone(redone.statuses));
+            p.extend(Arc::unwrap_or_clone(redone.placed));
+            t.extend(Arc::unwrap_or_clone(redone.tracked));
+        }
+        Decided { netns, statuses, placed, tracked }
+    }
+}
+
+/// The Kubernetes namespace of a pod's network namespace ("" for any other).
+fn pod_namespace(ns: &NetnsState) -> &str {
+    match ns.target.as_ref().and_then(|t| t.kind.as_ref()) {
+        Some(kuport_proto::v1::netns_ref::Kind::Pod(p)) => &p.namespace,
+        _ => "",
+    }
 }
 
 /// Programmed: True once every selected pod is programmed; else the reason the pods not
