@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kuport_proto::v1::{NetnsState, NodeState};
@@ -141,19 +142,7 @@ impl Reads {
             || !diff(&old.port_maps, &new.port_maps).is_empty();
         let intercept_changes = diff(&old.intercepts, &new.intercepts);
         let intercepts = !pods.is_empty() || !intercept_changes.is_empty();
-        let namespaces_of =
-            |a: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
-             b: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>| {
-                if a.is_none() && b.is_none() {
-                    return vec![None];
-                }
-                [a, b].into_iter().flatten().map(|m| m.namespace.clone()).collect()
-            };
-        let intercept_namespaces = pods
-            .iter()
-            .flat_map(|(a, b)| namespaces_of(a.map(|p| &p.metadata), b.map(|p| &p.metadata)))
-            .chain(intercept_changes.iter().flat_map(|(a, b)| namespaces_of(a.map(|i| i.meta()), b.map(|i| i.meta()))))
-            .collect();
+        let intercept_namespaces = namespaces_of(&pods).chain(namespaces_of(&intercept_changes)).collect();
         Reads {
             mesh,
             members: nodes || facts,
@@ -255,9 +244,7 @@ impl Computer {
             // An Intercept reads only its own namespace: the namespaces that changed are redone.
             (Some(kept), Some(namespaces)) => {
                 let namespaces: BTreeSet<&str> = namespaces.iter().map(String::as_str).collect();
-                let inside = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-                    m.namespace.as_deref().is_some_and(|n| namespaces.contains(n))
-                };
+                let inside = |m: &ObjectMeta| m.namespace.as_deref().is_some_and(|n| namespaces.contains(n));
                 let redone = super::intercept::pods::compute(
                     cluster.intercepts.iter().filter(|i| inside(&i.metadata)),
                     cluster.pods.iter().filter(|p| inside(&p.metadata)),
@@ -449,6 +436,17 @@ fn same_facts(a: &[KnownFacts], b: &[KnownFacts]) -> bool {
     a.sort_by(|x, y| x.node.cmp(&y.node));
     b.sort_by(|x, y| x.node.cmp(&y.node));
     a == b
+}
+
+/// The namespaces of changed objects ([`diff`]'s pairs), None for an object without one or for
+/// a folder's two objects with one name.
+fn namespaces_of<'a, K: Resource>(
+    changes: &'a [(Option<&'a K>, Option<&'a K>)],
+) -> impl Iterator<Item = Option<String>> + 'a {
+    changes.iter().flat_map(|(a, b)| match (a, b) {
+        (None, None) => vec![None],
+        _ => [a, b].into_iter().flatten().map(|o| o.meta().namespace.clone()).collect(),
+    })
 }
 
 type Key<'a> = (Option<&'a str>, Option<&'a str>);

@@ -278,7 +278,7 @@ pub fn compute<'a>(
         Arc::make_mut(&mut out.statuses).insert(key, st);
     }
     for (node, mut list) in netns {
-        list.sort_by(|a, b| kuport_proto::canonical::netns_order(a).cmp(&kuport_proto::canonical::netns_order(b)));
+        in_canonical_order(&mut list);
         out.netns.insert(node, Arc::new(list));
     }
     out
@@ -300,7 +300,7 @@ impl Decided {
             let mut list: Vec<NetnsState> =
                 old.into_iter().flat_map(|l| l.iter()).filter(|ns| !inside(pod_namespace(ns))).cloned().collect();
             list.extend(redone.netns.get(node).into_iter().flat_map(|l| l.iter()).cloned());
-            list.sort_by(|a, b| kuport_proto::canonical::netns_order(a).cmp(&kuport_proto::canonical::netns_order(b)));
+            in_canonical_order(&mut list);
             if old.is_some_and(|o| **o == list) {
                 continue;
             }
@@ -326,6 +326,11 @@ impl Decided {
         }
         Decided { netns, statuses, placed, tracked }
     }
+}
+
+/// A node's pod namespaces, ordered as its state orders them: equal lists compare equal.
+fn in_canonical_order(list: &mut [NetnsState]) {
+    list.sort_by(|a, b| kuport_proto::canonical::netns_order(a).cmp(&kuport_proto::canonical::netns_order(b)));
 }
 
 /// The Kubernetes namespace of a pod's network namespace ("" for any other).
