@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::v1::{ElementRun, NetnsState, NftElement, NftValue, NodeState, Route, nft_value};
+use crate::v1::{ElementRun, NetnsState, NftElement, NftValue, NodeState, Route, WireguardDevice, nft_value};
 
 /// A run ends after an element whose encoding hashes to 0 modulo this: runs of 128 elements on
 /// average. Smaller runs make a one-element change cheaper to locate and the state larger (36
@@ -216,12 +216,17 @@ fn canonicalize_netns(ns: &mut NetnsState) {
     ns.neighbours.dedup();
     ns.wireguard_devices.sort_by(|a, b| a.name.cmp(&b.name));
     for dev in &mut ns.wireguard_devices {
-        dev.peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+        order_peers(dev);
         for peer in &mut dev.peers {
             peer.allowed_ips.sort_by_cached_key(|p| prefix_order(p));
             peer.allowed_ips.dedup();
         }
     }
+}
+
+/// A device's peers in canonical order: by public key.
+pub fn order_peers(device: &mut WireguardDevice) {
+    device.peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));
 }
 
 /// Orders prefixes the way a reader expects: IPv4 before IPv6, each by address then length,

@@ -32,9 +32,14 @@ pub struct Redone {
     pub mesh: bool,
     /// The mesh members whose part was made anew.
     pub mesh_members: usize,
+    /// The mesh members whose part is their last with some peers' key or endpoint replaced.
+    pub mesh_patched: usize,
     pub port_maps: bool,
     pub intercepts: bool,
+    /// The node states made anew.
     pub node_states: usize,
+    /// Of those, the states that are their last with some peers' key or endpoint replaced.
+    pub node_states_patched: usize,
 }
 
 /// A compute that keeps what it computed, for the next.
@@ -63,6 +68,10 @@ struct Meshed {
     horizon: Horizon,
     /// How many members' parts this compute made anew.
     remade: usize,
+    /// How many it made from their last by taking changed peers ([`overlay::repeer`]).
+    patched: usize,
+    /// The members whose peer entries those took, with their rank ([`overlay::repeered`]).
+    repeered: BTreeMap<String, usize>,
 }
 
 /// One member's part of its host namespace and its place, with what only it read: its node's
@@ -73,6 +82,8 @@ struct MemberPart {
     place: Arc<overlay::NodeOverlay>,
     node_mtu: u32,
     horizon: Horizon,
+    /// Made by the compute that made it from the part before, taking changed peers.
+    patched: bool,
 }
 
 /// The port maps' result: every node's host namespace and their part of the outputs.
@@ -257,7 +268,7 @@ impl Computer {
         let ic_redone = !last_ic.as_ref().is_some_and(|i| Arc::ptr_eq(i, &intercepts));
 
         // Node states: kept where no part changed, assembled anew where one did.
-        let mut assembled = 0;
+        let (mut assembled, mut patched_states) = (0, 0);
         let states = match &last {
             Some(l) if !mesh_redone && !pm_redone && !ic_redone => l.states.clone(),
             _ => {
@@ -270,14 +281,28 @@ impl Computer {
                     let meshed = mesh.as_ref().and_then(|m| m.members.get(name)).map(|p| &p.netns);
                     let pods = intercepts.netns.get(name);
                     let kept = last.as_ref().and_then(|l| {
-                        let same = (!pm_redone || l.port_maps.hosts.get(name) == host)
-                            && (!mesh_redone
-                                || same_part(
-                                    l.mesh.as_ref().and_then(|m| m.members.get(name)).map(|p| &p.netns),
-                                    meshed,
-                                ))
+                        let others_same = (!pm_redone || l.port_maps.hosts.get(name) == host)
                             && (!ic_redone || same_or_equal(l.intercepts.netns.get(name), pods));
-                        same.then(|| l.states.get(name).cloned()).flatten()
+                        let was = l.states.get(name)?;
+                        if !others_same {
+                            return None;
+                        }
+                        let last_mesh = l.mesh.as_ref();
+                        let last_part = last_mesh.and_then(|m| m.members.get(name)).map(|p| &p.netns);
+                        if !mesh_redone || same_part(last_part, meshed) {
+                            return Some(was.clone());
+                        }
+                        // A part that only took changed peers: so does the state.
+                        let (m, part) = mesh
+                            .as_ref()
+                            .zip(meshed)
+                            .filter(|(m, _)| m.members.get(name).is_some_and(|p| p.patched))?;
+                        let settings = self.settings.overlay.as_ref()?;
+                        let state =
+                            overlay::repeer_state(was, settings, &last_mesh?.plan, &m.plan, name, part, &m.repeered)?;
+                        assembled += 1;
+                        patched_states += 1;
+                        Some(Arc::new(state))
                     });
                     let state = kept.unwrap_or_else(|| {
                         assembled += 1;
@@ -288,13 +313,18 @@ impl Computer {
                 states
             }
         };
-        let mesh_members = if mesh_redone { mesh.as_ref().map_or(0, |m| m.remade) } else { 0 };
+        let (mesh_members, mesh_patched) = match mesh.as_ref().filter(|_| mesh_redone) {
+            Some(m) => (m.remade, m.patched),
+            None => (0, 0),
+        };
         self.redone = Redone {
             mesh: mesh_redone,
             mesh_members,
+            mesh_patched,
             port_maps: pm_redone,
             intercepts: ic_redone,
             node_states: assembled,
+            node_states_patched: patched_states,
         };
 
         // Shared maps: a capability not redone costs a pointer here.
@@ -321,10 +351,13 @@ impl Computer {
 }
 
 /// The mesh, remaking only the members whose part may differ from `old`'s: every one when the
-/// members, their candidates or their pod CIDRs changed; else those whose own report or last
-/// endpoints, node MTU or routes changed, or whose horizon passed. A member's part reads nothing
-/// else ([`overlay::member`]). The plan is made from the old one when what judges the members
-/// did not change (`same_members`), hearing again only the reports that changed.
+/// members or their pod CIDRs changed, or an IPv6 endpoint came or went
+/// ([`overlay::repeered`]); else those whose own report or last endpoints, node MTU, routes,
+/// key or candidates changed, or whose horizon passed. The others keep their part, taking only
+/// the peer entries of members whose key or candidates changed ([`overlay::repeer`]): a
+/// member's part reads nothing else ([`overlay::member`]). The plan is made from the old one
+/// when what judges the members did not change (`same_members`), hearing again only the
+/// reports that changed.
 fn mesh_by_member(
     mtus: Arc<BTreeMap<String, u32>>,
     cluster: &Cluster,
@@ -337,11 +370,14 @@ fn mesh_by_member(
         Some((m, was)) => overlay::replan(&m.plan, was, cluster, settings),
         None => overlay::plan(cluster, settings),
     };
-    let old = old.filter(|(m, _)| m.plan.same_members(&plan));
+    // The members whose new key or endpoint the others take one peer each.
+    let repeered = old.and_then(|(m, _)| overlay::repeered(&m.plan, &plan));
+    let old = old.filter(|_| repeered.is_some());
+    let repeered = repeered.unwrap_or_default();
     let rerouted = old.map(|(m, _)| m.plan.rerouted(&plan)).unwrap_or_default();
     let observed = &cluster.overlay_observed;
     let mut members = BTreeMap::new();
-    let mut remade = 0;
+    let (mut remade, mut patched) = (0, 0);
     for name in plan.judged.members.keys() {
         let node_mtu = mtus.get(name).copied().unwrap_or_else(|| KnownNode::default().mtu());
         let kept = old.and_then(|(m, inputs)| {
@@ -350,9 +386,18 @@ fn mesh_by_member(
             let same = part.node_mtu == node_mtu
                 && part.horizon.holds(now)
                 && !rerouted.contains(name)
+                && !repeered.contains_key(name)
                 && was.reports.get(name) == observed.reports.get(name)
                 && was.last_endpoints.get(name) == observed.last_endpoints.get(name);
-            same.then(|| part.clone())
+            if !same {
+                return None;
+            }
+            if repeered.is_empty() {
+                return Some(MemberPart { patched: false, ..part.clone() });
+            }
+            let (netns, place) = overlay::repeer(cluster, &plan, name, (&part.netns, &part.place), &repeered)?;
+            patched += 1;
+            Some(MemberPart { netns: Arc::new(netns), place: Arc::new(place), patched: true, ..part.clone() })
         });
         let part = match kept {
             Some(p) => p,
@@ -361,7 +406,7 @@ fn mesh_by_member(
                 remade += 1;
                 let report = observed.reports.get(name).into_iter().flat_map(|r| r.values());
                 let horizon = Horizon { at: now, until: overlay::members::horizon_of(report, now) };
-                MemberPart { netns: Arc::new(netns), place: Arc::new(place), node_mtu, horizon }
+                MemberPart { netns: Arc::new(netns), place: Arc::new(place), node_mtu, horizon, patched: false }
             }
         };
         members.insert(name.clone(), part);
@@ -373,7 +418,7 @@ fn mesh_by_member(
     // Each member's horizon covers its own report, the only reports the mesh reads.
     let until = members.values().filter_map(|p| p.horizon.until).min();
     let horizon = Horizon { at: now, until };
-    Meshed { plan, members, places: Arc::new(places), mtus, addresses, horizon, remade }
+    Meshed { plan, members, places: Arc::new(places), mtus, addresses, horizon, remade, patched, repeered }
 }
 
 /// The same part, kept (one allocation), or none on both sides.

@@ -128,10 +128,12 @@ enum Step {
     PortMap,
     /// A node's key changes, or is lost.
     Key(usize, Option<u8>),
-    /// A node's endpoint annotation comes or goes.
-    Endpoint(usize),
+    /// A node's endpoint annotation comes or goes; an IPv6 one (every device's MTU) if true.
+    Endpoint(usize, bool),
     /// A node's underlay MTU changes.
     Mtu(usize, u32),
+    /// A node's pod CIDR moves (10.244.N.0/24, 10.245.N.0/24): every member's routes and filter.
+    PodCidr(usize),
     /// A node is a relay candidate or not.
     Relay(usize),
     /// A node reports a peer (reach, handshake seconds ago, the endpoint its WireGuard holds).
@@ -160,9 +162,10 @@ fn step() -> impl Strategy<Value = Step> {
         Just(Step::Selector),
         Just(Step::PortMap),
         (node.clone(), proptest::option::of(0u8..6)).prop_map(|(n, k)| Step::Key(n, k)),
-        node.clone().prop_map(Step::Endpoint),
+        (node.clone(), any::<bool>()).prop_map(|(n, v6)| Step::Endpoint(n, v6)),
         (node.clone(), prop_oneof![Just(1280u32), Just(1420), Just(1500)]).prop_map(|(n, m)| Step::Mtu(n, m)),
         node.clone().prop_map(Step::Relay),
+        node.clone().prop_map(Step::PodCidr),
         (
             node.clone(),
             node.clone(),
@@ -242,17 +245,30 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
                 f.wireguard_public_key = k.map(key);
             }
         }
-        Step::Endpoint(n) => {
+        Step::Endpoint(n, v6) => {
             if let Some(node) = named(&mut c.nodes, None, NODES[*n]) {
                 let a = node.metadata.annotations.get_or_insert_default();
                 if a.remove(EXTERNAL_ENDPOINT_ANNOTATION).is_none() {
-                    a.insert(EXTERNAL_ENDPOINT_ANNOTATION.into(), format!("198.51.100.{}:51820", n + 1));
+                    let at = if *v6 {
+                        format!("[2001:db8::{}]:51820", n + 1)
+                    } else {
+                        format!("198.51.100.{}:51820", n + 1)
+                    };
+                    a.insert(EXTERNAL_ENDPOINT_ANNOTATION.into(), at);
                 }
             }
         }
         Step::Mtu(n, m) => {
             if let Some(f) = c.facts.iter_mut().find(|f| f.node == NODES[*n]) {
                 f.underlay_mtu = Some(*m);
+            }
+        }
+        Step::PodCidr(n) => {
+            if let Some(cidrs) =
+                named(&mut c.nodes, None, NODES[*n]).and_then(|node| node.spec.as_mut()?.pod_cidrs.as_mut())
+            {
+                let moved = format!("10.245.{n}.0/24");
+                *cidrs = vec![if cidrs.first() == Some(&moved) { format!("10.244.{n}.0/24") } else { moved }];
             }
         }
         Step::Relay(n) => {
@@ -387,7 +403,15 @@ fn each_change_redoes_only_the_capability_it_reaches() {
     computer.compute(&c);
     assert_eq!(
         computer.redone(),
-        &Redone { mesh: false, mesh_members: 0, port_maps: false, intercepts: false, node_states: 0 },
+        &Redone {
+            mesh: false,
+            mesh_members: 0,
+            mesh_patched: 0,
+            port_maps: false,
+            intercepts: false,
+            node_states: 0,
+            node_states_patched: 0
+        },
         "nothing changed: nothing redone"
     );
 
@@ -396,7 +420,15 @@ fn each_change_redoes_only_the_capability_it_reaches() {
     computer.compute(&relabelled);
     assert_eq!(
         computer.redone(),
-        &Redone { mesh: false, mesh_members: 0, port_maps: false, intercepts: true, node_states: 1 }
+        &Redone {
+            mesh: false,
+            mesh_members: 0,
+            mesh_patched: 0,
+            port_maps: false,
+            intercepts: true,
+            node_states: 1,
+            node_states_patched: 0
+        }
     );
 
     let mut reported = relabelled.clone();
@@ -413,12 +445,52 @@ fn each_change_redoes_only_the_capability_it_reaches() {
     let r = computer.redone().clone();
     assert_eq!((r.mesh, r.mesh_members, r.node_states), (true, 1, 1), "{r:?}");
 
-    let mut moved = reported.clone();
+    // A member's new key: its own part made anew, every other member's part its last with one
+    // peer's key and endpoint replaced.
+    let mut rekeyed = reported.clone();
+    apply(&mut rekeyed, &Step::Key(3, Some(9)), &mut computer, &settings);
+    computer.compute(&rekeyed);
+    let r = computer.redone().clone();
+    assert_eq!((r.mesh, r.mesh_members, r.mesh_patched), (true, 1, NODES.len() - 1), "{r:?}");
+    assert_eq!(r.node_states_patched, NODES.len() - 1, "{r:?}");
+    let mut announced = rekeyed.clone();
+    apply(&mut announced, &Step::Endpoint(0, false), &mut computer, &settings);
+    computer.compute(&announced);
+    let r = computer.redone().clone();
+    assert_eq!((r.mesh, r.mesh_members, r.mesh_patched), (true, 1, NODES.len() - 1), "{r:?}");
+
+    let mut moved = announced.clone();
     apply(&mut moved, &Step::Ready(0), &mut computer, &settings);
     computer.compute(&moved);
     let r = computer.redone().clone();
     assert!(!r.mesh && r.port_maps && !r.intercepts, "{r:?}");
     assert!(r.node_states < NODES.len(), "{r:?}");
+}
+
+/// Two members' keys change in one compute, one taking the other's old key: each state's peer
+/// entries are found by their old keys before any is replaced.
+#[test]
+fn a_key_passed_from_one_member_to_another_in_one_compute() {
+    let settings = Settings { overlay: Some(OverlaySettings::default()) };
+    let mut c = cluster();
+    let mut computer = Computer::new(settings.clone());
+    let rekey = |c: &mut Cluster, node: usize, seed: u8| {
+        if let Some(f) = c.facts.iter_mut().find(|f| f.node == NODES[node]) {
+            f.wireguard_public_key = Some(key(seed));
+        }
+    };
+    // First a key that orders worker-b's peer entry after worker-d's, where a search for
+    // worker-d's old key would find worker-b's entry once it holds that key.
+    rekey(&mut c, 1, 20);
+    let out = computer.compute(&c);
+    feed_back(&mut c, &out);
+    computer.compute(&c);
+    rekey(&mut c, 1, 3);
+    rekey(&mut c, 3, 9);
+    let by_change = computer.compute(&c);
+    assert!(by_change == compute(&c, &settings), "{:?}", computer.redone());
+    let r = computer.redone();
+    assert_eq!((r.mesh_members, r.mesh_patched, r.node_states_patched), (2, 2, 2), "{r:?}");
 }
 
 /// Sequences random steps seldom reach: the endpoints a member's last state gave (a live session
@@ -452,6 +524,11 @@ fn a_members_part_follows_its_last_endpoints_and_its_peers_candidates() {
         if let Err(e) = run(&fading, &mesh) {
             panic!("period {period}: {e}");
         }
+    }
+    // A member's new key: what the others' reports said of its old one no longer speaks of it.
+    let rekeyed = [Step::Reach(3, 0, Reach::Direct, Some(10), Some(2)), Step::Key(0, Some(9))];
+    if let Err(e) = run(&rekeyed, &mesh) {
+        panic!("{e}");
     }
     // A pair breaks, then heals.
     let healed =

@@ -24,7 +24,8 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use kuport_proto::v1::{
-    Address, ChainPolicy, ChainType, Hook, NetnsState, NftFamily, NftRule, NftSet, NftTable, NftType, Route, Sysctl,
+    Address, ChainPolicy, ChainType, Hook, NetnsState, NftFamily, NftRule, NftSet, NftTable, NftType, NodeState, Route,
+    Sysctl,
 };
 
 use crate::compute::numbers::MAIN_TABLE;
@@ -218,15 +219,6 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Whether `other` gives every member the same part as this plan, with the same reports:
-    /// the same members, candidates and pod CIDRs. Routes are compared pair by pair
-    /// ([`Plan::rerouted`]); refused nodes are no member's concern.
-    pub fn same_members(&self, other: &Plan) -> bool {
-        self.judged.members == other.judged.members
-            && self.judged.candidates == other.judged.candidates
-            && self.member_cidrs == other.member_cidrs
-    }
-
     /// The members on either side of a pair whose route differs between the two plans: only
     /// their own parts hold their routes (a relay's entries do not depend on whom it carries).
     pub fn rerouted(&self, other: &Plan) -> BTreeSet<String> {
@@ -357,19 +349,116 @@ pub fn member(
         refused: Vec::new(),
         relay: me.relay,
         routes: others.iter().map(|(n, _)| ((*n).clone(), plan.routes.route(name, n))).collect(),
-        seen: others
-            .iter()
-            .map(|(n, m)| {
-                let p = report.and_then(|r| r.get(&m.public_key));
-                let seen = PeerSeen {
-                    reach: p.map_or(kuport_proto::v1::Reach::Unknown, |p| p.reach),
-                    endpoint: p.and_then(|p| p.endpoint),
-                };
-                ((*n).clone(), seen)
-            })
-            .collect(),
+        seen: others.iter().map(|(n, m)| ((*n).clone(), seen(report, &m.public_key))).collect(),
     };
     Some((ns, place))
+}
+
+/// What a member's `report` says of the peer holding `key`.
+fn seen(report: Option<&Arc<crate::observe::SeenPeers>>, key: &str) -> PeerSeen {
+    let p = report.and_then(|r| r.get(key));
+    PeerSeen { reach: p.map_or(kuport_proto::v1::Reach::Unknown, |p| p.reach), endpoint: p.and_then(|p| p.endpoint) }
+}
+
+/// The members whose peer entry is all that differs, in the other members' parts, between
+/// plans `old` and `new`: those whose key, announced endpoint or candidates changed, with their
+/// rank among the members. None when a difference reaches more of every part: another set of
+/// members, a member's pod CIDRs (its peers' allowed IPs, their routes and filter), or an IPv6
+/// endpoint that comes or goes (every device's MTU, [`member`]). Routes, which relay
+/// candidates decide, are the caller's, pair by pair ([`Plan::rerouted`]).
+pub fn repeered(old: &Plan, new: &Plan) -> Option<BTreeMap<String, usize>> {
+    let (a, b) = (&old.judged, &new.judged);
+    if a.members.len() != b.members.len() || any_ipv6_endpoint(a) != any_ipv6_endpoint(b) {
+        return None;
+    }
+    let mut changed = BTreeMap::new();
+    for (rank, ((name, was), (other, is))) in a.members.iter().zip(b.members.iter()).enumerate() {
+        if name != other || was.pod_cidrs != is.pod_cidrs {
+            return None;
+        }
+        if was != is || a.candidates.get(name) != b.candidates.get(name) {
+            changed.insert(name.clone(), rank);
+        }
+    }
+    Some(changed)
+}
+
+fn any_ipv6_endpoint(judged: &members::Judged) -> bool {
+    judged.members.values().any(|m| m.endpoint.is_some_and(|e| e.is_ipv6()))
+}
+
+/// Member `name`'s part under `plan` from `old`, its part under an earlier plan from which
+/// only the members in `changed` differ ([`repeered`], none of them `name`), with `name`'s own
+/// reports and routes the same: their peer entries take their new key and endpoint, and its
+/// place what its report says of them. What else the part holds read nothing that changed.
+/// None when a peer is not where `old` should hold it.
+pub fn repeer(
+    cluster: &Cluster,
+    plan: &Plan,
+    name: &str,
+    old: (&NetnsState, &NodeOverlay),
+    changed: &BTreeMap<String, usize>,
+) -> Option<(NetnsState, NodeOverlay)> {
+    let (mut ns, mut place) = (old.0.clone(), old.1.clone());
+    let judged = &plan.judged;
+    let report = cluster.overlay_observed.reports.get(name);
+    for (other, rank) in changed {
+        let m = judged.members.get(other)?;
+        let at = peer_index(name, other, *rank)?;
+        if place.peers.get(at) != Some(other) {
+            return None;
+        }
+        let peer = ns.wireguard_devices.first_mut()?.peers.get_mut(at)?;
+        let endpoint = members::endpoint_for(cluster, &judged.members, &judged.candidates, name, other);
+        peer.public_key.clone_from(&m.public_key);
+        peer.endpoint = endpoint.map(|e| e.to_string()).unwrap_or_default();
+        place.seen.insert(other.clone(), seen(report, &m.public_key));
+    }
+    Some((ns, place))
+}
+
+/// `state`, the node state that held member `name`'s last part, with the peer entries of the
+/// members in `changed` taken from `part`, its part under `plan` made by [`repeer`] from that
+/// one (under `last`): nothing else in the state differs, so its other namespaces, objects and
+/// set digests stay, and its host namespace's version is made again. Canonical as the state
+/// assembled from its parts would be. None when a peer is not where it should be.
+pub fn repeer_state(
+    state: &NodeState,
+    settings: &OverlaySettings,
+    last: &Plan,
+    plan: &Plan,
+    name: &str,
+    part: &NetnsState,
+    changed: &BTreeMap<String, usize>,
+) -> Option<NodeState> {
+    let new_peers = &part.wireguard_devices.first()?.peers;
+    let mut state = state.clone();
+    let host = state.netns.iter_mut().find(|ns| ns.target.is_none())?;
+    let device = host.wireguard_devices.iter_mut().find(|d| d.name == settings.interface)?;
+    // All found before any is replaced: a member's new key may be another's old one.
+    let mut found = Vec::with_capacity(changed.len());
+    for (other, rank) in changed {
+        let old_key = last.judged.members.get(other)?.public_key.as_str();
+        let new_key = plan.judged.members.get(other)?.public_key.as_str();
+        let at = device.peers.binary_search_by(|p| p.public_key.as_str().cmp(old_key)).ok()?;
+        let new = new_peers.get(peer_index(name, other, *rank)?).filter(|p| p.public_key == new_key)?;
+        found.push((at, new));
+    }
+    for (at, new) in found {
+        let peer = device.peers.get_mut(at)?;
+        peer.public_key.clone_from(&new.public_key);
+        peer.endpoint.clone_from(&new.endpoint);
+    }
+    kuport_proto::canonical::order_peers(device);
+    host.version.clear();
+    host.version = kuport_proto::canonical::netns_version(host);
+    Some(state)
+}
+
+/// Where member `name`'s part holds the peer entry of `other`, whose rank among all members is
+/// `rank`: its peers are every member but itself, in name order.
+fn peer_index(name: &str, other: &str, rank: usize) -> Option<usize> {
+    if name < other { rank.checked_sub(1) } else { Some(rank) }
 }
 
 /// The overlay's table on a member (docs/overlay/filter.md): one forward chain that
