@@ -355,9 +355,9 @@ impl Computer {
 /// ([`overlay::repeered`]); else those whose own report or last endpoints, node MTU, routes,
 /// key or candidates changed, or whose horizon passed. The others keep their part, taking only
 /// the peer entries of members whose key or candidates changed ([`overlay::repeer`]): a
-/// member's part reads nothing else ([`overlay::member`]). The plan is made from the old one
-/// when what judges the members did not change (`same_members`), hearing again only the
-/// reports that changed.
+/// member's part reads nothing else ([`overlay::member`]). The plan is made from the old one,
+/// hearing again only the reports that changed: with the same members when what judges them
+/// did not change (`same_members`), else with the members judged again ([`overlay::rejudge`]).
 fn mesh_by_member(
     mtus: Arc<BTreeMap<String, u32>>,
     cluster: &Cluster,
@@ -366,8 +366,9 @@ fn mesh_by_member(
     same_members: bool,
 ) -> Meshed {
     let now = cluster.now;
-    let plan = match old.filter(|_| same_members) {
-        Some((m, was)) => overlay::replan(&m.plan, was, cluster, settings),
+    let plan = match old {
+        Some((m, was)) if same_members => overlay::replan(&m.plan, was, cluster, settings),
+        Some((m, was)) => overlay::rejudge(&m.plan, was, cluster, settings),
         None => overlay::plan(cluster, settings),
     };
     // The members whose new key or endpoint the others take one peer each.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::PodStatus;
+use k8s_openapi::api::core::v1::{NodeAddress, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kuport_proto::v1::Reach;
@@ -134,6 +134,8 @@ enum Step {
     Mtu(usize, u32),
     /// A node's pod CIDR moves (10.244.N.0/24, 10.245.N.0/24): every member's routes and filter.
     PodCidr(usize),
+    /// A node's status lists 192.0.2.E, or no longer: an endpoint reported there is its own.
+    NodeAddress(usize, u8),
     /// A node is a relay candidate or not.
     Relay(usize),
     /// A node reports a peer (reach, handshake seconds ago, the endpoint its WireGuard holds).
@@ -149,9 +151,18 @@ enum Step {
     Restart,
     /// The uninstall's teardown is asked or withdrawn.
     Teardown,
+    /// Two changes that arrive together, computed once.
+    Both(Box<Step>, Box<Step>),
 }
 
 fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        9 => single(),
+        1 => (single(), single()).prop_map(|(a, b)| Step::Both(Box::new(a), Box::new(b))),
+    ]
+}
+
+fn single() -> impl Strategy<Value = Step> {
     let node = 0..NODES.len();
     let pod = 0..PODS.len();
     prop_oneof![
@@ -166,6 +177,7 @@ fn step() -> impl Strategy<Value = Step> {
         (node.clone(), prop_oneof![Just(1280u32), Just(1420), Just(1500)]).prop_map(|(n, m)| Step::Mtu(n, m)),
         node.clone().prop_map(Step::Relay),
         node.clone().prop_map(Step::PodCidr),
+        (node.clone(), 1u8..4).prop_map(|(n, e)| Step::NodeAddress(n, e)),
         (
             node.clone(),
             node.clone(),
@@ -271,6 +283,18 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
                 *cidrs = vec![if cidrs.first() == Some(&moved) { format!("10.244.{n}.0/24") } else { moved }];
             }
         }
+        Step::NodeAddress(n, e) => {
+            if let Some(addresses) =
+                named(&mut c.nodes, None, NODES[*n]).and_then(|node| node.status.as_mut()?.addresses.as_mut())
+            {
+                let address = format!("192.0.2.{e}");
+                let before = addresses.len();
+                addresses.retain(|a| a.address != address);
+                if addresses.len() == before {
+                    addresses.push(NodeAddress { type_: "ExternalIP".into(), address });
+                }
+            }
+        }
         Step::Relay(n) => {
             if let Some(node) = named(&mut c.nodes, None, NODES[*n]) {
                 let l = node.metadata.labels.get_or_insert_default();
@@ -308,6 +332,10 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
         }
         Step::Restart => *computer = Computer::new(settings.clone()),
         Step::Teardown => c.teardown = !c.teardown,
+        Step::Both(a, b) => {
+            apply(c, a, computer, settings);
+            apply(c, b, computer, settings);
+        }
     }
 }
 
@@ -528,6 +556,37 @@ fn a_members_part_follows_its_last_endpoints_and_its_peers_candidates() {
     // A member's new key: what the others' reports said of its old one no longer speaks of it.
     let rekeyed = [Step::Reach(3, 0, Reach::Direct, Some(10), Some(2)), Step::Key(0, Some(9))];
     if let Err(e) = run(&rekeyed, &mesh) {
+        panic!("{e}");
+    }
+    // A key changes while a report says its holder is unreachable: the pair heals. Then the
+    // report names the key again, and the pair is broken again.
+    let rekeyed = [
+        Step::Key(2, Some(5)),
+        Step::Reach(1, 2, Reach::Unreachable, Some(10), None),
+        Step::Key(2, Some(4)),
+        Step::Key(2, Some(5)),
+    ];
+    if let Err(e) = run(&rekeyed, &mesh) {
+        panic!("{e}");
+    }
+    // In one compute with another member's new key (the members judged again): a member's
+    // connect address moves, a learned endpoint of it becomes its Node's own (its candidates
+    // change, which a silent peer's endpoint rotates over), a report breaks a pair.
+    let rotate = || Step::Time(crate::compute::overlay::members::ROTATE_EVERY_SECONDS);
+    let together = [
+        Step::Reach(3, 1, Reach::Direct, Some(10), Some(2)),
+        Step::Reach(2, 1, Reach::Unknown, None, None),
+        Step::Both(Box::new(Step::Key(0, Some(5))), Box::new(Step::Connect(1, 2))),
+        rotate(),
+        rotate(),
+        Step::Both(Box::new(Step::Key(0, Some(4))), Box::new(Step::NodeAddress(1, 2))),
+        rotate(),
+        rotate(),
+        rotate(),
+        // And a report that breaks a pair, heard with the members judged again.
+        Step::Both(Box::new(Step::Key(0, Some(5))), Box::new(Step::Reach(3, 2, Reach::Unreachable, Some(10), None))),
+    ];
+    if let Err(e) = run(&together, &mesh) {
         panic!("{e}");
     }
     // A pair breaks, then heals.

@@ -13,7 +13,7 @@ use kuport_proto::v1::Reach;
 
 use super::members::{self, Member, SESSION_LIFE_SECONDS, silent};
 use super::relays::{Pair, pair};
-use crate::observe::{Cluster, SeenPeers};
+use crate::observe::{Cluster, ObservedPeer, SeenPeers};
 
 /// What one member's report tells the plan, read at `at`; it holds until `until`, when the
 /// first of its live sessions turns silent.
@@ -47,7 +47,8 @@ pub struct Heard {
 impl Heard {
     /// Hears `cluster`'s reports of `members`, keeping what each report that did not change
     /// told while it holds. Returns the members whose learned endpoints changed. `members`
-    /// must be those every earlier call heard with (a new set of members starts a new Heard).
+    /// must be those every earlier call heard with, their keys followed by [`Heard::rekey`] (a
+    /// new set of members starts a new Heard).
     pub fn hear(&mut self, cluster: &Cluster, members: &BTreeMap<String, Member>) -> BTreeSet<String> {
         let now = cluster.now.as_second();
         let reports = &cluster.overlay_observed.reports;
@@ -108,6 +109,45 @@ impl Heard {
         }
     }
 
+    /// Follows the members whose key changed from `old` to `members` (the same names): what
+    /// each report told of them is read again from what it says of their new key. A report of
+    /// an old key no longer tells anything, so a told's end may come sooner than the earliest of
+    /// its sessions: it is then heard again, never later than it should. Returns the members
+    /// whose learned endpoints changed.
+    pub fn rekey(
+        &mut self,
+        cluster: &Cluster,
+        old: &BTreeMap<String, Member>,
+        members: &BTreeMap<String, Member>,
+    ) -> BTreeSet<String> {
+        let rekeyed: Vec<(&String, &str)> = members
+            .iter()
+            .filter(|(n, m)| old.get(*n).is_some_and(|o| o.public_key != m.public_key))
+            .map(|(n, m)| (n, m.public_key.as_str()))
+            .collect();
+        let mut touched = BTreeSet::new();
+        if rekeyed.is_empty() {
+            return touched;
+        }
+        let reporters: Vec<String> = self.told.keys().cloned().collect();
+        for reporter in reporters {
+            let Some((report, was)) = self.told.get(&reporter).cloned() else { continue };
+            let mut new = Told::clone(&was);
+            for (peer, key) in rekeyed.iter().filter(|(p, _)| **p != reporter) {
+                new.learned.remove(*peer);
+                new.unreachable.remove(*peer);
+                if let Some(p) = report.get(*key) {
+                    tell(&mut new, peer, p, cluster.now);
+                }
+            }
+            if new != *was {
+                self.change(&reporter, &was, &new, &mut touched);
+                self.told.insert(reporter, (report, Arc::new(new)));
+            }
+        }
+        touched
+    }
+
     /// Per reporter, the endpoint a live session with `member` shows.
     pub fn learned(&self, member: &str) -> Option<&BTreeMap<String, SocketAddr>> {
         self.learned.get(member).map(|l| &**l)
@@ -125,18 +165,23 @@ fn told(reporter: &str, report: &SeenPeers, by_key: &BTreeMap<&str, &str>, now: 
     let mut out = Told { at: now.as_second(), ..Told::default() };
     for (key, p) in report.iter() {
         let Some(peer) = by_key.get(key.as_str()).filter(|n| **n != reporter) else { continue };
-        if p.reach == Reach::Unreachable {
-            out.unreachable.insert((*peer).to_string());
-        }
-        if silent(p, now) {
-            continue;
-        }
-        if let Some(turns) = p.last_handshake.map(|t| t.as_second().saturating_add(SESSION_LIFE_SECONDS)) {
-            out.until = Some(out.until.map_or(turns, |u| u.min(turns)));
-        }
-        if let Some(e) = p.endpoint.filter(|e| members::usable(e.ip()) && e.port() != 0) {
-            out.learned.insert((*peer).to_string(), e);
-        }
+        tell(&mut out, peer, p, now);
     }
     out
+}
+
+/// Adds what a report says of `peer` (`p`) at `now` to `out`.
+fn tell(out: &mut Told, peer: &str, p: &ObservedPeer, now: Timestamp) {
+    if p.reach == Reach::Unreachable {
+        out.unreachable.insert(peer.to_string());
+    }
+    if silent(p, now) {
+        return;
+    }
+    if let Some(turns) = p.last_handshake.map(|t| t.as_second().saturating_add(SESSION_LIFE_SECONDS)) {
+        out.until = Some(out.until.map_or(turns, |u| u.min(turns)));
+    }
+    if let Some(e) = p.endpoint.filter(|e| members::usable(e.ip()) && e.port() != 0) {
+        out.learned.insert(peer.to_string(), e);
+    }
 }

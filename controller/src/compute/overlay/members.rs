@@ -221,6 +221,15 @@ pub fn judge(cluster: &Cluster, settings: &OverlaySettings) -> Judged {
 
 /// [`judge`], with what the members' reports told ([`Heard`]).
 pub fn judge_and_hear(cluster: &Cluster, settings: &OverlaySettings) -> (Judged, Heard) {
+    let mut out = judge_members(cluster, settings);
+    let mut heard = Heard::default();
+    heard.hear(cluster, &out.members);
+    out.candidates = candidates(cluster, &out.members, &heard, settings.listen_port);
+    (out, heard)
+}
+
+/// The members and the refused nodes, without candidates: what reports tell is not read.
+pub fn judge_members(cluster: &Cluster, settings: &OverlaySettings) -> Judged {
     let mut nodes: Vec<&Node> = cluster.nodes.iter().filter(|n| n.metadata.name.is_some()).collect();
     nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut keys: BTreeMap<&str, &KnownFacts> = BTreeMap::new();
@@ -247,10 +256,7 @@ pub fn judge_and_hear(cluster: &Cluster, settings: &OverlaySettings) -> (Judged,
     }
     refuse_held(cluster, &mut out);
     refuse_clashes(&mut out);
-    let mut heard = Heard::default();
-    heard.hear(cluster, &out.members);
-    out.candidates = candidates(cluster, &out.members, &heard, settings.listen_port);
-    (out, heard)
+    out
 }
 
 fn refuse(node: &str, field: impl Into<String>, reason: &'static str, message: String) -> Refusal {

@@ -234,10 +234,9 @@ impl Plan {
 /// The mesh's [`Plan`] for `cluster`.
 pub fn plan(cluster: &Cluster, settings: &OverlaySettings) -> Plan {
     let (judged, heard) = members::judge_and_hear(cluster, settings);
-    let mut member_cidrs: Vec<IpNet> = judged.members.values().flat_map(|m| m.pod_cidrs.iter().copied()).collect();
-    member_cidrs.sort();
+    let member_cidrs = Arc::new(cidrs_of(&judged.members));
     let routes = routes(&judged, &heard);
-    Plan { judged, heard, routes, member_cidrs: Arc::new(member_cidrs) }
+    Plan { judged, heard, routes, member_cidrs }
 }
 
 /// The plan for `cluster` from `last`, the plan for `was`, whose Nodes, facts and refused facts
@@ -263,6 +262,54 @@ pub fn replan(last: &Plan, was: &Cluster, cluster: &Cluster, settings: &OverlayS
     let judged = members::Judged { members: members.clone(), refused: last.judged.refused.clone(), candidates };
     let routes = routes(&judged, &heard);
     Plan { judged, heard, routes, member_cidrs: last.member_cidrs.clone() }
+}
+
+/// The plan for `cluster` from `last`, the plan for `was`, when what judges the members
+/// changed (Nodes, facts): the members are judged again, and when they are the same nodes
+/// what the reports told is kept, followed to the members' new keys ([`heard::Heard::rekey`]),
+/// and heard again only where a report changed. Only the members whose Node, connect address
+/// or learned endpoints changed have their candidates made again. A new set of members is
+/// planned from nothing ([`plan`]). Equal to [`plan`] (`compute::by_change`'s tests).
+pub fn rejudge(last: &Plan, was: &Cluster, cluster: &Cluster, settings: &OverlaySettings) -> Plan {
+    let mut judged = members::judge_members(cluster, settings);
+    let (old, new) = (&last.judged.members, &judged.members);
+    if !old.keys().eq(new.keys()) {
+        return plan(cluster, settings);
+    }
+    let mut heard = last.heard.clone();
+    let mut touched = heard.rekey(cluster, old, new);
+    touched.extend(heard.hear(cluster, new));
+    let (a, b) = (&was.overlay_observed.connect_addresses, &cluster.overlay_observed.connect_addresses);
+    let (nodes_was, nodes) = (members::node_index(was), members::node_index(cluster));
+    let same_node = |n: &str| match (nodes_was.get(n), nodes.get(n)) {
+        (Some(x), Some(y)) => std::ptr::eq(*x, *y) || x == y,
+        (x, y) => x.is_none() && y.is_none(),
+    };
+    // A member's candidates read its Node (its endpoint, annotations and addresses), its
+    // connect address and what was learned of it, never its key.
+    touched.extend(new.keys().filter(|n| a.get(*n) != b.get(*n) || !same_node(n)).cloned());
+    let mut candidates = last.judged.candidates.clone();
+    for name in &touched {
+        if let Some(m) = new.get(name) {
+            let c = members::candidates_of(cluster, &nodes, &heard, settings.listen_port, name, m);
+            candidates.insert(name.clone(), c);
+        }
+    }
+    judged.candidates = candidates;
+    let member_cidrs = if old.iter().zip(new.iter()).all(|((_, x), (_, y))| x.pod_cidrs == y.pod_cidrs) {
+        last.member_cidrs.clone()
+    } else {
+        Arc::new(cidrs_of(&judged.members))
+    };
+    let routes = routes(&judged, &heard);
+    Plan { judged, heard, routes, member_cidrs }
+}
+
+/// Every member's pod CIDRs, in order.
+fn cidrs_of(members: &BTreeMap<String, members::Member>) -> Vec<IpNet> {
+    let mut cidrs: Vec<IpNet> = members.values().flat_map(|m| m.pod_cidrs.iter().copied()).collect();
+    cidrs.sort();
+    cidrs
 }
 
 /// Every pair's route, from the relay candidates among the members and the broken pairs.
