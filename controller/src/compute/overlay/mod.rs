@@ -249,16 +249,13 @@ pub fn replan(last: &Plan, was: &Cluster, cluster: &Cluster, settings: &OverlayS
     let mut touched = heard.hear(cluster, members);
     let (a, b) = (&was.overlay_observed.connect_addresses, &cluster.overlay_observed.connect_addresses);
     touched.extend(members.keys().filter(|n| a.get(*n) != b.get(*n)).cloned());
-    let mut candidates = last.judged.candidates.clone();
-    if !touched.is_empty() {
-        let nodes = members::node_index(cluster);
-        for name in &touched {
-            if let Some(m) = members.get(name) {
-                let c = members::candidates_of(cluster, &nodes, &heard, settings.listen_port, name, m);
-                candidates.insert(name.clone(), c);
-            }
+    let candidates = match touched.is_empty() {
+        true => last.judged.candidates.clone(),
+        false => {
+            let nodes = members::node_index(cluster);
+            candidates_again(&last.judged.candidates, cluster, &nodes, &heard, settings, members, &touched)
         }
-    }
+    };
     let judged = members::Judged { members: members.clone(), refused: last.judged.refused.clone(), candidates };
     let routes = routes(&judged, &heard);
     Plan { judged, heard, routes, member_cidrs: last.member_cidrs.clone() }
@@ -288,14 +285,7 @@ pub fn rejudge(last: &Plan, was: &Cluster, cluster: &Cluster, settings: &Overlay
     // A member's candidates read its Node (its endpoint, annotations and addresses), its
     // connect address and what was learned of it, never its key.
     touched.extend(new.keys().filter(|n| a.get(*n) != b.get(*n) || !same_node(n)).cloned());
-    let mut candidates = last.judged.candidates.clone();
-    for name in &touched {
-        if let Some(m) = new.get(name) {
-            let c = members::candidates_of(cluster, &nodes, &heard, settings.listen_port, name, m);
-            candidates.insert(name.clone(), c);
-        }
-    }
-    judged.candidates = candidates;
+    judged.candidates = candidates_again(&last.judged.candidates, cluster, &nodes, &heard, settings, new, &touched);
     let member_cidrs = if old.iter().zip(new.iter()).all(|((_, x), (_, y))| x.pod_cidrs == y.pod_cidrs) {
         last.member_cidrs.clone()
     } else {
@@ -303,6 +293,27 @@ pub fn rejudge(last: &Plan, was: &Cluster, cluster: &Cluster, settings: &Overlay
     };
     let routes = routes(&judged, &heard);
     Plan { judged, heard, routes, member_cidrs }
+}
+
+/// `last`'s candidates, made again for the members in `touched`: the others read nothing that
+/// changed.
+fn candidates_again(
+    last: &BTreeMap<String, Vec<SocketAddr>>,
+    cluster: &Cluster,
+    nodes: &BTreeMap<&str, &k8s_openapi::api::core::v1::Node>,
+    heard: &heard::Heard,
+    settings: &OverlaySettings,
+    members: &BTreeMap<String, members::Member>,
+    touched: &BTreeSet<String>,
+) -> BTreeMap<String, Vec<SocketAddr>> {
+    let mut candidates = last.clone();
+    for name in touched {
+        if let Some(m) = members.get(name) {
+            let c = members::candidates_of(cluster, nodes, heard, settings.listen_port, name, m);
+            candidates.insert(name.clone(), c);
+        }
+    }
+    candidates
 }
 
 /// Every member's pod CIDRs, in order.
