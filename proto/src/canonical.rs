@@ -24,17 +24,23 @@ pub const RUN_SPAN: u64 = 128;
 /// Sorts every order-free list in `state` into its canonical order (and drops exact
 /// duplicates), then sets every nftables set's `runs` and `digest` ([`element_runs`]).
 pub fn canonicalize(state: &mut NodeState) {
-    order(state);
+    state.netns.sort_by(|a, b| netns_order(a).cmp(&netns_order(b)));
     for ns in &mut state.netns {
-        for table in &mut ns.nft_tables {
-            for set in &mut table.sets {
-                let (runs, digest) = element_runs(&set.elements);
-                set.runs = runs;
-                set.digest = digest;
-            }
-        }
-        ns.version = netns_version(ns);
+        canonicalize_netns_whole(ns);
     }
+}
+
+/// [`canonicalize`] for one namespace: ordered, its sets digested, its version set.
+pub fn canonicalize_netns_whole(ns: &mut NetnsState) {
+    canonicalize_netns(ns);
+    for table in &mut ns.nft_tables {
+        for set in &mut table.sets {
+            let (runs, digest) = element_runs(&set.elements);
+            set.runs = runs;
+            set.digest = digest;
+        }
+    }
+    ns.version = netns_version(ns);
 }
 
 /// The version of one namespace: the hex sha256 of its canonical encoding with `version` and
@@ -189,6 +195,7 @@ fn canonicalize_netns(ns: &mut NetnsState) {
         ip_rules: _,
         neighbours: _,
         wireguard_devices: _,
+        delta: _,
     } = ns;
     ns.sysctls.sort_by(|a, b| a.key.cmp(&b.key));
     ns.sysctls.dedup_by(|a, b| a.key == b.key);

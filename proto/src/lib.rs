@@ -8,6 +8,7 @@
 pub mod build;
 pub mod canonical;
 pub mod channel;
+pub mod delta;
 pub mod netns;
 pub mod owned;
 pub mod text;

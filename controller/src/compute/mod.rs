@@ -133,6 +133,7 @@ fn merge(into: &mut NetnsState, part: NetnsState) {
         ip_rules,
         neighbours,
         wireguard_devices,
+        delta: _,
     } = part;
     into.sysctls.extend(sysctls);
     into.nft_tables.extend(nft_tables);

@@ -94,6 +94,9 @@ pub struct Metrics {
     pub facts_refused: Counter,
     /// Computed node states not sent for exceeding what an executor decodes.
     pub states_oversize: Counter,
+    /// States sent with namespaces as deltas or stubs that an executor refused, each followed
+    /// by the state sent whole (docs/design.md, "Deltas").
+    pub deltas_refused: Counter,
     /// Writes sent to the API server, failed ones included: a replica that does not lead
     /// sends none.
     api_writes: Family<WriteLabel, Counter>,
@@ -147,6 +150,7 @@ impl Default for Metrics {
         let nacks = Counter::default();
         let facts_refused = Counter::default();
         let states_oversize = Counter::default();
+        let deltas_refused = Counter::default();
         let api_writes = Family::<WriteLabel, Counter>::default();
         let executor_refusals = Family::<ReasonLabel, Counter>::default();
         let debug_refusals = Family::<ReasonLabel, Counter>::default();
@@ -178,6 +182,11 @@ impl Default for Metrics {
             "states_oversize",
             "Computed node states not sent: larger than an executor decodes",
             states_oversize.clone(),
+        );
+        registry.register(
+            "deltas_refused",
+            "States sent as deltas from what an executor held that it refused, then sent whole",
+            deltas_refused.clone(),
         );
         registry.register(
             "api_writes",
@@ -268,6 +277,7 @@ impl Default for Metrics {
             reconcile_seconds,
             nacks,
             states_oversize,
+            deltas_refused,
             facts_refused,
             api_writes,
             executor_refusals,

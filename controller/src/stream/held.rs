@@ -1,10 +1,13 @@
 //! What an executor holds, per namespace, on one NodeSync connection: a namespace whose version
-//! the executor acknowledged is sent as a stub (`held`, no content), so a change in one
-//! namespace does not resend the others. A refusal makes the next state go whole.
+//! the executor acknowledged is sent as a stub (`held`, no content), and one it holds an older
+//! version of as a delta from that version ([`kuport_proto::delta`]), so a change sends what
+//! changed. A refusal makes the next state go whole.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use kuport_proto::v1::{Ack, DesiredState, NetnsState, NodeState};
+use prost::Message as _;
 
 /// States sent and not answered yet, at most this many: an answer to an older one finds
 /// nothing and holds nothing, which costs only a whole send.
@@ -15,37 +18,58 @@ const IN_FLIGHT: usize = 8;
 pub struct Held {
     /// Versions of the namespaces the executor holds whichever state in flight it applies.
     held: BTreeSet<String>,
-    /// States sent and not answered: each one's version and its namespaces' versions, oldest
-    /// first.
-    sent: VecDeque<(String, BTreeSet<String>)>,
+    /// The last state the executor applied: the content of the versions it holds.
+    applied: Option<Arc<DesiredState>>,
+    /// States sent and not answered, oldest first.
+    sent: VecDeque<Sent>,
+}
+
+#[derive(Debug)]
+struct Sent {
+    state: Arc<DesiredState>,
+    /// Its namespaces' versions.
+    versions: BTreeSet<String>,
+    /// Whether it went with stubs or deltas, which only a holder of their base can apply.
+    partial: bool,
 }
 
 impl Held {
-    /// The message that sends `ds`: each namespace the executor holds goes as a stub. The
-    /// state's version is unchanged (a stub counts by the version it names).
-    pub fn outgoing(&mut self, ds: &DesiredState) -> DesiredState {
-        let Some(state) = &ds.state else { return ds.clone() };
+    /// The message that sends `ds`: each namespace the executor holds goes as a stub, each it
+    /// holds another version of as a delta when that is smaller. The state's version is
+    /// unchanged (a stub or a delta counts by the version it names).
+    pub fn outgoing(&mut self, ds: &Arc<DesiredState>) -> DesiredState {
+        let Some(state) = &ds.state else { return DesiredState::clone(ds) };
         let versions: BTreeSet<String> =
             state.netns.iter().filter(|ns| !ns.version.is_empty()).map(|ns| ns.version.clone()).collect();
+        let mut partial = false;
         let netns = state
             .netns
             .iter()
             .map(|ns| {
-                if !ns.version.is_empty() && self.held.contains(&ns.version) {
-                    NetnsState {
+                if ns.version.is_empty() {
+                    return ns.clone();
+                }
+                if self.held.contains(&ns.version) {
+                    partial = true;
+                    return NetnsState {
                         target: ns.target.clone(),
                         version: ns.version.clone(),
                         held: true,
                         ..Default::default()
+                    };
+                }
+                match self.base(ns).map(|base| kuport_proto::delta::diff(base, ns)) {
+                    Some(delta) if delta.encoded_len() < ns.encoded_len() => {
+                        partial = true;
+                        delta
                     }
-                } else {
-                    ns.clone()
+                    _ => ns.clone(),
                 }
             })
             .collect();
         // Once it has this state, the executor holds only what it names.
         self.held.retain(|v| versions.contains(v));
-        self.sent.push_back((ds.version.clone(), versions));
+        self.sent.push_back(Sent { state: ds.clone(), versions, partial });
         if self.sent.len() > IN_FLIGHT {
             self.sent.pop_front();
         }
@@ -57,23 +81,37 @@ impl Held {
         }
     }
 
+    /// The namespace at `ns`'s target the executor holds, whichever state in flight it applies.
+    fn base(&self, ns: &NetnsState) -> Option<&NetnsState> {
+        let applied = self.applied.as_ref()?.state.as_ref()?;
+        applied.netns.iter().find(|b| b.target == ns.target && self.held.contains(&b.version))
+    }
+
     /// The executor answered a state: after an ok, it holds that state's namespaces, less those
-    /// a state sent since changes; after a refusal, nothing is counted as held.
-    pub fn answered(&mut self, ack: &Ack) {
-        let Some(i) = self.sent.iter().rposition(|(version, _)| *version == ack.version) else {
-            self.held.clear();
-            return;
+    /// a state sent since changes; after a refusal, nothing is counted as held. True when the
+    /// refused state went with stubs or deltas: the caller sends the state again, whole.
+    pub fn answered(&mut self, ack: &Ack) -> bool {
+        let Some(i) = self.sent.iter().rposition(|s| s.state.version == ack.version) else {
+            self.forget();
+            return false;
         };
-        let answered: Vec<_> = self.sent.drain(..=i).collect();
+        let Some(answered) = self.sent.drain(..=i).next_back() else { return false };
         if !ack.ok {
-            self.held.clear();
-            return;
+            self.forget();
+            return answered.partial;
         }
-        let mut held = answered.into_iter().next_back().map(|(_, v)| v).unwrap_or_default();
-        for (_, later) in &self.sent {
-            held.retain(|v| later.contains(v));
+        let mut held = answered.versions;
+        for later in &self.sent {
+            held.retain(|v| later.versions.contains(v));
         }
         self.held = held;
+        self.applied = Some(answered.state);
+        false
+    }
+
+    fn forget(&mut self) {
+        self.held.clear();
+        self.applied = None;
     }
 }
 
@@ -88,9 +126,27 @@ mod tests {
         ns
     }
 
-    fn state(sequence: u64, netns: Vec<NetnsState>) -> DesiredState {
+    fn state(sequence: u64, netns: Vec<NetnsState>) -> Arc<DesiredState> {
         let state = NodeState { node: "n".into(), netns };
-        DesiredState { term: 1, sequence, version: kuport_proto::canonical_version(&state), state: Some(state) }
+        Arc::new(DesiredState {
+            term: 1,
+            sequence,
+            version: kuport_proto::canonical_version(&state),
+            state: Some(state),
+        })
+    }
+
+    /// A namespace of 200 sysctls and `content`, canonical: a change to `content` is a delta
+    /// smaller than the whole.
+    fn big(path: &str, content: &str) -> NetnsState {
+        let mut ns = ns(path, content);
+        ns.sysctls.extend((0..200).map(|i| kuport_proto::v1::Sysctl { key: format!("k{i}"), value: "1".into() }));
+        kuport_proto::canonical::canonicalize_netns_whole(&mut ns);
+        ns
+    }
+
+    fn sent_netns(ds: &DesiredState) -> &NetnsState {
+        &ds.state.as_ref().expect("state").netns[0]
     }
 
     fn ack(ds: &DesiredState, ok: bool) -> Ack {
@@ -135,5 +191,33 @@ mod tests {
         assert_eq!(held(&h.outgoing(&state(3, vec![a0.clone()]))), [false]);
         h.answered(&ack(&s2, true));
         assert_eq!(held(&h.outgoing(&state(4, vec![a0]))), [false], "s3 went out after s2");
+    }
+
+    #[test]
+    fn a_namespace_held_at_another_version_goes_as_a_delta_from_it() {
+        let mut h = Held::default();
+        let (a0, a1, a2) = (big("/a", "x"), big("/a", "y"), big("/a", "z"));
+        let s1 = state(1, vec![a0.clone()]);
+        assert!(sent_netns(&h.outgoing(&s1)).delta.is_none(), "nothing acknowledged yet");
+        assert!(!h.answered(&ack(&s1, true)));
+        let s2 = state(2, vec![a1.clone()]);
+        let sent = h.outgoing(&s2);
+        let delta = sent_netns(&sent);
+        assert!(delta.encoded_len() * 4 < a1.encoded_len(), "{} of {} bytes", delta.encoded_len(), a1.encoded_len());
+        assert_eq!(kuport_proto::delta::apply(&a0, delta).as_ref(), Ok(&a1));
+        // A state sent while s2 is in flight: the executor may hold a0 or a1, so no delta.
+        let s3 = state(3, vec![a2.clone()]);
+        assert!(sent_netns(&h.outgoing(&s3)).delta.is_none());
+        assert!(!h.answered(&ack(&s2, true)));
+        assert!(!h.answered(&ack(&s3, false)), "s3 went whole: nothing to send again");
+        // After a2 is held, a refused delta asks for the state again, which goes whole.
+        let s4 = state(4, vec![a1.clone()]);
+        h.outgoing(&s4);
+        let s5 = state(5, vec![a2.clone()]);
+        assert!(!h.answered(&ack(&s4, true)));
+        assert!(sent_netns(&h.outgoing(&s5)).delta.is_some());
+        assert!(h.answered(&ack(&s5, false)), "refused as a delta: sent again");
+        let again = h.outgoing(&state(6, vec![a2]));
+        assert!(sent_netns(&again).delta.is_none() && !sent_netns(&again).held, "whole");
     }
 }

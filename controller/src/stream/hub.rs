@@ -445,6 +445,23 @@ impl Hub {
         self.status_dirty.notify_one();
     }
 
+    /// Publishes `node`'s state again under a new sequence, for `session` to send whole: its
+    /// executor refused it as sent, with namespaces as stubs or deltas from a version it turned
+    /// out not to hold (docs/design.md, "Deltas"). A new sequence, because the executor's fence
+    /// admits only newer ones.
+    pub fn resend(&self, node: &str, session: u64) {
+        self.metrics.deltas_refused.inc();
+        let mut inner = self.lock();
+        let Some(ds) = inner.nodes.get(node).filter(|e| e.session == Some(session)).and_then(NodeEntry::desired) else {
+            return;
+        };
+        inner.sequence += 1;
+        let again = DesiredState { sequence: inner.sequence, ..DesiredState::clone(&ds) };
+        if let Some(e) = inner.nodes.get_mut(node) {
+            e.tx.send_replace(Some(Arc::new(again)));
+        }
+    }
+
     /// Whether what this term computed for `node` reads its executor's report, if it has one:
     /// the node's state was let go in this term (docs/overlay/status.md, "A new leader"). The
     /// status writer waits for it before it writes a member's overlay annotations.

@@ -168,8 +168,11 @@ impl NodeSync for SyncService {
                     }
                     msg = inbound.message() => match msg {
                         Ok(Some(m)) => {
-                            if let Some(executor_message::Message::Ack(a)) = &m.message {
-                                held_stubs.answered(a);
+                            if let Some(executor_message::Message::Ack(a)) = &m.message
+                                && held_stubs.answered(a)
+                            {
+                                // Published again: `desired` changes, and it goes whole.
+                                hub.resend(&node, session);
                             }
                             // Dropped if a newer stream took over; it ends below.
                             hub.receive_from(&node, session, m);
@@ -357,5 +360,95 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         panic!("worker-1 still connected after its token expired");
+    }
+
+    async fn next_state(inbound: &mut Streaming<ControllerMessage>) -> DesiredState {
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(10), inbound.message())
+                .await
+                .expect("a message in time")
+                .expect("the stream")
+                .expect("open");
+            if let Some(controller_message::Message::State(ds)) = m.message {
+                return ds;
+            }
+        }
+    }
+
+    fn answer(ds: &DesiredState, ok: bool) -> ExecutorMessage {
+        let ack = kuport_proto::v1::Ack {
+            term: ds.term,
+            sequence: ds.sequence,
+            version: ds.version.clone(),
+            ok,
+            errors: Vec::new(),
+        };
+        ExecutorMessage { message: Some(executor_message::Message::Ack(ack)) }
+    }
+
+    /// After an executor applied a state, a change goes as a delta from it that gives the new
+    /// version; a refused delta is counted and the state goes again whole, under a new
+    /// sequence the executor's fence admits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_change_goes_as_a_delta_and_whole_again_when_refused() {
+        use prost::Message as _;
+        let mut s = server().await;
+        let (_, inputs) = s.hub.outputs();
+        let before = crate::observe::Cluster::clone(&inputs.expect("inputs"));
+        let version = |hub: &Hub, node: &str| hub.node(node).and_then(|n| n.desired).map(|d| d.version.clone());
+        let nodes: Vec<String> = s.hub.outputs().0.node_states.keys().cloned().collect();
+        let was: Vec<_> = nodes.iter().map(|n| version(&s.hub, n)).collect();
+        // A PortMap whose removal changes a node's state.
+        let (changed, node) = (0..before.port_maps.len())
+            .find_map(|i| {
+                let mut c = before.clone();
+                let mut kept = c.port_maps.arcs().to_vec();
+                kept.remove(i);
+                c.port_maps = kept.into();
+                s.hub.set_inputs(c.clone());
+                s.hub.recompute();
+                // One that keeps a namespace worth a delta.
+                let big = |n: &str| {
+                    let d = s.hub.node(n).and_then(|n| n.desired);
+                    d.and_then(|d| Some(d.state.as_ref()?.netns.first()?.encoded_len() > 1024)).unwrap_or(false)
+                };
+                let node = nodes.iter().zip(&was).find(|(n, w)| version(&s.hub, n) != **w && big(n))?.0.clone();
+                Some((c, node))
+            })
+            .expect("a PortMap that changes a node");
+        s.hub.set_inputs(before);
+        s.hub.recompute();
+        let token = jwt(crate::trust::EXECUTOR_AUDIENCE, now_secs() + 3600, "t");
+        s.fake.add(&token, executor(&node));
+        let (tx, accepted) = open(&mut s.client, Some(&token), &node).await;
+        let mut inbound = accepted.unwrap();
+        let first = next_state(&mut inbound).await;
+        tx.send(answer(&first, true)).await.unwrap();
+        // The session read the ack once the hub has it.
+        for _ in 0..500 {
+            if s.hub.node(&node).and_then(|n| n.acked).is_some_and(|a| a.version == first.version) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        s.hub.set_inputs(changed);
+        s.hub.recompute();
+        let second = next_state(&mut inbound).await;
+        let host = |ds: &DesiredState| ds.state.as_ref().expect("a state").netns[0].clone();
+        let delta = host(&second);
+        assert!(delta.delta.is_some(), "{delta:?}");
+        assert!(delta.encoded_len() < host(&first).encoded_len(), "smaller than the namespace");
+        let whole = kuport_proto::delta::apply(&host(&first), &delta).expect("the delta applies");
+        let mut state = second.state.clone().expect("a state");
+        state.netns[0] = whole;
+        assert_eq!(kuport_proto::canonical_version(&state), second.version);
+
+        tx.send(answer(&second, false)).await.unwrap();
+        let third = next_state(&mut inbound).await;
+        assert_eq!(third.version, second.version);
+        assert!(third.sequence > second.sequence, "admitted by the executor's fence");
+        assert!(third.state.iter().flat_map(|s| &s.netns).all(|ns| ns.delta.is_none() && !ns.held), "whole");
+        assert_eq!(s.hub.metrics().deltas_refused.get(), 1);
     }
 }

@@ -363,6 +363,7 @@ fn without_tables(state: &NetnsState) -> NetnsState {
         ip_rules: state.ip_rules.clone(),
         neighbours: state.neighbours.clone(),
         wireguard_devices: state.wireguard_devices.clone(),
+        delta: None,
     }
 }
 
@@ -382,6 +383,8 @@ fn same_objects(a: &NetnsState, b: &NetnsState) -> bool {
         ip_rules,
         neighbours,
         wireguard_devices,
+        // Resolved before an apply (sync's `resolve_deltas`): never in a state applied.
+        delta: _,
     } = a;
     (target, sysctls, links, addresses, neighbours, routes, ip_rules, wireguard_devices)
         == (&b.target, &b.sysctls, &b.links, &b.addresses, &b.neighbours, &b.routes, &b.ip_rules, &b.wireguard_devices)

@@ -612,6 +612,34 @@ fn counter_report(id: u64, read: Read, now: SystemTime) -> CounterReport {
     report
 }
 
+/// Replaces each namespace `ds` sends as a delta with the whole it gives from the version this
+/// executor holds (docs/design.md, "Deltas"); a refusal naming the namespace when it holds
+/// another version, or the delta does not give the version it names.
+fn resolve_deltas<A: NodeApplier>(applier: &A, ds: &mut DesiredState) -> Result<(), Ack> {
+    let Some(state) = ds.state.as_mut() else { return Ok(()) };
+    let mut refused = None;
+    for ns in state.netns.iter_mut().filter(|ns| ns.delta.is_some()) {
+        let base = ns.delta.as_ref().map(|d| d.base.clone()).unwrap_or_default();
+        let stub = NetnsState { target: ns.target.clone(), version: base.clone(), ..Default::default() };
+        let object = format!("network namespace {:?}", ns.describe());
+        let whole = match applier.held(&stub) {
+            None => Err(format!("the delta applies to version {base}, which is not held here: send it whole")),
+            Some(held) => kuport_proto::delta::apply(&held, ns).map_err(|e| format!("{e}: send it whole")),
+        };
+        match whole {
+            Ok(whole) => *ns = whole,
+            Err(reason) => {
+                refused = Some((object, reason));
+                break;
+            }
+        }
+    }
+    match refused {
+        Some((object, reason)) => Err(refusal(ds, &object, reason)),
+        None => Ok(()),
+    }
+}
+
 /// A NACK of `ds` for one reason, the executor keeping what it holds.
 fn refusal(ds: &DesiredState, object: &str, reason: String) -> Ack {
     Ack {
@@ -647,6 +675,13 @@ async fn receive<A: NodeApplier>(
         }
         tracing::warn!(term = ds.term, sequence = ds.sequence, version = %ds.version, "ignoring a stale state");
         return None;
+    }
+    // A namespace sent as a change from what this executor holds is made whole first: bounds,
+    // store and apply see only whole namespaces.
+    if let Err(ack) = resolve_deltas(applier, &mut ds) {
+        fence.record(&ds, false);
+        tracing::warn!(version = %ds.version, errors = ?ack.errors, "refused: a delta does not give its version");
+        return Some(ack);
     }
     // Outside kuport's line: refused whole before anything is applied.
     let outside = ds.state.as_ref().map(bounds::check).unwrap_or_default();
@@ -773,6 +808,82 @@ mod tests {
         async fn relayed_bytes(&self) -> u64 {
             7
         }
+    }
+
+    /// An applier that keeps the namespaces it applied, as the real one does.
+    #[derive(Default)]
+    struct Holding(Vec<NetnsState>);
+
+    impl NodeApplier for Holding {
+        async fn apply(&mut self, state: NodeState) -> Result<(), Vec<ObjectError>> {
+            self.0 = state.netns;
+            Ok(())
+        }
+        fn drift(&self) -> (u64, Vec<String>) {
+            (0, vec![])
+        }
+        fn held(&self, ns: &NetnsState) -> Option<Arc<NetnsState>> {
+            self.0.iter().find(|h| h.target == ns.target && h.version == ns.version).cloned().map(Arc::new)
+        }
+    }
+
+    /// A host namespace of `n` peers, canonical; the peer `moved` at another endpoint.
+    fn host(n: usize, moved: usize) -> NetnsState {
+        let peers = (0..n)
+            .map(|i| kuport_proto::v1::WireguardPeer {
+                public_key: format!("key-{i:04}"),
+                endpoint: format!("192.0.2.1:{}", if i == moved { 40000 } else { 51820 }),
+                allowed_ips: vec![format!("10.42.{}.{}/32", i / 256, i % 256)],
+                ..Default::default()
+            })
+            .collect();
+        let device = kuport_proto::v1::WireguardDevice { name: "kup-wg".into(), peers, ..Default::default() };
+        let mut ns = NetnsState { wireguard_devices: vec![device], ..Default::default() };
+        kuport_proto::canonical::canonicalize_netns_whole(&mut ns);
+        ns
+    }
+
+    fn desired(sequence: u64, ns: NetnsState, whole: &NetnsState) -> DesiredState {
+        let version = kuport_proto::canonical_version(&NodeState { node: "n".into(), netns: vec![whole.clone()] });
+        DesiredState { term: 1, sequence, version, state: Some(NodeState { node: "n".into(), netns: vec![ns] }) }
+    }
+
+    /// A namespace sent as a change from the version held here is applied whole; one from a
+    /// version not held, or one that does not give its version, is refused before anything is
+    /// applied, naming the namespace, and the state sent again whole is applied.
+    #[tokio::test]
+    async fn a_delta_applies_from_the_version_held_and_only_to_its_version() {
+        let cfg = Config::new("http://x", "n");
+        let (mut applier, mut fence) = (Holding::default(), Fence::default());
+        let (a, b, c) = (host(300, usize::MAX), host(300, 7), host(300, 9));
+        let ack = receive(&cfg, &mut applier, &mut fence, desired(1, a.clone(), &a)).await.expect("an answer");
+        assert!(ack.ok);
+
+        let delta = kuport_proto::delta::diff(&a, &b);
+        let ack = receive(&cfg, &mut applier, &mut fence, desired(2, delta, &b)).await.expect("an answer");
+        assert!(ack.ok, "{:?}", ack.errors);
+        assert_eq!(applier.0, vec![b.clone()], "applied whole");
+
+        // From a version this executor does not hold (it holds b).
+        let stale = kuport_proto::delta::diff(&a, &c);
+        let ack = receive(&cfg, &mut applier, &mut fence, desired(3, stale, &c)).await.expect("an answer");
+        assert!(!ack.ok);
+        assert_eq!(ack.errors[0].object, "network namespace \"host\"");
+        assert!(ack.errors[0].reason.contains("not held here: send it whole"), "{}", ack.errors[0].reason);
+        assert_eq!(applier.0, vec![b.clone()], "nothing applied");
+
+        // A delta whose result is not the version it names.
+        let mut forged = kuport_proto::delta::diff(&b, &c);
+        if let Some(d) = forged.delta.as_mut() {
+            d.peers[0].put[0].allowed_ips.push("0.0.0.0/0".into());
+        }
+        let ack = receive(&cfg, &mut applier, &mut fence, desired(4, forged, &c)).await.expect("an answer");
+        assert!(!ack.ok && ack.errors[0].reason.contains("gives version"), "{:?}", ack.errors);
+        assert_eq!(applier.0, vec![b], "nothing applied");
+
+        let ack = receive(&cfg, &mut applier, &mut fence, desired(5, c.clone(), &c)).await.expect("an answer");
+        assert!(ack.ok);
+        assert_eq!(applier.0, vec![c]);
     }
 
     /// An applier whose host tables, links, pods and peers are given.

@@ -1,0 +1,333 @@
+//! A namespace's change from a version the executor holds (docs/design.md, "Deltas"): what the
+//! controller sends instead of a whole namespace the executor holds an older version of, and
+//! how the executor rebuilds the whole from it.
+//!
+//! [`diff`] takes two canonical namespaces; [`apply`] gives back the new one, canonical, and
+//! only if its version is the one the controller computed: the two sides agree on the result
+//! by version, never by trusting the delta.
+
+use std::collections::HashMap;
+
+use prost::Message;
+
+use crate::canonical::canonicalize_netns_whole;
+use crate::v1::{
+    NetnsDelta, NetnsItems, NetnsState, NftSet, NftTable, PeerDelta, SetDelta, WireguardDevice, WireguardPeer,
+};
+
+/// Why a delta does not give the namespace it names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeltaError {
+    #[error("the delta applies to version {base}, and the namespace here is at {held}")]
+    Base { base: String, held: String },
+    #[error("the delta removes {0}, which the namespace here does not hold")]
+    Missing(String),
+    #[error("the delta gives version {got}, not {want}")]
+    Mismatch { got: String, want: String },
+}
+
+/// The change from `base` to `new`, both canonical ([`crate::canonicalize`]): as a namespace
+/// sent on the stream, with `new`'s target and version and only the delta as content.
+pub fn diff(base: &NetnsState, new: &NetnsState) -> NetnsState {
+    // Destructured without `..`: a new list does not compile until it travels in a delta.
+    let NetnsState {
+        target,
+        version,
+        held: _,
+        sysctls,
+        nft_tables,
+        links,
+        addresses,
+        routes,
+        ip_rules,
+        neighbours,
+        wireguard_devices,
+        delta: _,
+    } = new;
+    let mut d = NetnsDelta { base: base.version.clone(), ..Default::default() };
+    let (removed, added) = (d.removed.get_or_insert_default(), d.added.get_or_insert_default());
+    list_diff(&base.sysctls, sysctls, &mut removed.sysctls, &mut added.sysctls);
+    list_diff(&base.links, links, &mut removed.links, &mut added.links);
+    list_diff(&base.addresses, addresses, &mut removed.addresses, &mut added.addresses);
+    list_diff(&base.routes, routes, &mut removed.routes, &mut added.routes);
+    list_diff(&base.ip_rules, ip_rules, &mut removed.ip_rules, &mut added.ip_rules);
+    list_diff(&base.neighbours, neighbours, &mut removed.neighbours, &mut added.neighbours);
+
+    let tables = |ts: &'_ [NftTable]| -> HashMap<(i32, String), usize> {
+        ts.iter().enumerate().map(|(i, t)| ((t.family, t.name.clone()), i)).collect()
+    };
+    let (old_tables, new_tables) = (tables(&base.nft_tables), tables(nft_tables));
+    for (key, &i) in &old_tables {
+        if !new_tables.contains_key(key) {
+            removed.nft_tables.push(table_id(&base.nft_tables[i]));
+        }
+    }
+    for t in nft_tables {
+        let Some(old) = old_tables.get(&(t.family, t.name.clone())).map(|&i| &base.nft_tables[i]) else {
+            added.nft_tables.push(t.clone());
+            continue;
+        };
+        if old == t {
+            continue;
+        }
+        match set_deltas(old, t) {
+            Some(sets) => d.sets.extend(sets),
+            None => {
+                removed.nft_tables.push(table_id(old));
+                added.nft_tables.push(t.clone());
+            }
+        }
+    }
+
+    let devices = |ds: &'_ [WireguardDevice]| -> HashMap<String, usize> {
+        ds.iter().enumerate().map(|(i, d)| (d.name.clone(), i)).collect()
+    };
+    let (old_devices, new_devices) = (devices(&base.wireguard_devices), devices(wireguard_devices));
+    for (name, &i) in &old_devices {
+        if !new_devices.contains_key(name) {
+            removed.wireguard_devices.push(device_id(&base.wireguard_devices[i]));
+        }
+    }
+    for dev in wireguard_devices {
+        let Some(old) = old_devices.get(&dev.name).map(|&i| &base.wireguard_devices[i]) else {
+            added.wireguard_devices.push(dev.clone());
+            continue;
+        };
+        if old == dev {
+            continue;
+        }
+        if same_settings(old, dev) {
+            d.peers.push(peer_delta(old, dev));
+        } else {
+            removed.wireguard_devices.push(device_id(old));
+            added.wireguard_devices.push(dev.clone());
+        }
+    }
+    NetnsState { target: target.clone(), version: version.clone(), delta: Some(d), ..Default::default() }
+}
+
+/// The namespace `delta` (a namespace [`diff`] made) gives from `base`, canonical, with the
+/// version the delta names.
+pub fn apply(base: &NetnsState, delta: &NetnsState) -> Result<NetnsState, DeltaError> {
+    let d = delta.delta.clone().unwrap_or_default();
+    if d.base != base.version {
+        return Err(DeltaError::Base { base: d.base, held: base.version.clone() });
+    }
+    let mut ns = NetnsState { target: delta.target.clone(), held: false, delta: None, ..base.clone() };
+    let (removed, added) = (d.removed.unwrap_or_default(), d.added.unwrap_or_default());
+    // Destructured without `..`, like `diff`.
+    let NetnsItems { sysctls, nft_tables, links, addresses, routes, ip_rules, neighbours, wireguard_devices } = removed;
+    remove_items(&mut ns.sysctls, sysctls, "a sysctl")?;
+    remove_items(&mut ns.links, links, "a link")?;
+    remove_items(&mut ns.addresses, addresses, "an address")?;
+    remove_items(&mut ns.routes, routes, "a route")?;
+    remove_items(&mut ns.ip_rules, ip_rules, "an ip rule")?;
+    remove_items(&mut ns.neighbours, neighbours, "a neighbour")?;
+    for t in nft_tables {
+        let i = ns
+            .nft_tables
+            .iter()
+            .position(|o| (o.family, &o.name) == (t.family, &t.name))
+            .ok_or_else(|| DeltaError::Missing(format!("table {}", t.name)))?;
+        ns.nft_tables.swap_remove(i);
+    }
+    for dev in wireguard_devices {
+        let i = ns
+            .wireguard_devices
+            .iter()
+            .position(|o| o.name == dev.name)
+            .ok_or_else(|| DeltaError::Missing(format!("WireGuard device {}", dev.name)))?;
+        ns.wireguard_devices.swap_remove(i);
+    }
+    for s in d.sets {
+        let missing = || DeltaError::Missing(format!("set {} of table {}", s.set, s.table));
+        let set = ns
+            .nft_tables
+            .iter_mut()
+            .find(|t| (t.family, &t.name) == (s.family, &s.table))
+            .and_then(|t| t.sets.iter_mut().find(|x| x.name == s.set))
+            .ok_or_else(missing)?;
+        remove_items(&mut set.elements, s.removed, "an element")?;
+        set.elements.extend(s.added);
+    }
+    for p in d.peers {
+        let dev = ns
+            .wireguard_devices
+            .iter_mut()
+            .find(|x| x.name == p.device)
+            .ok_or_else(|| DeltaError::Missing(format!("WireGuard device {}", p.device)))?;
+        let mut at: HashMap<String, usize> =
+            dev.peers.iter().enumerate().map(|(i, x)| (x.public_key.clone(), i)).collect();
+        let mut gone = vec![false; dev.peers.len()];
+        for key in p.removed {
+            let i = at.remove(&key).ok_or_else(|| DeltaError::Missing(format!("peer {key}")))?;
+            gone[i] = true;
+        }
+        for peer in p.put {
+            match at.get(&peer.public_key) {
+                Some(&i) => dev.peers[i] = peer,
+                None => {
+                    at.insert(peer.public_key.clone(), dev.peers.len());
+                    gone.push(false);
+                    dev.peers.push(peer);
+                }
+            }
+        }
+        let mut keep = gone.into_iter().map(|g| !g);
+        dev.peers.retain(|_| keep.next().unwrap_or(true));
+    }
+    let NetnsItems { sysctls, nft_tables, links, addresses, routes, ip_rules, neighbours, wireguard_devices } = added;
+    ns.sysctls.extend(sysctls);
+    ns.nft_tables.extend(nft_tables);
+    ns.links.extend(links);
+    ns.addresses.extend(addresses);
+    ns.routes.extend(routes);
+    ns.ip_rules.extend(ip_rules);
+    ns.neighbours.extend(neighbours);
+    ns.wireguard_devices.extend(wireguard_devices);
+    canonicalize_netns_whole(&mut ns);
+    if ns.version != delta.version {
+        return Err(DeltaError::Mismatch { got: ns.version, want: delta.version.clone() });
+    }
+    Ok(ns)
+}
+
+/// The items of `old` not in `new` and of `new` not in `old`, counting repeats. Both lists are
+/// in canonical order, so their equal ends are skipped by comparison alone.
+fn list_diff<T: Message + PartialEq + Clone>(old: &[T], new: &[T], removed: &mut Vec<T>, added: &mut Vec<T>) {
+    let start = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+    let (old, new) = (&old[start..], &new[start..]);
+    let end = old.iter().rev().zip(new.iter().rev()).take_while(|(a, b)| a == b).count();
+    let (old, new) = (&old[..old.len() - end], &new[..new.len() - end]);
+    let mut count: HashMap<Vec<u8>, isize> = HashMap::with_capacity(old.len() + new.len());
+    for x in new {
+        *count.entry(x.encode_to_vec()).or_default() += 1;
+    }
+    for x in old {
+        *count.entry(x.encode_to_vec()).or_default() -= 1;
+    }
+    for x in old {
+        if let Some(c) = count.get_mut(&x.encode_to_vec()).filter(|c| **c < 0) {
+            *c += 1;
+            removed.push(x.clone());
+        }
+    }
+    for x in new {
+        if let Some(c) = count.get_mut(&x.encode_to_vec()).filter(|c| **c > 0) {
+            *c -= 1;
+            added.push(x.clone());
+        }
+    }
+}
+
+/// Removes each of `removed` from `items` (equal as encoded), or says which is missing.
+fn remove_items<T: Message + Clone>(items: &mut Vec<T>, removed: Vec<T>, what: &str) -> Result<(), DeltaError> {
+    if removed.is_empty() {
+        return Ok(());
+    }
+    let mut count: HashMap<Vec<u8>, usize> = HashMap::with_capacity(removed.len());
+    for x in &removed {
+        *count.entry(x.encode_to_vec()).or_default() += 1;
+    }
+    let mut left = removed.len();
+    items.retain(|x| {
+        if left == 0 {
+            return true;
+        }
+        match count.get_mut(&x.encode_to_vec()).filter(|c| **c > 0) {
+            Some(c) => {
+                *c -= 1;
+                left -= 1;
+                false
+            }
+            None => true,
+        }
+    });
+    if left > 0 {
+        return Err(DeltaError::Missing(what.to_string()));
+    }
+    Ok(())
+}
+
+/// Each set's elements changed, when the two tables differ in nothing else (chains, set
+/// declarations); None otherwise.
+fn set_deltas(old: &NftTable, new: &NftTable) -> Option<Vec<SetDelta>> {
+    if old.chains != new.chains
+        || old.sets.len() != new.sets.len()
+        || old.sets.iter().zip(&new.sets).any(|(a, b)| !same_declaration(a, b))
+    {
+        return None;
+    }
+    let mut deltas = Vec::new();
+    for (a, b) in old.sets.iter().zip(&new.sets) {
+        if a.elements == b.elements {
+            continue;
+        }
+        let mut s = SetDelta { family: new.family, table: new.name.clone(), set: b.name.clone(), ..Default::default() };
+        list_diff(&a.elements, &b.elements, &mut s.removed, &mut s.added);
+        deltas.push(s);
+    }
+    Some(deltas)
+}
+
+/// A set's declaration: everything but its elements (and their digests, which follow them).
+fn same_declaration(a: &NftSet, b: &NftSet) -> bool {
+    let NftSet {
+        name,
+        key,
+        data,
+        interval,
+        counter,
+        elements: _,
+        digest: _,
+        runs: _,
+        flush_udp_flows,
+        dynamic,
+        size,
+        timeout_seconds,
+    } = a;
+    (name, key, data, interval, counter, flush_udp_flows, dynamic, size, timeout_seconds)
+        == (
+            &b.name,
+            &b.key,
+            &b.data,
+            &b.interval,
+            &b.counter,
+            &b.flush_udp_flows,
+            &b.dynamic,
+            &b.size,
+            &b.timeout_seconds,
+        )
+}
+
+fn peer_delta(old: &WireguardDevice, new: &WireguardDevice) -> PeerDelta {
+    let old_peers: HashMap<&str, &WireguardPeer> = old.peers.iter().map(|p| (p.public_key.as_str(), p)).collect();
+    let new_keys: std::collections::HashSet<&str> = new.peers.iter().map(|p| p.public_key.as_str()).collect();
+    PeerDelta {
+        device: new.name.clone(),
+        removed: old
+            .peers
+            .iter()
+            .filter(|p| !new_keys.contains(p.public_key.as_str()))
+            .map(|p| p.public_key.clone())
+            .collect(),
+        put: new.peers.iter().filter(|p| old_peers.get(p.public_key.as_str()) != Some(p)).cloned().collect(),
+    }
+}
+
+/// A device's settings: everything but its peers.
+fn same_settings(a: &WireguardDevice, b: &WireguardDevice) -> bool {
+    let WireguardDevice { name, mtu, listen_port, fwmark, peers: _ } = a;
+    (name, mtu, listen_port, fwmark) == (&b.name, &b.mtu, &b.listen_port, &b.fwmark)
+}
+
+fn table_id(t: &NftTable) -> NftTable {
+    NftTable { family: t.family, name: t.name.clone(), ..Default::default() }
+}
+
+fn device_id(d: &WireguardDevice) -> WireguardDevice {
+    WireguardDevice { name: d.name.clone(), ..Default::default() }
+}
+
+#[cfg(test)]
+mod tests;
