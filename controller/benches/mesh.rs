@@ -15,7 +15,9 @@
 //! mesh change cost before the mesh was kept member by member) and by a `Computer` that computed
 //! the cluster before the change (untimed). The table gives both, what the Computer made anew
 //! (member parts and node states, each also counting those patched: their last with changed
-//! peers replaced) and how many node states the change altered (by version).
+//! peers replaced) and how many node states the change altered (by version), with the most
+//! bytes NodeSync sends one of them: as deltas from its namespaces before (docs/design.md,
+//! "Deltas"), and whole.
 
 /// The controller's allocator (its `main.rs`), so the benchmark measures what runs.
 #[global_allocator]
@@ -36,7 +38,7 @@ use k8s_openapi::jiff::Timestamp;
 use kuport_controller::compute::by_change::Redone;
 use kuport_controller::compute::overlay::members::ROTATE_EVERY_SECONDS;
 use kuport_controller::compute::overlay::relays::CONTROL_PLANE_LABEL;
-use kuport_controller::compute::{Settings, compute};
+use kuport_controller::compute::{Outputs, Settings, compute};
 use kuport_controller::observe::{Cluster, ObservedPeer};
 use kuport_proto::v1::Reach;
 
@@ -89,7 +91,7 @@ fn report(c: &mut Cluster, a: usize, b: usize, f: impl FnOnce(&mut ObservedPeer)
 
 /// The change computed whole, and by a Computer that computed `base` first: each median / min,
 /// what the Computer remade, and the node states whose version changed.
-fn side_by_side(reps: usize, base: &Cluster, changed: &Cluster, settings: &Settings) -> String {
+fn side_by_side(reps: usize, base: &Cluster, changed: &Cluster, settings: &Settings, before: &Outputs) -> String {
     let mut whole = Vec::new();
     let mut by_change = Vec::new();
     let mut redone = Redone::default();
@@ -102,8 +104,9 @@ fn side_by_side(reps: usize, base: &Cluster, changed: &Cluster, settings: &Setti
         (redone, altered) = (r, n);
     }
     let ((wm, wn), (bm, bn)) = (median_min(whole), median_min(by_change));
+    let (delta, whole_state) = delta_bytes(before, &compute(changed, settings));
     format!(
-        "{} / {} | {} / {} | {} / {} | {} / {} | {altered} |",
+        "{} / {} | {} / {} | {} / {} | {} / {} | {altered} | {delta} / {whole_state} |",
         ms(wm),
         ms(wn),
         ms(bm),
@@ -113,6 +116,28 @@ fn side_by_side(reps: usize, base: &Cluster, changed: &Cluster, settings: &Setti
         redone.node_states,
         redone.node_states_patched
     )
+}
+
+/// What the stream sends each node state the change altered, as a delta from its state before
+/// (`kuport_proto::delta`, what an executor that applied `before` gets): the largest, and the
+/// largest whole state, in bytes.
+fn delta_bytes(before: &Outputs, after: &Outputs) -> (usize, usize) {
+    use prost::Message as _;
+    let (mut delta, mut whole) = (0, 0);
+    for (name, state) in after.node_states.iter() {
+        let Some(was) = before.node_states.get(name).filter(|w| w.netns != state.netns) else { continue };
+        let mut sent = 0;
+        for ns in &state.netns {
+            sent += match was.netns.iter().find(|w| w.target == ns.target) {
+                Some(w) if w.version == ns.version => 0,
+                Some(w) => kuport_proto::delta::diff(w, ns).encoded_len().min(ns.encoded_len()),
+                None => ns.encoded_len(),
+            };
+        }
+        delta = delta.max(sent);
+        whole = whole.max(state.encoded_len());
+    }
+    (delta, whole)
 }
 
 fn main() {
@@ -125,7 +150,7 @@ fn main() {
     let load_start = loadavg();
     let hwm = reset_hwm();
     let mut table = String::from(
-        "| members: change | whole (median / min) | by change (median / min) | members remade / patched | node states made / patched | node states altered |\n|---|---:|---:|---:|---:|---:|\n",
+        "| members: change | whole (median / min) | by change (median / min) | members remade / patched | node states made / patched | node states altered | bytes sent an altered state as a delta / whole, max |\n|---|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut notes = Vec::new();
     for n in sizes {
@@ -143,9 +168,8 @@ fn main() {
             peak / n as u64,
             if hwm { "" } else { "; VmHWM not resettable here, so an upper bound" }
         ));
-        drop(out);
         let row = |what: &str, changed: &Cluster| {
-            format!("| {n}: {what} | {}", side_by_side(reps, &base, changed, &settings))
+            format!("| {n}: {what} | {}", side_by_side(reps, &base, changed, &settings, &out))
         };
 
         eprintln!("  nothing");
@@ -172,7 +196,7 @@ fn main() {
         rotated.now = Timestamp::from_second(silent.now.as_second() + ROTATE_EVERY_SECONDS).unwrap_or(silent.now);
         table.push_str(&format!(
             "| {n}: a silent peer's endpoint rotates (20 s on) | {}\n",
-            side_by_side(reps, &silent, &rotated, &settings)
+            side_by_side(reps, &silent, &rotated, &settings, &compute(&silent, &settings))
         ));
 
         eprintln!("  a new key");

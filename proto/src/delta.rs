@@ -6,13 +6,14 @@
 //! only if its version is the one the controller computed: the two sides agree on the result
 //! by version, never by trusting the delta.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use prost::Message;
 
 use crate::canonical::canonicalize_netns_whole;
 use crate::v1::{
-    NetnsDelta, NetnsItems, NetnsState, NftSet, NftTable, PeerDelta, SetDelta, WireguardDevice, WireguardPeer,
+    NetnsDelta, NetnsItems, NetnsState, NftChain, NftSet, NftTable, PeerDelta, SetDelta, TableDelta, WireguardDevice,
+    WireguardPeer,
 };
 
 /// Why a delta does not give the namespace it names.
@@ -57,25 +58,18 @@ pub fn diff(base: &NetnsState, new: &NetnsState) -> NetnsState {
         ts.iter().enumerate().map(|(i, t)| ((t.family, t.name.clone()), i)).collect()
     };
     let (old_tables, new_tables) = (tables(&base.nft_tables), tables(nft_tables));
-    for (key, &i) in &old_tables {
-        if !new_tables.contains_key(key) {
-            removed.nft_tables.push(table_id(&base.nft_tables[i]));
+    for t in &base.nft_tables {
+        if !new_tables.contains_key(&(t.family, t.name.clone())) {
+            removed.nft_tables.push(table_id(t));
         }
     }
     for t in nft_tables {
         let Some(old) = old_tables.get(&(t.family, t.name.clone())).map(|&i| &base.nft_tables[i]) else {
-            added.nft_tables.push(t.clone());
+            added.nft_tables.push(bare_table(t));
             continue;
         };
-        if old == t {
-            continue;
-        }
-        match set_deltas(old, t) {
-            Some(sets) => d.sets.extend(sets),
-            None => {
-                removed.nft_tables.push(table_id(old));
-                added.nft_tables.push(t.clone());
-            }
+        if old != t {
+            d.tables.push(table_delta(old, t));
         }
     }
 
@@ -83,9 +77,9 @@ pub fn diff(base: &NetnsState, new: &NetnsState) -> NetnsState {
         ds.iter().enumerate().map(|(i, d)| (d.name.clone(), i)).collect()
     };
     let (old_devices, new_devices) = (devices(&base.wireguard_devices), devices(wireguard_devices));
-    for (name, &i) in &old_devices {
-        if !new_devices.contains_key(name) {
-            removed.wireguard_devices.push(device_id(&base.wireguard_devices[i]));
+    for dev in &base.wireguard_devices {
+        if !new_devices.contains_key(&dev.name) {
+            removed.wireguard_devices.push(device_id(dev));
         }
     }
     for dev in wireguard_devices {
@@ -139,16 +133,13 @@ pub fn apply(base: &NetnsState, delta: &NetnsState) -> Result<NetnsState, DeltaE
             .ok_or_else(|| DeltaError::Missing(format!("WireGuard device {}", dev.name)))?;
         ns.wireguard_devices.swap_remove(i);
     }
-    for s in d.sets {
-        let missing = || DeltaError::Missing(format!("set {} of table {}", s.set, s.table));
-        let set = ns
+    for t in d.tables {
+        let table = ns
             .nft_tables
             .iter_mut()
-            .find(|t| (t.family, &t.name) == (s.family, &s.table))
-            .and_then(|t| t.sets.iter_mut().find(|x| x.name == s.set))
-            .ok_or_else(missing)?;
-        remove_items(&mut set.elements, s.removed, "an element")?;
-        set.elements.extend(s.added);
+            .find(|x| (x.family, &x.name) == (t.family, &t.table))
+            .ok_or_else(|| DeltaError::Missing(format!("table {}", t.table)))?;
+        apply_table(table, t)?;
     }
     for p in d.peers {
         let dev = ns
@@ -249,25 +240,71 @@ fn remove_items<T: Message + Clone>(items: &mut Vec<T>, removed: Vec<T>, what: &
     Ok(())
 }
 
-/// Each set's elements changed, when the two tables differ in nothing else (chains, set
-/// declarations); None otherwise.
-fn set_deltas(old: &NftTable, new: &NftTable) -> Option<Vec<SetDelta>> {
-    if old.chains != new.chains
-        || old.sets.len() != new.sets.len()
-        || old.sets.iter().zip(&new.sets).any(|(a, b)| !same_declaration(a, b))
-    {
-        return None;
-    }
-    let mut deltas = Vec::new();
-    for (a, b) in old.sets.iter().zip(&new.sets) {
-        if a.elements == b.elements {
-            continue;
+/// The change from one version of a table to another: chains and sets by name, and the
+/// elements of each set whose declaration stayed.
+fn table_delta(old: &NftTable, new: &NftTable) -> TableDelta {
+    let mut d = TableDelta { family: new.family, table: new.name.clone(), ..Default::default() };
+    let old_chains: HashMap<&str, &NftChain> = old.chains.iter().map(|c| (c.name.as_str(), c)).collect();
+    let new_chains: HashSet<&str> = new.chains.iter().map(|c| c.name.as_str()).collect();
+    d.chains_removed =
+        old.chains.iter().filter(|c| !new_chains.contains(c.name.as_str())).map(|c| c.name.clone()).collect();
+    d.chains_put = new.chains.iter().filter(|c| old_chains.get(c.name.as_str()) != Some(c)).cloned().collect();
+    let old_sets: HashMap<&str, &NftSet> = old.sets.iter().map(|s| (s.name.as_str(), s)).collect();
+    let new_sets: HashSet<&str> = new.sets.iter().map(|s| s.name.as_str()).collect();
+    d.sets_removed = old.sets.iter().filter(|s| !new_sets.contains(s.name.as_str())).map(|s| s.name.clone()).collect();
+    for set in &new.sets {
+        match old_sets.get(set.name.as_str()) {
+            Some(o) if same_declaration(o, set) => {
+                if o.elements != set.elements {
+                    let mut e = SetDelta { set: set.name.clone(), ..Default::default() };
+                    list_diff(&o.elements, &set.elements, &mut e.removed, &mut e.added);
+                    d.sets.push(e);
+                }
+            }
+            _ => d.sets_put.push(bare_set(set)),
         }
-        let mut s = SetDelta { family: new.family, table: new.name.clone(), set: b.name.clone(), ..Default::default() };
-        list_diff(&a.elements, &b.elements, &mut s.removed, &mut s.added);
-        deltas.push(s);
     }
-    Some(deltas)
+    d
+}
+
+fn apply_table(table: &mut NftTable, d: TableDelta) -> Result<(), DeltaError> {
+    let TableDelta { family: _, table: name, chains_removed, chains_put, sets_removed, sets_put, sets } = d;
+    let missing = |what: &str, n: &str| DeltaError::Missing(format!("{what} {n} of table {name}"));
+    for c in chains_removed {
+        let i = table.chains.iter().position(|x| x.name == c).ok_or_else(|| missing("chain", &c))?;
+        table.chains.swap_remove(i);
+    }
+    for c in chains_put {
+        match table.chains.iter_mut().find(|x| x.name == c.name) {
+            Some(x) => *x = c,
+            None => table.chains.push(c),
+        }
+    }
+    for s in sets_removed {
+        let i = table.sets.iter().position(|x| x.name == s).ok_or_else(|| missing("set", &s))?;
+        table.sets.swap_remove(i);
+    }
+    for s in sets_put {
+        match table.sets.iter_mut().find(|x| x.name == s.name) {
+            Some(x) => *x = s,
+            None => table.sets.push(s),
+        }
+    }
+    for e in sets {
+        let set = table.sets.iter_mut().find(|x| x.name == e.set).ok_or_else(|| missing("set", &e.set))?;
+        remove_items(&mut set.elements, e.removed, "an element")?;
+        set.elements.extend(e.added);
+    }
+    Ok(())
+}
+
+/// A table to send: its sets' digests and runs left out, as the executor computes them.
+fn bare_table(t: &NftTable) -> NftTable {
+    NftTable { sets: t.sets.iter().map(bare_set).collect(), ..t.clone() }
+}
+
+fn bare_set(s: &NftSet) -> NftSet {
+    NftSet { digest: Vec::new(), runs: Vec::new(), ..s.clone() }
 }
 
 /// A set's declaration: everything but its elements (and their digests, which follow them).
@@ -302,7 +339,7 @@ fn same_declaration(a: &NftSet, b: &NftSet) -> bool {
 
 fn peer_delta(old: &WireguardDevice, new: &WireguardDevice) -> PeerDelta {
     let old_peers: HashMap<&str, &WireguardPeer> = old.peers.iter().map(|p| (p.public_key.as_str(), p)).collect();
-    let new_keys: std::collections::HashSet<&str> = new.peers.iter().map(|p| p.public_key.as_str()).collect();
+    let new_keys: HashSet<&str> = new.peers.iter().map(|p| p.public_key.as_str()).collect();
     PeerDelta {
         device: new.name.clone(),
         removed: old

@@ -22,6 +22,8 @@ pub struct Held {
     applied: Option<Arc<DesiredState>>,
     /// States sent and not answered, oldest first.
     sent: VecDeque<Sent>,
+    /// The version of the state the executor said in Hello it applied, until the first send.
+    claimed: Option<String>,
 }
 
 #[derive(Debug)]
@@ -34,6 +36,14 @@ struct Sent {
 }
 
 impl Held {
+    /// The record of a connection whose executor said in Hello it applied the state of version
+    /// `claimed`. When the first state sent has that version, the executor holds each of its
+    /// namespaces, which go as stubs: a new leader, or the same one after a reconnect, sends
+    /// nothing it did not change. A false claim costs a refusal and a whole send.
+    pub fn claiming(claimed: Option<String>) -> Self {
+        Held { claimed, ..Held::default() }
+    }
+
     /// The message that sends `ds`: each namespace the executor holds goes as a stub, each it
     /// holds another version of as a delta when that is smaller. The state's version is
     /// unchanged (a stub or a delta counts by the version it names).
@@ -41,6 +51,10 @@ impl Held {
         let Some(state) = &ds.state else { return DesiredState::clone(ds) };
         let versions: BTreeSet<String> =
             state.netns.iter().filter(|ns| !ns.version.is_empty()).map(|ns| ns.version.clone()).collect();
+        if self.claimed.take().is_some_and(|v| v == ds.version) && self.sent.is_empty() {
+            self.held = versions.clone();
+            self.applied = Some(ds.clone());
+        }
         let mut partial = false;
         let netns = state
             .netns
@@ -219,5 +233,24 @@ mod tests {
         assert!(h.answered(&ack(&s5, false)), "refused as a delta: sent again");
         let again = h.outgoing(&state(6, vec![a2]));
         assert!(sent_netns(&again).delta.is_none() && !sent_netns(&again).held, "whole");
+    }
+
+    #[test]
+    fn the_state_an_executor_says_it_applied_goes_as_stubs_first() {
+        let (a, b) = (big("/a", "x"), big("/b", "y"));
+        let s1 = state(1, vec![a.clone(), b.clone()]);
+        let mut h = Held::claiming(Some(s1.version.clone()));
+        let sent = h.outgoing(&s1);
+        assert_eq!(held(&sent), [true, true], "held, by the executor's word");
+        assert_eq!(sent.version, s1.version);
+        assert!(h.answered(&ack(&s1, false)), "a false claim: sent again, whole");
+        assert_eq!(held(&h.outgoing(&s1)), [false, false]);
+
+        // Another version than the one claimed: whole, and the claim is spent.
+        let mut h = Held::claiming(Some("another".into()));
+        assert_eq!(held(&h.outgoing(&s1)), [false, false]);
+        let mut h = Held::claiming(Some(s1.version.clone()));
+        h.outgoing(&state(2, vec![a.clone()]));
+        assert_eq!(held(&h.outgoing(&s1)), [false, false], "only the first state sent");
     }
 }

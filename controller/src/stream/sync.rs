@@ -140,7 +140,7 @@ impl NodeSync for SyncService {
         let proven_node = proven.as_ref().map(|p| p.node.as_str()).unwrap_or("(insecure: not proven)");
         tracing::info!(claimed = %node, proven = proven_node, session, version = %hello.executor_version, "executor connected");
         tokio::spawn(async move {
-            let mut held_stubs = Held::default();
+            let mut held_stubs = Held::claiming(hello.applied.as_ref().map(|a| a.version.clone()));
             // The first state of a new term may wait for the executor's peer report
             // (docs/overlay/status.md, "A new leader"); messages are read meanwhile.
             let mut waiting = *held.borrow_and_update();
@@ -284,8 +284,15 @@ mod tests {
         token: Option<&str>,
         node: &str,
     ) -> (mpsc::Sender<ExecutorMessage>, Result<Streaming<ControllerMessage>, Status>) {
+        open_with(client, token, Hello { node: node.into(), executor_version: "test".into(), applied: None }).await
+    }
+
+    async fn open_with(
+        client: &mut NodeSyncClient<Channel>,
+        token: Option<&str>,
+        hello: Hello,
+    ) -> (mpsc::Sender<ExecutorMessage>, Result<Streaming<ControllerMessage>, Status>) {
         let (tx, rx) = mpsc::channel(8);
-        let hello = Hello { node: node.into(), executor_version: "test".into(), applied: None };
         tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await.unwrap();
         let mut request = Request::new(ReceiverStream::new(rx));
         if let Some(t) = token {
@@ -450,5 +457,13 @@ mod tests {
         assert!(third.sequence > second.sequence, "admitted by the executor's fence");
         assert!(third.state.iter().flat_map(|s| &s.netns).all(|ns| ns.delta.is_none() && !ns.held), "whole");
         assert_eq!(s.hub.metrics().deltas_refused.get(), 1);
+        tx.send(answer(&third, true)).await.unwrap();
+
+        // Reconnected, saying it applied that state: it goes as stubs, nothing resent.
+        let applied = kuport_proto::v1::Applied { term: third.term, sequence: third.sequence, version: third.version };
+        let hello = Hello { node: node.clone(), executor_version: "test".into(), applied: Some(applied) };
+        let (_tx, accepted) = open_with(&mut s.client, Some(&token), hello).await;
+        let again = next_state(&mut accepted.unwrap()).await;
+        assert!(again.state.iter().flat_map(|s| &s.netns).all(|ns| ns.held), "{again:?}");
     }
 }

@@ -2,7 +2,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::build::{accept, addr, chain, counter, member, port, rule, set, table};
-use crate::v1::{NftFamily, NftType, Route, Sysctl};
+use crate::v1::{NftFamily, NftSet, NftType, Route, Sysctl};
 
 /// A namespace drawn from small pools, so that two draws share most of their items: sysctls,
 /// routes, one table whose set holds some of 40 ports (and, with `other_chain`, a second
@@ -13,6 +13,9 @@ struct Shape {
     routes: Vec<bool>,
     ports: Vec<bool>,
     other_chain: bool,
+    /// A second set; and the ports set counted (its declaration changes).
+    other_set: bool,
+    counted: bool,
     peers: Vec<Option<bool>>,
     mtu: u32,
 }
@@ -22,15 +25,17 @@ fn shape() -> impl Strategy<Value = Shape> {
         prop::collection::vec(any::<bool>(), 4),
         prop::collection::vec(any::<bool>(), 12),
         prop::collection::vec(any::<bool>(), 40),
-        any::<bool>(),
+        (any::<bool>(), any::<bool>(), any::<bool>()),
         prop::collection::vec(prop::option::of(any::<bool>()), 30),
         prop_oneof![Just(1420u32), Just(1380)],
     )
-        .prop_map(|(sysctls, routes, ports, other_chain, peers, mtu)| Shape {
+        .prop_map(|(sysctls, routes, ports, (other_chain, other_set, counted), peers, mtu)| Shape {
             sysctls,
             routes,
             ports,
             other_chain,
+            other_set,
+            counted,
             peers,
             mtu,
         })
@@ -53,18 +58,17 @@ fn namespace(s: &Shape) -> NetnsState {
     if s.other_chain {
         chains.push(chain("b", vec![rule(vec![], vec![accept()])]));
     }
+    let mut sets = vec![NftSet { counter: s.counted, ..set("ports", &[NftType::InetService], &[], elements) }];
+    if s.other_set {
+        sets.push(set("more", &[NftType::InetService], &[], vec![member(vec![port(9)])]));
+    }
     let mut ns = NetnsState {
         sysctls: on(&s.sysctls).into_iter().map(|i| Sysctl { key: format!("k{i}"), value: "1".into() }).collect(),
         routes: on(&s.routes)
             .into_iter()
             .map(|i| Route { table: 254, dst: format!("10.42.{i}.0/24"), via: String::new(), dev: "kup-wg".into() })
             .collect(),
-        nft_tables: vec![table(
-            NftFamily::Inet,
-            "kuport",
-            vec![set("ports", &[NftType::InetService], &[], elements)],
-            chains,
-        )],
+        nft_tables: vec![table(NftFamily::Inet, "kuport", sets, chains)],
         wireguard_devices: vec![WireguardDevice {
             name: "kup-wg".into(),
             mtu: s.mtu,
@@ -119,6 +123,8 @@ fn a_delta_refuses_another_base_and_a_result_of_another_version() {
         routes: vec![true; 12],
         ports: vec![port; 40],
         other_chain: false,
+        other_set: false,
+        counted: false,
         peers: vec![Some(false); 30],
         mtu,
     };
@@ -134,6 +140,6 @@ fn a_delta_refuses_another_base_and_a_result_of_another_version() {
     // So is one that removes what is not there.
     let mut forged = sent;
     let d = forged.delta.as_mut().expect("a delta");
-    d.sets[0].removed.push(member(vec![addr("192.0.2.1")]));
+    d.tables[0].sets[0].removed.push(member(vec![addr("192.0.2.1")]));
     assert!(matches!(apply(&old, &forged), Err(DeltaError::Missing(_))));
 }
