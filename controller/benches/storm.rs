@@ -17,8 +17,12 @@
 //! - TLS and a TokenReview per executor (cold cache: a new leader);
 //! - the same server again, every executor reconnecting at once (warm cache).
 //!
+//! - a new leader again (cold cache), every executor naming in Hello the state it holds (a
+//!   failover with nothing changed: the state goes as stubs).
+//!
 //! Measured: from the start to the last executor holding its first state and having acked it;
-//! the TokenReviews sent (`Executors::reviews_sent`); connection attempts that failed.
+//! the TokenReviews sent (`Executors::reviews_sent`); connection attempts that failed; the bytes
+//! of the first states.
 
 /// The controller's allocator (its `main.rs`), so the benchmark measures what runs.
 #[global_allocator]
@@ -47,7 +51,7 @@ use kuport_controller::trust::identity::{Executors, KubeReviewer};
 use kuport_controller::trust::tls::{Tls, issue_ca, issue_serving};
 use kuport_proto::channel;
 use kuport_proto::v1::node_sync_client::NodeSyncClient;
-use kuport_proto::v1::{Ack, ExecutorMessage, Hello, controller_message, executor_message};
+use kuport_proto::v1::{Ack, Applied, ExecutorMessage, Hello, controller_message, executor_message};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -78,20 +82,28 @@ impl Drop for ControlPlane {
     }
 }
 
+/// One executor as the storm starts it: its node, its token, and the state it says in Hello it
+/// applied (the one before a failover).
+type Start = (String, Option<String>, Option<Applied>);
+
+/// What the executors of one storm count together.
+#[derive(Default)]
+struct Counts {
+    failed: AtomicUsize,
+    acked: AtomicUsize,
+    /// The bytes of every executor's first state.
+    bytes: AtomicUsize,
+}
+
 /// One executor: connect (its own connection), prove itself, Hello, ack the first state, then
 /// keep the stream open until aborted; retried until the ack went out, counting failures.
-async fn executor(
-    address: String,
-    ca: Option<Arc<Vec<u8>>>,
-    node: String,
-    token: Option<String>,
-    failed: Arc<AtomicUsize>,
-    acked: Arc<AtomicUsize>,
-) {
+async fn executor(address: String, ca: Option<Arc<Vec<u8>>>, start: Start, counts: Arc<Counts>) {
+    let (node, token, applied) = start;
     loop {
-        let e = session(&address, ca.as_deref().map(Vec::as_slice), &node, token.as_deref(), &acked).await;
+        let e =
+            session(&address, ca.as_deref().map(Vec::as_slice), &node, token.as_deref(), applied.clone(), &counts).await;
         if let Err(e) = e
-            && failed.fetch_add(1, Ordering::Relaxed) < 3
+            && counts.failed.fetch_add(1, Ordering::Relaxed) < 3
         {
             eprintln!("{node}: {e}");
         }
@@ -104,12 +116,13 @@ async fn session(
     ca: Option<&[u8]>,
     node: &str,
     token: Option<&str>,
-    acked: &AtomicUsize,
+    applied: Option<Applied>,
+    counts: &Counts,
 ) -> BenchResult<()> {
     let channel = channel::endpoint(address, ca)?.connect().await?;
     let mut client = NodeSyncClient::new(channel).max_decoding_message_size(MAX_MESSAGE);
     let (tx, rx) = mpsc::channel(4);
-    let hello = Hello { node: node.to_string(), executor_version: "storm-bench".into(), applied: None };
+    let hello = Hello { node: node.to_string(), executor_version: "storm-bench".into(), applied };
     tx.send(ExecutorMessage { message: Some(executor_message::Message::Hello(hello)) }).await?;
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(t) = token {
@@ -120,10 +133,13 @@ async fn session(
     loop {
         let m = inbound.message().await?.ok_or("stream ended")?;
         let Some(controller_message::Message::State(ds)) = m.message else { continue };
+        if first {
+            counts.bytes.fetch_add(prost::Message::encoded_len(&ds), Ordering::Relaxed);
+        }
         let ack = Ack { term: ds.term, sequence: ds.sequence, version: ds.version, ok: true, errors: vec![] };
         tx.send(ExecutorMessage { message: Some(executor_message::Message::Ack(ack)) }).await?;
         if std::mem::take(&mut first) {
-            acked.fetch_add(1, Ordering::Relaxed);
+            counts.acked.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -133,6 +149,8 @@ struct Storm {
     took: Duration,
     reviews: Option<u64>,
     failed: usize,
+    /// The bytes of the executors' first states.
+    bytes: usize,
 }
 
 /// Starts every executor at once and waits until each acked its first state; the executors
@@ -141,30 +159,26 @@ async fn storm(
     label: &'static str,
     address: &str,
     ca: Option<Arc<Vec<u8>>>,
-    tokens: &[(String, Option<String>)],
+    starts: &[Start],
     executors: Option<&Executors>,
 ) -> BenchResult<(Storm, Vec<tokio::task::JoinHandle<()>>)> {
     let before = executors.map(Executors::reviews_sent);
-    let failed = Arc::new(AtomicUsize::new(0));
-    let acked = Arc::new(AtomicUsize::new(0));
+    let counts = Arc::new(Counts::default());
     let started = Instant::now();
-    let tasks: Vec<_> = tokens
+    let tasks: Vec<_> = starts
         .iter()
-        .map(|(node, token)| {
-            let ex =
-                executor(address.to_string(), ca.clone(), node.clone(), token.clone(), failed.clone(), acked.clone());
-            tokio::spawn(ex)
-        })
+        .map(|start| tokio::spawn(executor(address.to_string(), ca.clone(), start.clone(), counts.clone())))
         .collect();
-    while acked.load(Ordering::Relaxed) < tokens.len() {
+    while counts.acked.load(Ordering::Relaxed) < starts.len() {
         if started.elapsed() > STORM_TIMEOUT {
-            return Err(format!("{label}: {} of {} acked", acked.load(Ordering::Relaxed), tokens.len()).into());
+            return Err(format!("{label}: {} of {} acked", counts.acked.load(Ordering::Relaxed), starts.len()).into());
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let took = started.elapsed();
     let reviews = executors.map(Executors::reviews_sent).zip(before).map(|(a, b)| a - b);
-    Ok((Storm { label, took, reviews, failed: failed.load(Ordering::Relaxed) }, tasks))
+    let (failed, bytes) = (counts.failed.load(Ordering::Relaxed), counts.bytes.load(Ordering::Relaxed));
+    Ok((Storm { label, took, reviews, failed, bytes }, tasks))
 }
 
 /// A new leader: a fresh hub with every node's state computed, serving on a new port.
@@ -290,8 +304,8 @@ async fn main() -> BenchResult<()> {
     let minted = tokens(&client, &cluster).await?;
     eprintln!("{n_nodes} Nodes, Pods and tokens in {:?}", t.elapsed());
     let names: Vec<String> = cluster.nodes.iter().map(|n| n.metadata.name.clone().unwrap_or_default()).collect();
-    let anonymous: Vec<(String, Option<String>)> = names.iter().map(|n| (n.clone(), None)).collect();
-    let proven: Vec<(String, Option<String>)> = names.iter().cloned().zip(minted.into_iter().map(Some)).collect();
+    let anonymous: Vec<Start> = names.iter().map(|n| (n.clone(), None, None)).collect();
+    let proven: Vec<Start> = names.iter().cloned().zip(minted).map(|(n, t)| (n, Some(t), None)).collect();
 
     let ca = issue_ca()?;
     let serving = issue_serving(&ca)?;
@@ -328,17 +342,43 @@ async fn main() -> BenchResult<()> {
     let (s, tasks) = storm(label, &leader.address, ca_pem.clone(), &proven, Some(&executors)).await?;
     storms.push(s);
     end(tasks);
+    // What each executor holds now, which it names in Hello to the next leader.
+    let holding: Vec<Start> = proven
+        .iter()
+        .map(|(n, t, _)| {
+            let d = leader.hub.node(n).and_then(|e| e.desired);
+            let applied = d.map(|d| Applied { term: d.term, sequence: d.sequence, version: d.version.clone() });
+            (n.clone(), t.clone(), applied)
+        })
+        .collect();
+    drop(leader);
+
+    // A failover with nothing changed: a new leader (cold cache), every executor naming the
+    // state it holds, which the new leader computed the same (docs/design.md, "Deltas").
+    let executors = Arc::new(Executors::new(
+        Arc::new(KubeReviewer(client.clone())),
+        EXECUTOR_AUDIENCE,
+        format!("{NAMESPACE}:{SERVICE_ACCOUNT}"),
+    ));
+    let trust = Trust { tls: Some(Tls::fixed(&serving)?), executors: Some(executors.clone()), debug: None };
+    let leader = Leader::start(&cluster, trust, "https").await?;
+    let label = "TLS and TokenReview, a new leader (cold cache), executors naming the state they hold";
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (s, tasks) = storm(label, &leader.address, ca_pem.clone(), &holding, Some(&executors)).await?;
+    storms.push(s);
+    end(tasks);
     drop(leader);
 
     println!(
         "\n{n_nodes} executors ({n_maps} PortMaps), all reconnecting at once; load average {load_start} at the start, {} at the end\n",
         loadavg()
     );
-    println!("| storm | time to all synced | TokenReviews sent | failed attempts |");
-    println!("|---|---|---|---|");
+    println!("| storm | time to all synced | TokenReviews sent | failed attempts | first states, KiB |");
+    println!("|---|---|---|---|---|");
     for s in storms {
         let reviews = s.reviews.map_or("-".to_string(), |r| r.to_string());
-        println!("| {} | {:.2} s | {reviews} | {} |", s.label, s.took.as_secs_f64(), s.failed);
+        let kib = s.bytes as f64 / 1024.0;
+        println!("| {} | {:.2} s | {reviews} | {} | {kib:.1} |", s.label, s.took.as_secs_f64(), s.failed);
     }
     Ok(())
 }

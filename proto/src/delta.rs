@@ -16,6 +16,15 @@ use crate::v1::{
     WireguardPeer,
 };
 
+/// How an executor's refusal ends when it refused a namespace sent as a stub or a delta because
+/// it holds another version: the controller sends the state again, whole.
+pub const SEND_WHOLE: &str = "send it whole";
+
+/// Whether a refusal's `reason` asks for the state whole ([`SEND_WHOLE`]).
+pub fn asks_whole(reason: &str) -> bool {
+    reason.ends_with(SEND_WHOLE)
+}
+
 /// Why a delta does not give the namespace it names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeltaError {

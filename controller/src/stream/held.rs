@@ -14,7 +14,7 @@ use prost::Message as _;
 const IN_FLIGHT: usize = 8;
 
 /// One connection's record of what its executor holds.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Held {
     /// Versions of the namespaces the executor holds whichever state in flight it applies.
     held: BTreeSet<String>,
@@ -26,7 +26,7 @@ pub struct Held {
     claimed: Option<String>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Sent {
     state: Arc<DesiredState>,
     /// Its namespaces' versions.
@@ -103,7 +103,9 @@ impl Held {
 
     /// The executor answered a state: after an ok, it holds that state's namespaces, less those
     /// a state sent since changes; after a refusal, nothing is counted as held. True when the
-    /// refused state went with stubs or deltas: the caller sends the state again, whole.
+    /// refused state went with stubs or deltas and the executor asks for it whole (it holds
+    /// another version than their base): the caller sends the state again, whole. A refusal by
+    /// the kernel is not sent again: it would be refused again.
     pub fn answered(&mut self, ack: &Ack) -> bool {
         let Some(i) = self.sent.iter().rposition(|s| s.state.version == ack.version) else {
             self.forget();
@@ -112,7 +114,7 @@ impl Held {
         let Some(answered) = self.sent.drain(..=i).next_back() else { return false };
         if !ack.ok {
             self.forget();
-            return answered.partial;
+            return answered.partial && ack.errors.iter().any(|e| kuport_proto::delta::asks_whole(&e.reason));
         }
         let mut held = answered.versions;
         for later in &self.sent {
@@ -163,8 +165,16 @@ mod tests {
         &ds.state.as_ref().expect("state").netns[0]
     }
 
+    /// An answer; a refusal asks for the state whole, as one of a stub or delta would.
     fn ack(ds: &DesiredState, ok: bool) -> Ack {
-        Ack { term: ds.term, sequence: ds.sequence, version: ds.version.clone(), ok, errors: Vec::new() }
+        let errors = match ok {
+            true => Vec::new(),
+            false => vec![kuport_proto::v1::ObjectError {
+                object: "network namespace \"/a\"".into(),
+                reason: format!("version x is not held here: {}", kuport_proto::delta::SEND_WHOLE),
+            }],
+        };
+        Ack { term: ds.term, sequence: ds.sequence, version: ds.version.clone(), ok, errors }
     }
 
     fn held(ds: &DesiredState) -> Vec<bool> {
@@ -230,6 +240,9 @@ mod tests {
         let s5 = state(5, vec![a2.clone()]);
         assert!(!h.answered(&ack(&s4, true)));
         assert!(sent_netns(&h.outgoing(&s5)).delta.is_some());
+        let mut by_kernel = ack(&s5, false);
+        by_kernel.errors[0].reason = "route 10.0.0.0/8: File exists".into();
+        assert!(!h.clone().answered(&by_kernel), "refused by the kernel: not sent again");
         assert!(h.answered(&ack(&s5, false)), "refused as a delta: sent again");
         let again = h.outgoing(&state(6, vec![a2]));
         assert!(sent_netns(&again).delta.is_none() && !sent_netns(&again).held, "whole");

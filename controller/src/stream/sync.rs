@@ -382,14 +382,17 @@ mod tests {
         }
     }
 
+    /// An executor's answer; a refusal is the one of a delta from a version it does not hold.
     fn answer(ds: &DesiredState, ok: bool) -> ExecutorMessage {
-        let ack = kuport_proto::v1::Ack {
-            term: ds.term,
-            sequence: ds.sequence,
-            version: ds.version.clone(),
-            ok,
-            errors: Vec::new(),
+        let errors = match ok {
+            true => Vec::new(),
+            false => vec![kuport_proto::v1::ObjectError {
+                object: "network namespace \"host\"".into(),
+                reason: format!("the delta applies to another version: {}", kuport_proto::delta::SEND_WHOLE),
+            }],
         };
+        let ack =
+            kuport_proto::v1::Ack { term: ds.term, sequence: ds.sequence, version: ds.version.clone(), ok, errors };
         ExecutorMessage { message: Some(executor_message::Message::Ack(ack)) }
     }
 

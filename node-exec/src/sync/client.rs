@@ -616,6 +616,7 @@ fn counter_report(id: u64, read: Read, now: SystemTime) -> CounterReport {
 /// executor holds (docs/design.md, "Deltas"); a refusal naming the namespace when it holds
 /// another version, or the delta does not give the version it names.
 fn resolve_deltas<A: NodeApplier>(applier: &A, ds: &mut DesiredState) -> Result<(), Ack> {
+    use kuport_proto::delta::SEND_WHOLE;
     let Some(state) = ds.state.as_mut() else { return Ok(()) };
     let mut refused = None;
     for ns in state.netns.iter_mut().filter(|ns| ns.delta.is_some()) {
@@ -623,8 +624,8 @@ fn resolve_deltas<A: NodeApplier>(applier: &A, ds: &mut DesiredState) -> Result<
         let stub = NetnsState { target: ns.target.clone(), version: base.clone(), ..Default::default() };
         let object = format!("network namespace {:?}", ns.describe());
         let whole = match applier.held(&stub) {
-            None => Err(format!("the delta applies to version {base}, which is not held here: send it whole")),
-            Some(held) => kuport_proto::delta::apply(&held, ns).map_err(|e| format!("{e}: send it whole")),
+            None => Err(format!("the delta applies to version {base}, which is not held here: {SEND_WHOLE}")),
+            Some(held) => kuport_proto::delta::apply(&held, ns).map_err(|e| format!("{e}: {SEND_WHOLE}")),
         };
         match whole {
             Ok(whole) => *ns = whole,

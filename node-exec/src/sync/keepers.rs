@@ -283,7 +283,11 @@ impl NodeKeepers {
                 let holds = holding.map_or_else(|| "nothing".to_string(), |v| format!("version {v}"));
                 errors.push(ObjectError {
                     object: namespace(key),
-                    reason: format!("version {} is not held here (it holds {holds}): send it whole", ns.version),
+                    reason: format!(
+                        "version {} is not held here (it holds {holds}): {}",
+                        ns.version,
+                        kuport_proto::delta::SEND_WHOLE
+                    ),
                 });
             }
             return;
