@@ -100,8 +100,8 @@ struct Counts {
 async fn executor(address: String, ca: Option<Arc<Vec<u8>>>, start: Start, counts: Arc<Counts>) {
     let (node, token, applied) = start;
     loop {
-        let e =
-            session(&address, ca.as_deref().map(Vec::as_slice), &node, token.as_deref(), applied.clone(), &counts).await;
+        let e = session(&address, ca.as_deref().map(Vec::as_slice), &node, token.as_deref(), applied.clone(), &counts)
+            .await;
         if let Err(e) = e
             && counts.failed.fetch_add(1, Ordering::Relaxed) < 3
         {

@@ -111,12 +111,13 @@ pub fn diff(base: &NetnsState, new: &NetnsState) -> NetnsState {
 
 /// The namespace `delta` (a namespace [`diff`] made) gives from `base`, canonical, with the
 /// version the delta names.
-pub fn apply(base: &NetnsState, delta: &NetnsState) -> Result<NetnsState, DeltaError> {
-    let d = delta.delta.clone().unwrap_or_default();
+pub fn apply(base: &NetnsState, delta: NetnsState) -> Result<NetnsState, DeltaError> {
+    let NetnsState { target, version, delta: d, .. } = delta;
+    let d = d.unwrap_or_default();
     if d.base != base.version {
         return Err(DeltaError::Base { base: d.base, held: base.version.clone() });
     }
-    let mut ns = NetnsState { target: delta.target.clone(), held: false, delta: None, ..base.clone() };
+    let mut ns = NetnsState { target, held: false, delta: None, ..base.clone() };
     let (removed, added) = (d.removed.unwrap_or_default(), d.added.unwrap_or_default());
     // Destructured without `..`, like `diff`.
     let NetnsItems { sysctls, nft_tables, links, addresses, routes, ip_rules, neighbours, wireguard_devices } = removed;
@@ -186,8 +187,8 @@ pub fn apply(base: &NetnsState, delta: &NetnsState) -> Result<NetnsState, DeltaE
     ns.neighbours.extend(neighbours);
     ns.wireguard_devices.extend(wireguard_devices);
     canonicalize_netns_whole(&mut ns);
-    if ns.version != delta.version {
-        return Err(DeltaError::Mismatch { got: ns.version, want: delta.version.clone() });
+    if ns.version != version {
+        return Err(DeltaError::Mismatch { got: ns.version, want: version });
     }
     Ok(ns)
 }

@@ -228,7 +228,7 @@ mod tests {
         let sent = h.outgoing(&s2);
         let delta = sent_netns(&sent);
         assert!(delta.encoded_len() * 4 < a1.encoded_len(), "{} of {} bytes", delta.encoded_len(), a1.encoded_len());
-        assert_eq!(kuport_proto::delta::apply(&a0, delta).as_ref(), Ok(&a1));
+        assert_eq!(kuport_proto::delta::apply(&a0, delta.clone()).as_ref(), Ok(&a1));
         // A state sent while s2 is in flight: the executor may hold a0 or a1, so no delta.
         let s3 = state(3, vec![a2.clone()]);
         assert!(sent_netns(&h.outgoing(&s3)).delta.is_none());

@@ -449,7 +449,7 @@ mod tests {
         let delta = host(&second);
         assert!(delta.delta.is_some(), "{delta:?}");
         assert!(delta.encoded_len() < host(&first).encoded_len(), "smaller than the namespace");
-        let whole = kuport_proto::delta::apply(&host(&first), &delta).expect("the delta applies");
+        let whole = kuport_proto::delta::apply(&host(&first), delta).expect("the delta applies");
         let mut state = second.state.clone().expect("a state");
         state.netns[0] = whole;
         assert_eq!(kuport_proto::canonical_version(&state), second.version);

@@ -625,7 +625,9 @@ fn resolve_deltas<A: NodeApplier>(applier: &A, ds: &mut DesiredState) -> Result<
         let object = format!("network namespace {:?}", ns.describe());
         let whole = match applier.held(&stub) {
             None => Err(format!("the delta applies to version {base}, which is not held here: {SEND_WHOLE}")),
-            Some(held) => kuport_proto::delta::apply(&held, ns).map_err(|e| format!("{e}: {SEND_WHOLE}")),
+            Some(held) => {
+                kuport_proto::delta::apply(&held, std::mem::take(ns)).map_err(|e| format!("{e}: {SEND_WHOLE}"))
+            }
         };
         match whole {
             Ok(whole) => *ns = whole,
