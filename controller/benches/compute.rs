@@ -231,7 +231,8 @@ fn by_change_row(
     whole: (Duration, Duration),
     (median, min, r, changed): (Duration, Duration, Redone, usize),
 ) -> String {
-    let redid: Vec<&str> = [(r.mesh, "mesh"), (r.port_maps, "port maps"), (r.intercepts, "interception")]
+    let port_maps = format!("port maps ({} hosts rendered)", r.port_map_hosts);
+    let redid: Vec<&str> = [(r.mesh, "mesh"), (r.port_maps, port_maps.as_str()), (r.intercepts, "interception")]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
         .collect();

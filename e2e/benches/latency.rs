@@ -7,7 +7,7 @@
 //! - a PortMap create: `apps/lat-K`, TCP 20000+K of the `public` class (docs/portmap/modes.md) to echo-0 (worker-1),
 //!   published on edge-a: edge-a's `publish_port` and worker-1's `link_port` must hold it;
 //! - an EndpointSlice change: api-0 (PortMap `apps/api`, TCP 9000) moved between worker-2 and
-//!   worker-1 by the lab, then only `apps/api-lab` written: the new node's `link_port` must
+//!   worker-1 by the lab and its new Pod written, then only `apps/api-lab` written: the new node's `link_port` must
 //!   translate to the new address and edge-a's `publish_port` must point at that link.
 //!
 //! t0 is taken right before the write is sent. t1 is when the last programming node's kernel
@@ -221,8 +221,17 @@ fn run() -> anyhow::Result<()> {
             Kind::Move => {
                 let (node, address) = API_ON[(i / 2) % 2];
                 lab.move_pod("api-0", node, address)?;
-                let slice = lab
-                    .objects()
+                let objects = lab.objects();
+                // The rescheduled Pod exists, Running at its new address, before the EndpointSlice
+                // names it: kuport believes an endpoint only when its Pod vouches for it.
+                let pod = objects
+                    .pods
+                    .iter()
+                    .find(|p| p.metadata.name.as_deref() == Some("api-0"))
+                    .ok_or_else(|| anyhow!("no Pod apps/api-0"))?;
+                let pod = serde_yaml::to_value(pod).context("the Pod as YAML")?;
+                rt.block_on(apiserver::sync(&client, &[], &[pod])).context("writing the moved Pod")?;
+                let slice = objects
                     .endpoint_slices
                     .into_iter()
                     .find(|s| s.metadata.name.as_deref() == Some("api-lab"))
@@ -293,7 +302,10 @@ fn measure(
     // The state before: read now, and announcements still in flight dropped.
     let mut latest: Vec<(&'static str, Option<NftTable>)> = Vec::new();
     for (node, path) in netns {
-        latest.push((*node, kuport_node_exec::nft::read_table(Some(path), NftFamily::Ip, "kuport")?));
+        latest.push((
+            *node,
+            kuport_node_exec::nft::read_table(Some(path), NftFamily::Inet, kuport_proto::owned::NFT_TABLE)?,
+        ));
     }
     while rx.try_recv().is_ok() {}
     if landed(&latest, &expect).is_some() {
@@ -323,7 +335,10 @@ fn measure(
             // Read directly, to tell a change that never landed from a watch that missed it.
             let mut now = Vec::new();
             for (node, path) in netns {
-                now.push((*node, kuport_node_exec::nft::read_table(Some(path), NftFamily::Ip, "kuport")?));
+                now.push((
+                    *node,
+                    kuport_node_exec::nft::read_table(Some(path), NftFamily::Inet, kuport_proto::owned::NFT_TABLE)?,
+                ));
             }
             let there = landed(&now, &expect).is_some();
             bail!("{expect:?} not seen in the kernels within {LAND_TIMEOUT:?} (read now: present {there})");
@@ -385,11 +400,20 @@ fn pod_link(table: &NftTable, expect: &Expect) -> Option<Ipv4Addr> {
     })
 }
 
-/// Whether the accepting node sends `port` on its public interface to `link` (`publish_port`).
+/// Whether the accepting node sends `port` on its public interface to `link`: `publish_port`
+/// keys it by the stand-in that `steer_port` gives the public address (docs/portmap/firewall.md).
 fn edge_holds(table: &NftTable, expect: &Expect, link: Ipv4Addr) -> bool {
+    let public = |v: &NftValue| matches!(&v.value, Some(nft_value::Value::Ifname(i)) if i == PUBLIC);
+    let stand_ins: Vec<Ipv4Addr> = elements(table, kuport_controller::compute::portmap::steer::MAP_STEER_PORT)
+        .filter_map(|e| match (&e.key[..], &e.data[..]) {
+            ([iface, _, proto, port], [to]) if public(iface) && is_tcp_port(proto, port, expect.port) => addr(to),
+            _ => None,
+        })
+        .collect();
     elements(table, kuport_proto::owned::MAP_PUBLISH_PORT).any(|e| match (&e.key[..], &e.data[..]) {
-        ([iface, proto, port], [to, to_port]) => {
-            matches!(&iface.value, Some(nft_value::Value::Ifname(i)) if i == PUBLIC)
+        ([iface, stand_in, proto, port], [to, to_port]) => {
+            public(iface)
+                && addr(stand_in).is_some_and(|a| stand_ins.contains(&a))
                 && is_tcp_port(proto, port, expect.port)
                 && is_addr_port(to, to_port, (link, expect.port))
         }
@@ -441,13 +465,14 @@ fn watch(node: &'static str, netns: PathBuf, tx: mpsc::Sender<Seen>, stop: Arc<A
                 }
                 let at = Instant::now();
                 sub.drain();
-                let table = match kuport_node_exec::nft::read_table(None, NftFamily::Ip, "kuport") {
-                    Ok(t) => t,
-                    Err(e) => {
-                        eprintln!("watch of {node}: reading the table: {e}");
-                        continue;
-                    }
-                };
+                let table =
+                    match kuport_node_exec::nft::read_table(None, NftFamily::Inet, kuport_proto::owned::NFT_TABLE) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            eprintln!("watch of {node}: reading the table: {e}");
+                            continue;
+                        }
+                    };
                 if tx.send(Seen { node, at, read: at.elapsed(), table }).is_err() {
                     break;
                 }

@@ -426,6 +426,15 @@ impl Lab {
         }
     }
 
+    /// The node-side device of a pod's veth, as the topology's CNI names it.
+    fn pod_device(&self, pod: &PodSpec) -> String {
+        match self.topology.cni {
+            Cni::Cilium => cni::lxc_name(pod),
+            Cni::Bridge => cni::bridge::veth_name(pod),
+            Cni::Calico => cni::calico::cali_name(pod),
+        }
+    }
+
     /// The node's settings of a pod's node-side device, once it exists (Calico's proxy ARP).
     fn pod_sysctls(&self, pod: &PodSpec) -> anyhow::Result<()> {
         if self.topology.cni != Cni::Calico {
@@ -516,6 +525,9 @@ impl Lab {
         let ns = self.netns_name(pod);
         sys::netns_del(&ns)?;
         self.namespaces.retain(|n| *n != ns);
+        // As a CNI's DEL does: the node-side device goes now, not when the kernel frees the
+        // namespace (later while anything still holds it), so the pod can come back here.
+        let _ = ip_batch(&self.netns_name(&old_node), &[format!("link del {}", self.pod_device(&old))]);
         // The old node: the veth went with the namespace (and with it a route on it, Calico's);
         // Cilium's route and neighbour on cilium_host stay unless removed.
         if self.topology.cni == Cni::Cilium {

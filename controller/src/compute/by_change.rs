@@ -35,6 +35,8 @@ pub struct Redone {
     /// The mesh members whose part is their last with some peers' key or endpoint replaced.
     pub mesh_patched: usize,
     pub port_maps: bool,
+    /// The host namespaces the port maps rendered anew: those a mapping gave something else.
+    pub port_map_hosts: usize,
     pub intercepts: bool,
     /// The node states made anew.
     pub node_states: usize,
@@ -88,7 +90,7 @@ struct MemberPart {
 
 /// The port maps' result: every node's host namespace and their part of the outputs.
 struct PortMapped {
-    hosts: BTreeMap<String, NetnsState>,
+    built: portmap::Built,
     out: Outputs,
     horizon: Horizon,
 }
@@ -242,9 +244,11 @@ impl Computer {
                 }
                 let mut numbers = numbers::Numbers::default();
                 let mut out = Outputs::default();
-                let hosts = portmap::compute(v, cluster, &mut numbers, &mut out);
+                let mut built =
+                    portmap::compute(v, cluster, &mut numbers, &mut out, last_pm.as_ref().map(|p| &p.built));
+                built.saw(std::mem::take(&mut v.nodes));
                 let horizon = Horizon { at: now, until: portmap::links::horizon(&out.classes) };
-                Arc::new(PortMapped { hosts, out, horizon })
+                Arc::new(PortMapped { built, out, horizon })
             }
         };
         let pm_redone = !last_pm.as_ref().is_some_and(|p| Arc::ptr_eq(p, &port_maps));
@@ -272,16 +276,16 @@ impl Computer {
         let states = match &last {
             Some(l) if !mesh_redone && !pm_redone && !ic_redone => l.states.clone(),
             _ => {
-                let mut names: BTreeSet<&String> = port_maps.hosts.keys().collect();
+                let mut names: BTreeSet<&String> = port_maps.built.hosts.keys().collect();
                 names.extend(intercepts.netns.keys());
                 names.extend(mesh.iter().flat_map(|m| m.members.keys()));
                 let mut states = BTreeMap::new();
                 for name in names {
-                    let host = port_maps.hosts.get(name);
+                    let host = port_maps.built.hosts.get(name);
                     let meshed = mesh.as_ref().and_then(|m| m.members.get(name)).map(|p| &p.netns);
                     let pods = intercepts.netns.get(name);
                     let kept = last.as_ref().and_then(|l| {
-                        let others_same = (!pm_redone || l.port_maps.hosts.get(name) == host)
+                        let others_same = (!pm_redone || same_or_equal(l.port_maps.built.hosts.get(name), host))
                             && (!ic_redone || same_or_equal(l.intercepts.netns.get(name), pods));
                         let was = l.states.get(name)?;
                         if !others_same {
@@ -306,7 +310,7 @@ impl Computer {
                     });
                     let state = kept.unwrap_or_else(|| {
                         assembled += 1;
-                        Arc::new(assemble_node(name, host, meshed.map(|m| &**m), pods.map(|p| &**p)))
+                        Arc::new(assemble_node(name, host.map(|h| &**h), meshed.map(|m| &**m), pods.map(|p| &**p)))
                     });
                     states.insert(name.clone(), state);
                 }
@@ -322,6 +326,7 @@ impl Computer {
             mesh_members,
             mesh_patched,
             port_maps: pm_redone,
+            port_map_hosts: if pm_redone { port_maps.built.rendered } else { 0 },
             intercepts: ic_redone,
             node_states: assembled,
             node_states_patched: patched_states,

@@ -20,7 +20,7 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
 
 /// What the computation knows of one node.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct KnownNode {
     pub exists: bool,
     pub ready: bool,

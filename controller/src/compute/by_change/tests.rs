@@ -85,6 +85,15 @@ fn cluster() -> Cluster {
             27015,
             &[("game-0", "edge-a", "10.244.0.107", true), ("game-1", "worker-b", "10.244.1.107", true)],
         )
+        // Dual-stack web: a pod's IPv6 address is built beside its IPv4 one.
+        .slice6(
+            "web",
+            "web",
+            "v6",
+            "TCP",
+            3000,
+            &[("web-0", "worker-b", "fd10:244:1::7", true), ("web-1", "worker-c", "fd10:244:2::7", true)],
+        )
         .port_map("web", "web", "public", Tcp, 3000, None, "web", 0)
         .port_map("games", "game", "public", Udp, 27015, Some(27115), "game", 1)
         .port_map("web", "web-pair", "pair", Tcp, 3001, None, "web", 2);
@@ -118,6 +127,8 @@ enum Step {
     Ready(usize),
     /// A pod's address moves.
     PodAddress(usize, u8),
+    /// A dual-stack pod's IPv6 address moves (in its Pod and the IPv6 slice), its IPv4 stays.
+    PodAddress6(usize, u8),
     /// A pod is relabelled in or out of the Intercept.
     Relabel(usize),
     /// A pod turns Running or Pending.
@@ -168,6 +179,7 @@ fn single() -> impl Strategy<Value = Step> {
     prop_oneof![
         (0usize..3).prop_map(Step::Ready),
         (pod.clone(), 1u8..250).prop_map(|(p, a)| Step::PodAddress(p, a)),
+        (pod.clone(), 1u8..250).prop_map(|(p, a)| Step::PodAddress6(p, a)),
         pod.clone().prop_map(Step::Relabel),
         pod.prop_map(Step::Phase),
         Just(Step::Selector),
@@ -220,6 +232,22 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
                         *last = a.to_string();
                     }
                     ip.ip = parts.join(".");
+                }
+            }
+        }
+        Step::PodAddress6(p, a) => {
+            let (ns, name) = PODS[*p];
+            let Some(pod) = named(&mut c.pods, Some(ns), name) else { return };
+            let ips = pod.status.get_or_insert_default().pod_ips.get_or_insert_default();
+            let Some(ip) = ips.iter_mut().find(|ip| ip.ip.contains(':')) else { return };
+            let old = ip.ip.clone();
+            let new = format!("{}{a:x}", &old[..=old.rfind(':').unwrap_or(0)]);
+            ip.ip = new.clone();
+            for slice in c.endpoint_slices.iter_mut() {
+                for address in slice.endpoints.iter_mut().flatten().flat_map(|e| e.addresses.iter_mut()) {
+                    if *address == old {
+                        *address = new.clone();
+                    }
                 }
             }
         }
@@ -436,6 +464,7 @@ fn each_change_redoes_only_the_capability_it_reaches() {
             mesh_members: 0,
             mesh_patched: 0,
             port_maps: false,
+            port_map_hosts: 0,
             intercepts: false,
             node_states: 0,
             node_states_patched: 0
@@ -453,6 +482,7 @@ fn each_change_redoes_only_the_capability_it_reaches() {
             mesh_members: 0,
             mesh_patched: 0,
             port_maps: false,
+            port_map_hosts: 0,
             intercepts: true,
             node_states: 1,
             node_states_patched: 0
@@ -493,6 +523,14 @@ fn each_change_redoes_only_the_capability_it_reaches() {
     let r = computer.redone().clone();
     assert!(!r.mesh && r.port_maps && !r.intercepts, "{r:?}");
     assert!(r.node_states < NODES.len(), "{r:?}");
+    // web's pod moves off worker-b to worker-c: worker-d's host namespace is not rendered.
+    assert_eq!(r.port_map_hosts, 3, "{r:?}");
+    // The class rows written back for the new link change no node: nothing is rendered.
+    let out = computer.compute(&moved);
+    feed_back(&mut moved, &out);
+    computer.compute(&moved);
+    let r = computer.redone().clone();
+    assert_eq!((r.port_maps, r.port_map_hosts), (true, 0), "{r:?}");
 }
 
 /// Two members' keys change in one compute, one taking the other's old key: each state's peer

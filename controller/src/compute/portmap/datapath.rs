@@ -305,11 +305,25 @@ impl NodeParts {
 /// The nodes' states, built from every programmed mapping.
 pub struct Builder {
     nodes: BTreeMap<String, NodeParts>,
+    /// Only the nodes given are built: the others' parts are not written.
+    only: bool,
 }
 
 impl Builder {
     pub fn new(all_nodes: impl IntoIterator<Item = String>) -> Self {
-        Builder { nodes: all_nodes.into_iter().map(|n| (n, NodeParts::default())).collect() }
+        Builder { nodes: all_nodes.into_iter().map(|n| (n, NodeParts::default())).collect(), only: false }
+    }
+
+    /// A builder of `nodes` alone: what a mapping gives any other node is left out.
+    pub fn only(nodes: impl IntoIterator<Item = String>) -> Self {
+        Builder { only: true, ..Builder::new(nodes) }
+    }
+
+    fn parts(&mut self, node: &str) -> Option<&mut NodeParts> {
+        if self.only {
+            return self.nodes.get_mut(node);
+        }
+        Some(self.nodes.entry(node.to_string()).or_default())
     }
 
     /// A digest of everything [`Builder::add`] reads for one mapping: while it stays the same,
@@ -322,11 +336,24 @@ impl Builder {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         (l4(p.admitted.protocol) as i32, p.admitted.ports, p.pod_ports()).hash(&mut h);
-        (&p.endpoint.node, p.endpoint.address, p.endpoint.port, &p.nodes).hash(&mut h);
+        (&p.endpoint.node, p.endpoint.address, p.endpoint.address6, p.endpoint.port, &p.nodes).hash(&mut h);
         matches!(p.admitted.class.spec.serving_mode, ServingMode::Multi).hash(&mut h);
         (&p.admitted.source_ranges, p.admitted.rate_limit).hash(&mut h);
         ends.hash(&mut h);
         h.finish()
+    }
+
+    /// The programming nodes that publish a mapping over IPv6 as well: all of them where the pod
+    /// has an IPv6 address, less those whose link to the pod's node is too thin for IPv6
+    /// ([`IPV6_MIN_MTU`]).
+    pub fn over_v6(p: &Placement, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>) -> BTreeSet<String> {
+        if p.endpoint.address6.is_none() {
+            return BTreeSet::new();
+        }
+        let carries = |node: &String| {
+            *node == p.endpoint.node || ends.get(node).is_some_and(|(_, far)| far.addresses(Family::V6).is_some())
+        };
+        p.nodes.keys().filter(|n| carries(n)).cloned().collect()
     }
 
     /// Adds one mapping. `ends` holds, for each programming node that lacks the pod, its end and
@@ -336,28 +363,16 @@ impl Builder {
     /// and its traffic leaves by no device); everything else is built.
     ///
     /// IPv6 is built where the pod has an IPv6 address and, across a link, where the link
-    /// carries IPv6 ([`IPV6_MIN_MTU`]). Returns the programming nodes that publish it over IPv6.
-    pub fn add(
-        &mut self,
-        p: &Placement,
-        ends: &BTreeMap<String, (LinkEnd, LinkEnd)>,
-        pod_device: Option<&str>,
-    ) -> BTreeSet<String> {
-        let mut over_v6 = BTreeSet::new();
+    /// carries IPv6 ([`Builder::over_v6`]).
+    pub fn add(&mut self, p: &Placement, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>, pod_device: Option<&str>) {
         let pods =
             [(Family::V4, Some(IpAddr::V4(p.endpoint.address))), (Family::V6, p.endpoint.address6.map(IpAddr::V6))];
         for (fam, pod) in pods {
             let Some(pod) = pod else { continue };
-            for node in self.add_family(fam, p, pod, ends, pod_device) {
-                if fam == Family::V6 {
-                    over_v6.insert(node);
-                }
-            }
+            self.add_family(fam, p, pod, ends, pod_device);
         }
-        over_v6
     }
 
-    /// [`Builder::add`] for one family; returns the programming nodes it published on.
     fn add_family(
         &mut self,
         fam: Family,
@@ -365,7 +380,7 @@ impl Builder {
         pod: IpAddr,
         ends: &BTreeMap<String, (LinkEnd, LinkEnd)>,
         pod_device: Option<&str>,
-    ) -> Vec<String> {
+    ) {
         let proto = l4(p.admitted.protocol);
         let ports = p.admitted.ports;
         let pod_ports = p.pod_ports();
@@ -377,35 +392,34 @@ impl Builder {
             allow: nets.map(|nets| nets.iter().filter(|n| fam.holds(&n.addr())).copied().collect()),
             limit: p.admitted.rate_limit,
         };
-        let mut published = Vec::new();
         for (node, ifaces) in &p.nodes {
             if *node == p.endpoint.node {
-                let parts = self.nodes.entry(node.clone()).or_default().family(fam);
+                let Some(parts) = self.parts(node) else { continue };
+                let parts = parts.family(fam);
                 for iface in ifaces {
                     parts.publish(iface, proto, ports, &guard, (pod, single.then_some(p.endpoint.port)));
                 }
                 if let Some(dev) = pod_device {
                     parts.claim.entry((dev.to_string(), pod, proto)).or_default().push(pod_ports);
                 }
-                published.push(node.clone());
                 continue;
             }
             let Some((near, far)) = ends.get(node) else { continue };
             let Some((far_address, _)) = far.addresses(fam) else { continue };
             // The accepting end: translate to the far end of the link, keep the port.
-            let node_parts = self.nodes.entry(node.clone()).or_default();
-            node_parts.links.insert(near.device.clone(), near.clone());
-            if fam == Family::V6 {
-                node_parts.carry_v6.insert(near.device.clone());
+            if let Some(node_parts) = self.parts(node) {
+                node_parts.links.insert(near.device.clone(), near.clone());
+                if fam == Family::V6 {
+                    node_parts.carry_v6.insert(near.device.clone());
+                }
+                let parts = node_parts.family(fam);
+                for iface in ifaces {
+                    parts.publish(iface, proto, ports, &guard, (far_address, single.then_some(ports.0)));
+                }
+                parts.claim.entry((near.device.clone(), far_address, proto)).or_default().push(ports);
             }
-            let parts = node_parts.family(fam);
-            for iface in ifaces {
-                parts.publish(iface, proto, ports, &guard, (far_address, single.then_some(ports.0)));
-            }
-            parts.claim.entry((near.device.clone(), far_address, proto)).or_default().push(ports);
-            published.push(node.clone());
             // The pod's end: finish the translation, claim both directions, return the reply.
-            let node_parts = self.nodes.entry(p.endpoint.node.clone()).or_default();
+            let Some(node_parts) = self.parts(&p.endpoint.node) else { continue };
             node_parts.links.insert(far.device.clone(), far.clone());
             node_parts.diverted.insert(far.device.clone());
             if fam == Family::V6 {
@@ -429,7 +443,6 @@ impl Builder {
                 parts.return_mark.entry((pod, proto, far.numbers.mark())).or_default().push(pod_ports);
             }
         }
-        published
     }
 
     /// Every node's host namespace as the port maps need it (empty for a node without any).

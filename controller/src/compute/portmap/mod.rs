@@ -21,7 +21,8 @@ pub mod steer;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hasher;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
@@ -30,7 +31,7 @@ use kuport_proto::v1::NetnsState;
 
 pub use admission::MapKey;
 use datapath::LinkEnd;
-use links::{LinkKey, VXLAN_OVERHEAD};
+use links::{LinkKey, LinkNumbers, VXLAN_OVERHEAD};
 use placement::Placement;
 use status::{Refusal, reason};
 
@@ -42,18 +43,22 @@ use crate::api::{
     Protocol, PublishedAddress, ReturnPathMode,
 };
 use crate::observe::Cluster;
-use crate::observe::index::{RouteTo, View};
+use crate::observe::index::{KnownNode, RouteTo, View};
 
 /// Judges, places and builds every mapping: fills `out`'s PortMap and class statuses, the
 /// programming nodes and what each programmed mapping waits for, and returns every node's
-/// host namespace. Link slots are drawn from `numbers`.
+/// host namespace. Link slots are drawn from `numbers`. What `last` built is taken where it
+/// would be built the same, if it saw the same nodes ([`Built::saw`]).
 pub fn compute(
     view: &View,
     cluster: &Cluster,
     numbers: &mut Numbers,
     out: &mut Outputs,
-) -> BTreeMap<String, NetnsState> {
+    last: Option<&Built>,
+) -> Built {
     let now = cluster.now;
+    // Rendering reads a node's addresses, a link end its node's underlay and MTU.
+    let last = last.filter(|l| l.nodes == view.nodes);
     let vxlan: BTreeMap<String, _> =
         view.classes.iter().map(|(n, c)| (n.clone(), links::class_vxlan(c, view))).collect();
 
@@ -105,18 +110,57 @@ pub fn compute(
     let alloc = links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &needed, now, numbers);
 
     // 4: build the nodes, refusing mappings whose links cannot be built.
-    let all_nodes = view.nodes.keys().cloned().chain(view.classes.values().flat_map(|c| c.spec.nodes.keys().cloned()));
-    let mut builder = datapath::Builder::new(all_nodes);
-    let previous: BTreeMap<MapKey, &PortMap> = cluster.port_maps.iter().map(|pm| (admission::key_of(pm), pm)).collect();
+    let mut ends_made = HashMap::new();
+    let mut digests: BTreeMap<String, Digest> = view
+        .nodes
+        .keys()
+        .cloned()
+        .chain(view.classes.values().flat_map(|c| c.spec.nodes.keys().cloned()))
+        .map(|n| (n, Digest::default()))
+        .collect();
+    let mut built = Vec::with_capacity(verdicts.len());
     for (key, verdict) in verdicts {
         let verdict = verdict.and_then(|p| {
-            let ends = link_ends(view, &vxlan, &alloc, &p)?;
+            let ends = link_ends(view, &vxlan, &alloc, &p, last, &mut ends_made)?;
             let route = view.node(&p.endpoint.node).route_to(p.endpoint.address);
             let device = match &route {
-                RouteTo::Device(d) => Some(d.as_str()),
+                RouteTo::Device(d) => Some(d.clone()),
                 RouteTo::Local | RouteTo::Unknown => None,
             };
-            let over_v6 = builder.add(&p, &ends, device);
+            let fingerprint = datapath::Builder::fingerprint(&p, &ends);
+            for node in p.nodes.keys().chain([&p.endpoint.node]) {
+                digests.entry(node.clone()).or_default().take(fingerprint, device.as_deref());
+            }
+            let over_v6 = datapath::Builder::over_v6(&p, &ends);
+            Ok((p, ends, device, route, fingerprint, over_v6))
+        });
+        built.push((key, verdict));
+    }
+
+    // Only the nodes whose mappings give them something else than before are rendered again.
+    let digests: BTreeMap<String, u64> = digests.into_iter().map(|(n, d)| (n, d.0.finish())).collect();
+    let kept = |n: &String| last.and_then(|l| l.hosts.get(n).filter(|_| l.digests.get(n) == digests.get(n)));
+    let again: BTreeSet<String> = digests.keys().filter(|n| kept(n).is_none()).cloned().collect();
+    let mut builder = datapath::Builder::only(again.iter().cloned());
+    for (_, verdict) in &built {
+        if let Ok((p, ends, device, ..)) = verdict
+            && p.nodes.keys().chain([&p.endpoint.node]).any(|n| again.contains(n))
+        {
+            builder.add(p, ends, device.as_deref());
+        }
+    }
+    let rendered = again.len();
+    let mut hosts: BTreeMap<String, Arc<NetnsState>> =
+        builder.finish(view).into_iter().map(|(n, ns)| (n, Arc::new(ns))).collect();
+    for n in digests.keys() {
+        if let Some(h) = kept(n) {
+            hosts.insert(n.clone(), h.clone());
+        }
+    }
+
+    let previous: BTreeMap<MapKey, &PortMap> = cluster.port_maps.iter().map(|pm| (admission::key_of(pm), pm)).collect();
+    for (key, verdict) in built {
+        let verdict = verdict.and_then(|(p, _, _, route, fingerprint, over_v6)| {
             // Built without the pod node's request claim, which needs the route: the rest keeps
             // carrying traffic. A node that reported routes, none for the pod, is named in the
             // status; one that has not reported yet is waited for like any node that must apply
@@ -124,7 +168,6 @@ pub fn compute(
             if route == RouteTo::Unknown && view.node(&p.endpoint.node).routes.is_some() {
                 return Err(pod_route_unknown(&p));
             }
-            let fingerprint = datapath::Builder::fingerprint(&p, &ends);
             Ok((p, fingerprint, over_v6))
         });
         let Some(pm) = previous.get(&key) else { continue };
@@ -143,7 +186,45 @@ pub fn compute(
         Arc::make_mut(&mut out.classes)
             .insert(name.clone(), class_status(view, class, &vxlan[name], &alloc, rows, now));
     }
-    builder.finish(view)
+    Built { hosts, digests, ends: ends_made, rendered, nodes: BTreeMap::new() }
+}
+
+/// What a compute of the port maps built, for the next (`last` of [`compute`]), which takes
+/// from it only if it sees every node the same (docs/design.md, "Compute by change").
+#[derive(Default)]
+pub struct Built {
+    /// Every node's host namespace as the port maps need it (empty for a node without any).
+    pub hosts: BTreeMap<String, Arc<NetnsState>>,
+    /// Each node's digest of what every mapping gave it, in order: the same digest, the same
+    /// namespace.
+    digests: BTreeMap<String, u64>,
+    /// Every link end made, by link and end: the node's view and the link's numbers make it.
+    ends: HashMap<(LinkKey, bool), (LinkNumbers, Option<LinkEnd>)>,
+    /// How many host namespaces this compute rendered; it took the others from `last`.
+    pub rendered: usize,
+    /// The nodes as the compute saw them (`view.nodes`): the next takes what this one built
+    /// only if it sees them the same.
+    nodes: BTreeMap<String, KnownNode>,
+}
+
+impl Built {
+    /// Keeps the nodes the compute saw, given up by its view.
+    pub fn saw(&mut self, nodes: BTreeMap<String, KnownNode>) {
+        self.nodes = nodes;
+    }
+}
+
+/// A node's digest of the mappings that give it something, in the order they are built.
+#[derive(Default)]
+struct Digest(std::collections::hash_map::DefaultHasher);
+
+impl Digest {
+    /// A mapping's [`datapath::Builder::fingerprint`] covers all it builds but the pod node's
+    /// claim device.
+    fn take(&mut self, fingerprint: u64, device: Option<&str>) {
+        use std::hash::Hash;
+        (fingerprint, device).hash(&mut self.0);
+    }
 }
 
 /// The interfaces of `node` the port maps read: those any class names on it.
@@ -201,7 +282,22 @@ fn link_ends(
     vxlan: &ClassVxlans,
     alloc: &links::Allocation,
     p: &Placement,
+    last: Option<&Built>,
+    made: &mut HashMap<(LinkKey, bool), (LinkNumbers, Option<LinkEnd>)>,
 ) -> Result<BTreeMap<String, (LinkEnd, LinkEnd)>, Refusal> {
+    // An end is made once per link, here or by the last compute, and cloned for each mapping.
+    let mut end = |key: &LinkKey, numbers: &LinkNumbers, node: &str| {
+        let at = (key.clone(), key.pair.0 == node);
+        if let Some((_, e)) = made.get(&at).filter(|(n, _)| n == numbers) {
+            return e.clone();
+        }
+        let e = match last.and_then(|l| l.ends.get(&at)).filter(|(n, _)| n == numbers) {
+            Some((_, e)) => e.clone(),
+            None => LinkEnd::new(view, key, numbers, node),
+        };
+        made.insert(at, (numbers.clone(), e.clone()));
+        e
+    };
     let mut ends = BTreeMap::new();
     for node in p.remote_nodes() {
         let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
@@ -221,8 +317,8 @@ fn link_ends(
             }
             None => return Err(Refusal::programmed(reason::RETURN_PATH_UNAVAILABLE, "no link was planned".into())),
         };
-        let near = LinkEnd::new(view, &key, numbers, node);
-        let far = LinkEnd::new(view, &key, numbers, &p.endpoint.node);
+        let near = end(&key, numbers, node);
+        let far = end(&key, numbers, &p.endpoint.node);
         let (Some(near), Some(far)) = (near, far) else {
             let missing: Vec<&str> = [node.as_str(), p.endpoint.node.as_str()]
                 .into_iter()
