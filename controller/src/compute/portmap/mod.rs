@@ -128,7 +128,7 @@ pub fn compute(
                 RouteTo::Local | RouteTo::Unknown => None,
             };
             let fingerprint = datapath::Builder::fingerprint(&p, &ends);
-            for node in p.nodes.keys().chain([&p.endpoint.node]) {
+            for node in p.nodes_built() {
                 digests.entry(node.clone()).or_default().take(fingerprint, device.as_deref());
             }
             let over_v6 = datapath::Builder::over_v6(&p, &ends);
@@ -144,7 +144,7 @@ pub fn compute(
     let mut builder = datapath::Builder::only(again.iter().cloned());
     for (_, verdict) in &built {
         if let Ok((p, ends, device, ..)) = verdict
-            && p.nodes.keys().chain([&p.endpoint.node]).any(|n| again.contains(n))
+            && p.nodes_built().any(|n| again.contains(n))
         {
             builder.add(p, ends, device.as_deref());
         }

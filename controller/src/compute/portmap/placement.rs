@@ -38,6 +38,12 @@ pub struct Placement<'a> {
 }
 
 impl Placement<'_> {
+    /// Every node the mapping gives something to ([`super::datapath::Builder::add`] writes to no
+    /// other): its programming nodes and the pod's node.
+    pub fn nodes_built(&self) -> impl Iterator<Item = &String> {
+        self.nodes.keys().chain([&self.endpoint.node])
+    }
+
     /// Programming nodes that lack the pod: each needs a link to the pod's node.
     pub fn remote_nodes(&self) -> impl Iterator<Item = &String> {
         self.nodes.keys().filter(move |n| **n != self.endpoint.node)
