@@ -48,7 +48,7 @@ use kuport_controller::serve::{MAX_MESSAGE, Trust, serve_grpc};
 use kuport_controller::stream::{Hub, leader};
 use kuport_controller::trust::EXECUTOR_AUDIENCE;
 use kuport_controller::trust::identity::{Executors, KubeReviewer};
-use kuport_controller::trust::tls::{Tls, issue_ca, issue_serving};
+use kuport_controller::trust::tls::{Pem, Tls, issue_ca, issue_serving};
 use kuport_proto::channel;
 use kuport_proto::v1::node_sync_client::NodeSyncClient;
 use kuport_proto::v1::{Ack, Applied, ExecutorMessage, Hello, controller_message, executor_message};
@@ -189,6 +189,21 @@ struct Leader {
 }
 
 impl Leader {
+    /// A leader over TLS that proves executors by TokenReview, its review cache cold.
+    async fn reviewing(
+        cluster: &kuport_controller::observe::Cluster,
+        client: &kube::Client,
+        serving: &Pem,
+    ) -> BenchResult<(Self, Arc<Executors>)> {
+        let executors = Arc::new(Executors::new(
+            Arc::new(KubeReviewer(client.clone())),
+            EXECUTOR_AUDIENCE,
+            format!("{NAMESPACE}:{SERVICE_ACCOUNT}"),
+        ));
+        let trust = Trust { tls: Some(Tls::fixed(serving)?), executors: Some(executors.clone()), debug: None };
+        Ok((Leader::start(cluster, trust, "https").await?, executors))
+    }
+
     async fn start(cluster: &kuport_controller::observe::Cluster, trust: Trust, scheme: &str) -> BenchResult<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let local = listener.local_addr()?;
@@ -325,13 +340,7 @@ async fn main() -> BenchResult<()> {
     end(tasks);
     drop(leader);
 
-    let executors = Arc::new(Executors::new(
-        Arc::new(KubeReviewer(client.clone())),
-        EXECUTOR_AUDIENCE,
-        format!("{NAMESPACE}:{SERVICE_ACCOUNT}"),
-    ));
-    let trust = Trust { tls: Some(Tls::fixed(&serving)?), executors: Some(executors.clone()), debug: None };
-    let leader = Leader::start(&cluster, trust, "https").await?;
+    let (leader, executors) = Leader::reviewing(&cluster, &client, &serving).await?;
     let label = "TLS and TokenReview, a new leader (cold cache)";
     let (s, tasks) = storm(label, &leader.address, ca_pem.clone(), &proven, Some(&executors)).await?;
     storms.push(s);
@@ -355,13 +364,7 @@ async fn main() -> BenchResult<()> {
 
     // A failover with nothing changed: a new leader (cold cache), every executor naming the
     // state it holds, which the new leader computed the same (docs/design.md, "Deltas").
-    let executors = Arc::new(Executors::new(
-        Arc::new(KubeReviewer(client.clone())),
-        EXECUTOR_AUDIENCE,
-        format!("{NAMESPACE}:{SERVICE_ACCOUNT}"),
-    ));
-    let trust = Trust { tls: Some(Tls::fixed(&serving)?), executors: Some(executors.clone()), debug: None };
-    let leader = Leader::start(&cluster, trust, "https").await?;
+    let (leader, executors) = Leader::reviewing(&cluster, &client, &serving).await?;
     let label = "TLS and TokenReview, a new leader (cold cache), executors naming the state they hold";
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (s, tasks) = storm(label, &leader.address, ca_pem.clone(), &holding, Some(&executors)).await?;
