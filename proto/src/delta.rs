@@ -10,10 +10,10 @@ use std::collections::{HashMap, HashSet};
 
 use prost::Message;
 
-use crate::canonical::canonicalize_netns_whole;
+use crate::canonical::{element_order, element_runs, netns_version, order_beside_elements, runs_after_edit};
 use crate::v1::{
-    NetnsDelta, NetnsItems, NetnsState, NftChain, NftSet, NftTable, PeerDelta, SetDelta, TableDelta, WireguardDevice,
-    WireguardPeer,
+    NetnsDelta, NetnsItems, NetnsState, NftChain, NftElement, NftSet, NftTable, PeerDelta, SetDelta, TableDelta,
+    WireguardDevice, WireguardPeer,
 };
 
 /// How an executor's refusal ends when it refused a namespace sent as a stub or a delta because
@@ -179,14 +179,23 @@ pub fn apply(base: &NetnsState, delta: NetnsState) -> Result<NetnsState, DeltaEr
     }
     let NetnsItems { sysctls, nft_tables, links, addresses, routes, ip_rules, neighbours, wireguard_devices } = added;
     ns.sysctls.extend(sysctls);
-    ns.nft_tables.extend(nft_tables);
+    ns.nft_tables
+        .extend(nft_tables.into_iter().map(|t| NftTable { sets: t.sets.into_iter().map(sent_whole).collect(), ..t }));
     ns.links.extend(links);
     ns.addresses.extend(addresses);
     ns.routes.extend(routes);
     ns.ip_rules.extend(ip_rules);
     ns.neighbours.extend(neighbours);
     ns.wireguard_devices.extend(wireguard_devices);
-    canonicalize_netns_whole(&mut ns);
+    // Sets edited by element kept their order and runs; only those that came whole (no digest)
+    // are ordered and digested here.
+    order_beside_elements(&mut ns);
+    for set in ns.nft_tables.iter_mut().flat_map(|t| t.sets.iter_mut()).filter(|s| s.digest.is_empty()) {
+        set.elements.sort_by_cached_key(element_order);
+        set.elements.dedup();
+        (set.runs, set.digest) = element_runs(&set.elements);
+    }
+    ns.version = netns_version(&ns);
     if ns.version != version {
         return Err(DeltaError::Mismatch { got: ns.version, want: version });
     }
@@ -295,6 +304,7 @@ fn apply_table(table: &mut NftTable, d: TableDelta) -> Result<(), DeltaError> {
         table.sets.swap_remove(i);
     }
     for s in sets_put {
+        let s = sent_whole(s);
         match table.sets.iter_mut().find(|x| x.name == s.name) {
             Some(x) => *x = s,
             None => table.sets.push(s),
@@ -302,9 +312,84 @@ fn apply_table(table: &mut NftTable, d: TableDelta) -> Result<(), DeltaError> {
     }
     for e in sets {
         let set = table.sets.iter_mut().find(|x| x.name == e.set).ok_or_else(|| missing("set", &e.set))?;
-        remove_items(&mut set.elements, e.removed, "an element")?;
-        set.elements.extend(e.added);
+        if set.digest.is_empty() {
+            // Ordered and digested whole once the delta is in.
+            remove_items(&mut set.elements, e.removed, "an element")?;
+            set.elements.extend(e.added);
+        } else {
+            edit_set(set, e.removed, e.added)
+                .map_err(|element| missing("element", &format!("{element} of set {}", e.set)))?;
+        }
     }
+    Ok(())
+}
+
+/// A set sent whole: its digest and runs are the executor's to make, never taken as sent.
+fn sent_whole(s: NftSet) -> NftSet {
+    NftSet { digest: Vec::new(), runs: Vec::new(), ..s }
+}
+
+/// Removes `removed` from a canonical set and puts `added` in their places, each found by
+/// its order in time logarithmic in the set, then digests again only the runs they fall in:
+/// the set stays canonical. An added element already there stays once; a removed one that is
+/// not there is named.
+fn edit_set(set: &mut NftSet, removed: Vec<NftElement>, added: Vec<NftElement>) -> Result<(), String> {
+    let old = std::mem::take(&mut set.elements);
+    // The first place at or after which an element of `e`'s order stands, and where `e` is.
+    let find = |e: &NftElement| {
+        let order = element_order(e);
+        let first = old.partition_point(|x| element_order(x) < order);
+        let at = old[first..].iter().take_while(|x| element_order(x) == order).position(|x| x == e).map(|i| first + i);
+        (order, first, at)
+    };
+    let mut gone = Vec::with_capacity(removed.len());
+    for e in &removed {
+        match find(e) {
+            (_, _, Some(at)) => gone.push(at),
+            _ => {
+                set.elements = old;
+                return Err(crate::text::set_element(set, e));
+            }
+        }
+    }
+    gone.sort_unstable();
+    if let Some(w) = gone.windows(2).find(|w| w[0] == w[1]) {
+        let twice = crate::text::set_element(set, &old[w[0]]);
+        set.elements = old;
+        return Err(twice);
+    }
+    let mut put: Vec<(usize, NftElement)> = Vec::with_capacity(added.len());
+    for e in added {
+        match find(&e) {
+            // Removed and added again: it stays.
+            (_, _, Some(at)) => {
+                if let Ok(i) = gone.binary_search(&at) {
+                    gone.remove(i);
+                }
+            }
+            (order, first, None) => {
+                let after = first + old[first..].iter().take_while(|x| element_order(x) == order).count();
+                put.push((after, e));
+            }
+        }
+    }
+    put.sort_by_cached_key(|(at, e)| (*at, element_order(e)));
+    put.dedup_by(|a, b| a == b);
+    let old_len = old.len();
+    let before: Vec<usize> = put.iter().map(|(at, _)| *at).collect();
+    let mut elements = Vec::with_capacity(old_len + put.len() - gone.len().min(old_len + put.len()));
+    let (mut g, mut p) = (gone.iter().copied().peekable(), put.into_iter().peekable());
+    for (i, e) in old.into_iter().enumerate() {
+        while let Some((_, x)) = p.next_if(|(at, _)| *at == i) {
+            elements.push(x);
+        }
+        if g.next_if_eq(&i).is_none() {
+            elements.push(e);
+        }
+    }
+    elements.extend(p.map(|(_, x)| x));
+    (set.runs, set.digest) = runs_after_edit(&set.runs, old_len, &gone, &before, &elements);
+    set.elements = elements;
     Ok(())
 }
 

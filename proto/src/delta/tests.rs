@@ -2,10 +2,11 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::build::{accept, addr, chain, counter, member, port, rule, set, table};
+use crate::canonical::canonicalize_netns_whole;
 use crate::v1::{NftFamily, NftSet, NftType, Route, Sysctl};
 
 /// A namespace drawn from small pools, so that two draws share most of their items: sysctls,
-/// routes, one table whose set holds some of 40 ports (and, with `other_chain`, a second
+/// routes, one table whose set holds some of 600 ports (and, with `other_chain`, a second
 /// chain), one WireGuard device with some of 30 peers at one of two endpoints each.
 #[derive(Clone, Debug)]
 struct Shape {
@@ -24,7 +25,8 @@ fn shape() -> impl Strategy<Value = Shape> {
     (
         prop::collection::vec(any::<bool>(), 4),
         prop::collection::vec(any::<bool>(), 12),
-        prop::collection::vec(any::<bool>(), 40),
+        // 600 ports: a set of about four runs.
+        prop::collection::vec(any::<bool>(), 600),
         (any::<bool>(), any::<bool>(), any::<bool>()),
         prop::collection::vec(prop::option::of(any::<bool>()), 30),
         prop_oneof![Just(1420u32), Just(1380)],

@@ -19,7 +19,7 @@ mod nft;
 mod normalize;
 
 pub use ip::ip_commands;
-pub use nft::nft_table;
+pub use nft::{nft_table, set_element};
 
 /// Renders a whole node state: for each netns in order a `# netns <host|PATH|pod NS/NAME UID>`
 /// header, its tables as [`nft_table`] prints them, then its [`ip_commands`]. Netns sections are

@@ -123,6 +123,13 @@ fn set_text(out: &mut String, set: &NftSet) {
     out.push_str("\t}\n");
 }
 
+/// One element of `set` as nft lists it, for an error to name it.
+pub fn set_element(set: &NftSet, e: &NftElement) -> String {
+    let mut out = String::new();
+    element_text(&mut out, set, e);
+    out
+}
+
 fn element_text(out: &mut String, set: &NftSet, e: &NftElement) {
     out.push_str(&values_text(&set.key, &e.key));
     if set.counter {
