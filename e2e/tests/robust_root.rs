@@ -824,6 +824,15 @@ fn leader_kill_on_the_api_server_loses_no_probe() {
         ms(wrote.elapsed())
     );
     prober.stop();
+    // The move went to the executors as deltas from what they held (docs/design.md, "Deltas"),
+    // and each gave the leader's version: none was refused and sent again whole.
+    let metrics = r.plane().metrics().expect("the leader's metrics");
+    let total = |name: &str| {
+        let prefix = format!("kuport_{name}_total ");
+        metrics.lines().find_map(|l| l.strip_prefix(prefix.as_str())?.trim().parse::<u64>().ok())
+    };
+    assert!(total("deltas_sent").is_some_and(|n| n > 0), "no namespace went as a delta:\n{metrics}");
+    assert_eq!(total("deltas_refused"), Some(0), "{metrics}");
 }
 
 /// The conntrack entries of a node's namespace that contain every one of `words`.

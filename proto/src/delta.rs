@@ -377,7 +377,8 @@ fn edit_set(set: &mut NftSet, removed: Vec<NftElement>, added: Vec<NftElement>) 
     put.dedup_by(|a, b| a == b);
     let old_len = old.len();
     let before: Vec<usize> = put.iter().map(|(at, _)| *at).collect();
-    let mut elements = Vec::with_capacity(old_len + put.len() - gone.len().min(old_len + put.len()));
+    // Each removed position is one of the old elements, once.
+    let mut elements = Vec::with_capacity(old_len - gone.len() + put.len());
     let (mut g, mut p) = (gone.iter().copied().peekable(), put.into_iter().peekable());
     for (i, e) in old.into_iter().enumerate() {
         while let Some((_, x)) = p.next_if(|(at, _)| *at == i) {

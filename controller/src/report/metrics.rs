@@ -97,6 +97,8 @@ pub struct Metrics {
     /// States sent with namespaces as deltas or stubs that an executor refused, each followed
     /// by the state sent whole (docs/design.md, "Deltas").
     pub deltas_refused: Counter,
+    /// Namespaces sent as deltas from the version an executor held (docs/design.md, "Deltas").
+    pub deltas_sent: Counter,
     /// Writes sent to the API server, failed ones included: a replica that does not lead
     /// sends none.
     api_writes: Family<WriteLabel, Counter>,
@@ -151,6 +153,7 @@ impl Default for Metrics {
         let facts_refused = Counter::default();
         let states_oversize = Counter::default();
         let deltas_refused = Counter::default();
+        let deltas_sent = Counter::default();
         let api_writes = Family::<WriteLabel, Counter>::default();
         let executor_refusals = Family::<ReasonLabel, Counter>::default();
         let debug_refusals = Family::<ReasonLabel, Counter>::default();
@@ -187,6 +190,11 @@ impl Default for Metrics {
             "deltas_refused",
             "States sent as deltas from what an executor held that it refused, then sent whole",
             deltas_refused.clone(),
+        );
+        registry.register(
+            "deltas_sent",
+            "Namespaces sent as deltas from the version an executor held",
+            deltas_sent.clone(),
         );
         registry.register(
             "api_writes",
@@ -278,6 +286,7 @@ impl Default for Metrics {
             nacks,
             states_oversize,
             deltas_refused,
+            deltas_sent,
             facts_refused,
             api_writes,
             executor_refusals,

@@ -14,6 +14,7 @@ use kuport_proto::v1::node_sync_server::NodeSync;
 use kuport_proto::v1::{
     ControllerMessage, DesiredState, ExecutorMessage, NotLeader, ReadCounters, controller_message, executor_message,
 };
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -71,11 +72,12 @@ fn redirect(lead: &Leadership) -> Out {
 
 /// Sends `ds` while this replica leads, else NotLeader: `leader` may not have caught up with
 /// a lapsed lease yet (a replica resuming from a freeze publishes before it). False: the
-/// stream ends.
+/// stream ends. Counts the namespaces sent as deltas in `deltas`.
 async fn send(
     tx: &mpsc::Sender<Out>,
     leadership: &watch::Receiver<Leadership>,
     held: &mut Held,
+    deltas: &Counter,
     ds: Option<Arc<DesiredState>>,
 ) -> bool {
     let Some(ds) = ds else { return true };
@@ -84,7 +86,9 @@ async fn send(
         let _ = tx.send(redirect(&lead)).await;
         return false;
     }
-    tx.send(state(held.outgoing(&ds))).await.is_ok()
+    let out = held.outgoing(&ds);
+    deltas.inc_by(out.state.iter().flat_map(|s| &s.netns).filter(|ns| ns.delta.is_some()).count() as u64);
+    tx.send(state(out)).await.is_ok()
 }
 
 #[tonic::async_trait]
@@ -141,22 +145,24 @@ impl NodeSync for SyncService {
         tracing::info!(claimed = %node, proven = proven_node, session, version = %hello.executor_version, "executor connected");
         tokio::spawn(async move {
             let mut held_stubs = Held::claiming(hello.applied.as_ref().map(|a| a.version.clone()));
+            let deltas = hub.metrics().deltas_sent.clone();
             // The first state of a new term may wait for the executor's peer report
             // (docs/overlay/status.md, "A new leader"); messages are read meanwhile.
             let mut waiting = *held.borrow_and_update();
             let current = desired.borrow_and_update().clone();
-            let mut alive = !*closing.borrow() && (waiting || send(&tx, &leadership, &mut held_stubs, current).await);
+            let mut alive =
+                !*closing.borrow() && (waiting || send(&tx, &leadership, &mut held_stubs, &deltas, current).await);
             while alive {
                 tokio::select! {
                     changed = desired.changed() => {
                         let current = desired.borrow_and_update().clone();
-                        alive = changed.is_ok() && (waiting || send(&tx, &leadership, &mut held_stubs, current).await);
+                        alive = changed.is_ok() && (waiting || send(&tx, &leadership, &mut held_stubs, &deltas, current).await);
                     }
                     changed = held.changed(), if waiting => {
                         waiting = changed.is_ok() && *held.borrow_and_update();
                         if !waiting {
                             let current = desired.borrow_and_update().clone();
-                            alive = send(&tx, &leadership, &mut held_stubs, current).await;
+                            alive = send(&tx, &leadership, &mut held_stubs, &deltas, current).await;
                         }
                     }
                     _ = tokio::time::sleep_until(hold_until.map_or_else(tokio::time::Instant::now, Into::into)), if waiting => {
@@ -164,7 +170,7 @@ impl NodeSync for SyncService {
                         waiting = false;
                         let _ = held.borrow_and_update();
                         let current = desired.borrow_and_update().clone();
-                        alive = send(&tx, &leadership, &mut held_stubs, current).await;
+                        alive = send(&tx, &leadership, &mut held_stubs, &deltas, current).await;
                     }
                     msg = inbound.message() => match msg {
                         Ok(Some(m)) => {
@@ -460,6 +466,7 @@ mod tests {
         assert!(third.sequence > second.sequence, "admitted by the executor's fence");
         assert!(third.state.iter().flat_map(|s| &s.netns).all(|ns| ns.delta.is_none() && !ns.held), "whole");
         assert_eq!(s.hub.metrics().deltas_refused.get(), 1);
+        assert_eq!(s.hub.metrics().deltas_sent.get(), 1, "the one namespace sent as a delta");
         tx.send(answer(&third, true)).await.unwrap();
 
         // Reconnected, saying it applied that state: it goes as stubs, nothing resent.
