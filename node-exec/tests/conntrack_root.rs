@@ -15,8 +15,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use kuport_node_exec::conntrack::{ConntrackError, StaleFlows, delete_stale};
+use kuport_node_exec::conntrack::{ConntrackError, StaleFlows, StalePath, delete_stale};
+use kuport_node_exec::executor::Executor;
 use kuport_node_exec::sys::netns;
+use kuport_proto::build::{addr, base_chain, element, ifname, lookup, nat_to_selector, port, proto, rule, set, table};
+use kuport_proto::v1::{
+    ChainPolicy, ChainType, Hook, L4Proto, NatKind, NetnsState, NftFamily, NftSet, NftType, Selector, UdpFlows,
+};
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 231, 1, 2);
 const ROUTER_FRONT: Ipv4Addr = Ipv4Addr::new(10, 231, 1, 1);
@@ -38,7 +43,10 @@ struct Lab {
 
 impl Lab {
     fn new() -> Self {
-        let names = ["cl", "rt", "sv"].map(|n| format!("kuport-ct-{n}-{}", std::process::id()));
+        // Tests run at once in one process: each lab its own names.
+        static LABS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let lab = LABS.fetch_add(1, Ordering::Relaxed);
+        let names = ["cl", "rt", "sv"].map(|n| format!("kuport-ct-{n}-{}-{lab}", std::process::id()));
         let mut lab = Lab { names, stop: Arc::new(AtomicBool::new(false)), server: None };
         for n in &lab.names {
             run("ip", &["netns", "add", n]);
@@ -57,18 +65,10 @@ impl Lab {
         lab.ip(&s, &["route", "add", "default", "via", &ROUTER_BACK.to_string()]);
         lab.exec(&r, &["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"]);
 
-        let rules = std::env::temp_dir().join(format!("kuport-ct-{}.nft", std::process::id()));
-        std::fs::write(
-            &rules,
-            format!(
-                "table ip kpct {{\n  chain pre {{\n    type nat hook prerouting priority dstnat;\n    \
-                 meta l4proto {{ tcp, udp }} th dport {{ {PORT}, {OTHER_PORT} }} dnat to {SERVER}\n  }}\n}}\n"
-            ),
-        )
-        .unwrap();
-        let loaded = Command::new("ip").args(["netns", "exec", &r, "nft", "-f"]).arg(&rules).output().unwrap();
-        let _ = std::fs::remove_file(&rules);
-        assert!(loaded.status.success(), "nft -f: {}", String::from_utf8_lossy(&loaded.stderr));
+        lab.router_rules(&format!(
+            "table ip kpct {{\n  chain pre {{\n    type nat hook prerouting priority dstnat;\n    \
+             meta l4proto {{ tcp, udp }} th dport {{ {PORT}, {OTHER_PORT} }} dnat to {SERVER}\n  }}\n}}\n"
+        ));
 
         lab.server = Some(lab.start_server());
         lab
@@ -95,6 +95,16 @@ impl Lab {
         run("ip", &a);
     }
 
+    /// Loads `ruleset` into the router with `nft -f`.
+    fn router_rules(&self, ruleset: &str) {
+        let file = std::env::temp_dir().join(format!("{}.nft", self.names[1]));
+        std::fs::write(&file, ruleset).unwrap();
+        let loaded =
+            Command::new("ip").args(["netns", "exec", &self.names[1], "nft", "-f"]).arg(&file).output().unwrap();
+        let _ = std::fs::remove_file(&file);
+        assert!(loaded.status.success(), "nft -f: {}", String::from_utf8_lossy(&loaded.stderr));
+    }
+
     /// UDP echo on both ports and a TCP listener on PORT, in the server namespace.
     fn start_server(&self) -> JoinHandle<()> {
         let (udp, tcp) = in_netns(&self.path(2), || {
@@ -114,8 +124,9 @@ impl Lab {
             while !stop.load(Ordering::Relaxed) {
                 for s in &udp {
                     match s.recv_from(&mut buf) {
-                        Ok((n, from)) => {
-                            let _ = s.send_to(&buf[..n], from);
+                        // The client's address as the server saw it.
+                        Ok((_, from)) => {
+                            let _ = s.send_to(from.ip().to_string().as_bytes(), from);
                         }
                         Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
                         Err(e) => panic!("server: {e}"),
@@ -152,14 +163,15 @@ fn in_netns<T: Send>(path: &Path, f: impl FnOnce() -> T + Send) -> T {
     netns::run(Some(path), || Ok::<_, kuport_node_exec::sys::Error>(f())).expect("in the namespace")
 }
 
-/// Sends one datagram to the router's published `port` and waits for the echo.
-fn echo(sock: &UdpSocket, port: u16) {
+/// Sends one datagram to the router's published `port` and waits for the answer: the client's
+/// address as the server saw it.
+fn echo(sock: &UdpSocket, port: u16) -> String {
     let to = SocketAddr::from((ROUTER_FRONT, port));
     let mut buf = [0u8; 64];
     for _ in 0..50 {
         sock.send_to(b"ping", to).unwrap();
         match sock.recv_from(&mut buf) {
-            Ok((n, from)) if from == to && &buf[..n] == b"ping" => return,
+            Ok((n, from)) if from == to => return String::from_utf8_lossy(&buf[..n]).into_owned(),
             Ok(_) => {}
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(e) => panic!("client: {e}"),
@@ -169,7 +181,7 @@ fn echo(sock: &UdpSocket, port: u16) {
 }
 
 fn udp(ports: std::ops::RangeInclusive<u16>, old_target: Ipv4Addr) -> StaleFlows {
-    StaleFlows { protocol: UDP, ports, translated_to: Some(old_target) }
+    StaleFlows { protocol: UDP, ports, path: StalePath::TranslatedTo(old_target) }
 }
 
 #[test]
@@ -219,8 +231,10 @@ fn stale_udp_flows_are_deleted_and_current_ones_kept() {
     assert_eq!(flow(PORT, "udp").len(), 1);
 
     // Nothing left to delete the second time; several flows at once count every deletion.
-    let all =
-        [udp(PORT..=OTHER_PORT, SERVER), StaleFlows { protocol: 6, ports: PORT..=PORT, translated_to: Some(SERVER) }];
+    let all = [
+        udp(PORT..=OTHER_PORT, SERVER),
+        StaleFlows { protocol: 6, ports: PORT..=PORT, path: StalePath::TranslatedTo(SERVER) },
+    ];
     assert_eq!(delete_stale(Some(&lab.router()), &all).expect("delete (all)"), 3);
     assert!(lab.conntrack(&[&format!("dst={ROUTER_FRONT}")]).is_empty());
     assert_eq!(delete_stale(Some(&lab.router()), &all).expect("delete (none left)"), 0);
@@ -232,4 +246,79 @@ fn a_missing_namespace_is_an_open_error() {
     let err = delete_stale(Some(Path::new("/var/run/netns/kuport-ct-absent")), &flows).unwrap_err();
     assert!(matches!(err, ConntrackError::OpenNetns { .. }), "{err}");
     println!("{err}");
+}
+
+/// The router's state: kuport's request claim for the server's UDP PORT behind r1, or no table.
+fn claim_state(claimed: bool, flows: UdpFlows) -> NetnsState {
+    if !claimed {
+        return NetnsState::default();
+    }
+    let key = [NftType::Ifname, NftType::Ipv4Addr, NftType::InetProto, NftType::InetService];
+    let claim = element(vec![ifname("r1"), addr(SERVER), proto(L4Proto::Udp), port(PORT.into())], vec![]);
+    let set = NftSet { udp_flows: flows as i32, ..set("claim_port", &key, &[], vec![claim]) };
+    let lookup = lookup(&[Selector::Oifname, Selector::IpDaddr, Selector::L4proto, Selector::ThDport], "claim_port");
+    let post = base_chain(
+        "kup-post",
+        ChainType::Nat,
+        Hook::Postrouting,
+        90,
+        ChainPolicy::Accept,
+        vec![rule(vec![lookup], vec![nat_to_selector(NatKind::Snat, NftFamily::Ip, Selector::IpSaddr)])],
+    );
+    NetnsState { nft_tables: vec![table(NftFamily::Ip, "kuport", vec![set], vec![post])], ..Default::default() }
+}
+
+/// A request claim that lands after the rest of its mapping (the pod's node reported the pod's
+/// route late): meanwhile the CNI's masquerade rewrote the client's address, and an established
+/// UDP flow keeps that entry for as long as it sends. When the claim comes, the executor deletes
+/// the masqueraded entries; the flow's next datagram reaches the server with the client's own
+/// address. The ablation runs first: the same claim not flagged for UDP flows leaves the flow
+/// masqueraded.
+#[test]
+fn a_claim_that_comes_late_frees_the_masqueraded_udp_flow() {
+    if !root() {
+        return;
+    }
+    let lab = Lab::new();
+    lab.router_rules(
+        "table ip cni {\n  chain post {\n    type nat hook postrouting priority srcnat;\n    \
+         oifname \"r1\" masquerade\n  }\n}\n",
+    );
+    let mut ex = Executor::new(Some(lab.router()));
+    let apply = |ex: &mut Executor, claimed: bool, flows: UdpFlows| {
+        ex.apply(&claim_state(claimed, flows)).unwrap_or_else(|e| panic!("apply: {e}"))
+    };
+    let socket = || {
+        in_netns(&lab.client(), || {
+            let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+            sock
+        })
+    };
+    let (client, masqueraded) = (CLIENT.to_string(), ROUTER_BACK.to_string());
+
+    apply(&mut ex, false, UdpFlows::Claim);
+    let established = socket();
+    assert_eq!(echo(&established, PORT), masqueraded, "no claim: the CNI's masquerade");
+
+    // Ablation: the claim comes, not flagged. New flows keep the client's address; the
+    // established one stays masqueraded.
+    apply(&mut ex, true, UdpFlows::Kept);
+    let fresh = socket();
+    assert_eq!(echo(&fresh, PORT), client, "a new flow is claimed");
+    for _ in 0..3 {
+        assert_eq!(echo(&established, PORT), masqueraded, "unflagged, the entry keeps the masquerade");
+    }
+
+    // The claim goes (its flows keep their entries), then comes flagged: the masqueraded entry
+    // goes, the claimed one stays.
+    apply(&mut ex, false, UdpFlows::Claim);
+    assert_eq!(echo(&established, PORT), masqueraded);
+    assert_eq!(echo(&fresh, PORT), client, "a claim that goes leaves its flows claimed");
+    let report = apply(&mut ex, true, UdpFlows::Claim);
+    let actions = report.actions.join("\n");
+    assert!(actions.contains("delete 1 conntrack entries of UDP flows on a stale path"), "{actions}");
+    assert_eq!(echo(&established, PORT), client, "the established flow now keeps the client's address");
+    assert_eq!(echo(&fresh, PORT), client);
+    println!("{actions}");
 }

@@ -414,23 +414,13 @@ fn same_declaration(a: &NftSet, b: &NftSet) -> bool {
         elements: _,
         digest: _,
         runs: _,
-        flush_udp_flows,
+        udp_flows,
         dynamic,
         size,
         timeout_seconds,
     } = a;
-    (name, key, data, interval, counter, flush_udp_flows, dynamic, size, timeout_seconds)
-        == (
-            &b.name,
-            &b.key,
-            &b.data,
-            &b.interval,
-            &b.counter,
-            &b.flush_udp_flows,
-            &b.dynamic,
-            &b.size,
-            &b.timeout_seconds,
-        )
+    (name, key, data, interval, counter, udp_flows, dynamic, size, timeout_seconds)
+        == (&b.name, &b.key, &b.data, &b.interval, &b.counter, &b.udp_flows, &b.dynamic, &b.size, &b.timeout_seconds)
 }
 
 fn peer_delta(old: &WireguardDevice, new: &WireguardDevice) -> PeerDelta {

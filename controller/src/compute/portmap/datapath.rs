@@ -35,8 +35,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use kuport_proto::v1::{
     Address, BaseChain, ChainType, CmpOp, Compare, Counter, Hook, IpRule, L4Proto, Link, MapLookup, Nat, NatKind,
     Neighbour, NetnsState, NftChain, NftElement, NftFamily, NftMatch, NftRule, NftSet, NftStatement, NftTable, NftType,
-    NftValue, PortRange, Route, Selector, SetLookup, SetMark, Sysctl, Verdict, VerdictKind, Vxlan, link, nft_match,
-    nft_statement, nft_value, set_mark,
+    NftValue, PortRange, Route, Selector, SetLookup, SetMark, Sysctl, UdpFlows, Verdict, VerdictKind, Vxlan, link,
+    nft_match, nft_statement, nft_value, set_mark,
 };
 
 use super::links::{LinkKey, LinkNumbers, VXLAN_OVERHEAD, VXLAN_TTL, device_name, link_mac, mac_text};
@@ -729,12 +729,12 @@ fn family_rules(
     let (port, range) = split(&p.claim, |(o, a, pr)| (vec![ifname(o), addr(*a), proto(*pr)], vec![]));
     if !port.is_empty() {
         let name = n(SET_CLAIM_PORT);
-        sets.push(set(&name, &[Ifname, addr_t, InetProto, InetService], &[], false, port));
+        sets.push(claim_set(set(&name, &[Ifname, addr_t, InetProto, InetService], &[], false, port)));
         post.push(rule(vec![lookup(&[Oifname, daddr, L4proto, ThDport], &name)], vec![identity_snat(fam)]));
     }
     if !range.is_empty() {
         let name = n(SET_CLAIM_RANGE);
-        sets.push(set(&name, &[InetService, Ifname, addr_t, InetProto], &[], true, range));
+        sets.push(claim_set(set(&name, &[InetService, Ifname, addr_t, InetProto], &[], true, range)));
         post.push(rule(vec![lookup(&[ThDport, Oifname, daddr, L4proto], &name)], vec![identity_snat(fam)]));
     }
     let (port, range) = split(&p.reply_claim, |(a, pr)| (vec![addr(*a), proto(*pr)], vec![]));
@@ -826,7 +826,15 @@ fn set(name: &str, key: &[NftType], data: &[NftType], interval: bool, elements: 
 /// A DNAT map: when an element's target changes, the executor deletes the UDP flows still on
 /// the old path (docs/portmap/datapath.md, "UDP flows when a target moves").
 fn dnat_target_map(set: NftSet) -> NftSet {
-    NftSet { flush_udp_flows: true, ..set }
+    NftSet { udp_flows: UdpFlows::Dnat as i32, ..set }
+}
+
+/// A request claim: when an element comes, the executor deletes the UDP flows to the pod that
+/// the CNI's masquerade rewrote before it (the pod's route reported after its mapping was
+/// placed), so they keep no wrong client address (docs/portmap/datapath.md, "UDP flows when a
+/// target moves").
+fn claim_set(set: NftSet) -> NftSet {
+    NftSet { udp_flows: UdpFlows::Claim as i32, ..set }
 }
 
 fn el(key: Vec<NftValue>, data: Vec<NftValue>) -> NftElement {

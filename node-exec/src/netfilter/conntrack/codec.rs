@@ -71,8 +71,10 @@ pub(super) struct Tuple {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Entry {
     pub(super) orig: Tuple,
-    /// Reply-direction source: the DNAT target (or the original destination without DNAT).
-    pub(super) reply_src: Ipv4Addr,
+    /// The reply-direction tuple: its source is the DNAT target (the original destination
+    /// without DNAT), its destination the client as the server saw it (the original source
+    /// without SNAT).
+    pub(super) reply: Tuple,
     pub(super) zone: Option<u16>,
     pub(super) id: Option<u32>,
 }
@@ -83,12 +85,7 @@ pub(super) fn parse_entry(payload: &[u8]) -> Option<Entry> {
     let top = attrs(payload)?;
     let orig = parse_tuple(find(&top, CTA_TUPLE_ORIG)?)?;
     let reply = parse_tuple(find(&top, CTA_TUPLE_REPLY)?)?;
-    Some(Entry {
-        orig,
-        reply_src: reply.src,
-        zone: find(&top, CTA_ZONE).and_then(be16),
-        id: find(&top, CTA_ID).and_then(be32),
-    })
+    Some(Entry { orig, reply, zone: find(&top, CTA_ZONE).and_then(be16), id: find(&top, CTA_ID).and_then(be32) })
 }
 
 fn parse_tuple(data: &[u8]) -> Option<Tuple> {
@@ -160,21 +157,19 @@ fn ipv4(d: &[u8]) -> Option<Ipv4Addr> {
 pub(super) mod tests {
     use super::*;
 
-    /// A UDP entry to `dport`, answered from `reply_src`.
+    /// A UDP entry to `dport`, answered from `reply_src` on the same port, not source-NATed.
     pub(in super::super) fn entry(dport: u16, reply_src: [u8; 4]) -> Entry {
-        Entry {
-            orig: Tuple {
-                src: Ipv4Addr::new(10, 0, 0, 2),
-                dst: Ipv4Addr::new(10, 0, 0, 1),
-                proto: 17,
-                sport: 40000,
-                dport,
-                zone: None,
-            },
-            reply_src: Ipv4Addr::from(reply_src),
-            zone: Some(7),
-            id: Some(0xdead_beef),
-        }
+        let orig = Tuple {
+            src: Ipv4Addr::new(10, 0, 0, 2),
+            dst: Ipv4Addr::new(10, 0, 0, 1),
+            proto: 17,
+            sport: 40000,
+            dport,
+            zone: None,
+        };
+        let reply =
+            Tuple { src: Ipv4Addr::from(reply_src), dst: orig.src, sport: dport, dport: orig.sport, ..orig.clone() };
+        Entry { orig, reply, zone: Some(7), id: Some(0xdead_beef) }
     }
 
     /// A dumped entry as the kernel encodes it: the delete's attributes plus a reply tuple.
@@ -182,13 +177,13 @@ pub(super) mod tests {
         let mut w = AttrWriter { buf: delete_attrs(e) };
         let reply = w.begin(CTA_TUPLE_REPLY);
         let ip = w.begin(CTA_TUPLE_IP);
-        w.put(CTA_IP_V4_SRC, &e.reply_src.octets());
-        w.put(CTA_IP_V4_DST, &e.orig.src.octets());
+        w.put(CTA_IP_V4_SRC, &e.reply.src.octets());
+        w.put(CTA_IP_V4_DST, &e.reply.dst.octets());
         w.end(ip);
         let proto = w.begin(CTA_TUPLE_PROTO);
-        w.put(CTA_PROTO_NUM, &[e.orig.proto]);
-        w.put(CTA_PROTO_SRC_PORT, &e.orig.dport.to_be_bytes());
-        w.put(CTA_PROTO_DST_PORT, &e.orig.sport.to_be_bytes());
+        w.put(CTA_PROTO_NUM, &[e.reply.proto]);
+        w.put(CTA_PROTO_SRC_PORT, &e.reply.sport.to_be_bytes());
+        w.put(CTA_PROTO_DST_PORT, &e.reply.dport.to_be_bytes());
         w.end(proto);
         w.end(reply);
         w.buf

@@ -15,7 +15,7 @@ mod policy;
 
 use std::path::Path;
 
-pub use policy::{StaleFlows, stale_udp};
+pub use policy::{StaleFlows, StalePath, stale_udp};
 
 use crate::netfilter::nfnetlink::{self, NFGENMSG_LEN};
 use crate::sys::{self, netlink, netns};

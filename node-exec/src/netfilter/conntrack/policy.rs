@@ -1,6 +1,6 @@
-//! Which conntrack entries a change of the DNAT maps leaves on the wrong path. The state says
-//! which maps those are (`NftSet.flush_udp_flows`), and each map's key and data types say where
-//! its protocol, port and target address sit.
+//! Which conntrack entries a change of kuport's NAT sets leaves on a wrong path. The state says
+//! which sets those are and what they hold (`NftSet.udp_flows`), and each set's key and data
+//! types say where its protocol, port and address sit.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -8,7 +8,7 @@ use std::ops::RangeInclusive;
 
 use kuport_proto::canonical::common_ends;
 use kuport_proto::v1::nft_value::Value;
-use kuport_proto::v1::{ElementRun, NftElement, NftSet, NftTable, NftType, NftValue};
+use kuport_proto::v1::{ElementRun, NftElement, NftSet, NftTable, NftType, NftValue, UdpFlows};
 
 use super::codec::Entry;
 
@@ -20,29 +20,50 @@ const UDP: u8 = 17;
 pub struct StaleFlows {
     /// IPPROTO_TCP (6) or IPPROTO_UDP (17); entries without ports never match.
     pub protocol: u8,
-    /// Original-direction destination ports, inclusive.
+    /// Ports, inclusive: the original direction's destination ports, except for
+    /// [`StalePath::Masqueraded`], where they are the server's (the reply's source ports).
     pub ports: RangeInclusive<u16>,
-    /// Some: entries translated to this address (their reply source), by an element that moved
-    /// or went; never another service's flows. None: entries not translated at all (reply source
-    /// = original destination), which a new element would now translate.
-    pub translated_to: Option<Ipv4Addr>,
+    pub path: StalePath,
+}
+
+/// The path a stale entry holds its flow on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StalePath {
+    /// Translated to this address (the reply's source) by an element that moved or went; never
+    /// another service's flows.
+    TranslatedTo(Ipv4Addr),
+    /// Not translated at all (the reply's source is the original destination), which a new
+    /// element would now translate.
+    Untranslated,
+    /// To this address, with the client's address rewritten by some rule (the reply's
+    /// destination is not the original source): a new request claim would now keep it.
+    Masqueraded(Ipv4Addr),
 }
 
 impl StaleFlows {
     pub(super) fn selects(&self, e: &Entry) -> bool {
         e.orig.proto == self.protocol
-            && self.ports.contains(&e.orig.dport)
-            && e.reply_src == self.translated_to.unwrap_or(e.orig.dst)
+            && match self.path {
+                StalePath::TranslatedTo(to) => self.ports.contains(&e.orig.dport) && e.reply.src == to,
+                StalePath::Untranslated => self.ports.contains(&e.orig.dport) && e.reply.src == e.orig.dst,
+                StalePath::Masqueraded(to) => {
+                    self.ports.contains(&e.reply.sport) && e.reply.src == to && e.reply.dst != e.orig.src
+                }
+            }
     }
 }
 
-/// The UDP flows a table change leaves on the wrong path, which keep it as long as they send,
-/// for every map flagged `flush_udp_flows` in `old` or `new`:
-/// - those an element of `old` translated, when the element is gone from `new` or now maps
-///   elsewhere;
-/// - those no element translated (their first datagram came before the element), for every
-///   element `new` adds or changes. On a pod's node the link's element can land after the
-///   accepting node already sends the flow there; that datagram makes an untranslated entry.
+/// The UDP flows a table change leaves on a wrong path, which keep it as long as they send,
+/// for every set flagged in `old` or `new` (`NftSet.udp_flows`):
+/// - a DNAT map: those an element of `old` translated, when the element is gone from `new` or
+///   now maps elsewhere; and those no element translated (their first datagram came before
+///   the element), for every element `new` adds or changes. On a pod's node the link's
+///   element can land after the accepting node already sends the flow there; that datagram
+///   makes an untranslated entry.
+/// - a request claim: for every element `new` adds, the flows to its pod whose client address
+///   the CNI's masquerade rewrote. The claim lands later than the rest of a mapping when the
+///   pod's node reports the pod's route after the mapping was placed; meanwhile the pod's
+///   flows are masqueraded.
 ///
 /// Only UDP, as kube-proxy does: an established UDP flow refreshes its entry with every datagram,
 /// while a TCP flow to a vanished pod ends on its own and one to a live pod may still drain.
@@ -70,21 +91,21 @@ pub fn stale_udp(old: Option<&NftTable>, new: Option<&NftTable>) -> Vec<StaleFlo
             other.get(&format!("{:?}", e.key)).is_some_and(|data| *data == e.data)
         };
         if let Some(layout) = before.and_then(Layout::of) {
-            out.extend(b.iter().filter(|e| !unchanged(e, &now)).filter_map(|e| layout.flows(e, true)));
+            out.extend(b.iter().filter(|e| !unchanged(e, &now)).filter_map(|e| layout.flows(e, Change::Went)));
         }
         if let Some(layout) = after.and_then(Layout::of) {
-            out.extend(a.iter().filter(|e| !unchanged(e, &was)).filter_map(|e| layout.flows(e, false)));
+            out.extend(a.iter().filter(|e| !unchanged(e, &was)).filter_map(|e| layout.flows(e, Change::Came)));
         }
     }
     out
 }
 
-/// The names of the sets flagged in either table, in table order (old's first): a map that
-/// loses or gains the flag still says what its elements translated.
+/// The names of the sets flagged in either table, in table order (old's first): a set that
+/// loses or gains the flag still says what its elements did.
 fn flagged<'a>(old: Option<&'a NftTable>, new: Option<&'a NftTable>) -> Vec<&'a str> {
     let mut names: Vec<&str> = Vec::new();
     for s in [old, new].into_iter().flatten().flat_map(|t| &t.sets) {
-        if s.flush_udp_flows && !names.contains(&s.name.as_str()) {
+        if s.udp_flows() != UdpFlows::Kept && !names.contains(&s.name.as_str()) {
             names.push(&s.name);
         }
     }
@@ -103,36 +124,61 @@ fn runs(set: Option<&NftSet>) -> &[ElementRun] {
     set.map_or(&[][..], |s| &s.runs[..])
 }
 
-/// Where a DNAT map's elements hold the protocol and the port (key) and the target (data).
+/// What happened to an element: it went from the old set (or changed), or came to the new one.
+#[derive(Clone, Copy)]
+enum Change {
+    Went,
+    Came,
+}
+
+/// What a flagged set holds, and where its elements hold the protocol and the port (key) and
+/// the address: a DNAT map's target (data), a claim's pod (key).
 struct Layout {
+    kind: UdpFlows,
     protocol: usize,
     port: usize,
-    target: usize,
+    address: usize,
 }
 
 impl Layout {
-    /// None for a map whose types lack one of them (it translates nothing conntrack can name).
+    /// None for a set not flagged, or whose types lack one of them (it holds nothing conntrack
+    /// can name).
     fn of(set: &NftSet) -> Option<Self> {
         let at = |types: &[i32], ty: NftType| types.iter().position(|t| *t == ty as i32);
+        let kind = set.udp_flows();
+        let address = match kind {
+            UdpFlows::Kept => return None,
+            UdpFlows::Dnat => at(&set.data, NftType::Ipv4Addr)?,
+            UdpFlows::Claim => at(&set.key, NftType::Ipv4Addr)?,
+        };
         Some(Layout {
+            kind,
             protocol: at(&set.key, NftType::InetProto)?,
             port: at(&set.key, NftType::InetService)?,
-            target: at(&set.data, NftType::Ipv4Addr)?,
+            address,
         })
     }
 
-    /// The UDP flows of one element: its ports, and its target (`translated`) or none.
-    fn flows(&self, e: &NftElement, translated: bool) -> Option<StaleFlows> {
+    /// The UDP flows an element's change leaves on a wrong path, if any.
+    fn flows(&self, e: &NftElement, change: Change) -> Option<StaleFlows> {
         fn value(list: &[NftValue], i: usize) -> Option<&Value> {
             list.get(i).and_then(|v| v.value.as_ref())
         }
         let Some(Value::Proto(p)) = value(&e.key, self.protocol) else { return None };
         let Some(Value::Port(r)) = value(&e.key, self.port) else { return None };
-        let Some(Value::Addr(a)) = value(&e.data, self.target) else { return None };
+        let in_data = self.kind == UdpFlows::Dnat;
+        let Some(Value::Addr(a)) = value(if in_data { &e.data } else { &e.key }, self.address) else { return None };
         let protocol = u8::try_from(*p).ok().filter(|p| *p == UDP)?;
         let ports = u16::try_from(r.first).ok()?..=u16::try_from(r.last).ok()?;
-        let target: Ipv4Addr = a.parse().ok()?;
-        Some(StaleFlows { protocol, ports, translated_to: translated.then_some(target) })
+        let address: Ipv4Addr = a.parse().ok()?;
+        let path = match (self.kind, change) {
+            (UdpFlows::Dnat, Change::Went) => StalePath::TranslatedTo(address),
+            (UdpFlows::Dnat, Change::Came) => StalePath::Untranslated,
+            (UdpFlows::Claim, Change::Came) => StalePath::Masqueraded(address),
+            // A claim that goes leaves its flows claimed: their client address is still right.
+            (UdpFlows::Claim, Change::Went) | (UdpFlows::Kept, _) => return None,
+        };
+        Some(StaleFlows { protocol, ports, path })
     }
 }
 
@@ -147,7 +193,7 @@ mod tests {
     #[test]
     fn flows_select_by_protocol_port_and_old_target() {
         let old = Ipv4Addr::new(10, 0, 1, 2);
-        let flows = StaleFlows { protocol: 17, ports: 27000..=27015, translated_to: Some(old) };
+        let flows = StaleFlows { protocol: 17, ports: 27000..=27015, path: StalePath::TranslatedTo(old) };
         assert!(flows.selects(&entry(27015, old.octets())));
         assert!(flows.selects(&entry(27000, old.octets())));
         assert!(!flows.selects(&entry(27015, [10, 0, 1, 3])), "another target's flow");
@@ -175,7 +221,7 @@ mod tests {
             name: owned::MAP_PUBLISH_PORT.into(),
             key: types(&[NftType::Ifname, NftType::InetProto, NftType::InetService]),
             data: types(&[NftType::Ipv4Addr, NftType::InetService]),
-            flush_udp_flows: true,
+            udp_flows: UdpFlows::Dnat as i32,
             elements,
             ..Default::default()
         };
@@ -201,7 +247,8 @@ mod tests {
                 .map(|(p, t)| StaleFlows {
                     protocol: UDP,
                     ports: *p..=*p,
-                    translated_to: t.map(|t| t.parse().expect("an address")),
+                    path: t
+                        .map_or(StalePath::Untranslated, |t| StalePath::TranslatedTo(t.parse().expect("an address"))),
                 })
                 .collect()
         };
@@ -232,11 +279,74 @@ mod tests {
 
     #[test]
     fn untranslated_flows_are_selected_by_port_only_when_nothing_translated_them() {
-        let flows = StaleFlows { protocol: 17, ports: 27015..=27115, translated_to: None };
+        let flows = StaleFlows { protocol: 17, ports: 27015..=27115, path: StalePath::Untranslated };
         let mut e = entry(27015, [203, 0, 113, 9]);
         e.orig.dst = Ipv4Addr::new(203, 0, 113, 9);
         assert!(flows.selects(&e), "reply source = original destination: untranslated");
-        e.reply_src = Ipv4Addr::new(10, 0, 1, 2);
+        e.reply.src = Ipv4Addr::new(10, 0, 1, 2);
         assert!(!flows.selects(&e), "translated by something else");
+    }
+
+    #[test]
+    fn masqueraded_flows_are_selected_by_the_servers_port_and_address() {
+        let pod = Ipv4Addr::new(10, 244, 1, 7);
+        let flows = StaleFlows { protocol: 17, ports: 27015..=27015, path: StalePath::Masqueraded(pod) };
+        // Through a link: the original destination and port are the link's, the reply's the pod's.
+        let mut e = entry(4789, pod.octets());
+        e.reply.sport = 27015;
+        assert!(!flows.selects(&e), "the client's address kept: claimed already");
+        e.reply.dst = Ipv4Addr::new(10, 244, 1, 1);
+        assert!(flows.selects(&e), "the client's address rewritten");
+        e.reply.sport = 27016;
+        assert!(!flows.selects(&e), "another port of the pod");
+        e.reply.sport = 27015;
+        e.reply.src = Ipv4Addr::new(10, 244, 1, 8);
+        assert!(!flows.selects(&e), "another pod");
+    }
+
+    /// A claim_port element: (ifname, pod, proto, port), no data.
+    fn claim(pod: &str, port: u32) -> NftElement {
+        let ports = PortRange { first: port, last: port };
+        NftElement {
+            key: vec![
+                v(Value::Ifname("cilium_host".into())),
+                v(Value::Addr(pod.into())),
+                v(Value::Proto(17)),
+                v(Value::Port(ports)),
+            ],
+            data: vec![],
+        }
+    }
+
+    fn claims(elements: Vec<NftElement>) -> NftTable {
+        let types = |list: &[NftType]| list.iter().map(|t| *t as i32).collect();
+        let mut set = NftSet {
+            name: "claim_port".into(),
+            key: types(&[NftType::Ifname, NftType::Ipv4Addr, NftType::InetProto, NftType::InetService]),
+            udp_flows: UdpFlows::Claim as i32,
+            elements,
+            ..Default::default()
+        };
+        (set.runs, set.digest) = kuport_proto::canonical::element_runs(&set.elements);
+        NftTable { name: owned::NFT_TABLE.into(), sets: vec![set], ..Default::default() }
+    }
+
+    #[test]
+    fn a_claim_that_comes_frees_its_pods_masqueraded_flows_and_one_that_goes_nothing() {
+        let masqueraded = |pod: &str, port: u16| StaleFlows {
+            protocol: UDP,
+            ports: port..=port,
+            path: StalePath::Masqueraded(pod.parse().expect("an address")),
+        };
+        let old = claims(vec![claim("10.244.1.5", 5000)]);
+        let new = claims(vec![claim("10.244.1.5", 5000), claim("10.244.1.7", 27015)]);
+        assert_eq!(stale_udp(Some(&old), Some(&new)), [masqueraded("10.244.1.7", 27015)]);
+        assert_eq!(stale_udp(None, Some(&old)), [masqueraded("10.244.1.5", 5000)]);
+        assert!(stale_udp(Some(&new), Some(&old)).is_empty(), "a claim gone");
+        assert!(stale_udp(Some(&new), None).is_empty(), "the table gone");
+        // Not flagged: nothing.
+        let mut kept = new.clone();
+        kept.sets[0].udp_flows = UdpFlows::Kept as i32;
+        assert!(stale_udp(Some(&old), Some(&kept)).is_empty());
     }
 }

@@ -95,7 +95,7 @@ pub(crate) fn set(payload: &[u8]) -> Result<(String, NftSet, u32), NftError> {
             digest: Vec::new(),
             runs: Vec::new(),
             // What conntrack flushes is the state's word; the kernel does not hold it.
-            flush_udp_flows: false,
+            udp_flows: kuport_proto::v1::UdpFlows::Kept as i32,
             dynamic: flags & NFT_SET_EVAL != 0,
             size,
             timeout_seconds,

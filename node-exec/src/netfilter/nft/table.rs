@@ -63,7 +63,7 @@ pub struct ApplyReport {
 }
 
 /// Sorts a table the canonical way (kuport_proto::canonicalize), without set digests and
-/// without what the executor alone reads (`flush_udp_flows`): a table read back has neither, so
+/// without what the executor alone reads (`udp_flows`): a table read back has neither, so
 /// comparing it with a normal form never reports them.
 fn canonical(table: NftTable) -> NftTable {
     let mut st =
@@ -71,7 +71,7 @@ fn canonical(table: NftTable) -> NftTable {
     kuport_proto::canonical::order(&mut st);
     let mut table = st.netns.pop().and_then(|mut n| n.nft_tables.pop()).unwrap_or_default();
     for s in &mut table.sets {
-        s.flush_udp_flows = false;
+        s.udp_flows = kuport_proto::v1::UdpFlows::Kept as i32;
     }
     table
 }
