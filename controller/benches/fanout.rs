@@ -8,7 +8,7 @@
 //! Per cluster (the same synthetic cluster as benches/compute.rs: ten edge nodes, four Vxlan
 //! classes, one Service with three pods on random nodes per PortMap), in one process:
 //! - the controller's own pieces run as `run_standalone` wires them: a [`Hub`] (statuses fed
-//!   back), its debounced `recompute_loop` and `serve_grpc` on 127.0.0.1;
+//!   back), its paced `recompute_loop` and `serve_grpc` on 127.0.0.1;
 //! - one tonic client per node, each on its own HTTP/2 connection, says Hello (no facts: the
 //!   cluster's facts stand in) and acks every DesiredState at once without applying it;
 //! - once every executor acked its first state, the changes go in one at a time through
@@ -21,7 +21,7 @@
 //! publish and ACK notifies); how many nodes received a state and the DesiredState bytes they
 //! received (prost `encoded_len`, as decoded by the clients). A tracing layer timestamps the
 //! hub's "computed" (with its elapsed_ms) and "node states published" log events, which splits
-//! the time into debounce wait (to compute start), compute, publish (from compute end to the
+//! the time into wait (to compute start), compute, publish (from compute end to the
 //! publish log: the recompute loop resuming, every node state versioned, the changed ones sent)
 //! and delivery (to the last ACK). The bench relies on those two log events: if they change,
 //! changes show as timed out.
@@ -46,7 +46,7 @@ use kuport_controller::api::Protocol;
 use kuport_controller::compute::Settings;
 use kuport_controller::observe::Cluster;
 use kuport_controller::serve::{MAX_MESSAGE, serve_grpc};
-use kuport_controller::stream::{Hub, hub, leader};
+use kuport_controller::stream::{Hub, leader};
 use kuport_proto::v1::node_sync_client::NodeSyncClient;
 use kuport_proto::v1::{Ack, ExecutorMessage, Hello, controller_message, executor_message};
 use prost::Message as _;
@@ -274,9 +274,9 @@ async fn settle(
     seq_before: u64,
     deadline: Instant,
 ) -> Option<Settled> {
-    // The debounce puts at least QUIET between a change and the compute that reads it, so a
-    // compute starting sooner (one already under way) read the previous inputs.
-    let after = changed + hub::QUIET / 2;
+    // A compute that started before the change (one already under way) read the previous
+    // inputs; its start is taken from its whole milliseconds, so never before the real one.
+    let after = changed;
     let (computed, published) = loop {
         if let Some(found) = publish_after(&lock(events), after) {
             break found;
@@ -314,7 +314,7 @@ struct Sample {
     kind: Kind,
     /// set_inputs to the hub holding the last ACK.
     total: Duration,
-    /// set_inputs to compute start: the debounce (and the recompute task waking).
+    /// set_inputs to compute start: the recompute task waking (and the pace, if one is due).
     wait: Duration,
     compute: Duration,
     /// compute end to the publish event (versions of every node state, the sends).
@@ -607,7 +607,7 @@ fn main() {
     }
     let _ = writeln!(
         s,
-        "\n| nodes | PortMaps | change | n | nodes sent a state: mean (min-max) | DesiredState KiB per change: median / max | KiB per node sent | **change to last ACK** ms p50 / p99 | compute start to last ACK | debounce wait | compute | publish | delivery |"
+        "\n| nodes | PortMaps | change | n | nodes sent a state: mean (min-max) | DesiredState KiB per change: median / max | KiB per node sent | **change to last ACK** ms p50 / p99 | compute start to last ACK | wait | compute | publish | delivery |"
     );
     let _ = writeln!(s, "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &runs {

@@ -1,5 +1,5 @@
 //! The controller at run time, its stages wired together: a source observes (the folder or
-//! the API) and feeds the [`Hub`], whose debounced recompute streams states to the executors;
+//! the API) and feeds the [`Hub`], whose paced recompute streams states to the executors;
 //! the status writer, the Debug service and the metrics report.
 //!
 //! One gRPC port serves NodeSync (leader only), Debug (every replica), the standard health

@@ -57,7 +57,7 @@ fn one_port_map_changing_leaves_the_others_on_its_nodes_acknowledged() {
 }
 
 /// Facts that differ only in interfaces no class names on the node (a pod's veth) do not
-/// recompute: each recompute restarted the debounce of real changes (latency benchmark).
+/// recompute: each recompute held up real changes (latency benchmark).
 #[tokio::test]
 async fn only_facts_the_computation_reads_trigger_a_recompute() {
     use kuport_proto::v1::{InterfaceFacts, NodeFacts};
@@ -82,7 +82,7 @@ async fn only_facts_the_computation_reads_trigger_a_recompute() {
             ..Default::default()
         })),
     };
-    // Waits past the debounce, then returns how many computes ran so far.
+    // Waits past the pace, then returns how many computes ran so far.
     let settled = || async {
         tokio::time::sleep(Duration::from_millis(400)).await;
         hub.computes()
@@ -147,4 +147,67 @@ async fn a_fresh_executors_first_state_waits_for_its_facts_and_carries_the_claim
     // A reconnect with facts known is not held.
     let again = hub.connect(&Hello { node: "worker-2".into(), executor_version: "test".into(), applied: None });
     assert!(!*again.held.borrow() && again.hold_until.is_none());
+}
+
+/// Recomputes are paced, not debounced (docs/decisions.md, "Recomputes are paced, not
+/// debounced"): a change after a quiet spell is computed at once, where a debounce waited 100 ms
+/// of quiet first; the changes of a burst that follows wait out the pace together and are read by
+/// one compute.
+#[tokio::test(start_paused = true)]
+async fn a_change_after_quiet_computes_at_once_and_a_burst_once_after_the_pace() {
+    use kuport_controller::stream::hub::PACE;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster");
+    let cluster = render::load_dir(&dir, k8s_openapi::jiff::Timestamp::now()).expect("examples load");
+    let with_port = |port: u16| {
+        let mut c = cluster.clone();
+        let pm = c.port_maps.iter_mut().find(|p| p.metadata.name.as_deref() == Some("web")).expect("web");
+        pm.spec.port = port;
+        c
+    };
+    let (_tx, rx) = leader::standalone("127.0.0.1:1".into());
+    let hub = Hub::new(Settings::default(), rx, true);
+    hub.set_inputs(cluster.clone());
+    tokio::spawn(hub.clone().recompute_loop(None));
+    // The paused clock stands still while a compute runs (a blocking task): what passes is the
+    // loop's own waiting.
+    let computed = |n: u64| {
+        let hub = hub.clone();
+        async move {
+            let start = Instant::now();
+            while hub.computes() < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            start.elapsed()
+        }
+    };
+    assert!(computed(1).await < Duration::from_millis(5), "the first inputs compute at once");
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    hub.set_inputs(with_port(8443));
+    let waited = computed(2).await;
+    assert!(waited < Duration::from_millis(5), "a change after a quiet spell waited {waited:?}");
+    let second = Instant::now();
+
+    // A burst right after: five changes 10 ms apart, all inside the pace.
+    for port in 8444..8449 {
+        hub.set_inputs(with_port(port));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    computed(3).await;
+    assert!(second.elapsed() >= PACE - Duration::from_millis(5), "the burst waited out the pace");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(hub.computes(), 3, "one compute read the whole burst");
+
+    // ... and it read the last of it: its node states are those of the last inputs.
+    let last = Hub::new(Settings::default(), leader::standalone("127.0.0.1:1".into()).1, true);
+    last.set_inputs(with_port(8448));
+    last.recompute();
+    let versions = |hub: &Hub| -> Vec<String> {
+        let (outputs, _) = hub.outputs();
+        outputs.node_states.values().map(|s| kuport_proto::canonical_version(s)).collect()
+    };
+    assert_eq!(versions(&hub), versions(&last));
 }

@@ -490,8 +490,8 @@ async fn scenario() {
     })
     .await;
 
-    // A leader frozen past its lease (alive, not killed) is replaced; the world changes just
-    // before it froze; once it resumes it writes nothing (no status, slot claim, class row or
+    // A leader frozen past its lease (alive, not killed) is replaced; the world changes while
+    // it is frozen; once it resumes it writes nothing (no status, slot claim, class row or
     // event) and sends its executors to the new leader instead of states.
     drop(c2);
     let c2 = Controller::start(&cp, "c2", &a2, "default", &[], LOG_LEVEL);
@@ -505,14 +505,15 @@ async fn scenario() {
     assert!(c1_writes > 0, "c1 counts the writes it made as leader");
     let c1_term = worker.borrow().last().map(|a| a.0).expect("worker-2 acked c1");
     let acks_before = (edge.borrow().len(), worker.borrow().len());
-    // The pod moves back to worker-2 (one request, so that c1 freezes before its debounced
-    // recompute ran and resumes with it due).
+    // The pod moves back to worker-2 once c1 is frozen (one request): c1 resumes with the
+    // watch event waiting and its recompute due. A recompute starts at once after a quiet
+    // spell, so a change written just before the freeze could be computed and written first.
+    c1.signal("-STOP");
+    let frozen = Instant::now();
     let back = r#"[{"op":"replace","path":"/endpoints/0/nodeName","value":"worker-2"},
         {"op":"replace","path":"/endpoints/0/addresses","value":["10.244.2.107"]},
         {"op":"replace","path":"/endpoints/0/targetRef/name","value":"game-0"}]"#;
     cp.ok(&["patch", "endpointslice", "-n", "games", "game-abcde", "--type=json", "-p", back], None);
-    c1.signal("-STOP");
-    let frozen = Instant::now();
     let took = within(Duration::from_secs(10), "c2 leads while c1 is frozen", || {
         let h = holder(&cp);
         if h.starts_with("c2@") { Ok(()) } else { Err(h) }
@@ -657,7 +658,7 @@ async fn scenario() {
             }
         })
         .await;
-        // Past the debounce: a recompute the forged report caused has published by now.
+        // Past the pace: a recompute the forged report caused has published by now.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(desired_versions(&a2, &trust).await, desired_before, "{forged}: a node's desired state changed");
         forger.abort();

@@ -17,15 +17,15 @@
 //! prepared (a move's pod moved), then 300 to 600 ms pass, then it is written; the next one is
 //! prepared once it landed. The pause lets the facts reports of a move (the pod's veth left one
 //! node and appeared on another) reach the leader before the write, as a real pod's veth exists
-//! well before its endpoint turns ready; otherwise they restart the leader's debounce. The
+//! well before its endpoint turns ready; otherwise they start a recompute of their own. The
 //! previous change's PortMap status writes are usually over by then, not always (the report
 //! counts them). `KUPORT_LATENCY_CHANGES=N` runs N changes.
 //!
 //! The split (API write, controller, executors) comes from the leader's log line `node states
 //! published`; its `status written` lines tell which changes had the leader's own status writes
-//! come back as watch events while it waited for quiet. The controller's debounce is by design
-//! (issue 5: recompute after 100 ms of quiet, 1 s at most), so about 100 ms of every figure is
-//! that wait.
+//! come back as watch events. The controller's recomputes are paced (at once after a quiet
+//! spell, then at most every 100 ms: docs/decisions.md, "Recomputes are paced, not
+//! debounced"), so a change that follows another within 100 ms waits out the rest.
 //!
 //! Needs root. `cargo bench -p kuport-lab --bench latency`; everything it starts (namespaces,
 //! processes, the API server, its folder) is removed on exit and on panic.
@@ -587,7 +587,7 @@ fn report(samples: &[Sample], log: &LeaderLog, reads: &[Duration], loads: &[Stri
         let with_split = || pick(k).filter_map(|(i, s)| split[i].map(|p| (s, p)));
         println!("| {name} | API write (t0 to its answer) {}", cells(pick(k).map(|(_, s)| s.write)));
         println!(
-            "| {name} | answer to states published (watch, debounce, compute, class status) {}",
+            "| {name} | answer to states published (watch, pace, compute, class status) {}",
             cells(with_split().map(|(s, p)| p.saturating_sub(s.write)))
         );
         println!(
@@ -628,7 +628,7 @@ fn report(samples: &[Sample], log: &LeaderLog, reads: &[Duration], loads: &[Stri
     let p99 = percentile(&all, 99.0);
     println!(
         "\n{} changes in {:.0} s; {matched} matched to a `node states published` line of the leader's log; \
-         the controller's debounce (100 ms of quiet) is part of every figure",
+         the controller paces its recomputes at most every 100 ms",
         samples.len(),
         took.as_secs_f64()
     );

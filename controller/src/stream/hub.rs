@@ -1,6 +1,6 @@
 //! The hub: what the controller knows at run time, between its inputs and its executors.
 //!
-//! Inputs (from a manifest folder or the Kubernetes API) and the facts executors report go in; a recompute (debounced: [`QUIET`] of quiet, [`AT_MOST`] at most) runs the pure
+//! Inputs (from a manifest folder or the Kubernetes API) and the facts executors report go in; a recompute (paced: at once after a quiet spell, then at most every [`PACE`]) runs the pure
 //! [`compute`] and publishes each node's state, stamped with the leader's term and a sequence
 //! number, on that node's channel. Only nodes whose version changed get a new message.
 
@@ -30,10 +30,10 @@ use crate::observe::facts::{self, Refused};
 use crate::observe::{Cluster, KnownFacts, OverlayObserved};
 use crate::report::metrics::Metrics;
 
-/// A recompute waits for this much quiet after the last change...
-pub const QUIET: Duration = Duration::from_millis(100);
-/// ...but never longer than this after the first one.
-pub const AT_MOST: Duration = Duration::from_secs(1);
+/// The least time between the starts of two recomputes: a change after a quiet spell is
+/// computed at once, and the changes of a burst wait out the rest of this together
+/// (docs/decisions.md, "Recomputes are paced, not debounced").
+pub const PACE: Duration = Duration::from_millis(100);
 
 /// How often the leader reads every node's counters for the per-mapping metrics
 /// (docs/operations/counters.md): half Prometheus' usual scrape interval.
@@ -768,12 +768,13 @@ impl Hub {
         due
     }
 
-    /// Recomputes whenever something changed, debounced, until the process ends. With a
-    /// `gate`, each result is published only once the gate passed it (the Kubernetes source
+    /// Recomputes whenever something changed, paced by [`PACE`], until the process ends. With
+    /// a `gate`, each result is published only once the gate passed it (the Kubernetes source
     /// writes slot claims first); a closed gate retries after [`GATE_RETRY`].
     pub async fn recompute_loop(self: Arc<Self>, gate: Option<Arc<dyn Gate>>) {
         let mut leadership = self.leadership.clone();
         let overlay = self.settings.overlay.is_some();
+        let mut last_start: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = self.changed.notified() => {}
@@ -785,16 +786,19 @@ impl Hub {
                     }
                 }
             }
-            let first = tokio::time::Instant::now();
-            loop {
-                let quiet = tokio::time::sleep(QUIET);
-                let deadline = tokio::time::sleep_until(first + AT_MOST);
-                tokio::select! {
-                    _ = self.changed.notified() => continue,
-                    _ = quiet => break,
-                    _ = deadline => break,
+            // Soon after the last start, wait out the pace: the changes that come meanwhile are
+            // read by this compute, so their notices are taken here, not left to start another.
+            if let Some(last) = last_start {
+                let paced = tokio::time::sleep_until(last + PACE);
+                tokio::pin!(paced);
+                loop {
+                    tokio::select! {
+                        _ = &mut paced => break,
+                        _ = self.changed.notified() => {}
+                    }
                 }
             }
+            last_start = Some(tokio::time::Instant::now());
             let hub = self.clone();
             let computed = match tokio::task::spawn_blocking(move || hub.compute_now()).await {
                 Ok(Some(c)) => c,

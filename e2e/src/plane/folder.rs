@@ -30,7 +30,7 @@ pub const STORES: &str = "nodes";
 
 impl Plane {
     /// Replaces the user's manifests (the generated objects stay); the controller picks the
-    /// change up within its folder poll (250 ms) and debounce (100 ms).
+    /// change up within its folder poll (250 ms) and the recompute pace (100 ms).
     pub fn set_manifests(&mut self, manifests: &Manifests) -> anyhow::Result<()> {
         self.user = manifests.files.clone();
         self.write_folder()
