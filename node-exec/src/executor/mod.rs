@@ -276,6 +276,7 @@ impl Executor {
         match conntrack::delete_stale(self.netns.as_deref(), &flows) {
             Ok(0) => {}
             Ok(n) => {
+                tracing::info!(netns = ?self.netns, deleted = n, "conntrack entries of UDP flows on a stale path deleted");
                 report.writes += n;
                 report.actions.push(format!("delete {n} conntrack entries of UDP flows on a stale path"));
             }
