@@ -261,8 +261,9 @@ impl Executor {
     }
 
     /// Once the new tables are in, deletes the conntrack entries of UDP flows a DNAT element
-    /// no longer translates, or a new one would (see [`conntrack::stale_udp`]), in every table
-    /// of the old or the new state: their next datagram meets the new element. `old` is the
+    /// no longer translates, or a new one would, and those a new request claim would keep from
+    /// the CNI's masquerade (see [`conntrack::stale_udp`]), in every table of the old or the new
+    /// state: their next datagram meets the new elements. `old` is the
     /// state asked for before; a failure here is logged and reported, never an apply error,
     /// since the datapath itself is right.
     fn delete_stale_flows(&self, old: &NetnsState, new: &NetnsState, report: &mut Report) {

@@ -3,9 +3,10 @@
 //!
 //! When a published port's DNAT target moves, an established UDP flow keeps its old translation
 //! forever: every datagram refreshes the entry. Deleting the entry makes the next datagram go
-//! through the NAT rules again, as kube-proxy does.
+//! through the NAT rules again, as kube-proxy does. Likewise a flow the CNI masqueraded before
+//! its pod's request claim came keeps the rewritten client address until its entry goes.
 //!
-//! `policy` says which flows a change leaves stale, from the maps the state flags; `codec`
+//! `policy` says which flows a change leaves stale, from the sets the state flags; `codec`
 //! reads and writes ctnetlink's messages. One dump of the IPv4 table selects the entries; they
 //! are deleted one by one after the dump (deleting while dumping would disturb the dump), each
 //! by its original tuple, zone and id.
