@@ -13,7 +13,8 @@
 //!
 //! Measured per size:
 //! - first compute: no class status yet, so every link slot is claimed (one run);
-//! - steady compute: classes carry the link rows the first compute wrote, as after any restart;
+//! - steady compute: classes carry the link rows the first compute wrote, and PortMaps their
+//!   statuses, as after any restart;
 //! - one-endpoint change: the chosen pod of one mapping moves to another node, full recompute,
 //!   and how many node states changed (by `kuport_proto::version`);
 //! - peak memory (VmHWM, reset through /proc/self/clear_refs) per PortMap;
@@ -60,11 +61,15 @@ const DEFAULT_REPS: usize = 3;
 /// A first compute slower than this is measured once, and larger sizes are skipped.
 const TOO_SLOW: Duration = Duration::from_secs(60);
 
-/// Writes the link rows a compute decided into the classes, as the controller does.
-fn with_class_status(c: &mut Cluster, out: &Outputs) {
+/// Writes the statuses a compute decided into the classes (their link rows) and the PortMaps,
+/// as the controller does.
+fn with_statuses(c: &mut Cluster, out: &Outputs) {
     for class in &mut c.classes {
         let name = class.metadata.name.clone().unwrap_or_default();
         class.status = out.classes.get(&name).cloned();
+    }
+    for pm in c.port_maps.iter_mut() {
+        pm.status = out.port_maps.get(&admission::key_of(pm)).cloned();
     }
 }
 
@@ -231,7 +236,10 @@ fn by_change_row(
     whole: (Duration, Duration),
     (median, min, r, changed): (Duration, Duration, Redone, usize),
 ) -> String {
-    let port_maps = format!("port maps ({} hosts rendered)", r.port_map_hosts);
+    let port_maps = format!(
+        "port maps ({} placed, {} statuses made, {} hosts rendered)",
+        r.port_maps_placed, r.port_map_statuses, r.port_map_hosts
+    );
     let redid: Vec<&str> = [(r.mesh, "mesh"), (r.port_maps, port_maps.as_str()), (r.intercepts, "interception")]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
@@ -310,7 +318,7 @@ fn main() {
             ));
             break;
         }
-        with_class_status(&mut cluster, &out);
+        with_statuses(&mut cluster, &out);
         drop(out);
 
         eprintln!("  steady computes");

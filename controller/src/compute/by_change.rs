@@ -35,6 +35,11 @@ pub struct Redone {
     /// The mesh members whose part is their last with some peers' key or endpoint replaced.
     pub mesh_patched: usize,
     pub port_maps: bool,
+    /// The admitted mappings placed anew: those whose namespace, or every Pod they read, changed.
+    pub port_maps_placed: usize,
+    /// The PortMap statuses made anew: those of mappings placed or linked anew, refused
+    /// otherwise, or whose status was not written back as made.
+    pub port_map_statuses: usize,
     /// The host namespaces the port maps rendered anew: those a mapping gave something else.
     pub port_map_hosts: usize,
     pub intercepts: bool,
@@ -128,6 +133,13 @@ struct Reads {
     /// What a node's [`KnownNode`] reads: Nodes, facts, refused facts, classes (their rows).
     known_nodes: bool,
     port_maps: bool,
+    /// The namespaces of the PortMaps, Services, EndpointSlices and Pods (as port maps read
+    /// them) that changed; None as for `intercept_namespaces`.
+    port_map_namespaces: Option<BTreeSet<String>>,
+    /// Some Pod changed as port maps read it.
+    pods_for_port_maps: bool,
+    /// Some PortMapClass's spec changed, or a class came or went.
+    classes_respecified: bool,
     intercepts: bool,
     /// The namespaces of the Intercepts and pods that changed; none when one has no namespace
     /// or a folder's two objects share a name (then every namespace is redone).
@@ -137,22 +149,38 @@ struct Reads {
 impl Reads {
     fn between(old: &Cluster, new: &Cluster) -> Reads {
         let nodes = !diff(&old.nodes, &new.nodes).is_empty();
-        let classes = !diff(&old.classes, &new.classes).is_empty();
+        let class_changes = diff(&old.classes, &new.classes);
+        let classes = !class_changes.is_empty();
         let facts = !same_facts(&old.facts, &new.facts) || old.refused_facts != new.refused_facts;
         let pods = diff(&old.pods, &new.pods);
-        let pods_for_port_maps = pods.iter().any(|(a, b)| match (a, b) {
-            (Some(a), Some(b)) => !same_for_port_maps(a, b),
-            _ => true,
-        });
+        let pod_changes: Vec<_> = pods
+            .iter()
+            .filter(|(a, b)| match (a, b) {
+                (Some(a), Some(b)) => !same_for_port_maps(a, b),
+                _ => true,
+            })
+            .copied()
+            .collect();
+        let pods_for_port_maps = !pod_changes.is_empty();
         let mesh = nodes || classes || facts || old.overlay_observed != new.overlay_observed;
+        let (services, slices) = (diff(&old.services, &new.services), diff(&old.endpoint_slices, &new.endpoint_slices));
+        let port_map_changes = diff(&old.port_maps, &new.port_maps);
+        // A status written back changes no placement.
+        let respecified: Vec<_> =
+            port_map_changes.iter().filter(|(a, b)| a.zip(*b).is_none_or(|(a, b)| a.spec != b.spec)).copied().collect();
+        let port_map_namespaces = namespaces_of(&pod_changes)
+            .chain(namespaces_of(&services))
+            .chain(namespaces_of(&slices))
+            .chain(namespaces_of(&respecified))
+            .collect();
         let port_maps = nodes
             || classes
             || facts
             || pods_for_port_maps
             || !diff(&old.namespaces, &new.namespaces).is_empty()
-            || !diff(&old.services, &new.services).is_empty()
-            || !diff(&old.endpoint_slices, &new.endpoint_slices).is_empty()
-            || !diff(&old.port_maps, &new.port_maps).is_empty();
+            || !services.is_empty()
+            || !slices.is_empty()
+            || !port_map_changes.is_empty();
         let intercept_changes = diff(&old.intercepts, &new.intercepts);
         let intercepts = !pods.is_empty() || !intercept_changes.is_empty();
         let intercept_namespaces = namespaces_of(&pods).chain(namespaces_of(&intercept_changes)).collect();
@@ -161,6 +189,10 @@ impl Reads {
             members: nodes || facts,
             known_nodes: nodes || facts || classes,
             port_maps,
+            port_map_namespaces,
+            pods_for_port_maps,
+            // The link rows written back are read through the nodes ([`KnownNode`]).
+            classes_respecified: class_changes.iter().any(|(a, b)| a.zip(*b).is_none_or(|(a, b)| a.spec != b.spec)),
             intercepts,
             intercept_namespaces,
         }
@@ -196,6 +228,9 @@ impl Computer {
                 members: true,
                 known_nodes: true,
                 port_maps: true,
+                port_map_namespaces: None,
+                pods_for_port_maps: true,
+                classes_respecified: true,
                 intercepts: true,
                 intercept_namespaces: None,
             },
@@ -244,8 +279,13 @@ impl Computer {
                 }
                 let mut numbers = numbers::Numbers::default();
                 let mut out = Outputs::default();
-                let mut built =
-                    portmap::compute(v, cluster, &mut numbers, &mut out, last_pm.as_ref().map(|p| &p.built));
+                let since = last_pm.as_ref().map(|p| portmap::Since {
+                    built: &p.built,
+                    namespaces: reads.port_map_namespaces.clone(),
+                    pods: reads.pods_for_port_maps,
+                    classes: reads.classes_respecified,
+                });
+                let mut built = portmap::compute(v, cluster, &mut numbers, &mut out, since);
                 built.saw(std::mem::take(&mut v.nodes));
                 let horizon = Horizon { at: now, until: portmap::links::horizon(&out.classes) };
                 Arc::new(PortMapped { built, out, horizon })
@@ -326,6 +366,8 @@ impl Computer {
             mesh_members,
             mesh_patched,
             port_maps: pm_redone,
+            port_maps_placed: if pm_redone { port_maps.built.placed } else { 0 },
+            port_map_statuses: if pm_redone { port_maps.built.statuses_made } else { 0 },
             port_map_hosts: if pm_redone { port_maps.built.rendered } else { 0 },
             intercepts: ic_redone,
             node_states: assembled,

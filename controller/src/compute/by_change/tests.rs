@@ -2,7 +2,8 @@
 //! (endpoints, pods, their labels, Intercepts, PortMaps, keys, endpoints of members, reach
 //! reports, the clock, a leader's restart) drive a long-lived [`Computer`], and after every step
 //! its outputs must equal a compute from nothing. Statuses are written back after each step, as
-//! the status writer does, and each member's published endpoints are fed back as the hub does.
+//! the status writer does (but after an `Unwritten` one, whose outputs are then compared
+//! without their times), and each member's published endpoints are fed back as the hub does.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -94,6 +95,19 @@ fn cluster() -> Cluster {
             3000,
             &[("web-0", "worker-b", "fd10:244:1::7", true), ("web-1", "worker-c", "fd10:244:2::7", true)],
         )
+        // An external endpoint of the games Service, chosen while no Pod holds its address: a
+        // web pod that takes it moves the games mapping (Step::Squat).
+        .edit_class("public", |s| s.external_endpoints = vec!["10.244.9.0/24".into()])
+        .edit_slices(|slices| {
+            let games = slices.iter_mut().find(|s| s.metadata.name.as_deref() == Some("game-x"));
+            if let Some(eps) = games.and_then(|s| s.endpoints.as_mut()) {
+                eps.push(k8s_openapi::api::discovery::v1::Endpoint {
+                    addresses: vec!["10.244.9.5".into()],
+                    node_name: Some("edge-a".into()),
+                    ..Default::default()
+                });
+            }
+        })
         .port_map("web", "web", "public", Tcp, 3000, None, "web", 0)
         .port_map("games", "game", "public", Udp, 27015, Some(27115), "game", 1)
         .port_map("web", "web-pair", "pair", Tcp, 3001, None, "web", 2);
@@ -127,6 +141,8 @@ enum Step {
     Ready(usize),
     /// A pod's address moves.
     PodAddress(usize, u8),
+    /// web-0 takes the games Service's external endpoint address, or gives it back.
+    Squat,
     /// A dual-stack pod's IPv6 address moves (in its Pod and the IPv6 slice), its IPv4 stays.
     PodAddress6(usize, u8),
     /// A pod is relabelled in or out of the Intercept.
@@ -164,12 +180,15 @@ enum Step {
     Teardown,
     /// Two changes that arrive together, computed once.
     Both(Box<Step>, Box<Step>),
+    /// A change whose statuses are not written back before the next (a status writer behind).
+    Unwritten(Box<Step>),
 }
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         9 => single(),
         1 => (single(), single()).prop_map(|(a, b)| Step::Both(Box::new(a), Box::new(b))),
+        1 => single().prop_map(|s| Step::Unwritten(Box::new(s))),
     ]
 }
 
@@ -181,6 +200,7 @@ fn single() -> impl Strategy<Value = Step> {
         (pod.clone(), 1u8..250).prop_map(|(p, a)| Step::PodAddress(p, a)),
         (pod.clone(), 1u8..250).prop_map(|(p, a)| Step::PodAddress6(p, a)),
         pod.clone().prop_map(Step::Relabel),
+        Just(Step::Squat),
         pod.prop_map(Step::Phase),
         Just(Step::Selector),
         Just(Step::PortMap),
@@ -233,6 +253,13 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
                     }
                     ip.ip = parts.join(".");
                 }
+            }
+        }
+        Step::Squat => {
+            let ips = named(&mut c.pods, Some("web"), "web-0")
+                .and_then(|pod| pod.status.as_mut()?.pod_ips.as_mut()?.first_mut());
+            if let Some(ip) = ips {
+                ip.ip = if ip.ip == "10.244.9.5" { "10.244.1.7".into() } else { "10.244.9.5".into() };
             }
         }
         Step::PodAddress6(p, a) => {
@@ -364,6 +391,7 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
             apply(c, a, computer, settings);
             apply(c, b, computer, settings);
         }
+        Step::Unwritten(s) => apply(c, s, computer, settings),
     }
 }
 
@@ -414,14 +442,39 @@ fn run(steps: &[Step], settings: &Settings) -> Result<(), TestCaseError> {
     let out = computer.compute(&c);
     prop_assert_eq!(&out, &compute(&c, settings));
     feed_back(&mut c, &out);
+    // Statuses not written back: a kept status carries the time of the compute that made it.
+    let mut unwritten = false;
     for (i, s) in steps.iter().enumerate() {
         apply(&mut c, s, &mut computer, settings);
-        let whole = compute(&c, settings);
+        let mut whole = compute(&c, settings);
         let by_change = computer.compute(&c);
-        prop_assert!(whole == by_change, "after step {} ({:?}) of {:?}: {:?}", i, s, steps, computer.redone());
-        feed_back(&mut c, &by_change);
+        unwritten |= matches!(s, Step::Unwritten(_));
+        let mut compared = by_change.clone();
+        if unwritten {
+            without_times(&mut whole);
+            without_times(&mut compared);
+        }
+        prop_assert!(whole == compared, "after step {} ({:?}) of {:?}: {:?}", i, s, steps, computer.redone());
+        if !matches!(s, Step::Unwritten(_)) {
+            feed_back(&mut c, &by_change);
+            unwritten = false;
+        }
     }
     Ok(())
+}
+
+/// The outputs with the times statuses carry cleared: when a change was seen.
+fn without_times(out: &mut Outputs) {
+    for st in Arc::make_mut(&mut out.port_maps).values_mut() {
+        st.conditions.iter_mut().for_each(|c| c.last_transition_time = Time(Timestamp::UNIX_EPOCH));
+    }
+    for st in Arc::make_mut(&mut out.classes).values_mut() {
+        st.conditions.iter_mut().for_each(|c| c.last_transition_time = Time(Timestamp::UNIX_EPOCH));
+        st.links.iter_mut().for_each(|l| l.unused_since = l.unused_since.as_ref().map(|_| Time(Timestamp::UNIX_EPOCH)));
+    }
+    for st in Arc::make_mut(&mut out.intercepts).values_mut() {
+        st.conditions.iter_mut().for_each(|c| c.last_transition_time = Time(Timestamp::UNIX_EPOCH));
+    }
 }
 
 // The mesh has the most to keep apart (members, routes, candidates, each member's reports and
@@ -464,6 +517,8 @@ fn each_change_redoes_only_the_capability_it_reaches() {
             mesh_members: 0,
             mesh_patched: 0,
             port_maps: false,
+            port_maps_placed: 0,
+            port_map_statuses: 0,
             port_map_hosts: 0,
             intercepts: false,
             node_states: 0,
@@ -482,6 +537,8 @@ fn each_change_redoes_only_the_capability_it_reaches() {
             mesh_members: 0,
             mesh_patched: 0,
             port_maps: false,
+            port_maps_placed: 0,
+            port_map_statuses: 0,
             port_map_hosts: 0,
             intercepts: true,
             node_states: 1,
@@ -523,14 +580,56 @@ fn each_change_redoes_only_the_capability_it_reaches() {
     let r = computer.redone().clone();
     assert!(!r.mesh && r.port_maps && !r.intercepts, "{r:?}");
     assert!(r.node_states < NODES.len(), "{r:?}");
-    // web's pod moves off worker-b to worker-c: worker-d's host namespace is not rendered.
-    assert_eq!(r.port_map_hosts, 3, "{r:?}");
+    // web's pod moves off worker-b to worker-c: worker-d's host namespace is not rendered, and
+    // the games mapping keeps its placement.
+    assert_eq!((r.port_maps_placed, r.port_map_hosts), (2, 3), "{r:?}");
     // The class rows written back for the new link change no node: nothing is rendered.
     let out = computer.compute(&moved);
     feed_back(&mut moved, &out);
     computer.compute(&moved);
     let r = computer.redone().clone();
-    assert_eq!((r.port_maps, r.port_map_hosts), (true, 0), "{r:?}");
+    assert_eq!((r.port_maps, r.port_maps_placed, r.port_map_hosts), (true, 0, 0), "{r:?}");
+}
+
+/// A mapping is placed again when what it read changed, and only then: its own namespace, and
+/// for one with an external endpoint every Pod's addresses. The games mapping's endpoint is
+/// external until a web pod takes its address; it then moves to game-0, and back when the pod
+/// gives the address up.
+#[test]
+fn a_placement_is_kept_until_what_it_read_changes() {
+    let settings = Settings::default();
+    let mut c = cluster();
+    let mut computer = Computer::new(settings.clone());
+    let endpoint = |out: &Outputs| {
+        let st = out.port_maps.get(&("games".to_string(), "game".to_string()));
+        st.and_then(|s| s.endpoint.as_ref()).map(|e| e.address.clone()).unwrap_or_default()
+    };
+    for _ in 0..2 {
+        let out = computer.compute(&c);
+        feed_back(&mut c, &out);
+    }
+    let out = computer.compute(&c);
+    assert_eq!(computer.redone().port_maps_placed, 0, "statuses written back place nothing again");
+    assert_eq!(endpoint(&out), "10.244.9.5", "no Pod holds the external endpoint's address");
+    // (the change, the mappings placed again, the statuses made again, games' endpoint): a
+    // status is taken where the mapping's placement and links were, or its refusal is the same
+    // (web-pair's, after Squat).
+    for (step, placed, made, address) in [
+        (Step::Ready(0), 2, 2, "10.244.9.5"),
+        (Step::Squat, 3, 2, "10.244.0.107"),
+        (Step::Phase(1), 0, 0, "10.244.0.107"),
+        (Step::Squat, 3, 2, "10.244.9.5"),
+        // game-1's address: games, and web's mapping on the class with external endpoints.
+        (Step::PodAddress(4, 9), 2, 2, "10.244.9.5"),
+    ] {
+        apply(&mut c, &step, &mut computer, &settings);
+        let out = computer.compute(&c);
+        assert_eq!(out, compute(&c, &settings), "after {step:?}");
+        let r = computer.redone();
+        assert_eq!((r.port_maps_placed, endpoint(&out).as_str()), (placed, address), "after {step:?}: {r:?}");
+        assert_eq!(r.port_map_statuses, made, "after {step:?}: {r:?}");
+        feed_back(&mut c, &out);
+    }
 }
 
 /// Two members' keys change in one compute, one taking the other's old key: each state's peer
@@ -633,4 +732,68 @@ fn a_members_part_follows_its_last_endpoints_and_its_peers_candidates() {
     if let Err(e) = run(&healed, &mesh) {
         panic!("{e}");
     }
+}
+
+/// A kept placement that an older mapping now refuses claims no link. extra/ext (Multi, on
+/// `pair`) and games/game (Single) deliver to the same external endpoint once games' slice
+/// lists it; only games' namespace changed, so ext keeps its placement, and is refused (its
+/// pod port already answers the older games mapping through edge-a), its links to worker-d
+/// unused as a whole compute leaves them.
+#[test]
+fn a_kept_placement_refused_by_an_older_mapping_claims_no_link() {
+    let settings = Settings::default();
+    let mut c = cluster();
+    let external = |c: &mut Cluster, listed: bool| {
+        let slice = named(&mut c.endpoint_slices, Some("games"), "game-x");
+        if let Some(eps) = slice.and_then(|s| s.endpoints.as_mut()) {
+            eps.retain(|e| e.addresses != ["10.244.9.5"]);
+            if listed {
+                eps.push(k8s_openapi::api::discovery::v1::Endpoint {
+                    addresses: vec!["10.244.9.5".into()],
+                    node_name: Some("edge-a".into()),
+                    ..Default::default()
+                });
+            }
+        }
+    };
+    external(&mut c, false);
+    if let Some(pair) = named(&mut c.classes, None, "pair") {
+        pair.spec.external_endpoints = vec!["10.244.9.0/24".into()];
+    }
+    let extra = World::new()
+        .service("extra", "ext", "UDP", 27015, &[])
+        .edit_slices(|slices| {
+            for s in slices.iter_mut() {
+                s.endpoints = Some(vec![k8s_openapi::api::discovery::v1::Endpoint {
+                    addresses: vec!["10.244.9.5".into()],
+                    node_name: Some("worker-d".into()),
+                    ..Default::default()
+                }]);
+            }
+        })
+        .port_map("extra", "ext", "pair", Udp, 28000, None, "ext", 3);
+    c.services.extend(extra.c.services.iter().cloned());
+    c.endpoint_slices.extend(extra.c.endpoint_slices.iter().cloned());
+    c.port_maps.extend(extra.c.port_maps.iter().cloned());
+
+    let mut computer = Computer::new(settings.clone());
+    for _ in 0..2 {
+        let out = computer.compute(&c);
+        feed_back(&mut c, &out);
+    }
+    let out = computer.compute(&c);
+    let ext = ("extra".to_string(), "ext".to_string());
+    assert!(out.programming.contains_key(&ext), "ext is programmed while games goes to game-0");
+    let links = |out: &Outputs| out.classes.get("pair").map(|s| s.links.clone()).unwrap_or_default();
+    let used = |out: &Outputs| -> Vec<Vec<String>> {
+        links(out).into_iter().filter(|l| l.unused_since.is_none()).map(|l| l.pair).collect()
+    };
+    assert!(used(&out).contains(&vec!["edge-a".to_string(), "worker-d".to_string()]), "{:?}", links(&out));
+
+    external(&mut c, true);
+    let out = computer.compute(&c);
+    assert_eq!(out, compute(&c, &settings));
+    assert_eq!(computer.redone().port_maps_placed, 1, "games alone is placed again");
+    assert!(!out.programming.contains_key(&ext), "ext is refused");
+    assert!(!used(&out).iter().any(|p| p.contains(&"worker-d".to_string())), "ext's links: {:?}", links(&out));
 }

@@ -29,10 +29,11 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 use kuport_proto::v1::NetnsState;
 
+use admission::Admitted;
 pub use admission::MapKey;
 use datapath::LinkEnd;
 use links::{LinkKey, LinkNumbers, VXLAN_OVERHEAD};
-use placement::Placement;
+use placement::{Endpoint, Placement};
 use status::{Refusal, reason};
 
 use super::conditions::condition;
@@ -47,27 +48,40 @@ use crate::observe::index::{KnownNode, RouteTo, View};
 
 /// Judges, places and builds every mapping: fills `out`'s PortMap and class statuses, the
 /// programming nodes and what each programmed mapping waits for, and returns every node's
-/// host namespace. Link slots are drawn from `numbers`. What `last` built is taken where it
-/// would be built the same, if it saw the same nodes ([`Built::saw`]).
+/// host namespace. Link slots are drawn from `numbers`. What `since`'s compute built is taken
+/// where it would be built the same, if it saw the same nodes ([`Built::saw`]); its
+/// placements where nothing they read changed ([`Since`]).
 pub fn compute(
     view: &View,
     cluster: &Cluster,
     numbers: &mut Numbers,
     out: &mut Outputs,
-    last: Option<&Built>,
+    since: Option<Since>,
 ) -> Built {
     let now = cluster.now;
     // Rendering reads a node's addresses, a link end its node's underlay and MTU.
-    let last = last.filter(|l| l.nodes == view.nodes);
+    let since = since.filter(|s| s.built.nodes == view.nodes);
+    let last = since.as_ref().map(|s| s.built);
+    let mut placed_anew = 0;
     let vxlan: BTreeMap<String, _> =
         view.classes.iter().map(|(n, c)| (n.clone(), links::class_vxlan(c, view))).collect();
 
     // 1 and 2: judge and place every mapping, oldest first.
     let mut verdicts: Vec<(MapKey, Result<Placement, Refusal>)> = Vec::new();
+    // Each mapping's placement, and what the compute before linked of it if it kept it.
+    let mut judged_and_linked = Vec::new();
     // Programmed mappings by pod address and protocol, for the one-way-return check.
     let mut by_pod: BTreeMap<(Ipv4Addr, Protocol), Vec<usize>> = BTreeMap::new();
     for (key, admitted) in admission::admit(view, &cluster.port_maps) {
-        let placed = admitted.and_then(|a| placement::place(view, a));
+        let (mut judged, mut linked) = (None, None);
+        let placed = admitted.and_then(|a| {
+            let kept = since.as_ref().and_then(|s| s.kept(&key));
+            placed_anew += usize::from(kept.is_none());
+            linked = kept.as_ref().and(last).and_then(|l| l.kept.get(&key)?.linked.clone());
+            let (placed, kept) = place(view, a, kept);
+            judged = Some(kept);
+            placed
+        });
         // Replies from one pod port can return one way only: by one serving node's link, or
         // (Multi) by whichever link each request came in on.
         let placed = placed.and_then(|p| {
@@ -93,17 +107,22 @@ pub fn compute(
             by_pod.entry((p.endpoint.address, p.admitted.protocol)).or_default().push(verdicts.len());
         }
         verdicts.push((key, placed));
+        judged_and_linked.push((judged, linked));
     }
 
     // 3: links for every programming node that lacks the pod.
     let mut needed = BTreeSet::new();
-    for (_, v) in &verdicts {
-        if let Ok(p) = v {
-            for node in p.remote_nodes() {
-                let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
-                if vxlan_port_clash(view, &vxlan, &key).is_none() {
-                    needed.insert(key);
-                }
+    for ((_, v), (_, linked)) in verdicts.iter().zip(&judged_and_linked) {
+        // A kept placement may be refused now (an older mapping took its pod port's return).
+        let Ok(p) = v else { continue };
+        if let Some(l) = linked {
+            needed.extend(l.links.iter().map(|(k, _)| k.clone()));
+            continue;
+        }
+        for node in p.remote_nodes() {
+            let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
+            if vxlan_port_clash(view, &vxlan, &key).is_none() {
+                needed.insert(key);
             }
         }
     }
@@ -119,22 +138,32 @@ pub fn compute(
         .map(|n| (n, Digest::default()))
         .collect();
     let mut built = Vec::with_capacity(verdicts.len());
-    for (key, verdict) in verdicts {
+    for ((key, verdict), (judged, before)) in verdicts.into_iter().zip(judged_and_linked) {
         let verdict = verdict.and_then(|p| {
-            let ends = link_ends(view, &vxlan, &alloc, &p, last, &mut ends_made)?;
+            // Kept where the placement was and every link kept its numbers.
+            let same_numbers = |l: &&Arc<Linked>| {
+                l.links.iter().all(|(k, n)| matches!(alloc.needed.get(k), Some(Ok(now)) if now == n))
+            };
+            let l = match before.as_ref().filter(same_numbers) {
+                Some(l) => l.clone(),
+                None => {
+                    let (ends, links) = link_ends(view, &vxlan, &alloc, &p, last, &mut ends_made)?;
+                    let fingerprint = datapath::Builder::fingerprint(&p, &ends);
+                    let over_v6 = datapath::Builder::over_v6(&p, &ends);
+                    Arc::new(Linked { links, ends: Arc::new(ends), fingerprint, over_v6 })
+                }
+            };
             let route = view.node(&p.endpoint.node).route_to(p.endpoint.address);
             let device = match &route {
                 RouteTo::Device(d) => Some(d.clone()),
                 RouteTo::Local | RouteTo::Unknown => None,
             };
-            let fingerprint = datapath::Builder::fingerprint(&p, &ends);
             for node in p.nodes_built() {
-                digests.entry(node.clone()).or_default().take(fingerprint, device.as_deref());
+                digests.entry(node.clone()).or_default().take(l.fingerprint, device.as_deref());
             }
-            let over_v6 = datapath::Builder::over_v6(&p, &ends);
-            Ok((p, ends, device, route, fingerprint, over_v6))
+            Ok((p, l, device, route))
         });
-        built.push((key, verdict));
+        built.push((key, judged, verdict));
     }
 
     // Only the nodes whose mappings give them something else than before are rendered again.
@@ -142,11 +171,11 @@ pub fn compute(
     let kept = |n: &String| last.and_then(|l| l.hosts.get(n).filter(|_| l.digests.get(n) == digests.get(n)));
     let again: BTreeSet<String> = digests.keys().filter(|n| kept(n).is_none()).cloned().collect();
     let mut builder = datapath::Builder::only(again.iter().cloned());
-    for (_, verdict) in &built {
-        if let Ok((p, ends, device, ..)) = verdict
+    for (_, _, verdict) in &built {
+        if let Ok((p, l, device, ..)) = verdict
             && p.nodes_built().any(|n| again.contains(n))
         {
-            builder.add(p, ends, device.as_deref());
+            builder.add(p, &l.ends, device.as_deref());
         }
     }
     let rendered = again.len();
@@ -158,9 +187,10 @@ pub fn compute(
         }
     }
 
+    let (mut kept_now, mut statuses_anew) = (HashMap::with_capacity(built.len()), 0);
     let previous: BTreeMap<MapKey, &PortMap> = cluster.port_maps.iter().map(|pm| (admission::key_of(pm), pm)).collect();
-    for (key, verdict) in built {
-        let verdict = verdict.and_then(|(p, _, _, route, fingerprint, over_v6)| {
+    for (key, judged, verdict) in built {
+        let verdict = verdict.and_then(|(p, l, _, route)| {
             // Built without the pod node's request claim, which needs the route: the rest keeps
             // carrying traffic. A node that reported routes, none for the pod, is named in the
             // status; one that has not reported yet is waited for like any node that must apply
@@ -168,25 +198,158 @@ pub fn compute(
             if route == RouteTo::Unknown && view.node(&p.endpoint.node).routes.is_some() {
                 return Err(pod_route_unknown(&p));
             }
-            Ok((p, fingerprint, over_v6))
+            Ok((p, l))
         });
         let Some(pm) = previous.get(&key) else { continue };
+        let linked = verdict.as_ref().ok().map(|(_, l)| l.clone());
+        let from = match &verdict {
+            Ok((_, l)) => judged.clone().map(|j| StatedFrom::Built(j, l.clone())),
+            Err(r) => Some(StatedFrom::Refused(r.clone())),
+        };
         let mut over_v6 = BTreeSet::new();
-        let verdict = verdict.map(|(p, fingerprint, v6)| {
+        let verdict = verdict.map(|(p, l)| {
             Arc::make_mut(&mut out.programming).insert(key.clone(), p.nodes.keys().cloned().collect());
-            Arc::make_mut(&mut out.tracked)
-                .insert(ObjectKey::port_map(&key.0, &key.1), Tracked { nodes: must_ack(&p), fingerprint });
-            over_v6 = v6;
+            Arc::make_mut(&mut out.tracked).insert(
+                ObjectKey::port_map(&key.0, &key.1),
+                Tracked { nodes: must_ack(&p), fingerprint: l.fingerprint },
+            );
+            over_v6 = l.over_v6.clone();
             p
         });
-        Arc::make_mut(&mut out.port_maps).insert(key, port_map_status(view, pm, &verdict, &over_v6, now));
+        let was = last.and_then(|l| Some((l.kept.get(&key)?, l.statuses.get(&key)?)));
+        let status = match was.filter(|(k, status)| {
+            k.status_from.as_ref().zip(from.as_ref()).is_some_and(|(a, b)| a.same(b))
+                && pm.metadata.generation == status.observed_generation
+                && pm.status.as_ref() == Some(*status)
+        }) {
+            Some((_, status)) => status.clone(),
+            None => {
+                statuses_anew += 1;
+                port_map_status(view, pm, &verdict, &over_v6, now)
+            }
+        };
+        kept_now.insert(key.clone(), Kept { judged, linked, status_from: from });
+        Arc::make_mut(&mut out.port_maps).insert(key, status);
     }
     for (name, class) in &view.classes {
         let rows = alloc.rows.get(name).cloned().unwrap_or_default();
         Arc::make_mut(&mut out.classes)
             .insert(name.clone(), class_status(view, class, &vxlan[name], &alloc, rows, now));
     }
-    Built { hosts, digests, ends: ends_made, rendered, nodes: BTreeMap::new() }
+    Built {
+        hosts,
+        digests,
+        ends: ends_made,
+        kept: kept_now,
+        statuses: out.port_maps.clone(),
+        placed: placed_anew,
+        statuses_made: statuses_anew,
+        rendered,
+        nodes: BTreeMap::new(),
+    }
+}
+
+/// The compute before, and what changed since as the port maps read it.
+pub struct Since<'a> {
+    pub built: &'a Built,
+    /// The namespaces whose PortMaps, Services, EndpointSlices or Pods (as port maps read
+    /// them) changed; None when that is not known (every mapping is placed again).
+    pub namespaces: Option<BTreeSet<String>>,
+    /// Some Pod changed as port maps read it: the addresses an external endpoint may not hold.
+    pub pods: bool,
+    /// Some PortMapClass's spec changed, or a class came or went: every mapping's admission
+    /// reads its class. (The link rows in their statuses are read through the nodes.)
+    pub classes: bool,
+}
+
+impl Since<'_> {
+    /// The placement of `key` the compute before made, where nothing it read changed: the
+    /// mapping (its PortMap, hence its admission with the same class and nodes), its
+    /// namespace's Services, EndpointSlices and Pods, and for one that read them every Pod's
+    /// addresses.
+    fn kept(&self, key: &MapKey) -> Option<Arc<Judged>> {
+        if self.classes || self.namespaces.as_ref()?.contains(&key.0) {
+            return None;
+        }
+        self.built.kept.get(key)?.judged.clone().filter(|j| !(j.reads_every_pod && self.pods))
+    }
+}
+
+/// One mapping's placement, owned, for the next compute ([`Since::kept`]).
+#[derive(Debug)]
+struct Judged {
+    placed: Result<(Endpoint, BTreeMap<String, Vec<String>>), Refusal>,
+    /// It read beyond its namespace: whether a Pod anywhere holds an endpoint's address (an
+    /// external endpoint is one that none holds, and a refusal names which one does).
+    reads_every_pod: bool,
+}
+
+/// Each programming node that lacks the pod: its end and the pod node's end of their link.
+type Ends = BTreeMap<String, (LinkEnd, LinkEnd)>;
+
+/// A placed mapping's links and what they give it: the same while its placement, the nodes and
+/// its links' numbers are.
+#[derive(Debug)]
+struct Linked {
+    /// The links it needs, with the numbers its ends were made with.
+    links: Vec<(LinkKey, LinkNumbers)>,
+    ends: Arc<Ends>,
+    /// [`datapath::Builder::fingerprint`].
+    fingerprint: u64,
+    /// [`datapath::Builder::over_v6`].
+    over_v6: BTreeSet<String>,
+}
+
+/// One mapping's parts, for the next compute.
+struct Kept {
+    /// Its placement, if it was admitted.
+    judged: Option<Arc<Judged>>,
+    /// Its links, if it was built.
+    linked: Option<Arc<Linked>>,
+    status_from: Option<StatedFrom>,
+}
+
+/// What a PortMap's status was made from. Made from the same, and written back as it was
+/// made, it is made the same: its conditions keep their times, and what else it says comes
+/// from the placement, the links and the nodes (the same while the placement is kept).
+enum StatedFrom {
+    Built(Arc<Judged>, Arc<Linked>),
+    Refused(Refusal),
+}
+
+impl StatedFrom {
+    fn same(&self, other: &StatedFrom) -> bool {
+        match (self, other) {
+            (StatedFrom::Built(j, l), StatedFrom::Built(k, m)) => Arc::ptr_eq(j, k) && Arc::ptr_eq(l, m),
+            (StatedFrom::Refused(a), StatedFrom::Refused(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// Places an admitted mapping, or takes the placement `kept`; either way, what to keep of it.
+fn place<'a>(
+    view: &View<'a>,
+    admitted: Admitted<'a>,
+    kept: Option<Arc<Judged>>,
+) -> (Result<Placement<'a>, Refusal>, Arc<Judged>) {
+    if let Some(j) = kept {
+        let placed = match &j.placed {
+            Ok((endpoint, nodes)) => Ok(Placement { admitted, endpoint: endpoint.clone(), nodes: nodes.clone() }),
+            Err(r) => Err(r.clone()),
+        };
+        return (placed, j);
+    }
+    let reads_every_pod = !admitted.class.spec.external_endpoints.is_empty();
+    let placed = placement::place(view, admitted);
+    let judged = Judged {
+        placed: match &placed {
+            Ok(p) => Ok((p.endpoint.clone(), p.nodes.clone())),
+            Err(r) => Err(r.clone()),
+        },
+        reads_every_pod: reads_every_pod || placed.is_err(),
+    };
+    (placed, Arc::new(judged))
 }
 
 /// What a compute of the port maps built, for the next (`last` of [`compute`]), which takes
@@ -200,6 +363,14 @@ pub struct Built {
     digests: BTreeMap<String, u64>,
     /// Every link end made, by link and end: the node's view and the link's numbers make it.
     ends: HashMap<(LinkKey, bool), (LinkNumbers, Option<LinkEnd>)>,
+    /// What each mapping was placed, linked and given its status from, for the next compute.
+    kept: HashMap<MapKey, Kept>,
+    /// Every PortMap's status, as `out` has them.
+    statuses: Arc<BTreeMap<MapKey, PortMapStatus>>,
+    /// How many admitted mappings this compute placed; it took the others' from `since`.
+    pub placed: usize,
+    /// How many PortMap statuses this compute made; it took the others' from `since`.
+    pub statuses_made: usize,
     /// How many host namespaces this compute rendered; it took the others from `last`.
     pub rendered: usize,
     /// The nodes as the compute saw them (`view.nodes`): the next takes what this one built
@@ -276,7 +447,8 @@ fn vxlan_port_clash<'k>(view: &View, vxlan: &ClassVxlans, key: &'k LinkKey) -> O
         .map(|n| (n, port))
 }
 
-/// Both ends of every link a placement needs, or why one cannot be built.
+/// Both ends of every link a placement needs, with the links and their numbers, or why one
+/// cannot be built.
 fn link_ends(
     view: &View,
     vxlan: &ClassVxlans,
@@ -284,7 +456,7 @@ fn link_ends(
     p: &Placement,
     last: Option<&Built>,
     made: &mut HashMap<(LinkKey, bool), (LinkNumbers, Option<LinkEnd>)>,
-) -> Result<BTreeMap<String, (LinkEnd, LinkEnd)>, Refusal> {
+) -> Result<(Ends, Vec<(LinkKey, LinkNumbers)>), Refusal> {
     // An end is made once per link, here or by the last compute, and cloned for each mapping.
     let mut end = |key: &LinkKey, numbers: &LinkNumbers, node: &str| {
         let at = (key.clone(), key.pair.0 == node);
@@ -298,7 +470,7 @@ fn link_ends(
         made.insert(at, (numbers.clone(), e.clone()));
         e
     };
-    let mut ends = BTreeMap::new();
+    let (mut ends, mut links) = (BTreeMap::new(), Vec::new());
     for node in p.remote_nodes() {
         let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
         if let Some((n, port)) = vxlan_port_clash(view, vxlan, &key) {
@@ -339,8 +511,9 @@ fn link_ends(
             return Err(Refusal::programmed(reason::RETURN_PATH_UNAVAILABLE, message));
         };
         ends.insert(node.clone(), (near, far));
+        links.push((key, numbers.clone()));
     }
-    Ok(ends)
+    Ok((ends, links))
 }
 
 /// `over_v6`: the programming nodes that publish the mapping over IPv6 too; the others list
