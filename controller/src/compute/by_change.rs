@@ -166,12 +166,11 @@ impl Reads {
         let (services, slices) = (diff(&old.services, &new.services), diff(&old.endpoint_slices, &new.endpoint_slices));
         let port_map_changes = diff(&old.port_maps, &new.port_maps);
         // A status written back changes no placement.
-        let respecified: Vec<_> =
-            port_map_changes.iter().filter(|(a, b)| a.zip(*b).is_none_or(|(a, b)| a.spec != b.spec)).copied().collect();
+        let port_map_specs: Vec<_> = port_map_changes.iter().filter(|c| respecified(c)).copied().collect();
         let port_map_namespaces = namespaces_of(&pod_changes)
             .chain(namespaces_of(&services))
             .chain(namespaces_of(&slices))
-            .chain(namespaces_of(&respecified))
+            .chain(namespaces_of(&port_map_specs))
             .collect();
         let port_maps = nodes
             || classes
@@ -192,7 +191,7 @@ impl Reads {
             port_map_namespaces,
             pods_for_port_maps,
             // The link rows written back are read through the nodes ([`KnownNode`]).
-            classes_respecified: class_changes.iter().any(|(a, b)| a.zip(*b).is_none_or(|(a, b)| a.spec != b.spec)),
+            classes_respecified: class_changes.iter().any(respecified),
             intercepts,
             intercept_namespaces,
         }
@@ -514,6 +513,12 @@ fn assemble_node(
     let mut state = NodeState { node: node.to_string(), netns };
     kuport_proto::canonicalize(&mut state);
     state
+}
+
+/// A change ([`diff`]'s pair) to an object's spec, or an object that came or went: not only
+/// its status written back.
+fn respecified<K: kube::core::object::HasSpec<Spec: PartialEq>>((a, b): &(Option<&K>, Option<&K>)) -> bool {
+    a.zip(*b).is_none_or(|(a, b)| a.spec() != b.spec())
 }
 
 /// The executors' facts, in any order, are the same.
