@@ -94,12 +94,12 @@ fn stages(c: &Cluster) -> Vec<(&'static str, Duration)> {
         view.classes.iter().map(|(n, cl)| (n.clone(), links::class_vxlan(cl, &view))).collect();
     times.push(("observe (View::new)", t.elapsed()));
     let t = Instant::now();
-    let admitted = admission::admit(&view, &c.port_maps);
+    let (admitted, _) = admission::admit(&view, &c.port_maps);
     times.push(("admission::admit", t.elapsed()));
     let t = Instant::now();
     let mut verdicts: Vec<(MapKey, Result<Placement, Refusal>)> = Vec::new();
     let mut by_pod: BTreeMap<(Ipv4Addr, Protocol), Vec<usize>> = BTreeMap::new();
-    for (key, a) in admitted {
+    for (key, _, a) in admitted {
         let placed = a.and_then(|a| placement::place(&view, a));
         let placed = placed.and_then(|p| {
             let pod = (p.endpoint.address, p.admitted.protocol);
@@ -237,8 +237,11 @@ fn by_change_row(
     (median, min, r, changed): (Duration, Duration, Redone, usize),
 ) -> String {
     let port_maps = format!(
-        "port maps ({} placed, {} statuses made, {} hosts rendered)",
-        r.port_maps_placed, r.port_map_statuses, r.port_map_hosts
+        "port maps ({}{} placed, {} statuses made, {} hosts rendered)",
+        if r.port_maps_readmitted { "verdicts kept, " } else { "" },
+        r.port_maps_placed,
+        r.port_map_statuses,
+        r.port_map_hosts
     );
     let redid: Vec<&str> = [(r.mesh, "mesh"), (r.port_maps, port_maps.as_str()), (r.intercepts, "interception")]
         .into_iter()
@@ -454,7 +457,9 @@ fn main() {
         if let Some(every) = intercept_every {
             let programmed: u32 = steady.intercepts.values().map(|s| s.programmed_pods).sum();
             let mut relabelled = cluster.clone();
-            if let Some(pod) = relabelled.pods.iter_mut().find(|p| p.metadata.labels.is_some()) {
+            // Only that pod copied, as a watch cache replaces only it.
+            let labelled = relabelled.pods.iter().position(|p| p.metadata.labels.is_some());
+            if let Some(pod) = labelled.and_then(|i| relabelled.pods.get_mut(i)) {
                 pod.metadata.labels = None;
             }
             let (times, out) = repeated(reps, || compute(&relabelled, &settings));

@@ -265,17 +265,25 @@ pub fn pod_address(node: usize, k: usize) -> String {
 pub fn move_pod(c: &mut Cluster, ns: &str, name: &str, address: &str, to: usize, new_address: &str) {
     let in_ns = |m: &ObjectMeta| m.namespace.as_deref() == Some(ns);
     let slice = slice_name(name);
-    let endpoints = c
-        .endpoint_slices
-        .iter_mut()
-        .filter(|s| s.metadata.name.as_deref() == Some(slice.as_str()) && in_ns(&s.metadata))
-        .flat_map(|s| s.endpoints.iter_mut().flatten());
-    for ep in endpoints.filter(|e| e.addresses.first().map(String::as_str) == Some(address)) {
-        ep.node_name = Some(node_name(to));
-        ep.addresses = vec![new_address.to_string()];
+    // Only the objects that change are copied, as a watch cache replaces only those.
+    let slices: Vec<usize> = (0..c.endpoint_slices.len())
+        .filter(|i| {
+            let s = &c.endpoint_slices[*i];
+            s.metadata.name.as_deref() == Some(slice.as_str()) && in_ns(&s.metadata)
+        })
+        .collect();
+    for i in slices {
+        let Some(s) = c.endpoint_slices.get_mut(i) else { continue };
+        let endpoints = s.endpoints.iter_mut().flatten();
+        for ep in endpoints.filter(|e| e.addresses.first().map(String::as_str) == Some(address)) {
+            ep.node_name = Some(node_name(to));
+            ep.addresses = vec![new_address.to_string()];
+        }
     }
     let held = |p: &Pod| p.status.iter().flat_map(|s| s.pod_ips.iter().flatten()).any(|ip| ip.ip == address);
-    for pod in c.pods.iter_mut().filter(|p| in_ns(&p.metadata) && held(p)) {
+    let pods: Vec<usize> = (0..c.pods.len()).filter(|i| in_ns(&c.pods[*i].metadata) && held(&c.pods[*i])).collect();
+    for i in pods {
+        let Some(pod) = c.pods.get_mut(i) else { continue };
         pod.spec.get_or_insert_default().node_name = Some(node_name(to));
         pod.status.get_or_insert_default().pod_ips = Some(vec![PodIP { ip: new_address.to_string() }]);
     }

@@ -22,6 +22,7 @@ use kuport_proto::v1::{NetnsState, NodeState};
 
 use super::intercept::pods::Decided;
 use super::{ObjectKey, Outputs, Settings, Tracked, merge, numbers, overlay, portmap};
+use crate::api::PortMap;
 use crate::observe::index::{self, KnownNode, View, same_for_port_maps};
 use crate::observe::{Cluster, KnownFacts, Objects};
 
@@ -35,6 +36,8 @@ pub struct Redone {
     /// The mesh members whose part is their last with some peers' key or endpoint replaced.
     pub mesh_patched: usize,
     pub port_maps: bool,
+    /// The port maps took every mapping's admission verdict from the compute before.
+    pub port_maps_readmitted: bool,
     /// The admitted mappings placed anew: those whose namespace, or every Pod they read, changed.
     pub port_maps_placed: usize,
     /// The PortMap statuses made anew: those of mappings placed or linked anew, refused
@@ -140,6 +143,9 @@ struct Reads {
     pods_for_port_maps: bool,
     /// Some PortMapClass's spec changed, or a class came or went.
     classes_respecified: bool,
+    /// Some input admission reads changed: a PortMap's spec or age, a PortMap that came or
+    /// went, a class's spec, a Namespace.
+    admission: bool,
     intercepts: bool,
     /// The namespaces of the Intercepts and pods that changed; none when one has no namespace
     /// or a folder's two objects share a name (then every namespace is redone).
@@ -172,11 +178,21 @@ impl Reads {
             .chain(namespaces_of(&slices))
             .chain(namespaces_of(&port_map_specs))
             .collect();
+        let namespaces = !diff(&old.namespaces, &new.namespaces).is_empty();
+        // The age orders the claims: a PortMap made again with the same spec is younger.
+        let aged = |(a, b): &&(Option<&PortMap>, Option<&PortMap>)| {
+            a.zip(*b).is_none_or(|(a, b)| a.metadata.creation_timestamp != b.metadata.creation_timestamp)
+        };
+        let classes_respecified = class_changes.iter().any(respecified);
+        let admission = classes_respecified
+            || namespaces
+            || !port_map_specs.is_empty()
+            || port_map_changes.iter().any(|c| aged(&c));
         let port_maps = nodes
             || classes
             || facts
             || pods_for_port_maps
-            || !diff(&old.namespaces, &new.namespaces).is_empty()
+            || namespaces
             || !services.is_empty()
             || !slices.is_empty()
             || !port_map_changes.is_empty();
@@ -191,7 +207,8 @@ impl Reads {
             port_map_namespaces,
             pods_for_port_maps,
             // The link rows written back are read through the nodes ([`KnownNode`]).
-            classes_respecified: class_changes.iter().any(respecified),
+            classes_respecified,
+            admission,
             intercepts,
             intercept_namespaces,
         }
@@ -230,6 +247,7 @@ impl Computer {
                 port_map_namespaces: None,
                 pods_for_port_maps: true,
                 classes_respecified: true,
+                admission: true,
                 intercepts: true,
                 intercept_namespaces: None,
             },
@@ -283,6 +301,7 @@ impl Computer {
                     namespaces: reads.port_map_namespaces.clone(),
                     pods: reads.pods_for_port_maps,
                     classes: reads.classes_respecified,
+                    admission: reads.admission,
                 });
                 let mut built = portmap::compute(v, cluster, &mut numbers, &mut out, since);
                 built.saw(std::mem::take(&mut v.nodes));
@@ -365,6 +384,7 @@ impl Computer {
             mesh_members,
             mesh_patched,
             port_maps: pm_redone,
+            port_maps_readmitted: pm_redone && port_maps.built.readmitted,
             port_maps_placed: if pm_redone { port_maps.built.placed } else { 0 },
             port_map_statuses: if pm_redone { port_maps.built.statuses_made } else { 0 },
             port_map_hosts: if pm_redone { port_maps.built.rendered } else { 0 },

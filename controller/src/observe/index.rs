@@ -163,11 +163,11 @@ pub fn longest_prefix(routes: &[(Ipv4Net, String)], addr: Ipv4Addr) -> Option<&s
 
 pub struct View<'a> {
     pub nodes: BTreeMap<String, KnownNode>,
-    pub namespaces: BTreeMap<String, &'a Namespace>,
-    pub services: BTreeMap<(String, String), &'a Service>,
+    pub namespaces: BTreeMap<&'a str, &'a Namespace>,
+    pub services: BTreeMap<(&'a str, &'a str), &'a Service>,
     /// Slices by (namespace, service name), in name order, of every address type: readers
     /// pick theirs by `addressType` (IPv4 for the endpoint, IPv6 for its IPv6 twin).
-    pub slices: BTreeMap<(String, String), Vec<&'a EndpointSlice>>,
+    pub slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     pub classes: BTreeMap<String, &'a PortMapClass>,
     /// Pods by (namespace, name): what vouches for an endpoint (docs/portmap/modes.md, "Which
     /// endpoints are believed").
@@ -188,21 +188,22 @@ impl<'a> View<'a> {
 
     /// The view of `cluster` whose nodes ([`known_nodes`]) were made already.
     pub fn with_nodes(cluster: &'a Cluster, nodes: BTreeMap<String, KnownNode>) -> Self {
-        let namespaces = cluster.namespaces.iter().filter_map(|n| Some((n.metadata.name.clone()?, n))).collect();
+        // Keys borrowed from the cluster: a compute reads every object, so no copy per object.
+        let namespaces = cluster.namespaces.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, n))).collect();
         let services = cluster
             .services
             .iter()
-            .filter_map(|s| Some(((s.metadata.namespace.clone()?, s.metadata.name.clone()?), s)))
+            .filter_map(|s| Some(((s.metadata.namespace.as_deref()?, s.metadata.name.as_deref()?), s)))
             .collect();
-        let mut slices: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
+        let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
         for slice in &cluster.endpoint_slices {
             let (Some(ns), Some(svc)) = (
-                slice.metadata.namespace.clone(),
-                slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)).cloned(),
+                slice.metadata.namespace.as_deref(),
+                slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)),
             ) else {
                 continue;
             };
-            slices.entry((ns, svc)).or_default().push(slice);
+            slices.entry((ns, svc.as_str())).or_default().push(slice);
         }
         for list in slices.values_mut() {
             list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -210,7 +211,6 @@ impl<'a> View<'a> {
         let classes = cluster.classes.iter().filter_map(|c| Some((c.metadata.name.clone()?, c))).collect();
         // A node's reported ports bound only that node's mappings (portmap::admission).
         let vxlan_ports = cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).collect();
-        // Keys borrowed from the cluster: a compute reads every Pod, so no copy per Pod.
         let pods: BTreeMap<(&str, &str), KnownPod> = cluster
             .pods
             .iter()

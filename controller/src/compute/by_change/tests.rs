@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{NodeAddress, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 use kuport_proto::v1::Reach;
 use proptest::prelude::*;
@@ -67,7 +67,14 @@ fn cluster() -> Cluster {
         .edit_class("pair", |s| {
             s.return_path.vxlan.vni = 4300;
             s.return_path.vxlan.subnet = "169.254.79.0/24".into();
+            // Admission reads the Namespaces (Step::Publish).
+            s.namespace_selector = Some(LabelSelector {
+                match_labels: Some([("publish".into(), "yes".into())].into()),
+                ..Default::default()
+            });
         })
+        .namespace("web", &[("publish", "yes")])
+        .namespace("games", &[])
         .service(
             "web",
             "web",
@@ -110,7 +117,9 @@ fn cluster() -> Cluster {
         })
         .port_map("web", "web", "public", Tcp, 3000, None, "web", 0)
         .port_map("games", "game", "public", Udp, 27015, Some(27115), "game", 1)
-        .port_map("web", "web-pair", "pair", Tcp, 3001, None, "web", 2);
+        .port_map("web", "web-pair", "pair", Tcp, 3001, None, "web", 2)
+        // web's port in the same class: refused while web/web is older (Step::Remade).
+        .port_map("web", "web-late", "public", Tcp, 3000, None, "web", 3);
     for (i, n) in w.c.nodes.iter_mut().enumerate() {
         n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
             pod_cidrs: Some(vec![format!("10.244.{i}.0/24")]),
@@ -153,6 +162,11 @@ enum Step {
     Selector,
     /// The PortMap web/web-pair comes or goes.
     PortMap,
+    /// The web namespace loses or regains the label the class pair selects.
+    Publish,
+    /// web/web (if true) or web/web-late, which publish one port, is deleted and made again
+    /// with the same spec in one change, in its place in the list: it is the younger now.
+    Remade(bool),
     /// A node's key changes, or is lost.
     Key(usize, Option<u8>),
     /// A node's endpoint annotation comes or goes; an IPv6 one (every device's MTU) if true.
@@ -204,6 +218,8 @@ fn single() -> impl Strategy<Value = Step> {
         pod.prop_map(Step::Phase),
         Just(Step::Selector),
         Just(Step::PortMap),
+        any::<bool>().prop_map(Step::Remade),
+        Just(Step::Publish),
         (node.clone(), proptest::option::of(0u8..6)).prop_map(|(n, k)| Step::Key(n, k)),
         (node.clone(), any::<bool>()).prop_map(|(n, v6)| Step::Endpoint(n, v6)),
         (node.clone(), prop_oneof![Just(1280u32), Just(1420), Just(1500)]).prop_map(|(n, m)| Step::Mtu(n, m)),
@@ -305,6 +321,25 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
             if c.port_maps.len() == before {
                 let added = World::new().port_map("web", "web-pair", "pair", Tcp, 3001, None, "web", 2);
                 c.port_maps.extend(added.c.port_maps.iter().cloned());
+            }
+        }
+        Step::Publish => {
+            if let Some(ns) = named(&mut c.namespaces, None, "web") {
+                let labels = ns.metadata.labels.get_or_insert_default();
+                if labels.remove("publish").is_none() {
+                    labels.insert("publish".into(), "yes".into());
+                }
+            }
+        }
+        Step::Remade(web) => {
+            let name = if *web { "web" } else { "web-late" };
+            let newest = c.port_maps.iter().filter_map(|p| p.metadata.creation_timestamp.as_ref()).map(|t| t.0).max();
+            let at = newest.and_then(|t| Timestamp::from_second(t.as_second() + 1).ok());
+            let i = c.port_maps.iter().position(|p| p.metadata.name.as_deref() == Some(name));
+            if let Some(i) = i {
+                let pm = &mut c.port_maps[i];
+                pm.metadata.creation_timestamp = at.map(Time);
+                pm.status = None;
             }
         }
         Step::Key(n, k) => {
@@ -517,6 +552,7 @@ fn each_change_redoes_only_the_capability_it_reaches() {
             mesh_members: 0,
             mesh_patched: 0,
             port_maps: false,
+            port_maps_readmitted: false,
             port_maps_placed: 0,
             port_map_statuses: 0,
             port_map_hosts: 0,
@@ -537,6 +573,7 @@ fn each_change_redoes_only_the_capability_it_reaches() {
             mesh_members: 0,
             mesh_patched: 0,
             port_maps: false,
+            port_maps_readmitted: false,
             port_maps_placed: 0,
             port_map_statuses: 0,
             port_map_hosts: 0,
@@ -628,6 +665,45 @@ fn a_placement_is_kept_until_what_it_read_changes() {
         let r = computer.redone();
         assert_eq!((r.port_maps_placed, endpoint(&out).as_str()), (placed, address), "after {step:?}: {r:?}");
         assert_eq!(r.port_map_statuses, made, "after {step:?}: {r:?}");
+        feed_back(&mut c, &out);
+    }
+}
+
+/// Admission's verdicts are taken while nothing it reads changed: a change to endpoints or
+/// pods judges no mapping again. A PortMap deleted and made again with the same spec, in its
+/// place in the list, is judged by its new age: the port goes to the mapping now older.
+#[test]
+fn verdicts_are_kept_until_what_admission_reads_changes() {
+    let settings = Settings::default();
+    let mut c = cluster();
+    let mut computer = Computer::new(settings.clone());
+    for _ in 0..2 {
+        let out = computer.compute(&c);
+        feed_back(&mut c, &out);
+    }
+    let accepted = |out: &Outputs, name: &str| {
+        let st = out.port_maps.get(&("web".to_string(), name.to_string()));
+        let c = st.into_iter().flat_map(|s| &s.conditions).find(|c| c.type_ == "Accepted");
+        c.map(|c| c.status.clone()).unwrap_or_default()
+    };
+    // (the change, whether the verdicts were taken, web's Accepted, web-late's, web-pair's)
+    for (step, readmitted, web, late, pair) in [
+        (Step::Ready(0), true, "True", "False", "True"),
+        (Step::Squat, true, "True", "False", "True"),
+        (Step::Remade(true), false, "False", "True", "True"),
+        (Step::Phase(1), true, "False", "True", "True"),
+        (Step::Remade(false), false, "True", "False", "True"),
+        (Step::Publish, false, "True", "False", "False"),
+        (Step::Publish, false, "True", "False", "True"),
+        (Step::PortMap, false, "True", "False", ""),
+    ] {
+        apply(&mut c, &step, &mut computer, &settings);
+        let out = computer.compute(&c);
+        assert_eq!(out, compute(&c, &settings), "after {step:?}");
+        let r = computer.redone();
+        assert_eq!(r.port_maps_readmitted, readmitted, "after {step:?}: {r:?}");
+        let names = ["web", "web-late", "web-pair"].map(|n| accepted(&out, n));
+        assert_eq!(names, [web, late, pair], "after {step:?}");
         feed_back(&mut c, &out);
     }
 }
@@ -771,7 +847,9 @@ fn a_kept_placement_refused_by_an_older_mapping_claims_no_link() {
                 }]);
             }
         })
-        .port_map("extra", "ext", "pair", Udp, 28000, None, "ext", 3);
+        .port_map("extra", "ext", "pair", Udp, 28000, None, "ext", 3)
+        .namespace("extra", &[("publish", "yes")]);
+    c.namespaces.extend(extra.c.namespaces.iter().cloned());
     c.services.extend(extra.c.services.iter().cloned());
     c.endpoint_slices.extend(extra.c.endpoint_slices.iter().cloned());
     c.port_maps.extend(extra.c.port_maps.iter().cloned());

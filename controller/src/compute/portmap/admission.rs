@@ -4,6 +4,7 @@
 //! mapping that works is never displaced by a newer one that collides with it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -15,13 +16,27 @@ use crate::observe::index::{View, selects};
 /// A PortMap's namespace and name.
 pub type MapKey = (String, String);
 
-/// A mapping that passed every Accepted check.
+/// A mapping that passed every Accepted check: its objects, and what was checked of them.
 #[derive(Clone, Debug)]
 pub struct Admitted<'a> {
-    pub key: MapKey,
     pub pm: &'a PortMap,
-    pub class_name: String,
     pub class: &'a PortMapClass,
+    /// Shared with the next compute, which takes it while nothing admission reads changed.
+    pub accepted: Arc<Accepted>,
+}
+
+impl std::ops::Deref for Admitted<'_> {
+    type Target = Accepted;
+    fn deref(&self) -> &Accepted {
+        &self.accepted
+    }
+}
+
+/// What the Accepted checks found of a mapping.
+#[derive(Debug)]
+pub struct Accepted {
+    pub key: MapKey,
+    pub class_name: String,
     pub protocol: Protocol,
     /// Inclusive published ports.
     pub ports: (u16, u16),
@@ -42,7 +57,7 @@ pub struct SourceLimit {
     pub connections: Option<u32>,
 }
 
-impl Admitted<'_> {
+impl Accepted {
     pub fn is_range(&self) -> bool {
         self.ports.0 != self.ports.1
     }
@@ -102,22 +117,59 @@ fn reserved_for_node(view: &View, protocol: Protocol, (first, last): (u16, u16))
 /// What one namespace already holds in one class: PortMaps and ports.
 type Held = BTreeMap<(String, String), (u32, u32)>;
 
-/// Judges every mapping, oldest first. The result is in that order.
-pub fn admit<'a>(view: &View<'a>, port_maps: &'a Objects<PortMap>) -> Vec<(MapKey, Result<Admitted<'a>, Refusal>)> {
-    let mut ordered: Vec<&PortMap> = port_maps.iter().collect();
-    ordered.sort_by_cached_key(|pm| age_order(pm));
+/// One mapping judged: its key, its PortMap, and the verdict.
+pub type Verdict<'a> = (MapKey, &'a PortMap, Result<Admitted<'a>, Refusal>);
+
+/// Every mapping's verdict, owned, in the order judged: the PortMap's place in the list it was
+/// judged from, its key, and what its checks found.
+#[derive(Default)]
+pub struct Verdicts(Vec<(usize, MapKey, Result<Arc<Accepted>, Refusal>)>);
+
+/// Judges every mapping, oldest first. The result is in that order, with its owned copy.
+pub fn admit<'a>(view: &View<'a>, port_maps: &'a Objects<PortMap>) -> (Vec<Verdict<'a>>, Verdicts) {
+    let mut ordered: Vec<usize> = (0..port_maps.len()).collect();
+    ordered.sort_by_cached_key(|i| age_order(&port_maps[*i]));
     let mut claims = Claims::default();
     let mut held = Held::new();
-    ordered
+    let mut kept = Vec::with_capacity(ordered.len());
+    let verdicts = ordered
         .into_iter()
-        .map(|pm| {
+        .map(|i| {
+            let pm = &port_maps[i];
             let key = key_of(pm);
             let verdict = check(view, pm).and_then(|a| {
                 within_limits(&mut held, &a)?;
                 claims.claim(&a)?;
                 Ok(a)
             });
-            (key, verdict)
+            kept.push((i, key.clone(), verdict.as_ref().map(|a| a.accepted.clone()).map_err(Refusal::clone)));
+            (key, pm, verdict)
+        })
+        .collect();
+    (verdicts, Verdicts(kept))
+}
+
+/// The verdicts `before`, taken for `port_maps` when nothing admission reads changed since
+/// (every PortMap's spec and age, every class's spec, the Namespaces, the nodes): None when
+/// the list does not hold the same PortMaps in the same places, or a class is gone.
+pub fn readmit<'a>(view: &View<'a>, port_maps: &'a Objects<PortMap>, before: &Verdicts) -> Option<Vec<Verdict<'a>>> {
+    if before.0.len() != port_maps.len() {
+        return None;
+    }
+    before
+        .0
+        .iter()
+        .map(|(i, key, verdict)| {
+            let pm = &**port_maps.get(*i)?;
+            let (ns, name) = (pm.metadata.namespace.as_deref().unwrap_or_default(), pm.metadata.name.as_deref());
+            if ns != key.0 || name.unwrap_or_default() != key.1 {
+                return None;
+            }
+            let verdict = match verdict {
+                Ok(a) => Ok(Admitted { pm, class: view.classes.get(&a.class_name).copied()?, accepted: a.clone() }),
+                Err(r) => Err(r.clone()),
+            };
+            Some((key.clone(), pm, verdict))
         })
         .collect()
 }
@@ -261,17 +313,16 @@ fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> 
     }
     let source_ranges = source_ranges(class, &class_name, &spec.source_ranges)?;
     let rate_limit = spec.rate_limit.as_ref().map(rate_limit).transpose()?;
-    Ok(Admitted {
+    let accepted = Accepted {
         key: key_of(pm),
-        pm,
         class_name,
-        class,
         protocol: spec.protocol,
         ports: (first, last),
         accepting,
         source_ranges,
         rate_limit,
-    })
+    };
+    Ok(Admitted { pm, class, accepted: Arc::new(accepted) })
 }
 
 /// spec.rateLimit checked: every number at least 1 (the CRD says so too; an object from a

@@ -72,7 +72,19 @@ pub fn compute(
     let mut judged_and_linked = Vec::new();
     // Programmed mappings by pod address and protocol, for the one-way-return check.
     let mut by_pod: BTreeMap<(Ipv4Addr, Protocol), Vec<usize>> = BTreeMap::new();
-    for (key, admitted) in admission::admit(view, &cluster.port_maps) {
+    // Admission reads every mapping older than one: taken whole while none of its reads changed.
+    let readmitted = since.as_ref().filter(|s| !s.admission).and_then(|s| {
+        let verdicts = admission::readmit(view, &cluster.port_maps, &s.built.admitted)?;
+        Some((verdicts, s.built.admitted.clone()))
+    });
+    let readmitted_now = readmitted.is_some();
+    let (admitted, admitted_now) = readmitted.unwrap_or_else(|| {
+        let (verdicts, owned) = admission::admit(view, &cluster.port_maps);
+        (verdicts, Arc::new(owned))
+    });
+    let mut port_maps = Vec::with_capacity(admitted.len());
+    for (key, pm, admitted) in admitted {
+        port_maps.push(pm);
         let (mut judged, mut linked) = (None, None);
         let placed = admitted.and_then(|a| {
             let kept = since.as_ref().and_then(|s| s.kept(&key));
@@ -111,7 +123,7 @@ pub fn compute(
     }
 
     // 3: links for every programming node that lacks the pod.
-    let mut needed = BTreeSet::new();
+    let mut needed = Vec::new();
     for ((_, v), (_, linked)) in verdicts.iter().zip(&judged_and_linked) {
         // A kept placement may be refused now (an older mapping took its pod port's return).
         let Ok(p) = v else { continue };
@@ -122,10 +134,12 @@ pub fn compute(
         for node in p.remote_nodes() {
             let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
             if vxlan_port_clash(view, &vxlan, &key).is_none() {
-                needed.insert(key);
+                needed.push(key);
             }
         }
     }
+    // Sorted and built at once: most links serve many mappings.
+    let needed: BTreeSet<LinkKey> = needed.into_iter().collect();
     let alloc = links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &needed, now, numbers);
 
     // 4: build the nodes, refusing mappings whose links cannot be built.
@@ -159,7 +173,10 @@ pub fn compute(
                 RouteTo::Local | RouteTo::Unknown => None,
             };
             for node in p.nodes_built() {
-                digests.entry(node.clone()).or_default().take(l.fingerprint, device.as_deref());
+                match digests.get_mut(node) {
+                    Some(d) => d.take(l.fingerprint, device.as_deref()),
+                    None => digests.entry(node.clone()).or_default().take(l.fingerprint, device.as_deref()),
+                }
             }
             Ok((p, l, device, route))
         });
@@ -188,8 +205,9 @@ pub fn compute(
     }
 
     let (mut kept_now, mut statuses_anew) = (HashMap::with_capacity(built.len()), 0);
-    let previous: BTreeMap<MapKey, &PortMap> = cluster.port_maps.iter().map(|pm| (admission::key_of(pm), pm)).collect();
-    for (key, judged, verdict) in built {
+    // Gathered in age order, each map then built at once ([`fill`]).
+    let (mut programming, mut tracked, mut statuses) = (Vec::new(), Vec::new(), Vec::with_capacity(built.len()));
+    for ((key, judged, verdict), pm) in built.into_iter().zip(port_maps) {
         let verdict = verdict.and_then(|(p, l, _, route)| {
             // Built without the pod node's request claim, which needs the route: the rest keeps
             // carrying traffic. A node that reported routes, none for the pod, is named in the
@@ -200,7 +218,6 @@ pub fn compute(
             }
             Ok((p, l))
         });
-        let Some(pm) = previous.get(&key) else { continue };
         let linked = verdict.as_ref().ok().map(|(_, l)| l.clone());
         let from = match &verdict {
             Ok((_, l)) => judged.clone().map(|j| StatedFrom::Built(j, l.clone())),
@@ -208,11 +225,11 @@ pub fn compute(
         };
         let mut over_v6 = BTreeSet::new();
         let verdict = verdict.map(|(p, l)| {
-            Arc::make_mut(&mut out.programming).insert(key.clone(), p.nodes.keys().cloned().collect());
-            Arc::make_mut(&mut out.tracked).insert(
+            programming.push((key.clone(), p.nodes.keys().cloned().collect()));
+            tracked.push((
                 ObjectKey::port_map(&key.0, &key.1),
                 Tracked { nodes: must_ack(&p), fingerprint: l.fingerprint },
-            );
+            ));
             over_v6 = l.over_v6.clone();
             p
         });
@@ -229,14 +246,19 @@ pub fn compute(
             }
         };
         kept_now.insert(key.clone(), Kept { judged, linked, status_from: from });
-        Arc::make_mut(&mut out.port_maps).insert(key, status);
+        statuses.push((key, status));
     }
+    fill(&mut out.programming, programming);
+    fill(&mut out.tracked, tracked);
+    fill(&mut out.port_maps, statuses);
     for (name, class) in &view.classes {
         let rows = alloc.rows.get(name).cloned().unwrap_or_default();
         Arc::make_mut(&mut out.classes)
             .insert(name.clone(), class_status(view, class, &vxlan[name], &alloc, rows, now));
     }
     Built {
+        admitted: admitted_now,
+        readmitted: readmitted_now,
         hosts,
         digests,
         ends: ends_made,
@@ -260,6 +282,9 @@ pub struct Since<'a> {
     /// Some PortMapClass's spec changed, or a class came or went: every mapping's admission
     /// reads its class. (The link rows in their statuses are read through the nodes.)
     pub classes: bool,
+    /// Something admission reads changed: a PortMap's spec or age, a PortMap that came or went,
+    /// a class's spec, a Namespace.
+    pub admission: bool,
 }
 
 impl Since<'_> {
@@ -356,6 +381,10 @@ fn place<'a>(
 /// from it only if it sees every node the same (docs/design.md, "Compute by change").
 #[derive(Default)]
 pub struct Built {
+    /// Every mapping's verdict, for the next compute while nothing admission reads changes.
+    admitted: Arc<admission::Verdicts>,
+    /// Whether this compute took its verdicts from the one before.
+    pub readmitted: bool,
     /// Every node's host namespace as the port maps need it (empty for a node without any).
     pub hosts: BTreeMap<String, Arc<NetnsState>>,
     /// Each node's digest of what every mapping gave it, in order: the same digest, the same
@@ -395,6 +424,17 @@ impl Digest {
     fn take(&mut self, fingerprint: u64, device: Option<&str>) {
         use std::hash::Hash;
         (fingerprint, device).hash(&mut self.0);
+    }
+}
+
+/// Adds `entries` to `map`, built at once from them when it is empty (as it is for every
+/// compute): collected, a map is sorted and built in one pass; inserted one by one, it is
+/// searched for each.
+fn fill<K: Ord + Clone, V: Clone>(map: &mut Arc<BTreeMap<K, V>>, entries: Vec<(K, V)>) {
+    if map.is_empty() {
+        *map = Arc::new(entries.into_iter().collect());
+    } else {
+        Arc::make_mut(map).extend(entries);
     }
 }
 

@@ -145,7 +145,7 @@ pub fn choose_endpoint(view: &View, a: &Admitted) -> Result<Endpoint, Refusal> {
     let (ns, _) = &a.key;
     let svc_ref = &a.pm.spec.service_ref;
     let no_endpoint = |m: String| Refusal::programmed(reason::NO_READY_ENDPOINT, m);
-    let Some(svc) = view.services.get(&(ns.clone(), svc_ref.name.clone())) else {
+    let Some(svc) = view.services.get(&(ns.as_str(), svc_ref.name.as_str())) else {
         return Err(no_endpoint(format!("spec.serviceRef.name: Service {ns}/{} does not exist", svc_ref.name)));
     };
     let ports = svc.spec.as_ref().and_then(|s| s.ports.clone()).unwrap_or_default();
@@ -170,7 +170,7 @@ pub fn choose_endpoint(view: &View, a: &Admitted) -> Result<Endpoint, Refusal> {
         )));
     }
     let port_name = svc_port.name.clone().unwrap_or_default();
-    let slices = view.slices.get(&(ns.clone(), svc_ref.name.clone())).map(Vec::as_slice).unwrap_or_default();
+    let slices = view.slices.get(&(ns.as_str(), svc_ref.name.as_str())).map(Vec::as_slice).unwrap_or_default();
     let mut candidates = Vec::new();
     // Why endpoints were passed over: not vouched for, and on no Ready Node.
     let (mut unvouched, mut not_ready) = (Vec::new(), Vec::new());

@@ -895,9 +895,10 @@ fn endpoint_of(w: &World) -> Option<placement::Endpoint> {
     let cluster = w.cluster();
     let view = crate::observe::index::View::new(&cluster);
     admission::admit(&view, &cluster.port_maps)
+        .0
         .into_iter()
-        .filter(|((_, n), _)| n == "m")
-        .find_map(|(_, a)| placement::choose_endpoint(&view, &a.ok()?).ok())
+        .filter(|((_, n), ..)| n == "m")
+        .find_map(|(_, _, a)| placement::choose_endpoint(&view, &a.ok()?).ok())
 }
 
 #[test]
