@@ -22,7 +22,7 @@ use kuport_proto::v1::{NetnsState, NodeState};
 
 use super::intercept::pods::Decided;
 use super::{ObjectKey, Outputs, Settings, Tracked, merge, numbers, overlay, portmap};
-use crate::api::PortMap;
+use crate::api::{PortMap, PortMapClass};
 use crate::observe::index::{self, KnownNode, View, same_for_port_maps};
 use crate::observe::{Cluster, KnownFacts, Objects};
 
@@ -146,6 +146,9 @@ struct Reads {
     /// Some input admission reads changed: a PortMap's spec or age, a PortMap that came or
     /// went, a class's spec, a Namespace.
     admission: bool,
+    /// What changed for port maps is only statuses written back as they made them: their
+    /// result holds if the nodes they see are the same (the class rows are read through them).
+    written_back: bool,
     intercepts: bool,
     /// The namespaces of the Intercepts and pods that changed; none when one has no namespace
     /// or a folder's two objects share a name (then every namespace is redone).
@@ -153,7 +156,8 @@ struct Reads {
 }
 
 impl Reads {
-    fn between(old: &Cluster, new: &Cluster) -> Reads {
+    /// `made`: the port maps' outputs from `old`, whose statuses a status writer writes back.
+    fn between(old: &Cluster, new: &Cluster, made: &Outputs) -> Reads {
         let nodes = !diff(&old.nodes, &new.nodes).is_empty();
         let class_changes = diff(&old.classes, &new.classes);
         let classes = !class_changes.is_empty();
@@ -196,6 +200,11 @@ impl Reads {
             || !services.is_empty()
             || !slices.is_empty()
             || !port_map_changes.is_empty();
+        // Statuses written back as the port maps made them, and nothing else they read.
+        let written_back = port_maps
+            && !(nodes || facts || pods_for_port_maps || namespaces || !services.is_empty() || !slices.is_empty())
+            && port_map_changes.iter().all(|c| port_map_as_made(c, made))
+            && class_changes.iter().all(|c| class_as_made(c, made));
         let intercept_changes = diff(&old.intercepts, &new.intercepts);
         let intercepts = !pods.is_empty() || !intercept_changes.is_empty();
         let intercept_namespaces = namespaces_of(&pods).chain(namespaces_of(&intercept_changes)).collect();
@@ -209,6 +218,7 @@ impl Reads {
             // The link rows written back are read through the nodes ([`KnownNode`]).
             classes_respecified,
             admission,
+            written_back,
             intercepts,
             intercept_namespaces,
         }
@@ -238,7 +248,7 @@ impl Computer {
         }
         let last = self.last.take();
         let reads = match &last {
-            Some(l) => Reads::between(&l.inputs, cluster),
+            Some(l) => Reads::between(&l.inputs, cluster, &l.port_maps.out),
             None => Reads {
                 mesh: true,
                 members: true,
@@ -248,6 +258,7 @@ impl Computer {
                 pods_for_port_maps: true,
                 classes_respecified: true,
                 admission: true,
+                written_back: false,
                 intercepts: true,
                 intercept_namespaces: None,
             },
@@ -283,30 +294,36 @@ impl Computer {
         };
 
         let last_pm = last.as_ref().map(|l| l.port_maps.clone());
-        let port_maps = match last_pm.clone().filter(|p| !reads.port_maps && !addresses_moved && p.horizon.holds(now)) {
+        let holds = |p: &Arc<PortMapped>| !addresses_moved && p.horizon.holds(now);
+        let port_maps = match last_pm.clone().filter(|p| !reads.port_maps && holds(p)) {
             Some(kept) => kept,
             None => {
-                let nodes = known.take().unwrap_or_else(|| index::known_nodes(cluster));
-                let wireguard_port = self.settings.overlay.as_ref().map(|o| o.listen_port);
-                let v = &mut View { wireguard_port, ..View::with_nodes(cluster, nodes) };
+                let mut nodes = known.take().unwrap_or_else(|| index::known_nodes(cluster));
                 for (name, (address, mtu)) in mesh.iter().flat_map(|m| &m.addresses) {
-                    if let Some(node) = v.nodes.get_mut(name) {
+                    if let Some(node) = nodes.get_mut(name) {
                         node.overlay = Some((*address, *mtu));
                     }
                 }
-                let mut numbers = numbers::Numbers::default();
-                let mut out = Outputs::default();
-                let since = last_pm.as_ref().map(|p| portmap::Since {
-                    built: &p.built,
-                    namespaces: reads.port_map_namespaces.clone(),
-                    pods: reads.pods_for_port_maps,
-                    classes: reads.classes_respecified,
-                    admission: reads.admission,
-                });
-                let mut built = portmap::compute(v, cluster, &mut numbers, &mut out, since);
-                built.saw(std::mem::take(&mut v.nodes));
-                let horizon = Horizon { at: now, until: portmap::links::horizon(&out.classes) };
-                Arc::new(PortMapped { built, out, horizon })
+                match last_pm.clone().filter(|p| reads.written_back && holds(p) && p.built.saw_same(&nodes)) {
+                    Some(kept) => kept,
+                    None => {
+                        let wireguard_port = self.settings.overlay.as_ref().map(|o| o.listen_port);
+                        let v = &mut View { wireguard_port, ..View::with_nodes(cluster, nodes) };
+                        let mut numbers = numbers::Numbers::default();
+                        let mut out = Outputs::default();
+                        let since = last_pm.as_ref().map(|p| portmap::Since {
+                            built: &p.built,
+                            namespaces: reads.port_map_namespaces.clone(),
+                            pods: reads.pods_for_port_maps,
+                            classes: reads.classes_respecified,
+                            admission: reads.admission,
+                        });
+                        let mut built = portmap::compute(v, cluster, &mut numbers, &mut out, since);
+                        built.saw(std::mem::take(&mut v.nodes));
+                        let horizon = Horizon { at: now, until: portmap::links::horizon(&out.classes) };
+                        Arc::new(PortMapped { built, out, horizon })
+                    }
+                }
             }
         };
         let pm_redone = !last_pm.as_ref().is_some_and(|p| Arc::ptr_eq(p, &port_maps));
@@ -539,6 +556,23 @@ fn assemble_node(
 /// its status written back.
 fn respecified<K: kube::core::object::HasSpec<Spec: PartialEq>>((a, b): &(Option<&K>, Option<&K>)) -> bool {
     a.zip(*b).is_none_or(|(a, b)| a.spec() != b.spec())
+}
+
+/// A PortMap whose status was written back as `made` has it, and nothing else the port maps
+/// read of it changed.
+fn port_map_as_made((a, b): &(Option<&PortMap>, Option<&PortMap>), made: &Outputs) -> bool {
+    let (Some(a), Some(b)) = (a, b) else { return false };
+    a.spec == b.spec
+        && a.metadata.creation_timestamp == b.metadata.creation_timestamp
+        && a.metadata.generation == b.metadata.generation
+        && b.status.as_ref() == made.port_maps.get(&portmap::admission::key_of(b))
+}
+
+/// The same for a class.
+fn class_as_made((a, b): &(Option<&PortMapClass>, Option<&PortMapClass>), made: &Outputs) -> bool {
+    let (Some(a), Some(b)) = (a, b) else { return false };
+    let name = b.metadata.name.clone().unwrap_or_default();
+    a.spec == b.spec && a.metadata.generation == b.metadata.generation && b.status.as_ref() == made.classes.get(&name)
 }
 
 /// The executors' facts, in any order, are the same.

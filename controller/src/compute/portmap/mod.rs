@@ -412,6 +412,11 @@ impl Built {
     pub fn saw(&mut self, nodes: BTreeMap<String, KnownNode>) {
         self.nodes = nodes;
     }
+
+    /// Whether the compute saw `nodes` as they are.
+    pub fn saw_same(&self, nodes: &BTreeMap<String, KnownNode>) -> bool {
+        self.nodes == *nodes
+    }
 }
 
 /// A node's digest of the mappings that give it something, in the order they are built.
