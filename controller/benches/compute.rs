@@ -249,7 +249,8 @@ fn by_change_row(
     (median, min, r, changed): (Duration, Duration, Redone, usize),
 ) -> String {
     let port_maps = format!(
-        "port maps ({}{} placed, {} statuses made, {} hosts rendered)",
+        "port maps ({}{}{} placed, {} statuses made, {} hosts rendered)",
+        if r.port_maps_patched { "patched, " } else { "" },
         if r.port_maps_readmitted { "verdicts kept, " } else { "" },
         r.port_maps_placed,
         r.port_map_statuses,

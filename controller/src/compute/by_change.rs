@@ -38,6 +38,9 @@ pub struct Redone {
     pub port_maps: bool,
     /// The port maps took every mapping's admission verdict from the compute before.
     pub port_maps_readmitted: bool,
+    /// The port maps took the whole of the compute before, with the mappings the change
+    /// reached made again.
+    pub port_maps_patched: bool,
     /// The admitted mappings placed anew: those whose namespace, or every Pod they read, changed.
     pub port_maps_placed: usize,
     /// The PortMap statuses made anew: those of mappings placed or linked anew, refused
@@ -146,6 +149,8 @@ struct Reads {
     /// Some input admission reads changed: a PortMap's spec or age, a PortMap that came or
     /// went, a class's spec, a Namespace.
     admission: bool,
+    /// The namespaces of the PortMaps that changed in any way; None as for `intercept_namespaces`.
+    port_maps_restated: Option<BTreeSet<String>>,
     /// What changed for port maps is only statuses written back as they made them: their
     /// result holds if the nodes they see are the same (the class rows are read through them).
     written_back: bool,
@@ -205,6 +210,7 @@ impl Reads {
             && !(nodes || facts || pods_for_port_maps || namespaces || !services.is_empty() || !slices.is_empty())
             && port_map_changes.iter().all(|c| port_map_as_made(c, made))
             && class_changes.iter().all(|c| class_as_made(c, made));
+        let port_maps_restated = namespaces_of(&port_map_changes).collect();
         let intercept_changes = diff(&old.intercepts, &new.intercepts);
         let intercepts = !pods.is_empty() || !intercept_changes.is_empty();
         let intercept_namespaces = namespaces_of(&pods).chain(namespaces_of(&intercept_changes)).collect();
@@ -218,6 +224,7 @@ impl Reads {
             // The link rows written back are read through the nodes ([`KnownNode`]).
             classes_respecified,
             admission,
+            port_maps_restated,
             written_back,
             intercepts,
             intercept_namespaces,
@@ -258,6 +265,7 @@ impl Computer {
                 pods_for_port_maps: true,
                 classes_respecified: true,
                 admission: true,
+                port_maps_restated: None,
                 written_back: false,
                 intercepts: true,
                 intercept_namespaces: None,
@@ -308,7 +316,8 @@ impl Computer {
                     Some(kept) => kept,
                     None => {
                         let wireguard_port = self.settings.overlay.as_ref().map(|o| o.listen_port);
-                        let v = &mut View { wireguard_port, ..View::with_nodes(cluster, nodes) };
+                        let v = &mut View::with_nodes(cluster, nodes);
+                        v.wireguard_port = wireguard_port;
                         let mut numbers = numbers::Numbers::default();
                         let mut out = Outputs::default();
                         let since = last_pm.as_ref().map(|p| portmap::Since {
@@ -317,6 +326,8 @@ impl Computer {
                             pods: reads.pods_for_port_maps,
                             classes: reads.classes_respecified,
                             admission: reads.admission,
+                            restated: reads.port_maps_restated.clone(),
+                            clock_holds: p.horizon.holds(now),
                         });
                         let mut built = portmap::compute(v, cluster, &mut numbers, &mut out, since);
                         built.saw(std::mem::take(&mut v.nodes));
@@ -402,6 +413,7 @@ impl Computer {
             mesh_patched,
             port_maps: pm_redone,
             port_maps_readmitted: pm_redone && port_maps.built.readmitted,
+            port_maps_patched: pm_redone && port_maps.built.patched,
             port_maps_placed: if pm_redone { port_maps.built.placed } else { 0 },
             port_map_statuses: if pm_redone { port_maps.built.statuses_made } else { 0 },
             port_map_hosts: if pm_redone { port_maps.built.rendered } else { 0 },

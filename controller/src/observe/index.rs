@@ -1,8 +1,11 @@
 //! Indexes over an observed [`Cluster`]: what the computation reads, in the shapes it reads them
 //! (nodes with their facts, Services and their slices, classes by name), built once per compute.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::{OnceCell, RefCell};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
+use std::rc::Rc;
+use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 
@@ -143,6 +146,50 @@ impl<'a> KnownPod<'a> {
     }
 }
 
+/// The Pods of a cluster as placement reads them, each namespace's indexed when first asked.
+#[derive(Default)]
+struct Pods<'a> {
+    all: &'a [Arc<Pod>],
+    /// Each namespace's Pods, in the cluster's order.
+    by_namespace: OnceCell<HashMap<&'a str, Vec<&'a Pod>>>,
+    /// Each namespace's Pods by name, as read so far.
+    known: RefCell<HashMap<&'a str, Rc<BTreeMap<&'a str, KnownPod<'a>>>>>,
+    /// Every address some Pod holds.
+    addresses: OnceCell<BTreeSet<IpAddr>>,
+}
+
+impl<'a> Pods<'a> {
+    /// The Pods of namespace `ns` by name (of two with one name, the later).
+    fn of(&self, ns: &str) -> Rc<BTreeMap<&'a str, KnownPod<'a>>> {
+        if let Some(known) = self.known.borrow().get(ns) {
+            return known.clone();
+        }
+        let by_namespace = self.by_namespace.get_or_init(|| {
+            let mut by: HashMap<&str, Vec<&Pod>> = HashMap::new();
+            for p in self.all {
+                if let Some(ns) = p.metadata.namespace.as_deref() {
+                    by.entry(ns).or_default().push(p);
+                }
+            }
+            by
+        });
+        let Some((ns, pods)) = by_namespace.get_key_value(ns) else { return Rc::default() };
+        let known: BTreeMap<&str, KnownPod> =
+            pods.iter().filter_map(|p| Some((p.metadata.name.as_deref()?, KnownPod::of(p)))).collect();
+        let known = Rc::new(known);
+        self.known.borrow_mut().insert(ns, known.clone());
+        known
+    }
+
+    /// Every Pod by namespace and name (of two with one name, the later).
+    fn by_name(&self) -> BTreeMap<(&'a str, &'a str), KnownPod<'a>> {
+        self.all
+            .iter()
+            .filter_map(|p| Some(((p.metadata.namespace.as_deref()?, p.metadata.name.as_deref()?), KnownPod::of(p))))
+            .collect()
+    }
+}
+
 /// Whether two versions of a Pod read the same to the port maps, which see a Pod only as
 /// [`KnownPod`] (its labels, for one, are interception's alone).
 pub fn same_for_port_maps(a: &Pod, b: &Pod) -> bool {
@@ -169,11 +216,9 @@ pub struct View<'a> {
     /// pick theirs by `addressType` (IPv4 for the endpoint, IPv6 for its IPv6 twin).
     pub slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     pub classes: BTreeMap<String, &'a PortMapClass>,
-    /// Pods by (namespace, name): what vouches for an endpoint (docs/portmap/modes.md, "Which
-    /// endpoints are believed").
-    pub pods: BTreeMap<(&'a str, &'a str), KnownPod<'a>>,
-    /// Every address some Pod holds: never an external endpoint.
-    pub pod_addresses: BTreeSet<IpAddr>,
+    /// What vouches for an endpoint (docs/portmap/modes.md, "Which endpoints are believed"),
+    /// read on demand: a change places the mappings of a few namespaces.
+    pods: Pods<'a>,
     /// UDP ports that carry kuport's VXLAN links: every class's. (The ports a node reports for
     /// its CNI's VXLAN devices are in its [`KnownNode`].)
     pub vxlan_ports: BTreeSet<u16>,
@@ -211,28 +256,30 @@ impl<'a> View<'a> {
         let classes = cluster.classes.iter().filter_map(|c| Some((c.metadata.name.clone()?, c))).collect();
         // A node's reported ports bound only that node's mappings (portmap::admission).
         let vxlan_ports = cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).collect();
-        let pods: BTreeMap<(&str, &str), KnownPod> = cluster
-            .pods
-            .iter()
-            .filter_map(|p| Some(((p.metadata.namespace.as_deref()?, p.metadata.name.as_deref()?), KnownPod::of(p))))
-            .collect();
-        let pod_addresses = pods.values().flat_map(|p| p.ips.iter().copied()).collect();
-        View { nodes, namespaces, services, slices, classes, pods, pod_addresses, vxlan_ports, wireguard_port: None }
+        let pods = Pods { all: cluster.pods.arcs(), ..Pods::default() };
+        View { nodes, namespaces, services, slices, classes, pods, vxlan_ports, wireguard_port: None }
+    }
+
+    /// Whether some Pod holds `address`: then it is never an external endpoint.
+    pub fn is_pod_address(&self, address: &IpAddr) -> bool {
+        self.pods
+            .addresses
+            .get_or_init(|| self.pods.by_name().values().flat_map(|p| p.ips.clone()).collect())
+            .contains(address)
     }
 
     /// The pod of namespace `ns` (named `name`, else any) that holds `address` on `node`; what
     /// is wrong otherwise.
     pub fn pod_holding(&self, ns: &str, name: Option<&str>, node: &str, address: IpAddr) -> Result<&str, String> {
+        let pods = self.pods.of(ns);
         let Some(name) = name else {
-            return self
-                .pods
-                .range((ns, "")..)
-                .take_while(|((n, _), _)| *n == ns)
-                .find(|(_, p)| p.node == Some(node) && p.ips.contains(&address))
-                .map(|((_, name), _)| *name)
+            return pods
+                .values()
+                .find(|p| p.node == Some(node) && p.ips.contains(&address))
+                .map(|p| p.name)
                 .ok_or_else(|| format!("no Pod of namespace {ns} on node {node} has address {address}"));
         };
-        let Some(pod) = self.pods.get(&(ns, name)) else {
+        let Some(pod) = pods.get(name) else {
             return Err(format!("names Pod {ns}/{name}, which does not exist"));
         };
         if !pod.ips.contains(&address) {

@@ -150,6 +150,9 @@ enum Step {
     Ready(usize),
     /// A pod's address moves.
     PodAddress(usize, u8),
+    /// A pod's IPv4 address moves in its Pod and its slice, on the same node: its mappings are
+    /// placed again over the links they had.
+    Readdress(usize, u8),
     /// web-0 takes the games Service's external endpoint address, or gives it back.
     Squat,
     /// A dual-stack pod's IPv6 address moves (in its Pod and the IPv6 slice), its IPv4 stays.
@@ -215,6 +218,7 @@ fn single() -> impl Strategy<Value = Step> {
     prop_oneof![
         (0usize..3).prop_map(Step::Ready),
         (pod.clone(), 1u8..250).prop_map(|(p, a)| Step::PodAddress(p, a)),
+        (pod.clone(), 1u8..250).prop_map(|(p, a)| Step::Readdress(p, a)),
         (pod.clone(), 1u8..250).prop_map(|(p, a)| Step::PodAddress6(p, a)),
         pod.clone().prop_map(Step::Relabel),
         Just(Step::Squat),
@@ -247,6 +251,25 @@ fn single() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// Pod `p`'s IPv4 (or IPv6) address takes `last` for its last part, in its Pod and in every
+/// slice: the pod stays where it is, at another address.
+fn readdress(c: &mut Cluster, p: usize, v6: bool, last: &str) {
+    let (ns, name) = PODS[p];
+    let Some(pod) = named(&mut c.pods, Some(ns), name) else { return };
+    let ips = pod.status.get_or_insert_default().pod_ips.get_or_insert_default();
+    let Some(ip) = ips.iter_mut().find(|ip| ip.ip.contains(':') == v6) else { return };
+    let old = ip.ip.clone();
+    let new = format!("{}{last}", &old[..=old.rfind(if v6 { ':' } else { '.' }).unwrap_or(0)]);
+    ip.ip = new.clone();
+    for slice in c.endpoint_slices.iter_mut() {
+        for address in slice.endpoints.iter_mut().flatten().flat_map(|e| e.addresses.iter_mut()) {
+            if *address == old {
+                *address = new.clone();
+            }
+        }
+    }
+}
+
 fn named<'a, K: Resource + Clone>(list: &'a mut Objects<K>, ns: Option<&str>, name: &str) -> Option<&'a mut K> {
     list.iter_mut()
         .find(|o| o.meta().name.as_deref() == Some(name) && (ns.is_none() || o.meta().namespace.as_deref() == ns))
@@ -275,6 +298,7 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
                 }
             }
         }
+        Step::Readdress(p, a) => readdress(c, *p, false, &a.to_string()),
         Step::Squat => {
             let ips = named(&mut c.pods, Some("web"), "web-0")
                 .and_then(|pod| pod.status.as_mut()?.pod_ips.as_mut()?.first_mut());
@@ -282,22 +306,7 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
                 ip.ip = if ip.ip == "10.244.9.5" { "10.244.1.7".into() } else { "10.244.9.5".into() };
             }
         }
-        Step::PodAddress6(p, a) => {
-            let (ns, name) = PODS[*p];
-            let Some(pod) = named(&mut c.pods, Some(ns), name) else { return };
-            let ips = pod.status.get_or_insert_default().pod_ips.get_or_insert_default();
-            let Some(ip) = ips.iter_mut().find(|ip| ip.ip.contains(':')) else { return };
-            let old = ip.ip.clone();
-            let new = format!("{}{a:x}", &old[..=old.rfind(':').unwrap_or(0)]);
-            ip.ip = new.clone();
-            for slice in c.endpoint_slices.iter_mut() {
-                for address in slice.endpoints.iter_mut().flatten().flat_map(|e| e.addresses.iter_mut()) {
-                    if *address == old {
-                        *address = new.clone();
-                    }
-                }
-            }
-        }
+        Step::PodAddress6(p, a) => readdress(c, *p, true, &format!("{a:x}")),
         Step::Relabel(p) => {
             let (ns, name) = PODS[*p];
             if let Some(pod) = named(&mut c.pods, Some(ns), name) {
@@ -513,6 +522,17 @@ fn run(steps: &[Step], settings: &Settings) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// `c` after two computes with their statuses written back, and the Computer that made them:
+/// what a running hub holds between changes.
+fn settled(mut c: Cluster, settings: &Settings) -> (Cluster, Computer) {
+    let mut computer = Computer::new(settings.clone());
+    for _ in 0..2 {
+        let out = computer.compute(&c);
+        feed_back(&mut c, &out);
+    }
+    (c, computer)
+}
+
 /// The outputs with the times statuses carry cleared: when a change was seen.
 fn without_times(out: &mut Outputs) {
     for st in Arc::make_mut(&mut out.port_maps).values_mut() {
@@ -568,6 +588,7 @@ fn each_change_redoes_only_the_capability_it_reaches() {
             mesh_patched: 0,
             port_maps: false,
             port_maps_readmitted: false,
+            port_maps_patched: false,
             port_maps_placed: 0,
             port_map_statuses: 0,
             port_map_hosts: 0,
@@ -589,6 +610,7 @@ fn each_change_redoes_only_the_capability_it_reaches() {
             mesh_patched: 0,
             port_maps: false,
             port_maps_readmitted: false,
+            port_maps_patched: false,
             port_maps_placed: 0,
             port_map_statuses: 0,
             port_map_hosts: 0,
@@ -651,16 +673,11 @@ fn each_change_redoes_only_the_capability_it_reaches() {
 #[test]
 fn a_placement_is_kept_until_what_it_read_changes() {
     let settings = Settings::default();
-    let mut c = cluster();
-    let mut computer = Computer::new(settings.clone());
+    let (mut c, mut computer) = settled(cluster(), &settings);
     let endpoint = |out: &Outputs| {
         let st = out.port_maps.get(&("games".to_string(), "game".to_string()));
         st.and_then(|s| s.endpoint.as_ref()).map(|e| e.address.clone()).unwrap_or_default()
     };
-    for _ in 0..2 {
-        let out = computer.compute(&c);
-        feed_back(&mut c, &out);
-    }
     let out = computer.compute(&c);
     assert_eq!(computer.redone().port_maps_placed, 0, "statuses written back place nothing again");
     assert_eq!(endpoint(&out), "10.244.9.5", "no Pod holds the external endpoint's address");
@@ -685,18 +702,49 @@ fn a_placement_is_kept_until_what_it_read_changes() {
     }
 }
 
+/// A change within the links the mappings have is patched into the compute before: only the
+/// mappings it reaches are placed and stated again, only the nodes their parts moved are
+/// rendered, and the result is the whole compute's. A change that needs another link, or
+/// frees one, is computed whole.
+#[test]
+fn a_change_within_the_links_is_patched_into_the_compute_before() {
+    let settings = Settings::default();
+    let (mut c, mut computer) = settled(cluster(), &settings);
+    // (the change, patched, mappings placed, statuses made, hosts rendered)
+    for (step, patched, placed, made, hosts) in [
+        // web-0 (worker-b) gets another address: web's two admitted mappings and games (its
+        // class reads every Pod) are placed again, and edge-a and worker-b rendered.
+        (Step::Readdress(0, 9), true, 3, 3, 2),
+        // game-0 (edge-a) gets another address: the mappings of class public, which reads
+        // every Pod, are placed again (games' endpoint is external) and no node is rendered.
+        (Step::Readdress(3, 9), true, 2, 2, 0),
+        // A status another writer moved: stated again, and nothing else.
+        (Step::Scribble(true), true, 0, 1, 0),
+        // web-0 not ready: web moves to worker-c, a link no mapping had.
+        (Step::Ready(0), false, 2, 2, 3),
+    ] {
+        apply(&mut c, &step, &mut computer, &settings);
+        let out = computer.compute(&c);
+        assert!(out == compute(&c, &settings), "after {step:?}: {:?}", computer.redone());
+        let r = computer.redone();
+        assert_eq!(
+            (r.port_maps_patched, r.port_maps_placed, r.port_map_statuses, r.port_map_hosts),
+            (patched, placed, made, hosts),
+            "after {step:?}: {r:?}"
+        );
+        feed_back(&mut c, &out);
+        computer.compute(&c);
+        assert!(!computer.redone().port_maps, "after {step:?}, written back: {:?}", computer.redone());
+    }
+}
+
 /// Admission's verdicts are taken while nothing it reads changed: a change to endpoints or
 /// pods judges no mapping again. A PortMap deleted and made again with the same spec, in its
 /// place in the list, is judged by its new age: the port goes to the mapping now older.
 #[test]
 fn verdicts_are_kept_until_what_admission_reads_changes() {
     let settings = Settings::default();
-    let mut c = cluster();
-    let mut computer = Computer::new(settings.clone());
-    for _ in 0..2 {
-        let out = computer.compute(&c);
-        feed_back(&mut c, &out);
-    }
+    let (mut c, mut computer) = settled(cluster(), &settings);
     let accepted = |out: &Outputs, name: &str| {
         let st = out.port_maps.get(&("web".to_string(), name.to_string()));
         let c = st.into_iter().flat_map(|s| &s.conditions).find(|c| c.type_ == "Accepted");
@@ -872,11 +920,7 @@ fn a_kept_placement_refused_by_an_older_mapping_claims_no_link() {
     c.endpoint_slices.extend(extra.c.endpoint_slices.iter().cloned());
     c.port_maps.extend(extra.c.port_maps.iter().cloned());
 
-    let mut computer = Computer::new(settings.clone());
-    for _ in 0..2 {
-        let out = computer.compute(&c);
-        feed_back(&mut c, &out);
-    }
+    let (mut c, mut computer) = settled(c, &settings);
     let out = computer.compute(&c);
     let ext = ("extra".to_string(), "ext".to_string());
     assert!(out.programming.contains_key(&ext), "ext is programmed while games goes to game-0");

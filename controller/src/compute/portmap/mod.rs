@@ -15,6 +15,7 @@ pub mod datapath;
 #[cfg(test)]
 mod golden;
 pub mod links;
+mod patch;
 pub mod placement;
 pub mod status;
 pub mod steer;
@@ -22,7 +23,6 @@ pub mod steer;
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::Hasher;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
@@ -50,10 +50,11 @@ use crate::observe::index::{KnownNode, RouteTo, View};
 /// programming nodes and what each programmed mapping waits for, and returns every node's
 /// host namespace. Link slots are drawn from `numbers`. What `since`'s compute built is taken
 /// where it would be built the same, if it saw the same nodes ([`Built::saw`]); its
-/// placements where nothing they read changed ([`Since`]).
-pub fn compute(
-    view: &View,
-    cluster: &Cluster,
+/// placements where nothing they read changed ([`Since`]); and the whole of it, with the few
+/// mappings a change reaches made again, where nothing else changed ([`patch`]).
+pub fn compute<'a>(
+    view: &View<'a>,
+    cluster: &'a Cluster,
     numbers: &mut Numbers,
     out: &mut Outputs,
     since: Option<Since>,
@@ -61,17 +62,19 @@ pub fn compute(
     let now = cluster.now;
     // Rendering reads a node's addresses, a link end its node's underlay and MTU.
     let since = since.filter(|s| s.built.nodes == view.nodes);
+    let vxlan: ClassVxlans = view.classes.iter().map(|(n, c)| (n.clone(), links::class_vxlan(c, view))).collect();
+    if let Some(built) = since.as_ref().and_then(|s| patch::patch(view, cluster, s, &vxlan, out)) {
+        return built;
+    }
     let last = since.as_ref().map(|s| s.built);
     let mut placed_anew = 0;
-    let vxlan: BTreeMap<String, _> =
-        view.classes.iter().map(|(n, c)| (n.clone(), links::class_vxlan(c, view))).collect();
 
     // 1 and 2: judge and place every mapping, oldest first.
     let mut verdicts: Vec<(MapKey, Result<Placement, Refusal>)> = Vec::new();
     // Each mapping's placement, and what the compute before linked of it if it kept it.
     let mut judged_and_linked = Vec::new();
     // Programmed mappings by pod address and protocol, for the one-way-return check.
-    let mut by_pod: BTreeMap<(Ipv4Addr, Protocol), Vec<usize>> = BTreeMap::new();
+    let mut by_pod: HashMap<PodPort, Vec<usize>> = HashMap::new();
     // Admission reads every mapping older than one: taken whole while none of its reads changed.
     let readmitted = since.as_ref().filter(|s| !s.admission).and_then(|s| {
         let verdicts = admission::readmit(view, &cluster.port_maps, &s.built.admitted)?;
@@ -83,6 +86,9 @@ pub fn compute(
         (verdicts, Arc::new(owned))
     });
     let mut port_maps = Vec::with_capacity(admitted.len());
+    let mut every_pod = BTreeSet::new();
+    // How many placements answer from each pod port, cleared or not, for the next compute.
+    let mut pod_ports: HashMap<PodPort, u32> = HashMap::new();
     for (key, pm, admitted) in admitted {
         port_maps.push(pm);
         let (mut judged, mut linked) = (None, None);
@@ -91,32 +97,24 @@ pub fn compute(
             placed_anew += usize::from(kept.is_none());
             linked = kept.as_ref().and(last).and_then(|l| l.kept.get(&key)?.linked.clone());
             let (placed, kept) = place(view, a, kept);
+            if kept.reads_every_pod {
+                every_pod.insert(key.clone());
+            }
             judged = Some(kept);
             placed
         });
-        // Replies from one pod port can return one way only: by one serving node's link, or
-        // (Multi) by whichever link each request came in on.
+        if let Ok(p) = &placed {
+            *pod_ports.entry(pod_port(p)).or_default() += 1;
+        }
         let placed = placed.and_then(|p| {
-            let pod = (p.endpoint.address, p.admitted.protocol);
-            let clash = by_pod.get(&pod).into_iter().flatten().find_map(|i| match &verdicts[*i] {
-                (k, Ok(q)) if placement::same_pod_port(&p, q) && p.return_route() != q.return_route() => {
-                    Some(k.clone())
-                }
+            let older = by_pod.get(&pod_port(&p)).into_iter().flatten().filter_map(|i| match &verdicts[*i] {
+                (k, Ok(q)) => Some((k, q)),
                 _ => None,
             });
-            match clash {
-                None => Ok(p),
-                Some((ns, name)) => Err(Refusal::programmed(
-                    reason::RETURN_PATH_UNAVAILABLE,
-                    format!(
-                        "pod {} port {} already answers the older PortMap {ns}/{name} through another node",
-                        p.endpoint.pod, p.endpoint.port
-                    ),
-                )),
-            }
+            cleared(p, older)
         });
         if let Ok(p) = &placed {
-            by_pod.entry((p.endpoint.address, p.admitted.protocol)).or_default().push(verdicts.len());
+            by_pod.entry(pod_port(p)).or_default().push(verdicts.len());
         }
         verdicts.push((key, placed));
         judged_and_linked.push((judged, linked));
@@ -127,72 +125,53 @@ pub fn compute(
     for ((_, v), (_, linked)) in verdicts.iter().zip(&judged_and_linked) {
         // A kept placement may be refused now (an older mapping took its pod port's return).
         let Ok(p) = v else { continue };
-        if let Some(l) = linked {
-            needed.extend(l.links.iter().map(|(k, _)| k.clone()));
-            continue;
+        match linked {
+            Some(l) => needed.extend(l.links.iter().map(|(k, _)| k.clone())),
+            None => needed.extend(needs(view, &vxlan, p)),
         }
-        for node in p.remote_nodes() {
-            let key = LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node);
-            if vxlan_port_clash(view, &vxlan, &key).is_none() {
-                needed.push(key);
+    }
+    // Counted, sorted and built at once: most links serve many mappings.
+    needed.sort_unstable();
+    let mut users: BTreeMap<LinkKey, u32> = BTreeMap::new();
+    for key in needed {
+        match users.last_entry().filter(|e| *e.key() == key) {
+            Some(mut e) => *e.get_mut() += 1,
+            None => {
+                users.insert(key, 1);
             }
         }
     }
-    // Sorted and built at once: most links serve many mappings.
-    let needed: BTreeSet<LinkKey> = needed.into_iter().collect();
-    let alloc = links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &needed, now, numbers);
+    let wanted: BTreeSet<LinkKey> = users.keys().cloned().collect();
+    let alloc = Arc::new(links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &wanted, now, numbers));
 
     // 4: build the nodes, refusing mappings whose links cannot be built.
     let mut ends_made = HashMap::new();
-    let mut digests: BTreeMap<String, Digest> = view
-        .nodes
-        .keys()
-        .cloned()
-        .chain(view.classes.values().flat_map(|c| c.spec.nodes.keys().cloned()))
-        .map(|n| (n, Digest::default()))
-        .collect();
+    let mut digests: BTreeMap<String, Digest> = seeded(view).map(|n| (n.clone(), Digest::default())).collect();
     let mut built = Vec::with_capacity(verdicts.len());
-    for ((key, verdict), (judged, before)) in verdicts.into_iter().zip(judged_and_linked) {
-        let verdict = verdict.and_then(|p| {
-            // Kept where the placement was and every link kept its numbers.
-            let same_numbers = |l: &&Arc<Linked>| {
-                l.links.iter().all(|(k, n)| matches!(alloc.needed.get(k), Some(Ok(now)) if now == n))
-            };
-            let l = match before.as_ref().filter(same_numbers) {
-                Some(l) => l.clone(),
-                None => {
-                    let (ends, links) = link_ends(view, &vxlan, &alloc, &p, last, &mut ends_made)?;
-                    let fingerprint = datapath::Builder::fingerprint(&p, &ends);
-                    let over_v6 = datapath::Builder::over_v6(&p, &ends);
-                    Arc::new(Linked { links, ends: Arc::new(ends), fingerprint, over_v6 })
-                }
-            };
-            let route = view.node(&p.endpoint.node).route_to(p.endpoint.address);
-            let device = match &route {
-                RouteTo::Device(d) => Some(d.clone()),
-                RouteTo::Local | RouteTo::Unknown => None,
-            };
+    for (((key, verdict), (judged, before)), pm) in verdicts.into_iter().zip(judged_and_linked).zip(&port_maps) {
+        let cleared = verdict.is_ok();
+        let verdict = verdict.and_then(|p| link(view, &vxlan, &alloc, p, before, last, &mut ends_made));
+        if let Ok((p, l, route)) = &verdict {
+            let take = contribution(pm, l.fingerprint, route);
             for node in p.nodes_built() {
                 match digests.get_mut(node) {
-                    Some(d) => d.take(l.fingerprint, device.as_deref()),
-                    None => digests.entry(node.clone()).or_default().take(l.fingerprint, device.as_deref()),
+                    Some(d) => d.add(take),
+                    None => digests.entry(node.clone()).or_default().add(take),
                 }
             }
-            Ok((p, l, device, route))
-        });
-        built.push((key, judged, verdict));
+        }
+        built.push((key, judged, cleared, verdict));
     }
 
     // Only the nodes whose mappings give them something else than before are rendered again.
-    let digests: BTreeMap<String, u64> = digests.into_iter().map(|(n, d)| (n, d.0.finish())).collect();
     let kept = |n: &String| last.and_then(|l| l.hosts.get(n).filter(|_| l.digests.get(n) == digests.get(n)));
     let again: BTreeSet<String> = digests.keys().filter(|n| kept(n).is_none()).cloned().collect();
     let mut builder = datapath::Builder::only(again.iter().cloned());
-    for (_, _, verdict) in &built {
-        if let Ok((p, l, device, ..)) = verdict
+    for (_, _, _, verdict) in &built {
+        if let Ok((p, l, route)) = verdict
             && p.nodes_built().any(|n| again.contains(n))
         {
-            builder.add(p, &l.ends, device.as_deref());
+            builder.add(p, &l.ends, device(route));
         }
     }
     let rendered = again.len();
@@ -207,46 +186,15 @@ pub fn compute(
     let (mut kept_now, mut statuses_anew) = (HashMap::with_capacity(built.len()), 0);
     // Gathered in age order, each map then built at once ([`fill`]).
     let (mut programming, mut tracked, mut statuses) = (Vec::new(), Vec::new(), Vec::with_capacity(built.len()));
-    for ((key, judged, verdict), pm) in built.into_iter().zip(port_maps) {
-        let verdict = verdict.and_then(|(p, l, _, route)| {
-            // Built without the pod node's request claim, which needs the route: the rest keeps
-            // carrying traffic. A node that reported routes, none for the pod, is named in the
-            // status; one that has not reported yet is waited for like any node that must apply
-            // the mapping (Pending), and its report brings the claim.
-            if route == RouteTo::Unknown && view.node(&p.endpoint.node).routes.is_some() {
-                return Err(pod_route_unknown(&p));
-            }
-            Ok((p, l))
-        });
-        let linked = verdict.as_ref().ok().map(|(_, l)| l.clone());
-        let from = match &verdict {
-            Ok((_, l)) => judged.clone().map(|j| StatedFrom::Built(j, l.clone())),
-            Err(r) => Some(StatedFrom::Refused(r.clone())),
-        };
-        let mut over_v6 = BTreeSet::new();
-        let verdict = verdict.map(|(p, l)| {
-            programming.push((key.clone(), p.nodes.keys().cloned().collect()));
-            tracked.push((
-                ObjectKey::port_map(&key.0, &key.1),
-                Tracked { nodes: must_ack(&p), fingerprint: l.fingerprint },
-            ));
-            over_v6 = l.over_v6.clone();
-            p
-        });
-        let was = last.and_then(|l| Some((l.kept.get(&key)?, l.statuses.get(&key)?)));
-        let status = match was.filter(|(k, status)| {
-            k.status_from.as_ref().zip(from.as_ref()).is_some_and(|(a, b)| a.same(b))
-                && pm.metadata.generation == status.observed_generation
-                && pm.status.as_ref() == Some(*status)
-        }) {
-            Some((_, status)) => status.clone(),
-            None => {
-                statuses_anew += 1;
-                port_map_status(view, pm, &verdict, &over_v6, now)
-            }
-        };
-        kept_now.insert(key.clone(), Kept { judged, linked, status_from: from });
-        statuses.push((key, status));
+    for ((key, judged, cleared, verdict), pm) in built.into_iter().zip(port_maps) {
+        let s = stated(view, pm, &key, (judged, cleared), verdict, last, now);
+        statuses_anew += usize::from(s.made);
+        if let Some((nodes, t)) = s.programmed {
+            programming.push((key.clone(), nodes));
+            tracked.push((ObjectKey::port_map(&key.0, &key.1), t));
+        }
+        statuses.push((key.clone(), s.status));
+        kept_now.insert(key, s.kept);
     }
     fill(&mut out.programming, programming);
     fill(&mut out.tracked, tracked);
@@ -259,16 +207,153 @@ pub fn compute(
     Built {
         admitted: admitted_now,
         readmitted: readmitted_now,
+        patched: false,
         hosts,
         digests,
-        ends: ends_made,
+        ends: Arc::new(ends_made),
         kept: kept_now,
-        statuses: out.port_maps.clone(),
+        made: Made::of(out),
+        across: Across { alloc, users, pod_ports, every_pod },
         placed: placed_anew,
         statuses_made: statuses_anew,
         rendered,
         nodes: BTreeMap::new(),
     }
+}
+
+/// A pod's address and protocol: replies from one pod port return one way only.
+type PodPort = (Ipv4Addr, Protocol);
+
+fn pod_port(p: &Placement) -> PodPort {
+    (p.endpoint.address, p.admitted.protocol)
+}
+
+/// The placement, unless an older one answers from the same pod port through another node:
+/// replies from one pod port can return one way only, by one serving node's link or (Multi)
+/// by whichever link each request came in on.
+fn cleared<'a, 'o>(
+    p: Placement<'a>,
+    older: impl IntoIterator<Item = (&'o MapKey, &'o Placement<'o>)>,
+) -> Result<Placement<'a>, Refusal> {
+    let clash = older
+        .into_iter()
+        .find(|(_, q)| placement::same_pod_port(&p, q) && p.return_route() != q.return_route())
+        .map(|(k, _)| k);
+    match clash {
+        None => Ok(p),
+        Some((ns, name)) => Err(Refusal::programmed(
+            reason::RETURN_PATH_UNAVAILABLE,
+            format!(
+                "pod {} port {} already answers the older PortMap {ns}/{name} through another node",
+                p.endpoint.pod, p.endpoint.port
+            ),
+        )),
+    }
+}
+
+/// The links a cleared placement needs: one from each programming node that lacks the pod,
+/// but where an end's node uses the class's VXLAN port for its CNI.
+fn needs<'p>(view: &'p View, vxlan: &'p ClassVxlans, p: &'p Placement) -> impl Iterator<Item = LinkKey> + 'p {
+    p.remote_nodes()
+        .map(|node| LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node))
+        .filter(|key| vxlan_port_clash(view, vxlan, key).is_none())
+}
+
+/// The nodes a compute gives a host namespace whatever the mappings: every node, and every
+/// node a class names.
+fn seeded<'v>(view: &'v View) -> impl Iterator<Item = &'v String> {
+    view.nodes.keys().chain(view.classes.values().flat_map(|c| c.spec.nodes.keys()))
+}
+
+/// A cleared placement's links (taken from `before` where it has the numbers `alloc` gives),
+/// and the route to its pod on the pod's node; or why its links cannot be built.
+fn link<'a>(
+    view: &View,
+    vxlan: &ClassVxlans,
+    alloc: &links::Allocation,
+    p: Placement<'a>,
+    before: Option<Arc<Linked>>,
+    last: Option<&Built>,
+    ends_made: &mut EndsMade,
+) -> Result<(Placement<'a>, Arc<Linked>, RouteTo), Refusal> {
+    let same_numbers =
+        |l: &Arc<Linked>| l.links.iter().all(|(k, n)| matches!(alloc.needed.get(k), Some(Ok(now)) if now == n));
+    let l = match before.filter(same_numbers) {
+        Some(l) => l,
+        None => {
+            let (ends, links) = link_ends(view, vxlan, alloc, &p, last, ends_made)?;
+            let fingerprint = datapath::Builder::fingerprint(&p, &ends);
+            let over_v6 = datapath::Builder::over_v6(&p, &ends);
+            Arc::new(Linked { links, ends: Arc::new(ends), fingerprint, over_v6 })
+        }
+    };
+    let route = view.node(&p.endpoint.node).route_to(p.endpoint.address);
+    Ok((p, l, route))
+}
+
+/// The pod node's claim device for a route to the pod.
+fn device(route: &RouteTo) -> Option<&str> {
+    match route {
+        RouteTo::Device(d) => Some(d),
+        RouteTo::Local | RouteTo::Unknown => None,
+    }
+}
+
+/// One mapping's status and outputs, and what the next compute keeps of it.
+struct Stated {
+    status: PortMapStatus,
+    /// Whether the status was made, not taken from the compute before.
+    made: bool,
+    /// Its programming nodes and what it waits for, if programmed.
+    programmed: Option<(Vec<String>, Tracked)>,
+    kept: Kept,
+}
+
+/// The status of a mapping from its verdict, taken from `last` where it was made from the same
+/// and written back as made.
+fn stated(
+    view: &View,
+    pm: &PortMap,
+    key: &MapKey,
+    (judged, cleared): (Option<Arc<Judged>>, bool),
+    verdict: Result<(Placement, Arc<Linked>, RouteTo), Refusal>,
+    last: Option<&Built>,
+    now: Timestamp,
+) -> Stated {
+    let linked = verdict.as_ref().ok().map(|(_, l, _)| l.clone());
+    let verdict = verdict.and_then(|(p, l, route)| {
+        // Built without the pod node's request claim, which needs the route: the rest keeps
+        // carrying traffic. A node that reported routes, none for the pod, is named in the
+        // status; one that has not reported yet is waited for like any node that must apply
+        // the mapping (Pending), and its report brings the claim.
+        if route == RouteTo::Unknown && view.node(&p.endpoint.node).routes.is_some() {
+            return Err(pod_route_unknown(&p));
+        }
+        Ok((p, l))
+    });
+    let from = match &verdict {
+        Ok((_, l)) => judged.clone().map(|j| StatedFrom::Built(j, l.clone())),
+        Err(r) => Some(StatedFrom::Refused(r.clone())),
+    };
+    let mut over_v6 = BTreeSet::new();
+    let mut programmed = None;
+    let verdict = verdict.map(|(p, l)| {
+        let tracked = Tracked { nodes: must_ack(&p), fingerprint: l.fingerprint };
+        programmed = Some((p.nodes.keys().cloned().collect(), tracked));
+        over_v6 = l.over_v6.clone();
+        p
+    });
+    let was = last.and_then(|l| Some((l.kept.get(key)?, l.made.statuses.get(key)?)));
+    let kept_status = was.filter(|(k, status)| {
+        k.status_from.as_ref().zip(from.as_ref()).is_some_and(|(a, b)| a.same(b))
+            && pm.metadata.generation == status.observed_generation
+            && pm.status.as_ref() == Some(*status)
+    });
+    let (status, made) = match kept_status {
+        Some((_, status)) => (status.clone(), false),
+        None => (port_map_status(view, pm, &verdict, &over_v6, now), true),
+    };
+    Stated { status, made, programmed, kept: Kept { judged, linked, status_from: from, cleared } }
 }
 
 /// The compute before, and what changed since as the port maps read it.
@@ -285,6 +370,11 @@ pub struct Since<'a> {
     /// Something admission reads changed: a PortMap's spec or age, a PortMap that came or went,
     /// a class's spec, a Namespace.
     pub admission: bool,
+    /// The namespaces of the PortMaps that changed in any way, their statuses too; None as for
+    /// `namespaces`.
+    pub restated: Option<BTreeSet<String>>,
+    /// The compute before holds by the clock: no unused link is due for release.
+    pub clock_holds: bool,
 }
 
 impl Since<'_> {
@@ -312,6 +402,10 @@ struct Judged {
 /// Each programming node that lacks the pod: its end and the pod node's end of their link.
 type Ends = BTreeMap<String, (LinkEnd, LinkEnd)>;
 
+/// Every link end made, by link and end (true: the pair's first node), with the numbers it was
+/// made with; None where the node's underlay is unknown.
+type EndsMade = HashMap<(LinkKey, bool), (LinkNumbers, Option<LinkEnd>)>;
+
 /// A placed mapping's links and what they give it: the same while its placement, the nodes and
 /// its links' numbers are.
 #[derive(Debug)]
@@ -326,17 +420,21 @@ struct Linked {
 }
 
 /// One mapping's parts, for the next compute.
+#[derive(Clone)]
 struct Kept {
     /// Its placement, if it was admitted.
     judged: Option<Arc<Judged>>,
-    /// Its links, if it was built.
+    /// Its links, if it was built (rendered).
     linked: Option<Arc<Linked>>,
     status_from: Option<StatedFrom>,
+    /// Its placement passed the one-way-return check: the links it needs were counted.
+    cleared: bool,
 }
 
 /// What a PortMap's status was made from. Made from the same, and written back as it was
 /// made, it is made the same: its conditions keep their times, and what else it says comes
 /// from the placement, the links and the nodes (the same while the placement is kept).
+#[derive(Clone)]
 enum StatedFrom {
     Built(Arc<Judged>, Arc<Linked>),
     Refused(Refusal),
@@ -385,17 +483,19 @@ pub struct Built {
     admitted: Arc<admission::Verdicts>,
     /// Whether this compute took its verdicts from the one before.
     pub readmitted: bool,
+    /// Whether this compute took the whole of the one before, with the mappings a change
+    /// reached made again ([`patch`]).
+    pub patched: bool,
     /// Every node's host namespace as the port maps need it (empty for a node without any).
     pub hosts: BTreeMap<String, Arc<NetnsState>>,
-    /// Each node's digest of what every mapping gave it, in order: the same digest, the same
-    /// namespace.
-    digests: BTreeMap<String, u64>,
+    /// Each node's digest of what every mapping gave it: the same digest, the same namespace.
+    digests: BTreeMap<String, Digest>,
     /// Every link end made, by link and end: the node's view and the link's numbers make it.
-    ends: HashMap<(LinkKey, bool), (LinkNumbers, Option<LinkEnd>)>,
+    ends: Arc<EndsMade>,
     /// What each mapping was placed, linked and given its status from, for the next compute.
     kept: HashMap<MapKey, Kept>,
-    /// Every PortMap's status, as `out` has them.
-    statuses: Arc<BTreeMap<MapKey, PortMapStatus>>,
+    made: Made,
+    across: Across,
     /// How many admitted mappings this compute placed; it took the others' from `since`.
     pub placed: usize,
     /// How many PortMap statuses this compute made; it took the others' from `since`.
@@ -419,17 +519,69 @@ impl Built {
     }
 }
 
-/// A node's digest of the mappings that give it something, in the order they are built.
+/// The port maps' outputs as a compute made them (`out`'s): the next takes them whole, or
+/// with the entries of the mappings a change reached replaced ([`patch`]).
 #[derive(Default)]
-struct Digest(std::collections::hash_map::DefaultHasher);
+struct Made {
+    statuses: Arc<BTreeMap<MapKey, PortMapStatus>>,
+    programming: Arc<BTreeMap<MapKey, Vec<String>>>,
+    tracked: Arc<BTreeMap<ObjectKey, Tracked>>,
+    classes: Arc<BTreeMap<String, PortMapClassStatus>>,
+}
+
+impl Made {
+    fn of(out: &Outputs) -> Made {
+        Made {
+            statuses: out.port_maps.clone(),
+            programming: out.programming.clone(),
+            tracked: out.tracked.clone(),
+            classes: out.classes.clone(),
+        }
+    }
+}
+
+/// What a compute reads across mappings, counted, so a patch can tell it stayed the same.
+#[derive(Default)]
+struct Across {
+    /// The link allocation, and how many cleared mappings need each link.
+    alloc: Arc<links::Allocation>,
+    users: BTreeMap<LinkKey, u32>,
+    /// How many placements answer from each pod port (before the one-way-return check).
+    pod_ports: HashMap<PodPort, u32>,
+    /// The mappings whose placement read every Pod ([`Judged::reads_every_pod`]).
+    every_pod: BTreeSet<MapKey>,
+}
+
+/// A node's digest of the mappings that give it something: the sum of their
+/// [`contribution`]s, so a change adds and takes away only its own, and how many there are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Digest {
+    sum: u64,
+    mappings: u32,
+}
 
 impl Digest {
-    /// A mapping's [`datapath::Builder::fingerprint`] covers all it builds but the pod node's
-    /// claim device.
-    fn take(&mut self, fingerprint: u64, device: Option<&str>) {
-        use std::hash::Hash;
-        (fingerprint, device).hash(&mut self.0);
+    fn add(&mut self, contribution: u64) {
+        self.sum = self.sum.wrapping_add(contribution);
+        self.mappings += 1;
     }
+
+    fn take_away(&mut self, contribution: u64) {
+        self.sum = self.sum.wrapping_sub(contribution);
+        self.mappings = self.mappings.saturating_sub(1);
+    }
+}
+
+/// What one built mapping gives each of its nodes, hashed with a key this process draws (a
+/// tenant cannot aim two sums at each other). A mapping's [`datapath::Builder::fingerprint`]
+/// covers all it builds but the pod node's claim device; its age and name fix its place in
+/// the order the nodes are built in.
+fn contribution(pm: &PortMap, fingerprint: u64, route: &RouteTo) -> u64 {
+    use std::hash::BuildHasher;
+    static KEY: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    let m = &pm.metadata;
+    let age = (m.creation_timestamp.as_ref().map(|t| t.0), m.namespace.as_deref(), m.name.as_deref());
+    KEY.get_or_init(std::hash::RandomState::new).hash_one((age, fingerprint, device(route)))
 }
 
 /// Adds `entries` to `map`, built at once from them when it is empty (as it is for every
@@ -500,7 +652,7 @@ fn link_ends(
     alloc: &links::Allocation,
     p: &Placement,
     last: Option<&Built>,
-    made: &mut HashMap<(LinkKey, bool), (LinkNumbers, Option<LinkEnd>)>,
+    made: &mut EndsMade,
 ) -> Result<(Ends, Vec<(LinkKey, LinkNumbers)>), Refusal> {
     // An end is made once per link, here or by the last compute, and cloned for each mapping.
     let mut end = |key: &LinkKey, numbers: &LinkNumbers, node: &str| {

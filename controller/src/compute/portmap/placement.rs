@@ -248,11 +248,11 @@ fn vouch(
     };
     let external = &a.class.spec.external_endpoints;
     let allowed = external.iter().filter_map(|c| c.parse::<IpNet>().ok()).any(|c| c.contains(&address));
-    if allowed && !view.pod_addresses.contains(&address) {
+    if allowed && !view.is_pod_address(&address) {
         return Ok(address.to_string());
     }
     let class = &a.class_name;
-    let external = if view.pod_addresses.contains(&address) {
+    let external = if view.is_pod_address(&address) {
         "it is a Pod's address".to_string()
     } else {
         format!("PortMapClass {class:?} spec.externalEndpoints does not contain it")

@@ -1,0 +1,267 @@
+//! A change that reaches a few mappings, made into the compute before (docs/design.md,
+//! "Compute by change"): those mappings are placed, linked and stated again, the nodes their
+//! contributions moved are rendered again, and everything else is the last compute's.
+//!
+//! It holds only where a whole compute would make every other mapping the same:
+//! - admission's verdicts are kept ([`Since::admission`]), and no class spec changed;
+//! - the class rows are as the last compute made them and no link is due for release, so the
+//!   same links needed get the same numbers;
+//! - no other mapping answers from a pod port a reached mapping held or holds (the
+//!   one-way-return check reads across mappings);
+//! - the same links are needed.
+//!
+//! Otherwise [`patch`] gives up and the whole compute runs.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use super::admission::{self, MapKey};
+use super::placement::Placement;
+use super::status::Refusal;
+use super::{
+    Built, ClassVxlans, Judged, Linked, PodPort, Since, cleared, contribution, datapath, device, link, needs, place,
+    pod_port, seeded, stated,
+};
+use crate::compute::Outputs;
+use crate::observe::Cluster;
+use crate::observe::index::{RouteTo, View};
+
+/// One mapping a change reached: what it was, and what it is now.
+struct Reached<'a> {
+    at: usize,
+    was: Option<&'a super::Kept>,
+    /// Its placement as the compute before made it.
+    old: Option<Placement<'a>>,
+    judged: Option<Arc<Judged>>,
+    /// The compute before's links, where the placement is kept.
+    linked: Option<Arc<Linked>>,
+}
+
+/// The compute before with the mappings this change reached made again, or None where a whole
+/// compute could make any other mapping differently (the module's list).
+pub(super) fn patch<'a>(
+    view: &View<'a>,
+    cluster: &'a Cluster,
+    since: &Since,
+    vxlan: &ClassVxlans,
+    out: &mut Outputs,
+) -> Option<Built> {
+    let last = since.built;
+    let (namespaces, restated) = (since.namespaces.as_ref()?, since.restated.as_ref()?);
+    if since.admission || since.classes || !since.clock_holds {
+        return None;
+    }
+    // The allocation reads the class rows: as made, they give the same links the same numbers.
+    let as_made = view.classes.len() == last.made.classes.len()
+        && view.classes.iter().all(|(name, c)| {
+            last.made.classes.get(name).is_some_and(|made| {
+                c.status.as_ref() == Some(made)
+                    && made.conditions.iter().all(|k| k.observed_generation == c.metadata.generation)
+            })
+        });
+    if !as_made {
+        return None;
+    }
+    let verdicts = admission::readmit(view, &cluster.port_maps, &last.admitted)?;
+    let now = cluster.now;
+    let reaches = |key: &MapKey| {
+        namespaces.contains(&key.0) || restated.contains(&key.0) || (since.pods && last.across.every_pod.contains(key))
+    };
+    let reached_at: Vec<usize> = (0..verdicts.len()).filter(|i| reaches(&verdicts[*i].0)).collect();
+
+    // Placed again, oldest first, each checked against the older reached ones.
+    let mut every_pod = last.across.every_pod.clone();
+    let (mut reached, mut placed_anew) = (Vec::with_capacity(reached_at.len()), 0);
+    let mut placements = Vec::with_capacity(reached_at.len());
+    for at in reached_at {
+        let (key, _, admitted) = &verdicts[at];
+        let was = last.kept.get(key);
+        let old = match (admitted, was.and_then(|k| k.judged.as_deref())) {
+            (Ok(a), Some(Judged { placed: Ok((endpoint, nodes)), .. })) => {
+                Some(Placement { admitted: a.clone(), endpoint: endpoint.clone(), nodes: nodes.clone() })
+            }
+            _ => None,
+        };
+        let (mut judged, mut linked) = (None, None);
+        every_pod.remove(key);
+        let placed = admitted.clone().and_then(|a| {
+            let kept = since.kept(key);
+            placed_anew += usize::from(kept.is_none());
+            linked = kept.as_ref().and_then(|_| was?.linked.clone());
+            let (placed, kept) = place(view, a, kept);
+            if kept.reads_every_pod {
+                every_pod.insert(key.clone());
+            }
+            judged = Some(kept);
+            placed
+        });
+        reached.push(Reached { at, was, old, judged, linked });
+        placements.push(placed);
+    }
+
+    // No other mapping may answer from a pod port a reached one held or holds.
+    let mut pod_ports = last.across.pod_ports.clone();
+    for old in reached.iter().filter_map(|r| r.old.as_ref()) {
+        let n = pod_ports.get_mut(&pod_port(old))?;
+        *n = n.checked_sub(1)?;
+    }
+    let held: Vec<PodPort> = reached
+        .iter()
+        .filter_map(|r| r.old.as_ref())
+        .chain(placements.iter().filter_map(|p| p.as_ref().ok()))
+        .map(pod_port)
+        .collect();
+    if held.iter().any(|k| pod_ports.get(k).is_some_and(|n| *n > 0)) {
+        return None;
+    }
+    for p in placements.iter().filter_map(|p| p.as_ref().ok()) {
+        *pod_ports.entry(pod_port(p)).or_default() += 1;
+    }
+    pod_ports.retain(|_, n| *n > 0);
+    let mut by_pod: HashMap<PodPort, Vec<usize>> = HashMap::new();
+    let mut checked: Vec<Result<Placement, Refusal>> = Vec::with_capacity(reached.len());
+    for placed in placements {
+        let placed = placed.and_then(|p| {
+            let older = by_pod
+                .get(&pod_port(&p))
+                .into_iter()
+                .flatten()
+                .filter_map(|j| checked[*j].as_ref().ok().map(|q| (&verdicts[reached[*j].at].0, q)));
+            cleared(p, older)
+        });
+        if let Ok(p) = &placed {
+            by_pod.entry(pod_port(p)).or_default().push(checked.len());
+        }
+        checked.push(placed);
+    }
+
+    // The same links needed, or the allocation would be another.
+    let mut users = last.across.users.clone();
+    for r in reached.iter().filter(|r| r.was.is_some_and(|k| k.cleared)) {
+        for key in needs(view, vxlan, r.old.as_ref()?) {
+            let n = users.get_mut(&key)?;
+            *n = n.checked_sub(1)?;
+        }
+    }
+    for p in checked.iter().filter_map(|p| p.as_ref().ok()) {
+        for key in needs(view, vxlan, p) {
+            *users.get_mut(&key)? += 1;
+        }
+    }
+    if users.values().any(|n| *n == 0) {
+        return None;
+    }
+    let alloc = last.across.alloc.clone();
+
+    // Linked, and their contributions moved in the nodes' digests.
+    let mut ends_made = HashMap::new();
+    let mut digests = last.digests.clone();
+    let mut built = Vec::with_capacity(reached.len());
+    for (r, placed) in reached.into_iter().zip(checked) {
+        let cleared = placed.is_ok();
+        let pm = verdicts[r.at].1;
+        if let (Some(l), Some(old)) = (r.was.and_then(|k| k.linked.as_ref()), &r.old) {
+            let route = view.node(&old.endpoint.node).route_to(old.endpoint.address);
+            let c = contribution(pm, l.fingerprint, &route);
+            for node in old.nodes_built() {
+                digests.get_mut(node)?.take_away(c);
+            }
+        }
+        let verdict = placed.and_then(|p| link(view, vxlan, &alloc, p, r.linked, Some(last), &mut ends_made));
+        if let Ok((p, l, route)) = &verdict {
+            let c = contribution(pm, l.fingerprint, route);
+            for node in p.nodes_built() {
+                digests.entry(node.clone()).or_default().add(c);
+            }
+        }
+        built.push((r.at, r.judged, cleared, verdict));
+    }
+    // A node that no mapping reaches and no class or Node names has no namespace.
+    let seeds: BTreeSet<&String> = seeded(view).collect();
+    digests.retain(|n, d| d.mappings > 0 || seeds.contains(n));
+
+    // The nodes whose digest moved are rendered again, from every mapping that reaches them.
+    let again: BTreeSet<String> =
+        digests.iter().filter(|(n, d)| last.digests.get(*n) != Some(*d)).map(|(n, _)| n.clone()).collect();
+    let mut hosts = last.hosts.clone();
+    hosts.retain(|n, _| digests.contains_key(n));
+    if !again.is_empty() {
+        let mut builder = datapath::Builder::only(again.iter().cloned());
+        let mut next = built.iter().peekable();
+        for (at, (key, _, admitted)) in verdicts.iter().enumerate() {
+            if let Some((_, _, _, verdict)) = next.next_if(|b| b.0 == at) {
+                if let Ok((p, l, route)) = verdict
+                    && p.nodes_built().any(|n| again.contains(n))
+                {
+                    builder.add(p, &l.ends, device(route));
+                }
+                continue;
+            }
+            let Some(kept) = last.kept.get(key) else { continue };
+            let (Some(l), Some(j), Ok(a)) = (&kept.linked, &kept.judged, admitted) else { continue };
+            let Ok((endpoint, nodes)) = &j.placed else { continue };
+            if !nodes.keys().chain([&endpoint.node]).any(|n| again.contains(n)) {
+                continue;
+            }
+            let p = Placement { admitted: a.clone(), endpoint: endpoint.clone(), nodes: nodes.clone() };
+            let route: RouteTo = view.node(&endpoint.node).route_to(endpoint.address);
+            builder.add(&p, &l.ends, device(&route));
+        }
+        hosts.extend(builder.finish(view).into_iter().map(|(n, ns)| (n, Arc::new(ns))));
+    }
+
+    // Their statuses and outputs replace the compute before's.
+    let mut kept = last.kept.clone();
+    let mut statuses_made = 0;
+    let (mut programming, mut tracked, mut statuses) = (None, None, None);
+    for (at, judged, cleared, verdict) in built {
+        let (key, pm, _) = &verdicts[at];
+        let s = stated(view, pm, key, (judged, cleared), verdict, Some(last), now);
+        statuses_made += usize::from(s.made);
+        let programming = programming.get_or_insert_with(|| BTreeMap::clone(&last.made.programming));
+        let tracked = tracked.get_or_insert_with(|| BTreeMap::clone(&last.made.tracked));
+        let object = crate::compute::ObjectKey::port_map(&key.0, &key.1);
+        match s.programmed {
+            Some((nodes, t)) => {
+                programming.insert(key.clone(), nodes);
+                tracked.insert(object, t);
+            }
+            None => {
+                programming.remove(key);
+                tracked.remove(&object);
+            }
+        }
+        if last.made.statuses.get(key) != Some(&s.status) {
+            statuses.get_or_insert_with(|| BTreeMap::clone(&last.made.statuses)).insert(key.clone(), s.status);
+        }
+        kept.insert(key.clone(), s.kept);
+    }
+    out.port_maps = statuses.map(Arc::new).unwrap_or_else(|| last.made.statuses.clone());
+    out.programming = programming.map(Arc::new).unwrap_or_else(|| last.made.programming.clone());
+    out.tracked = tracked.map(Arc::new).unwrap_or_else(|| last.made.tracked.clone());
+    out.classes = last.made.classes.clone();
+    // The ends taken from the compute before are there already.
+    ends_made.retain(|at, (numbers, _)| last.ends.get(at).is_none_or(|(n, _)| n != numbers));
+    let ends = if ends_made.is_empty() {
+        last.ends.clone()
+    } else {
+        let mut ends = HashMap::clone(&last.ends);
+        ends.extend(ends_made);
+        Arc::new(ends)
+    };
+    Some(Built {
+        admitted: last.admitted.clone(),
+        readmitted: true,
+        patched: true,
+        hosts,
+        digests,
+        ends,
+        kept,
+        made: super::Made::of(out),
+        across: super::Across { alloc, users, pod_ports, every_pod },
+        placed: placed_anew,
+        statuses_made,
+        rendered: again.len(),
+        nodes: BTreeMap::new(),
+    })
+}
