@@ -718,6 +718,18 @@ impl Lab {
         probe_any(&path, to, protocol, timeout)
     }
 
+    /// [`Lab::probe_any`] from source port `port`: flows that share one on purpose.
+    pub fn probe_any_from(
+        &self,
+        from: &str,
+        to: SocketAddr,
+        protocol: Protocol,
+        port: u16,
+    ) -> Result<Answer<SocketAddr>, ProbeError> {
+        let path = self.netns(from).map_err(|e| ProbeError::Io(e.to_string()))?;
+        crate::probe::probe_any_from(&path, to, protocol, PROBE_TIMEOUT, port)
+    }
+
     /// A client's address of the family of `like` (its `address6` for IPv6), when it has one.
     pub fn client_address_like(&self, client: &str, like: IpAddr) -> Option<IpAddr> {
         let c = self.topology.client(client)?;

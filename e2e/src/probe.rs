@@ -103,7 +103,64 @@ pub fn probe_any(
     protocol: Protocol,
     timeout: Duration,
 ) -> Result<Answer<SocketAddr>, ProbeError> {
-    in_netns(netns, || Ok(probe_here(to, protocol, timeout))).unwrap_or_else(|e| Err(ProbeError::Io(e.to_string())))
+    in_netns(netns, || Ok(probe_here(to, protocol, timeout, None)))
+        .unwrap_or_else(|e| Err(ProbeError::Io(e.to_string())))
+}
+
+/// [`probe_any`] from source port `port`, for a test that means two flows to share one.
+pub fn probe_any_from(
+    netns: &Path,
+    to: SocketAddr,
+    protocol: Protocol,
+    timeout: Duration,
+    port: u16,
+) -> Result<Answer<SocketAddr>, ProbeError> {
+    in_netns(netns, || Ok(probe_here(to, protocol, timeout, Some(port))))
+        .unwrap_or_else(|e| Err(ProbeError::Io(e.to_string())))
+}
+
+/// The first source port probes take; they count up from here to just below the kernel's
+/// ephemeral range (32768), which no other socket of a client takes.
+const FIRST_SOURCE_PORT: u16 = 20_000;
+
+/// A socket bound to a source port no probe of this process took before (until 12,768 later).
+/// Two flows from one client to one pod through two accepting nodes, on one source port, have
+/// one reply tuple at the pod's node, and its conntrack gives the second another source port
+/// (docs/portmap/modes.md): with ports the kernel picks at random, that happened to a probe.
+fn bound_fresh<S>(bind: impl Fn(u16) -> io::Result<S>) -> io::Result<S> {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static TAKEN: AtomicU16 = AtomicU16::new(0);
+    let span = 32_768 - FIRST_SOURCE_PORT;
+    let mut tries = 0;
+    loop {
+        let port = FIRST_SOURCE_PORT + TAKEN.fetch_add(1, Ordering::Relaxed) % span;
+        match bind(port) {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries < 64 => tries += 1,
+            bound => return bound,
+        }
+    }
+}
+
+fn unspecified(like: SocketAddr, port: u16) -> SocketAddr {
+    match like {
+        SocketAddr::V4(_) => SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, port).into(),
+    }
+}
+
+/// A TCP connection to `to` from source port `port`, waiting at most `timeout`.
+fn connect_from(to: SocketAddr, port: u16, timeout: Duration) -> io::Result<TcpStream> {
+    use rustix::net::{AddressFamily, SocketType, bind, connect, socket, sockopt};
+    let family = if to.is_ipv4() { AddressFamily::INET } else { AddressFamily::INET6 };
+    let fd = socket(family, SocketType::STREAM, None)?;
+    bind(&fd, &unspecified(to, port))?;
+    // A blocking connect waits no longer than the send timeout, then fails with EINPROGRESS.
+    sockopt::set_socket_timeout(&fd, sockopt::Timeout::Send, Some(timeout))?;
+    match connect(&fd, &to) {
+        Ok(()) => Ok(TcpStream::from(fd)),
+        Err(rustix::io::Errno::INPROGRESS) => Err(io::ErrorKind::TimedOut.into()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A probe's target as the CLI takes it: `203.0.113.9:27015`, or an IPv6 literal in brackets,
@@ -125,7 +182,13 @@ fn v4(a: SocketAddr) -> SocketAddrV4 {
     }
 }
 
-fn probe_here(to: SocketAddr, protocol: Protocol, timeout: Duration) -> Result<Answer<SocketAddr>, ProbeError> {
+/// One probe from source port `port`, or from one no probe took before.
+fn probe_here(
+    to: SocketAddr,
+    protocol: Protocol,
+    timeout: Duration,
+    port: Option<u16>,
+) -> Result<Answer<SocketAddr>, ProbeError> {
     let start = Instant::now();
     let io_err = |e: io::Error| match e.kind() {
         io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset => {
@@ -140,7 +203,8 @@ fn probe_here(to: SocketAddr, protocol: Protocol, timeout: Duration) -> Result<A
     };
     let (text, reply_from, local) = match protocol {
         Protocol::Tcp => {
-            let mut s = TcpStream::connect_timeout(&to, timeout).map_err(io_err)?;
+            let connect = |port| connect_from(to, port, timeout);
+            let mut s = port.map_or_else(|| bound_fresh(connect), connect).map_err(io_err)?;
             let left = timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
             s.set_read_timeout(Some(left)).map_err(io_err)?;
             let mut text = String::new();
@@ -148,11 +212,8 @@ fn probe_here(to: SocketAddr, protocol: Protocol, timeout: Duration) -> Result<A
             (text, s.peer_addr().map_err(io_err)?, s.local_addr().map_err(io_err)?)
         }
         Protocol::Udp => {
-            let any: SocketAddr = match to {
-                SocketAddr::V4(_) => SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0).into(),
-                SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
-            };
-            let s = UdpSocket::bind(any).map_err(io_err)?;
+            let bind = |port| UdpSocket::bind(unspecified(to, port));
+            let s = port.map_or_else(|| bound_fresh(bind), bind).map_err(io_err)?;
             s.set_read_timeout(Some(timeout)).map_err(io_err)?;
             s.send_to(b"probe\n", to).map_err(io_err)?;
             let mut buf = [0u8; 512];
@@ -380,7 +441,7 @@ fn run_stream(
         let result = match (target.flow, target.protocol) {
             (Flow::Established, Protocol::Udp) => established(&mut kept, target.to, timeout),
             (Flow::Established, Protocol::Tcp) => Err(ProbeError::Io("an established TCP stream is not probed".into())),
-            (Flow::New, p) => probe_here(target.to.into(), p, timeout).map(Answer::into_v4),
+            (Flow::New, p) => probe_here(target.to.into(), p, timeout, None).map(Answer::into_v4),
         };
         let outcome = match result {
             Ok(a) => {

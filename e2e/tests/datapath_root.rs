@@ -5,13 +5,14 @@
 
 mod common;
 use common::cni::{default_lab_on, multi_lab_on, on_each_cni};
-use common::dual::assert_maps_any;
+use common::dual::{assert_intact_any, assert_maps_any};
 use common::*;
 
 use std::net::{Ipv4Addr, UdpSocket};
 use std::time::Duration;
 
 use kuport_lab::Protocol::{Tcp, Udp};
+use kuport_lab::probe::parse_target;
 use kuport_lab::sys::in_netns;
 use kuport_lab::topology::Cni;
 use kuport_lab::{Manifests, program};
@@ -126,6 +127,20 @@ fn multi(cni: Cni) {
         for to in dialed(v4, v6) {
             assert_maps_any(&lab, "client-2", &to, Udp, "dns-0");
         }
+    }
+    // One source port through two accepting nodes: both flows have one reply tuple at
+    // worker-1, whose conntrack gives the second another source port (docs/portmap/modes.md).
+    // Each reply still returns by its flow's entry, from the address dialed.
+    for (port, first, second) in
+        [(19_001, "100.64.0.11:5353", "100.64.0.12:5353"), (19_002, "[fd7a:64::13]:5353", "[fd7a:64::11]:5353")]
+    {
+        let probe =
+            |to: &str| lab.probe_any_from("client-2", parse_target(to).expect("target"), Udp, port).expect("answers");
+        let a = probe(first);
+        assert_intact_any(&lab, "client-2", &a, "dns-0");
+        let b = probe(second);
+        assert_eq!((b.pod.as_str(), b.seen.ip(), b.reply_from), ("dns-0", a.seen.ip(), b.dialed), "{b}");
+        assert_ne!(b.seen.port(), port, "the second flow kept the port the first holds at worker-1: {b}");
     }
 }
 on_each_cni!(multi_three_accepting_nodes = multi);
