@@ -138,8 +138,9 @@ pub fn admit<'a>(view: &View<'a>, port_maps: &'a Objects<PortMap>) -> (Vec<Verdi
             let pm = &port_maps[i];
             let key = key_of(pm);
             let verdict = check(view, pm).and_then(|a| {
-                within_limits(&mut held, &a)?;
+                within_limits(&held, &a)?;
                 claims.claim(&a)?;
+                count(&mut held, &a);
                 Ok(a)
             });
             kept.push((i, key.clone(), verdict.as_ref().map(|a| a.accepted.clone()).map_err(Refusal::clone)));
@@ -175,8 +176,8 @@ pub fn readmit<'a>(view: &View<'a>, port_maps: &'a Objects<PortMap>, before: &Ve
 }
 
 /// The class's spec.limits for the mapping's namespace, counting older accepted mappings only
-/// (so the oldest keep theirs); counts the mapping when it fits.
-fn within_limits(held: &mut Held, a: &Admitted) -> Result<(), Refusal> {
+/// (so the oldest keep theirs).
+fn within_limits(held: &Held, a: &Admitted) -> Result<(), Refusal> {
     let ns = &a.key.0;
     let ports = u32::from(a.ports.1 - a.ports.0) + 1;
     let (maps, used) = held.get(&(a.class_name.clone(), ns.clone())).copied().unwrap_or_default();
@@ -204,8 +205,15 @@ fn within_limits(held: &mut Held, a: &Admitted) -> Result<(), Refusal> {
             ));
         }
     }
-    held.insert((a.class_name.clone(), ns.clone()), (maps + 1, used.saturating_add(ports)));
     Ok(())
+}
+
+/// Counts an accepted mapping against its namespace's bounds in its class.
+fn count(held: &mut Held, a: &Admitted) {
+    let ports = u32::from(a.ports.1 - a.ports.0) + 1;
+    let (maps, used) = held.entry((a.class_name.clone(), a.key.0.clone())).or_default();
+    *maps += 1;
+    *used = used.saturating_add(ports);
 }
 
 fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> {

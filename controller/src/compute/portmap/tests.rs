@@ -1324,6 +1324,18 @@ fn namespace_limits_refuse_the_newest() {
     assert_eq!(got, reason::NAMESPACE_LIMIT_EXCEEDED, "{message}");
     assert!(message.contains("maxPortsPerNamespace 10"), "{message}");
     assert_eq!(cond(&out, "c", status::ACCEPTED).0, "True", "a refused mapping holds no ports");
+    // A mapping refused for a port another holds counts for nothing either: it cannot spend
+    // its namespace's bound and lock out the next one.
+    let out = w()
+        .edit_class("public", limits(Some(2), Some(10)))
+        .port_map("other", "a", "public", Udp, 5000, None, "svc", 0)
+        .port_map("ns", "b", "public", Udp, 5000, None, "svc", 1)
+        .port_map("ns", "c", "public", Udp, 5001, Some(5009), "svc", 2)
+        .port_map("ns", "d", "public", Udp, 5010, None, "svc", 3)
+        .run();
+    assert_eq!(cond(&out, "b", status::ACCEPTED).1, reason::PORT_CONFLICT);
+    assert_eq!(cond(&out, "c", status::ACCEPTED).0, "True");
+    assert_eq!(cond(&out, "d", status::ACCEPTED).0, "True", "two PortMaps and ten ports, b not counted");
 }
 
 /// The allow-list's admission (docs/portmap/guard.md): the mapping's own prefixes, else the
