@@ -17,6 +17,9 @@
 //!   statuses, as after any restart;
 //! - one-endpoint change: the chosen pod of one mapping moves to another node, full recompute,
 //!   and how many node states changed (by `kuport_proto::version`);
+//! - by change: that move, its statuses written back, and a PortMap created (the youngest,
+//!   over links the cluster has) and deleted, each by a `Computer` that computed the cluster
+//!   before, beside the whole compute;
 //! - peak memory (VmHWM, reset through /proc/self/clear_refs) per PortMap;
 //! - node state sizes (prost encoded_len): largest and sum.
 //!
@@ -241,6 +244,38 @@ fn by_change(
     (median, min, redone, versions_changed)
 }
 
+/// The cluster with a PortMap after the last: in team-000 and class public as pm-00000, its
+/// pods on the nodes of pm-00000's, so it rides links the cluster has.
+fn with_one_more(cluster: &Cluster) -> Cluster {
+    let mut c = cluster.clone();
+    let slice = c.endpoint_slices.iter().find(|s| s.metadata.name.as_deref() == Some(slice_name("pm-00000").as_str()));
+    let nodes: Vec<String> =
+        slice.and_then(|s| s.endpoints.as_ref()).into_iter().flatten().filter_map(|e| e.node_name.clone()).collect();
+    let pods = nodes
+        .into_iter()
+        .enumerate()
+        .map(|(k, node)| {
+            let i = c.nodes.iter().position(|n| n.metadata.name.as_deref() == Some(node.as_str())).unwrap_or(0);
+            (pod_address(i, 240 + k), node)
+        })
+        .collect();
+    add_mapping(
+        &mut c,
+        Mapping {
+            name: "new-00000".into(),
+            ns: "team-000".into(),
+            class: CLASSES[0].0,
+            protocol: Protocol::Tcp,
+            port: 40_000,
+            end_port: None,
+            pod_port: 8_080,
+            pods,
+            created: 1_800_000_000,
+        },
+    );
+    c
+}
+
 /// One line of the by-change table: the change, the whole compute's median / min, the
 /// Computer's, what it redid.
 fn by_change_row(
@@ -412,6 +447,22 @@ fn main() {
         drop(written);
         drop(after);
         drop(moved);
+
+        // A PortMap created, the youngest, over links the cluster has; then deleted.
+        let created = with_one_more(&cluster);
+        let whole = repeated(reps, || compute(&created, &settings)).0;
+        by_change_rows.push(by_change_row(
+            &format!("{size}: a PortMap created"),
+            median_min(whole),
+            by_change(reps, &cluster, &created, &settings),
+        ));
+        let whole = repeated(reps, || compute(&cluster, &settings)).0;
+        by_change_rows.push(by_change_row(
+            &format!("{size}: that PortMap deleted"),
+            median_min(whole),
+            by_change(reps, &created, &cluster, &settings),
+        ));
+        drop(created);
 
         // A standby endpoint (not the chosen one) of another mapping moves.
         let mut standby = cluster.clone();

@@ -149,6 +149,9 @@ struct Reads {
     /// Some input admission reads changed: a PortMap's spec or age, a PortMap that came or
     /// went, a class's spec, a Namespace.
     admission: bool,
+    /// The PortMaps whose spec or age changed, or that came or went, where admission read no
+    /// other change; None where it did, or a change has no name.
+    port_maps_judged: Option<BTreeSet<(String, String)>>,
     /// The namespaces of the PortMaps that changed in any way; None as for `intercept_namespaces`.
     port_maps_restated: Option<BTreeSet<String>>,
     /// What changed for port maps is only statuses written back as they made them: their
@@ -193,10 +196,23 @@ impl Reads {
             a.zip(*b).is_none_or(|(a, b)| a.metadata.creation_timestamp != b.metadata.creation_timestamp)
         };
         let classes_respecified = class_changes.iter().any(respecified);
-        let admission = classes_respecified
-            || namespaces
-            || !port_map_specs.is_empty()
-            || port_map_changes.iter().any(|c| aged(&c));
+        let judged: Vec<_> = port_map_changes.iter().filter(|c| respecified(c) || aged(c)).collect();
+        let admission = classes_respecified || namespaces || !judged.is_empty();
+        let port_maps_judged = (!classes_respecified && !namespaces)
+            .then(|| {
+                judged
+                    .iter()
+                    .flat_map(|(a, b)| match (a, b) {
+                        (None, None) => vec![None],
+                        _ => [a, b]
+                            .into_iter()
+                            .flatten()
+                            .map(|o| Some((o.meta().namespace.clone()?, o.meta().name.clone()?)))
+                            .collect(),
+                    })
+                    .collect()
+            })
+            .flatten();
         let port_maps = nodes
             || classes
             || facts
@@ -224,6 +240,7 @@ impl Reads {
             // The link rows written back are read through the nodes ([`KnownNode`]).
             classes_respecified,
             admission,
+            port_maps_judged,
             port_maps_restated,
             written_back,
             intercepts,
@@ -265,6 +282,7 @@ impl Computer {
                 pods_for_port_maps: true,
                 classes_respecified: true,
                 admission: true,
+                port_maps_judged: None,
                 port_maps_restated: None,
                 written_back: false,
                 intercepts: true,
@@ -326,6 +344,7 @@ impl Computer {
                             pods: reads.pods_for_port_maps,
                             classes: reads.classes_respecified,
                             admission: reads.admission,
+                            judged: reads.port_maps_judged.clone(),
                             restated: reads.port_maps_restated.clone(),
                             clock_holds: p.horizon.holds(now),
                         });

@@ -165,6 +165,11 @@ enum Step {
     Selector,
     /// The PortMap web/web-pair comes or goes.
     PortMap,
+    /// A PortMap of web's in class public comes or goes, over the link web has: 0, the
+    /// youngest of all on port 3002; 1, the oldest on web's port 3000, which it takes from web
+    /// and web-late; 2, the oldest on UDP 27050, which it takes from games/game (another
+    /// namespace).
+    Extra(u8),
     /// The web namespace loses or regains the label the class pair selects.
     Publish,
     /// Another writer moves back the time of the first condition of web/web's status (if
@@ -225,6 +230,7 @@ fn single() -> impl Strategy<Value = Step> {
         pod.prop_map(Step::Phase),
         Just(Step::Selector),
         Just(Step::PortMap),
+        (0u8..3).prop_map(Step::Extra),
         any::<bool>().prop_map(Step::Remade),
         Just(Step::Publish),
         any::<bool>().prop_map(Step::Scribble),
@@ -333,6 +339,19 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
             c.port_maps.retain(|p| p.metadata.name.as_deref() != Some("web-pair"));
             if c.port_maps.len() == before {
                 let added = World::new().port_map("web", "web-pair", "pair", Tcp, 3001, None, "web", 2);
+                c.port_maps.extend(added.c.port_maps.iter().cloned());
+            }
+        }
+        Step::Extra(which) => {
+            let (name, proto, port, age) = match which {
+                0 => ("web-extra", Tcp, 3002, 10),
+                1 => ("web-first", Tcp, 3000, -1),
+                _ => ("web-udp", Udp, 27050, -1),
+            };
+            let before = c.port_maps.len();
+            c.port_maps.retain(|p| p.metadata.name.as_deref() != Some(name));
+            if c.port_maps.len() == before {
+                let added = World::new().port_map("web", name, "public", proto, port, None, "web", age);
                 c.port_maps.extend(added.c.port_maps.iter().cloned());
             }
         }
@@ -702,10 +721,10 @@ fn a_placement_is_kept_until_what_it_read_changes() {
     }
 }
 
-/// A change within the links the mappings have is patched into the compute before: only the
-/// mappings it reaches are placed and stated again, only the nodes their parts moved are
-/// rendered, and the result is the whole compute's. A change that needs another link, or
-/// frees one, is computed whole.
+/// A change within the links the mappings have is patched into the compute before, a PortMap
+/// that comes or goes too: only the mappings it reaches are placed and stated again, only the
+/// nodes their parts moved are rendered, and the result is the whole compute's. A change that
+/// needs another link, or frees one, is computed whole.
 #[test]
 fn a_change_within_the_links_is_patched_into_the_compute_before() {
     let settings = Settings::default();
@@ -722,6 +741,27 @@ fn a_change_within_the_links_is_patched_into_the_compute_before() {
         (Step::Scribble(true), true, 0, 1, 0),
         // web-0 not ready: web moves to worker-c, a link no mapping had.
         (Step::Ready(0), false, 2, 2, 3),
+        // Ready again: back to worker-b, and worker-c's link is free.
+        (Step::Ready(0), false, 2, 2, 3),
+        // web made again, younger than web-late: web-late takes the port, over web's link; web's
+        // three (web-pair too) placed again, the two statuses that moved made.
+        (Step::Remade(true), true, 1, 2, 2),
+        (Step::Remade(false), true, 1, 2, 2),
+        // A PortMap created and deleted over a link its namespace has: web's mappings placed
+        // again, edge-a and worker-b rendered.
+        (Step::Extra(0), true, 3, 3, 2),
+        (Step::Extra(0), true, 2, 2, 2),
+        // Created the oldest, on web's port: web and web-late are refused by it (their
+        // statuses made again); and deleted.
+        (Step::Extra(1), true, 2, 4, 2),
+        (Step::Extra(1), true, 2, 3, 2),
+        // Created the oldest on a port games/game publishes: its verdict moved, so it is
+        // reached from another namespace.
+        (Step::Extra(2), true, 3, 4, 1),
+        (Step::Extra(2), true, 3, 3, 1),
+        // web-pair deleted frees a link; made again it needs one.
+        (Step::PortMap, false, 1, 1, 2),
+        (Step::PortMap, false, 2, 2, 2),
     ] {
         apply(&mut c, &step, &mut computer, &settings);
         let out = computer.compute(&c);

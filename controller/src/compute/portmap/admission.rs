@@ -3,7 +3,7 @@
 //! Mappings are judged in order of age (creationTimestamp, then namespace/name), so an older
 //! mapping that works is never displaced by a newer one that collides with it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -60,6 +60,10 @@ pub struct SourceLimit {
 impl Accepted {
     pub fn is_range(&self) -> bool {
         self.ports.0 != self.ports.1
+    }
+
+    fn port_count(&self) -> u32 {
+        u32::from(self.ports.1 - self.ports.0) + 1
     }
 }
 
@@ -120,68 +124,225 @@ type Held = BTreeMap<(String, String), (u32, u32)>;
 /// One mapping judged: its key, its PortMap, and the verdict.
 pub type Verdict<'a> = (MapKey, &'a PortMap, Result<Admitted<'a>, Refusal>);
 
-/// Every mapping's verdict, owned, in the order judged: the PortMap's place in the list it was
-/// judged from, its key, and what its checks found.
+/// Every mapping's verdict, owned, in the order judged, and the ports and bounds the accepted
+/// ones hold after the last: what the next compute judges a change against.
 #[derive(Default)]
-pub struct Verdicts(Vec<(usize, MapKey, Result<Arc<Accepted>, Refusal>)>);
+pub struct Verdicts {
+    judged: Vec<Entry>,
+    claims: Claims,
+    held: Held,
+}
+
+/// One mapping judged, owned.
+#[derive(Clone)]
+struct Entry {
+    /// The PortMap's place in the list it was judged from.
+    at: usize,
+    key: MapKey,
+    /// What its own checks found, before its namespace's bounds and the older mappings' ports.
+    checked: Result<Arc<Accepted>, Refusal>,
+    /// Why its namespace's bounds or an older mapping refused it, when its own checks passed.
+    refused: Option<Refusal>,
+}
+
+impl Entry {
+    fn verdict(&self) -> Result<&Arc<Accepted>, &Refusal> {
+        match (&self.checked, &self.refused) {
+            (Ok(a), None) => Ok(a),
+            (Ok(_), Some(r)) | (Err(r), _) => Err(r),
+        }
+    }
+
+    fn owned(&self) -> Result<Arc<Accepted>, Refusal> {
+        self.verdict().cloned().map_err(Refusal::clone)
+    }
+}
 
 /// Judges every mapping, oldest first. The result is in that order, with its owned copy.
 pub fn admit<'a>(view: &View<'a>, port_maps: &'a Objects<PortMap>) -> (Vec<Verdict<'a>>, Verdicts) {
     let mut ordered: Vec<usize> = (0..port_maps.len()).collect();
     ordered.sort_by_cached_key(|i| age_order(&port_maps[*i]));
-    let mut claims = Claims::default();
-    let mut held = Held::new();
-    let mut kept = Vec::with_capacity(ordered.len());
+    let mut owned = Verdicts { judged: Vec::with_capacity(ordered.len()), ..Verdicts::default() };
     let verdicts = ordered
         .into_iter()
         .map(|i| {
             let pm = &port_maps[i];
             let key = key_of(pm);
-            let verdict = check(view, pm).and_then(|a| {
-                within_limits(&held, &a)?;
-                claims.claim(&a)?;
-                count(&mut held, &a);
-                Ok(a)
-            });
-            kept.push((i, key.clone(), verdict.as_ref().map(|a| a.accepted.clone()).map_err(Refusal::clone)));
+            let (checked, refused, verdict) = match check(view, pm) {
+                Err(r) => (Err(r.clone()), None, Err(r)),
+                Ok(a) => match owned.judge(a.class, &a.accepted) {
+                    Ok(()) => (Ok(a.accepted.clone()), None, Ok(a)),
+                    Err(r) => (Ok(a.accepted.clone()), Some(r.clone()), Err(r)),
+                },
+            };
+            owned.judged.push(Entry { at: i, key: key.clone(), checked, refused });
             (key, pm, verdict)
         })
         .collect();
-    (verdicts, Verdicts(kept))
+    (verdicts, owned)
 }
 
 /// The verdicts `before`, taken for `port_maps` when nothing admission reads changed since
 /// (every PortMap's spec and age, every class's spec, the Namespaces, the nodes): None when
 /// the list does not hold the same PortMaps in the same places, or a class is gone.
 pub fn readmit<'a>(view: &View<'a>, port_maps: &'a Objects<PortMap>, before: &Verdicts) -> Option<Vec<Verdict<'a>>> {
-    if before.0.len() != port_maps.len() {
+    if before.judged.len() != port_maps.len() {
         return None;
     }
     before
-        .0
+        .judged
         .iter()
-        .map(|(i, key, verdict)| {
-            let pm = &**port_maps.get(*i)?;
+        .map(|e| {
+            let pm = &**port_maps.get(e.at)?;
             let (ns, name) = (pm.metadata.namespace.as_deref().unwrap_or_default(), pm.metadata.name.as_deref());
-            if ns != key.0 || name.unwrap_or_default() != key.1 {
+            if ns != e.key.0 || name.unwrap_or_default() != e.key.1 {
                 return None;
             }
-            let verdict = match verdict {
-                Ok(a) => Ok(Admitted { pm, class: view.classes.get(&a.class_name).copied()?, accepted: a.clone() }),
-                Err(r) => Err(r.clone()),
-            };
-            Some((key.clone(), pm, verdict))
+            Some((e.key.clone(), pm, admitted(view, pm, e.verdict())?))
         })
         .collect()
 }
 
+fn admitted<'a>(
+    view: &View<'a>,
+    pm: &'a PortMap,
+    verdict: Result<&Arc<Accepted>, &Refusal>,
+) -> Option<Result<Admitted<'a>, Refusal>> {
+    Some(match verdict {
+        Ok(a) => Ok(Admitted { pm, class: view.classes.get(&a.class_name).copied()?, accepted: a.clone() }),
+        Err(r) => Err(r.clone()),
+    })
+}
+
+/// The verdicts for `port_maps` judged by change from `before` ([`readmit_changed`]).
+pub struct Readmitted<'a> {
+    pub verdicts: Vec<Verdict<'a>>,
+    pub owned: Verdicts,
+    /// The verdicts before of the changed mappings and of those whose verdict is another now.
+    pub moved: HashMap<MapKey, Result<Arc<Accepted>, Refusal>>,
+    /// The mappings gone (in `moved` too).
+    pub gone: Vec<MapKey>,
+}
+
+/// The verdicts for `port_maps` where what admission reads changed only in the PortMaps
+/// `changed` (come, gone, or with another spec or age). A mapping's verdict reads only the
+/// older ones': the verdicts before the first place in age order a change reaches stay, and
+/// from there on every mapping is judged again (its own checks taken from before where its
+/// PortMap is the same) against what the older ones hold. None where a PortMap's name is in
+/// the list twice, or a class is gone.
+pub fn readmit_changed<'a>(
+    view: &View<'a>,
+    port_maps: &'a Objects<PortMap>,
+    before: &Verdicts,
+    changed: &BTreeSet<MapKey>,
+) -> Option<Readmitted<'a>> {
+    let mut place: HashMap<(&str, &str), usize> = HashMap::with_capacity(port_maps.len());
+    for (i, pm) in port_maps.iter().enumerate() {
+        let m = &pm.metadata;
+        let key = (m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default());
+        if place.insert(key, i).is_some() {
+            return None;
+        }
+    }
+    let place_of = |k: &MapKey| place.get(&(k.0.as_str(), k.1.as_str())).copied();
+    let age = |i: usize| {
+        let m = &port_maps[i].metadata;
+        (m.creation_timestamp.as_ref().map(|t| t.0), m.namespace.as_deref(), m.name.as_deref())
+    };
+    // The changed PortMaps there now, oldest first, merged into the order before.
+    let mut fresh: Vec<usize> = changed.iter().filter_map(place_of).collect();
+    fresh.sort_by_key(|i| age(*i));
+    let mut fresh = fresh.into_iter().peekable();
+    let mut order: Vec<Result<(usize, &Entry), usize>> = Vec::with_capacity(port_maps.len());
+    let (mut moved, mut gone) = (HashMap::new(), Vec::new());
+    for e in &before.judged {
+        if changed.contains(&e.key) {
+            moved.insert(e.key.clone(), e.owned());
+            if place_of(&e.key).is_none() {
+                gone.push(e.key.clone());
+            }
+            continue;
+        }
+        let at = place_of(&e.key)?;
+        while let Some(i) = fresh.next_if(|i| age(*i) < age(at)) {
+            order.push(Err(i));
+        }
+        order.push(Ok((at, e)));
+    }
+    order.extend(fresh.map(Err));
+    // Before `from`, the order and the verdicts are the ones before.
+    let first_changed = before.judged.iter().position(|e| changed.contains(&e.key));
+    let first_fresh = order.iter().position(Result::is_err);
+    let from = first_changed.into_iter().chain(first_fresh).min().unwrap_or(order.len());
+
+    let mut owned =
+        Verdicts { judged: Vec::with_capacity(order.len()), claims: before.claims.clone(), held: before.held.clone() };
+    for a in before.judged.get(from..).unwrap_or_default().iter().filter_map(|e| e.verdict().ok()) {
+        owned.release(a);
+    }
+    let mut verdicts = Vec::with_capacity(order.len());
+    for (n, slot) in order.into_iter().enumerate() {
+        let entry = match slot {
+            Ok((at, e)) if n < from => Entry { at, ..e.clone() },
+            Ok((at, e)) => {
+                let refused = owned.judge_checked(view, &e.checked)?;
+                if refused != e.refused {
+                    moved.insert(e.key.clone(), e.owned());
+                }
+                Entry { at, key: e.key.clone(), checked: e.checked.clone(), refused }
+            }
+            Err(at) => {
+                let pm = &port_maps[at];
+                let checked = check(view, pm).map(|a| a.accepted);
+                let refused = owned.judge_checked(view, &checked)?;
+                Entry { at, key: key_of(pm), checked, refused }
+            }
+        };
+        let pm = &port_maps[entry.at];
+        verdicts.push((entry.key.clone(), pm, admitted(view, pm, entry.verdict())?));
+        owned.judged.push(entry);
+    }
+    Some(Readmitted { verdicts, owned, moved, gone })
+}
+
+impl Verdicts {
+    /// The mapping's namespace's bounds in its class, then the ports older mappings hold:
+    /// counted and claimed when it passes both.
+    fn judge(&mut self, class: &PortMapClass, a: &Arc<Accepted>) -> Result<(), Refusal> {
+        within_limits(&self.held, class, a)?;
+        self.claims.claim(a)?;
+        let (maps, used) = self.held.entry((a.class_name.clone(), a.key.0.clone())).or_default();
+        *maps += 1;
+        *used = used.saturating_add(a.port_count());
+        Ok(())
+    }
+
+    /// [`Verdicts::judge`] for a mapping whose own checks passed: why it is refused, if it is.
+    /// None where its class is gone.
+    fn judge_checked(&mut self, view: &View, checked: &Result<Arc<Accepted>, Refusal>) -> Option<Option<Refusal>> {
+        Some(match checked {
+            Ok(a) => self.judge(view.classes.get(&a.class_name).copied()?, a).err(),
+            Err(_) => None,
+        })
+    }
+
+    /// What an accepted mapping holds, given back.
+    fn release(&mut self, a: &Accepted) {
+        self.claims.release(a);
+        if let Some((maps, used)) = self.held.get_mut(&(a.class_name.clone(), a.key.0.clone())) {
+            *maps = maps.saturating_sub(1);
+            *used = used.saturating_sub(a.port_count());
+        }
+    }
+}
+
 /// The class's spec.limits for the mapping's namespace, counting older accepted mappings only
 /// (so the oldest keep theirs).
-fn within_limits(held: &Held, a: &Admitted) -> Result<(), Refusal> {
+fn within_limits(held: &Held, class: &PortMapClass, a: &Accepted) -> Result<(), Refusal> {
     let ns = &a.key.0;
-    let ports = u32::from(a.ports.1 - a.ports.0) + 1;
+    let ports = a.port_count();
     let (maps, used) = held.get(&(a.class_name.clone(), ns.clone())).copied().unwrap_or_default();
-    if let Some(limits) = &a.class.spec.limits {
+    if let Some(limits) = &class.spec.limits {
         let class = &a.class_name;
         if let Some(max) = limits.max_port_maps_per_namespace
             && maps >= max
@@ -206,14 +367,6 @@ fn within_limits(held: &Held, a: &Admitted) -> Result<(), Refusal> {
         }
     }
     Ok(())
-}
-
-/// Counts an accepted mapping against its namespace's bounds in its class.
-fn count(held: &mut Held, a: &Admitted) {
-    let ports = u32::from(a.ports.1 - a.ports.0) + 1;
-    let (maps, used) = held.entry((a.class_name.clone(), a.key.0.clone())).or_default();
-    *maps += 1;
-    *used = used.saturating_add(ports);
 }
 
 fn check<'a>(view: &View<'a>, pm: &'a PortMap) -> Result<Admitted<'a>, Refusal> {
@@ -411,23 +564,28 @@ enum Bucket {
     Interface { node: String, iface: String, proto: Protocol },
 }
 
-/// Disjoint claimed intervals: first port to (last port, owner).
-type Intervals = BTreeMap<u16, (u16, MapKey)>;
+/// Disjoint claimed intervals: first port to the owner (whose last port ends it).
+type Intervals = BTreeMap<u16, Arc<Accepted>>;
 
-/// The ports already claimed, bucket by bucket.
-#[derive(Default)]
+/// The ports already claimed, bucket by bucket; a copy shares each bucket until it changes.
+#[derive(Clone, Default)]
 struct Claims {
-    buckets: BTreeMap<Bucket, Intervals>,
+    buckets: BTreeMap<Bucket, Arc<Intervals>>,
 }
 
 impl Claims {
-    fn claim(&mut self, a: &Admitted) -> Result<(), Refusal> {
+    fn buckets(a: &Accepted) -> Vec<Bucket> {
         let mut buckets = vec![Bucket::Class(a.class_name.clone(), a.protocol)];
         for (node, ifaces) in &a.accepting {
             for iface in ifaces {
                 buckets.push(Bucket::Interface { node: node.clone(), iface: iface.clone(), proto: a.protocol });
             }
         }
+        buckets
+    }
+
+    fn claim(&mut self, a: &Arc<Accepted>) -> Result<(), Refusal> {
+        let buckets = Self::buckets(a);
         for b in &buckets {
             if let Some((ns, name)) = self.overlap(b, a.ports) {
                 let place = match b {
@@ -445,16 +603,26 @@ impl Claims {
             }
         }
         for b in buckets {
-            self.buckets.entry(b).or_default().insert(a.ports.0, (a.ports.1, a.key.clone()));
+            Arc::make_mut(self.buckets.entry(b).or_default()).insert(a.ports.0, a.clone());
         }
         Ok(())
+    }
+
+    fn release(&mut self, a: &Accepted) {
+        for b in Self::buckets(a) {
+            if let Some(intervals) = self.buckets.get_mut(&b)
+                && intervals.get(&a.ports.0).is_some_and(|owner| owner.key == a.key)
+            {
+                Arc::make_mut(intervals).remove(&a.ports.0);
+            }
+        }
     }
 
     fn overlap(&self, bucket: &Bucket, (first, last): (u16, u16)) -> Option<MapKey> {
         let intervals = self.buckets.get(bucket)?;
         // Intervals in a bucket are disjoint, so only the last one starting at or before `last`
         // can reach into [first, last].
-        let (_, (end, owner)) = intervals.range(..=last).next_back()?;
-        (*end >= first).then(|| owner.clone())
+        let (_, owner) = intervals.range(..=last).next_back()?;
+        (owner.ports.1 >= first).then(|| owner.key.clone())
     }
 }

@@ -81,6 +81,12 @@ pub fn compute<'a>(
         Some((verdicts, s.built.admitted.clone()))
     });
     let readmitted_now = readmitted.is_some();
+    // Else judged from the first mapping in age order a changed PortMap reaches.
+    let readmitted = readmitted.or_else(|| {
+        let s = since.as_ref()?;
+        let r = admission::readmit_changed(view, &cluster.port_maps, &s.built.admitted, s.judged.as_ref()?)?;
+        Some((r.verdicts, Arc::new(r.owned)))
+    });
     let (admitted, admitted_now) = readmitted.unwrap_or_else(|| {
         let (verdicts, owned) = admission::admit(view, &cluster.port_maps);
         (verdicts, Arc::new(owned))
@@ -254,8 +260,21 @@ fn cleared<'a, 'o>(
 /// The links a cleared placement needs: one from each programming node that lacks the pod,
 /// but where an end's node uses the class's VXLAN port for its CNI.
 fn needs<'p>(view: &'p View, vxlan: &'p ClassVxlans, p: &'p Placement) -> impl Iterator<Item = LinkKey> + 'p {
-    p.remote_nodes()
-        .map(|node| LinkKey::new(&p.admitted.class_name, node, &p.endpoint.node))
+    needs_of(view, vxlan, &p.admitted.class_name, &p.endpoint, &p.nodes)
+}
+
+/// [`needs`] of a placement's parts.
+fn needs_of<'p>(
+    view: &'p View,
+    vxlan: &'p ClassVxlans,
+    class: &'p str,
+    endpoint: &'p Endpoint,
+    nodes: &'p BTreeMap<String, Vec<String>>,
+) -> impl Iterator<Item = LinkKey> + 'p {
+    nodes
+        .keys()
+        .filter(move |n| **n != endpoint.node)
+        .map(move |node| LinkKey::new(class, node, &endpoint.node))
         .filter(|key| vxlan_port_clash(view, vxlan, key).is_none())
 }
 
@@ -321,6 +340,7 @@ fn stated(
     now: Timestamp,
 ) -> Stated {
     let linked = verdict.as_ref().ok().map(|(_, l, _)| l.clone());
+    let added = verdict.as_ref().ok().map(|(_, l, route)| contribution(pm, l.fingerprint, route));
     let verdict = verdict.and_then(|(p, l, route)| {
         // Built without the pod node's request claim, which needs the route: the rest keeps
         // carrying traffic. A node that reported routes, none for the pod, is named in the
@@ -353,7 +373,7 @@ fn stated(
         Some((_, status)) => (status.clone(), false),
         None => (port_map_status(view, pm, &verdict, &over_v6, now), true),
     };
-    Stated { status, made, programmed, kept: Kept { judged, linked, status_from: from, cleared } }
+    Stated { status, made, programmed, kept: Kept { judged, linked, status_from: from, cleared, added } }
 }
 
 /// The compute before, and what changed since as the port maps read it.
@@ -370,6 +390,9 @@ pub struct Since<'a> {
     /// Something admission reads changed: a PortMap's spec or age, a PortMap that came or went,
     /// a class's spec, a Namespace.
     pub admission: bool,
+    /// The PortMaps whose spec or age changed, or that came or went, where admission read no
+    /// other change; None where it did, or a change has no name.
+    pub judged: Option<BTreeSet<MapKey>>,
     /// The namespaces of the PortMaps that changed in any way, their statuses too; None as for
     /// `namespaces`.
     pub restated: Option<BTreeSet<String>>,
@@ -429,6 +452,8 @@ struct Kept {
     status_from: Option<StatedFrom>,
     /// Its placement passed the one-way-return check: the links it needs were counted.
     cleared: bool,
+    /// What it added to its nodes' digests, if it was built ([`contribution`]).
+    added: Option<u64>,
 }
 
 /// What a PortMap's status was made from. Made from the same, and written back as it was

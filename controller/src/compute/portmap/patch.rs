@@ -3,7 +3,8 @@
 //! contributions moved are rendered again, and everything else is the last compute's.
 //!
 //! It holds only where a whole compute would make every other mapping the same:
-//! - admission's verdicts are kept ([`Since::admission`]), and no class spec changed;
+//! - admission read no change but in PortMaps ([`Since::judged`]), and no class spec changed;
+//!   a mapping whose verdict is another now is reached too, and a mapping gone is taken away;
 //! - the class rows are as the last compute made them and no link is due for release, so the
 //!   same links needed get the same numbers;
 //! - no other mapping answers from a pod port a reached mapping held or holds (the
@@ -15,23 +16,27 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::admission::{self, MapKey};
-use super::placement::Placement;
+use super::admission::{self, Accepted, MapKey};
+use super::placement::{Endpoint, Placement};
 use super::status::Refusal;
 use super::{
-    Built, ClassVxlans, Judged, Linked, PodPort, Since, cleared, contribution, datapath, device, link, needs, place,
-    pod_port, seeded, stated,
+    Built, ClassVxlans, Judged, Linked, PodPort, Since, cleared, contribution, datapath, device, link, needs, needs_of,
+    place, pod_port, seeded, stated,
 };
 use crate::compute::Outputs;
 use crate::observe::Cluster;
 use crate::observe::index::{RouteTo, View};
+
+/// A placement as the compute before made it: what admission accepted, the pod, the
+/// programming nodes.
+type Was<'l> = (Arc<Accepted>, &'l Endpoint, &'l BTreeMap<String, Vec<String>>);
 
 /// One mapping a change reached: what it was, and what it is now.
 struct Reached<'a> {
     at: usize,
     was: Option<&'a super::Kept>,
     /// Its placement as the compute before made it.
-    old: Option<Placement<'a>>,
+    old: Option<Was<'a>>,
     judged: Option<Arc<Judged>>,
     /// The compute before's links, where the placement is kept.
     linked: Option<Arc<Linked>>,
@@ -48,7 +53,7 @@ pub(super) fn patch<'a>(
 ) -> Option<Built> {
     let last = since.built;
     let (namespaces, restated) = (since.namespaces.as_ref()?, since.restated.as_ref()?);
-    if since.admission || since.classes || !since.clock_holds {
+    if since.classes || !since.clock_holds {
         return None;
     }
     // The allocation reads the class rows: as made, they give the same links the same numbers.
@@ -62,10 +67,30 @@ pub(super) fn patch<'a>(
     if !as_made {
         return None;
     }
-    let verdicts = admission::readmit(view, &cluster.port_maps, &last.admitted)?;
+    let (verdicts, admitted, moved, gone) = if since.admission {
+        let r = admission::readmit_changed(view, &cluster.port_maps, &last.admitted, since.judged.as_ref()?)?;
+        (r.verdicts, Arc::new(r.owned), r.moved, r.gone)
+    } else {
+        let verdicts = admission::readmit(view, &cluster.port_maps, &last.admitted)?;
+        (verdicts, last.admitted.clone(), HashMap::new(), Vec::new())
+    };
     let now = cluster.now;
     let reaches = |key: &MapKey| {
-        namespaces.contains(&key.0) || restated.contains(&key.0) || (since.pods && last.across.every_pod.contains(key))
+        namespaces.contains(&key.0)
+            || restated.contains(&key.0)
+            || (since.pods && last.across.every_pod.contains(key))
+            || moved.contains_key(key)
+    };
+    // A mapping's placement before, with its verdict before (the one now, unless it moved).
+    let was_of = |key: &MapKey, now: Option<&Arc<Accepted>>| -> Option<Was> {
+        let accepted = match moved.get(key) {
+            Some(before) => before.as_ref().ok()?,
+            None => now?,
+        };
+        match &last.kept.get(key)?.judged.as_deref()?.placed {
+            Ok((endpoint, nodes)) => Some((accepted.clone(), endpoint, nodes)),
+            Err(_) => None,
+        }
     };
     let reached_at: Vec<usize> = (0..verdicts.len()).filter(|i| reaches(&verdicts[*i].0)).collect();
 
@@ -76,12 +101,7 @@ pub(super) fn patch<'a>(
     for at in reached_at {
         let (key, _, admitted) = &verdicts[at];
         let was = last.kept.get(key);
-        let old = match (admitted, was.and_then(|k| k.judged.as_deref())) {
-            (Ok(a), Some(Judged { placed: Ok((endpoint, nodes)), .. })) => {
-                Some(Placement { admitted: a.clone(), endpoint: endpoint.clone(), nodes: nodes.clone() })
-            }
-            _ => None,
-        };
+        let old = was_of(key, admitted.as_ref().ok().map(|a| &a.accepted));
         let (mut judged, mut linked) = (None, None);
         every_pod.remove(key);
         let placed = admitted.clone().and_then(|a| {
@@ -98,18 +118,25 @@ pub(super) fn patch<'a>(
         reached.push(Reached { at, was, old, judged, linked });
         placements.push(placed);
     }
+    // The mappings gone: what they were.
+    let gone: Vec<(&MapKey, Option<&super::Kept>, Option<Was>)> =
+        gone.iter().map(|key| (key, last.kept.get(key), was_of(key, None))).collect();
+    for (key, _, _) in &gone {
+        every_pod.remove(*key);
+    }
+    let olds = || reached.iter().map(|r| (r.was, &r.old)).chain(gone.iter().map(|(_, was, old)| (*was, old)));
 
     // No other mapping may answer from a pod port a reached one held or holds.
     let mut pod_ports = last.across.pod_ports.clone();
-    for old in reached.iter().filter_map(|r| r.old.as_ref()) {
-        let n = pod_ports.get_mut(&pod_port(old))?;
-        *n = n.checked_sub(1)?;
+    for (_, old) in olds() {
+        if let Some((accepted, endpoint, _)) = old {
+            let n = pod_ports.get_mut(&(endpoint.address, accepted.protocol))?;
+            *n = n.checked_sub(1)?;
+        }
     }
-    let held: Vec<PodPort> = reached
-        .iter()
-        .filter_map(|r| r.old.as_ref())
-        .chain(placements.iter().filter_map(|p| p.as_ref().ok()))
-        .map(pod_port)
+    let held: Vec<PodPort> = olds()
+        .filter_map(|(_, old)| old.as_ref().map(|(a, e, _)| (e.address, a.protocol)))
+        .chain(placements.iter().filter_map(|p| p.as_ref().ok()).map(pod_port))
         .collect();
     if held.iter().any(|k| pod_ports.get(k).is_some_and(|n| *n > 0)) {
         return None;
@@ -137,8 +164,9 @@ pub(super) fn patch<'a>(
 
     // The same links needed, or the allocation would be another.
     let mut users = last.across.users.clone();
-    for r in reached.iter().filter(|r| r.was.is_some_and(|k| k.cleared)) {
-        for key in needs(view, vxlan, r.old.as_ref()?) {
+    for (_, old) in olds().filter(|(was, _)| was.is_some_and(|k| k.cleared)) {
+        let (accepted, endpoint, nodes) = old.as_ref()?;
+        for key in needs_of(view, vxlan, &accepted.class_name, endpoint, nodes) {
             let n = users.get_mut(&key)?;
             *n = n.checked_sub(1)?;
         }
@@ -156,17 +184,18 @@ pub(super) fn patch<'a>(
     // Linked, and their contributions moved in the nodes' digests.
     let mut ends_made = HashMap::new();
     let mut digests = last.digests.clone();
+    for (was, old) in olds() {
+        if let Some(c) = was.and_then(|k| k.added) {
+            let (_, endpoint, nodes) = old.as_ref()?;
+            for node in nodes.keys().chain([&endpoint.node]) {
+                digests.get_mut(node)?.take_away(c);
+            }
+        }
+    }
     let mut built = Vec::with_capacity(reached.len());
     for (r, placed) in reached.into_iter().zip(checked) {
         let cleared = placed.is_ok();
         let pm = verdicts[r.at].1;
-        if let (Some(l), Some(old)) = (r.was.and_then(|k| k.linked.as_ref()), &r.old) {
-            let route = view.node(&old.endpoint.node).route_to(old.endpoint.address);
-            let c = contribution(pm, l.fingerprint, &route);
-            for node in old.nodes_built() {
-                digests.get_mut(node)?.take_away(c);
-            }
-        }
         let verdict = placed.and_then(|p| link(view, vxlan, &alloc, p, r.linked, Some(last), &mut ends_made));
         if let Ok((p, l, route)) = &verdict {
             let c = contribution(pm, l.fingerprint, route);
@@ -214,6 +243,14 @@ pub(super) fn patch<'a>(
     let mut kept = last.kept.clone();
     let mut statuses_made = 0;
     let (mut programming, mut tracked, mut statuses) = (None, None, None);
+    for (key, _, _) in &gone {
+        kept.remove(*key);
+        let programming = programming.get_or_insert_with(|| BTreeMap::clone(&last.made.programming));
+        let tracked = tracked.get_or_insert_with(|| BTreeMap::clone(&last.made.tracked));
+        programming.remove(*key);
+        tracked.remove(&crate::compute::ObjectKey::port_map(&key.0, &key.1));
+        statuses.get_or_insert_with(|| BTreeMap::clone(&last.made.statuses)).remove(*key);
+    }
     for (at, judged, cleared, verdict) in built {
         let (key, pm, _) = &verdicts[at];
         let s = stated(view, pm, key, (judged, cleared), verdict, Some(last), now);
@@ -250,8 +287,8 @@ pub(super) fn patch<'a>(
         Arc::new(ends)
     };
     Some(Built {
-        admitted: last.admitted.clone(),
-        readmitted: true,
+        admitted,
+        readmitted: !since.admission,
         patched: true,
         hosts,
         digests,
