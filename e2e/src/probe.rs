@@ -9,6 +9,7 @@
 //! Either family: [`probe_any`] dials an IPv4 or an IPv6 address (`[2001:db8::9]:27015`, see
 //! [`parse_target`]); [`probe`] and the continuous probes dial IPv4.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, Read as _};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
@@ -123,18 +124,27 @@ pub fn probe_any_from(
 /// ephemeral range (32768), which no other socket of a client takes.
 const FIRST_SOURCE_PORT: u16 = 20_000;
 
-/// A socket bound to a source port no probe of this process took before (until 12,768 later).
-/// Two flows from one client to one pod through two accepting nodes, on one source port, have
-/// one reply tuple at the pod's node, and its conntrack gives the second another source port
-/// (docs/portmap/modes.md): with ports the kernel picks at random, that happened to a probe.
+/// A socket bound to a source port no probe in this network namespace took before (until
+/// 12,768 later). Two flows from one client to one pod through two accepting nodes, on one
+/// source port, have one reply tuple at the pod's node, and its conntrack gives the second
+/// another source port (docs/portmap/modes.md): with ports the kernel picks at random, that
+/// happened to a probe. Counted per namespace, a port comes back minutes later, after the
+/// conntrack entries of its last flow are gone.
 fn bound_fresh<S>(bind: impl Fn(u16) -> io::Result<S>) -> io::Result<S> {
-    use std::sync::atomic::{AtomicU16, Ordering};
-    static TAKEN: AtomicU16 = AtomicU16::new(0);
+    use std::os::unix::fs::MetadataExt as _;
+    static TAKEN: std::sync::Mutex<BTreeMap<u64, u16>> = std::sync::Mutex::new(BTreeMap::new());
     let span = 32_768 - FIRST_SOURCE_PORT;
+    let netns = std::fs::metadata("/proc/thread-self/ns/net")?.ino();
     let mut tries = 0;
     loop {
-        let port = FIRST_SOURCE_PORT + TAKEN.fetch_add(1, Ordering::Relaxed) % span;
-        match bind(port) {
+        let offset = {
+            let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
+            let next = taken.entry(netns).or_default();
+            let offset = *next;
+            *next = (offset + 1) % span;
+            offset
+        };
+        match bind(FIRST_SOURCE_PORT + offset) {
             Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries < 64 => tries += 1,
             bound => return bound,
         }
@@ -486,6 +496,15 @@ fn established(kept: &mut Option<UdpSocket>, to: SocketAddrV4, timeout: Duration
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_in_one_namespace_take_ports_below_the_ephemeral_range_one_after_another() {
+        let bind = |port| UdpSocket::bind((Ipv4Addr::LOCALHOST, port));
+        let ports: Vec<u16> =
+            (0..3).map(|_| bound_fresh(bind).and_then(|s| s.local_addr()).map(|a| a.port()).unwrap()).collect();
+        assert!(ports.iter().all(|p| (FIRST_SOURCE_PORT..32_768).contains(p)), "{ports:?}");
+        assert!(ports[0] != ports[1] && ports[1] != ports[2] && ports[0] != ports[2], "{ports:?}");
+    }
 
     #[test]
     fn targets_of_either_family_parse() {
