@@ -255,8 +255,10 @@ pub fn readmit_changed<'a>(
     let mut fresh = fresh.into_iter().peekable();
     let mut order: Vec<Result<(usize, &Entry), usize>> = Vec::with_capacity(port_maps.len());
     let (mut moved, mut gone) = (HashMap::new(), Vec::new());
-    for e in &before.judged {
+    let mut first_changed = None;
+    for (n, e) in before.judged.iter().enumerate() {
         if changed.contains(&e.key) {
+            first_changed.get_or_insert(n);
             moved.insert(e.key.clone(), e.owned());
             if place_of(&e.key).is_none() {
                 gone.push(e.key.clone());
@@ -271,7 +273,6 @@ pub fn readmit_changed<'a>(
     }
     order.extend(fresh.map(Err));
     // Before `from`, the order and the verdicts are the ones before.
-    let first_changed = before.judged.iter().position(|e| changed.contains(&e.key));
     let first_fresh = order.iter().position(Result::is_err);
     let from = first_changed.into_iter().chain(first_fresh).min().unwrap_or(order.len());
 
