@@ -53,7 +53,7 @@ use kuport_controller::compute::portmap::links::{self, LinkKey};
 use kuport_controller::compute::portmap::placement::{self, Placement};
 use kuport_controller::compute::portmap::status::Refusal;
 use kuport_controller::compute::{Outputs, Settings, compute};
-use kuport_controller::observe::index::View;
+use kuport_controller::observe::index::{Indexes, View};
 use kuport_controller::observe::{Cluster, Objects};
 use kuport_proto::v1::NodeState;
 use prost::Message as _;
@@ -104,7 +104,8 @@ fn repeated<T: Default>(reps: usize, mut f: impl FnMut() -> T) -> (Vec<Duration>
 fn stages(c: &Cluster) -> Vec<(&'static str, Duration)> {
     let mut times = Vec::new();
     let t = Instant::now();
-    let view = View::new(c);
+    let indexes = Indexes::of(c);
+    let view = View::new(c, &indexes);
     let vxlan: BTreeMap<String, _> =
         view.classes.iter().map(|(n, cl)| (n.clone(), links::class_vxlan(cl, &view))).collect();
     times.push(("observe (View::new)", t.elapsed()));

@@ -14,7 +14,9 @@
 //! - once every executor acked its first state, the changes go in one at a time through
 //!   `Hub::set_inputs` (what the folder and Kubernetes sources call), cycling through: a PortMap
 //!   (with its Service and EndpointSlice) is created, the chosen pod of a random PortMap moves
-//!   to another node, the PortMap created before is deleted.
+//!   to another node, the PortMap created before is deleted. Each comes after a quiet spell of
+//!   two paces (`hub::PACE`), once the statuses the last one fed back were computed: what is
+//!   measured is a change's own latency (changes in a burst share one compute per pace).
 //!
 //! Measured per change: from `set_inputs` to the moment the hub holds the ACK of every node
 //! whose state the change republished (the bench waits on `Hub::status_dirty`, which every
@@ -416,6 +418,7 @@ async fn run(n_nodes: usize, n_maps: usize, changes: usize, events: Arc<Mutex<Hu
 
     let mut samples = Vec::new();
     for k in 0..changes {
+        tokio::time::sleep(2 * kuport_controller::stream::hub::PACE).await;
         let kind = Kind::CYCLE[k % Kind::CYCLE.len()];
         let (outputs, _) = hub.outputs();
         let chosen = |ns: &str, name: &str| {

@@ -11,7 +11,7 @@
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ use kube::Resource;
 use kuport_proto::v1::{NetnsState, NodeState};
 
 use super::intercept::pods::Decided;
-use super::{ObjectKey, Outputs, Settings, Tracked, merge, numbers, overlay, portmap};
+use super::{ObjectKey, Outputs, Settings, Shared, Tracked, merge, numbers, overlay, portmap};
 use crate::api::{PortMap, PortMapClass};
 use crate::observe::index::{self, KnownNode, View, same_for_port_maps};
 use crate::observe::{Cluster, KnownFacts, Objects};
@@ -127,7 +127,9 @@ struct Last {
     intercepts: Arc<Decided>,
     states: BTreeMap<String, Arc<NodeState>>,
     /// The port maps' and the Intercepts' tracked objects, in one map.
-    tracked: Arc<BTreeMap<ObjectKey, Tracked>>,
+    tracked: Shared<ObjectKey, Tracked>,
+    /// The Services and slices of `inputs`, indexed.
+    indexes: index::Indexes,
 }
 
 /// Which inputs changed, kind by kind, as each capability reads them.
@@ -290,6 +292,10 @@ impl Computer {
             },
         };
         let now = cluster.now;
+        let indexes = match &last {
+            Some(l) => l.indexes.edited(&l.inputs, cluster),
+            None => index::Indexes::of(cluster),
+        };
         // Made once, and only when read: the port maps' view indexes every Pod.
         let mut known: Option<BTreeMap<String, KnownNode>> = None;
 
@@ -324,17 +330,24 @@ impl Computer {
         let port_maps = match last_pm.clone().filter(|p| !reads.port_maps && holds(p)) {
             Some(kept) => kept,
             None => {
-                let mut nodes = known.take().unwrap_or_else(|| index::known_nodes(cluster));
-                for (name, (address, mtu)) in mesh.iter().flat_map(|m| &m.addresses) {
-                    if let Some(node) = nodes.get_mut(name) {
-                        node.overlay = Some((*address, *mtu));
+                // What the nodes read did not change: the last compute's, shared.
+                let nodes = match last_pm.as_ref().filter(|_| !reads.known_nodes && !addresses_moved) {
+                    Some(p) => p.built.nodes(),
+                    None => {
+                        let mut nodes = known.take().unwrap_or_else(|| index::known_nodes(cluster));
+                        for (name, (address, mtu)) in mesh.iter().flat_map(|m| &m.addresses) {
+                            if let Some(node) = nodes.get_mut(name) {
+                                node.overlay = Some((*address, *mtu));
+                            }
+                        }
+                        Arc::new(nodes)
                     }
-                }
+                };
                 match last_pm.clone().filter(|p| reads.written_back && holds(p) && p.built.saw_same(&nodes)) {
                     Some(kept) => kept,
                     None => {
                         let wireguard_port = self.settings.overlay.as_ref().map(|o| o.listen_port);
-                        let v = &mut View::with_nodes(cluster, nodes);
+                        let v = &mut View::with_nodes(cluster, nodes, &indexes);
                         v.wireguard_port = wireguard_port;
                         let mut numbers = numbers::Numbers::default();
                         let mut out = Outputs::default();
@@ -349,7 +362,7 @@ impl Computer {
                             clock_holds: p.horizon.holds(now),
                         });
                         let mut built = portmap::compute(v, cluster, &mut numbers, &mut out, since);
-                        built.saw(std::mem::take(&mut v.nodes));
+                        built.saw(v.nodes.clone());
                         let horizon = Horizon { at: now, until: portmap::links::horizon(&out.classes) };
                         Arc::new(PortMapped { built, out, horizon })
                     }
@@ -446,9 +459,9 @@ impl Computer {
             Some(l) if !pm_redone && !ic_redone => l.tracked.clone(),
             _ if intercepts.tracked.is_empty() => port_maps.out.tracked.clone(),
             _ => {
-                let mut both = BTreeMap::clone(&port_maps.out.tracked);
+                let mut both = port_maps.out.tracked.clone();
                 both.extend(intercepts.tracked.iter().map(|(k, t)| (k.clone(), t.clone())));
-                Arc::new(both)
+                both
             }
         };
         let mut out = port_maps.out.clone();
@@ -459,7 +472,7 @@ impl Computer {
             out.overlay = m.places.clone();
         }
         out.node_states = states.clone();
-        self.last = Some(Last { inputs: cluster.clone(), mesh, port_maps, intercepts, states, tracked });
+        self.last = Some(Last { inputs: cluster.clone(), mesh, port_maps, intercepts, states, tracked, indexes });
         out
     }
 }
@@ -632,53 +645,7 @@ fn namespaces_of<'a, K: Resource>(
     })
 }
 
-type Key<'a> = (Option<&'a str>, Option<&'a str>);
-
-fn key<K: Resource>(o: &K) -> Key<'_> {
-    (o.meta().namespace.as_deref(), o.meta().name.as_deref())
-}
-
-/// The objects that differ between `old` and `new` (by namespace and name, in any order):
-/// (old, new), either None for an object added or removed. An object the watch cache did not
-/// replace is the same allocation, so an unchanged list costs a pointer per object.
+/// The objects that differ between `old` and `new` ([`Objects::changes`]), by reference.
 fn diff<'a, K: Resource + PartialEq>(old: &'a Objects<K>, new: &'a Objects<K>) -> Vec<(Option<&'a K>, Option<&'a K>)> {
-    let mut changed = Vec::new();
-    if old.len() == new.len() {
-        let mut aligned = true;
-        for (a, b) in old.arcs().iter().zip(new.arcs()) {
-            if Arc::ptr_eq(a, b) {
-                continue;
-            }
-            if key(&**a) != key(&**b) {
-                aligned = false;
-                break;
-            }
-            if a != b {
-                changed.push((Some(&**a), Some(&**b)));
-            }
-        }
-        if aligned {
-            return changed;
-        }
-        changed.clear();
-    }
-    let mut before: HashMap<Key<'a>, &'a K> = HashMap::with_capacity(old.len());
-    let mut twice = false;
-    for a in old.iter() {
-        twice |= before.insert(key(a), a).is_some();
-    }
-    for b in new.iter() {
-        match before.remove(&key(b)) {
-            Some(a) if std::ptr::eq(a, b) || a == b => {}
-            a => changed.push((a, Some(b))),
-        }
-    }
-    changed.extend(before.into_values().map(|a| (Some(a), None)));
-    if twice && changed.is_empty() {
-        // Two objects with one name (a folder's): compared as lists.
-        if old.iter().ne(new.iter()) {
-            changed.push((None, None));
-        }
-    }
-    changed
+    Objects::changes(old, new).into_iter().map(|(a, b)| (a.map(|a| &**a), b.map(|b| &**b))).collect()
 }

@@ -72,17 +72,22 @@ pub struct Tracked {
     pub fingerprint: u64,
 }
 
+/// A map kept from one compute to the next: a copy costs a pointer, and a change copies only
+/// the path to the entries it touched (a persistent B-tree), so a compute that patches a few
+/// mappings pays for them, not for the whole map.
+pub type Shared<K, V> = imbl::OrdMap<K, V>;
+
 /// Everything the computation decides. Each map is shared with the [`by_change::Computer`]
 /// that keeps it for the next compute: a capability not redone costs a pointer, not a copy.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outputs {
     pub node_states: BTreeMap<String, Arc<NodeState>>,
-    pub port_maps: Arc<BTreeMap<MapKey, PortMapStatus>>,
+    pub port_maps: Shared<MapKey, PortMapStatus>,
     pub classes: Arc<BTreeMap<String, PortMapClassStatus>>,
     /// For each programmed mapping, its programming (accepting) nodes.
-    pub programming: Arc<BTreeMap<MapKey, Vec<String>>>,
+    pub programming: Shared<MapKey, Vec<String>>,
     /// Every object placed in node states, with the nodes that must acknowledge it.
-    pub tracked: Arc<BTreeMap<ObjectKey, Tracked>>,
+    pub tracked: Shared<ObjectKey, Tracked>,
     /// Intercept statuses as if every placed pod were programmed (`intercept::pods::finish`).
     pub intercepts: Arc<BTreeMap<InterceptKey, InterceptStatus>>,
     /// Per Intercept, the pods placed in node states: (pod, node).

@@ -14,8 +14,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::facts::{self, Refused};
-use super::{Cluster, KnownFacts};
+use super::{Cluster, KnownFacts, Objects};
 use crate::api::{PortMapClass, PortMapClassStatus};
+use crate::compute::Shared;
 
 /// The label that ties an EndpointSlice to its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -146,12 +147,9 @@ impl<'a> KnownPod<'a> {
     }
 }
 
-/// The Pods of a cluster as placement reads them, each namespace's indexed when first asked.
-#[derive(Default)]
+/// The Pods of a cluster as placement reads them, each namespace's read when first asked.
 struct Pods<'a> {
-    all: &'a [Arc<Pod>],
-    /// Each namespace's Pods, in the cluster's order.
-    by_namespace: OnceCell<HashMap<&'a str, Vec<&'a Pod>>>,
+    named: &'a Named<Pod>,
     /// Each namespace's Pods by name, as read so far.
     known: RefCell<HashMap<&'a str, Rc<BTreeMap<&'a str, KnownPod<'a>>>>>,
     /// Every address some Pod holds.
@@ -164,29 +162,111 @@ impl<'a> Pods<'a> {
         if let Some(known) = self.known.borrow().get(ns) {
             return known.clone();
         }
-        let by_namespace = self.by_namespace.get_or_init(|| {
-            let mut by: HashMap<&str, Vec<&Pod>> = HashMap::new();
-            for p in self.all {
-                if let Some(ns) = p.metadata.namespace.as_deref() {
-                    by.entry(ns).or_default().push(p);
-                }
-            }
-            by
-        });
-        let Some((ns, pods)) = by_namespace.get_key_value(ns) else { return Rc::default() };
-        let known: BTreeMap<&str, KnownPod> =
-            pods.iter().filter_map(|p| Some((p.metadata.name.as_deref()?, KnownPod::of(p)))).collect();
+        let Some((ns, pods)) = self.named.namespace(ns) else { return Rc::default() };
+        let known: BTreeMap<&str, KnownPod> = pods.iter().map(|(name, p)| (name.as_str(), KnownPod::of(p))).collect();
         let known = Rc::new(known);
         self.known.borrow_mut().insert(ns, known.clone());
         known
     }
+}
 
-    /// Every Pod by namespace and name (of two with one name, the later).
-    fn by_name(&self) -> BTreeMap<(&'a str, &'a str), KnownPod<'a>> {
-        self.all
-            .iter()
-            .filter_map(|p| Some(((p.metadata.namespace.as_deref()?, p.metadata.name.as_deref()?), KnownPod::of(p))))
-            .collect()
+/// Objects of one kind by namespace and name (of two with one name, the later in the list),
+/// kept from one compute to the next and edited by the objects that changed
+/// ([`Named::edited`]): a change costs what it touched.
+#[derive(Debug, PartialEq)]
+pub struct Named<K> {
+    by: Shared<String, Shared<String, Arc<K>>>,
+    /// Two objects share a name (a folder's): which one counts follows the list's order, so
+    /// the index is made anew for every change.
+    twice: bool,
+}
+
+impl<K> Clone for Named<K> {
+    fn clone(&self) -> Self {
+        Named { by: self.by.clone(), twice: self.twice }
+    }
+}
+
+impl<K> Default for Named<K> {
+    fn default() -> Self {
+        Named { by: Shared::new(), twice: false }
+    }
+}
+
+impl<K: kube::Resource + PartialEq> Named<K> {
+    pub fn of(objects: &Objects<K>) -> Self {
+        let mut named = Named::default();
+        for o in objects.arcs() {
+            if let Some((ns, name)) = named_key(&**o) {
+                named.twice |= named.by.entry(ns).or_default().insert(name, o.clone()).is_some();
+            }
+        }
+        named
+    }
+
+    /// This index (made for `old`) made for `new`.
+    pub fn edited(&self, old: &Objects<K>, new: &Objects<K>) -> Self {
+        self.edit(old, new).unwrap_or_else(|| Named::of(new))
+    }
+
+    fn edit(&self, old: &Objects<K>, new: &Objects<K>) -> Option<Self> {
+        if self.twice {
+            return None;
+        }
+        let mut next = self.clone();
+        for change in Objects::changes(old, new) {
+            let (a, b) = match change {
+                (None, None) => return None,
+                (a, b) => (a, b),
+            };
+            if let Some((ns, name)) = a.and_then(|a| named_key(&**a)) {
+                let names = next.by.get_mut(&ns)?;
+                names.remove(&name)?;
+                if names.is_empty() {
+                    next.by.remove(&ns);
+                }
+            }
+            if let Some(((ns, name), b)) = b.and_then(|b| Some((named_key(&**b)?, b))) {
+                next.by.entry(ns).or_default().insert(name, b.clone()).is_none().then_some(())?;
+            }
+        }
+        Some(next)
+    }
+
+    pub fn get(&self, ns: &str, name: &str) -> Option<&K> {
+        self.by.get(ns)?.get(name).map(|o| &**o)
+    }
+
+    /// Namespace `ns`, as the index holds it, with its objects by name.
+    pub fn namespace(&self, ns: &str) -> Option<(&String, &Shared<String, Arc<K>>)> {
+        self.by.get_key_value(ns)
+    }
+
+    /// Every object, by namespace and name.
+    pub fn iter(&self) -> impl Iterator<Item = &K> {
+        self.by.values().flat_map(|names| names.values()).map(|o| &**o)
+    }
+}
+
+fn named_key<K: kube::Resource>(o: &K) -> Option<(String, String)> {
+    Some((o.meta().namespace.clone()?, o.meta().name.clone()?))
+}
+
+/// What the views of successive computes share: the indexes kept from one to the next.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Indexes {
+    pub services: Services,
+    pub pods: Named<Pod>,
+}
+
+impl Indexes {
+    pub fn of(cluster: &Cluster) -> Indexes {
+        Indexes { services: Services::of(cluster), pods: Named::of(&cluster.pods) }
+    }
+
+    /// These (made for `old`) made for `new`.
+    pub fn edited(&self, old: &Cluster, new: &Cluster) -> Indexes {
+        Indexes { services: self.services.edited(old, new), pods: self.pods.edited(&old.pods, &new.pods) }
     }
 }
 
@@ -208,13 +288,95 @@ pub fn longest_prefix(routes: &[(Ipv4Net, String)], addr: Ipv4Addr) -> Option<&s
     best.map(|(_, dev)| dev)
 }
 
-pub struct View<'a> {
-    pub nodes: BTreeMap<String, KnownNode>,
-    pub namespaces: BTreeMap<&'a str, &'a Namespace>,
-    pub services: BTreeMap<(&'a str, &'a str), &'a Service>,
-    /// Slices by (namespace, service name), in name order, of every address type: readers
+/// Services and their EndpointSlices by namespace and name: made once, then kept from one
+/// compute to the next and edited by the objects that changed ([`Services::edited`]), so a
+/// change costs what it touched.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Services {
+    services: Named<Service>,
+    /// Slices by namespace and service name, in name order, of every address type: readers
     /// pick theirs by `addressType` (IPv4 for the endpoint, IPv6 for its IPv6 twin).
-    pub slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    slices: Shared<(String, String), Vec<Arc<EndpointSlice>>>,
+    /// Two objects share a name (a folder's): which one counts follows the cluster's order,
+    /// so these are made anew for every change.
+    twice: bool,
+}
+
+impl Services {
+    /// Every Service and EndpointSlice of `cluster` (of two Services with one name, the later).
+    pub fn of(cluster: &Cluster) -> Services {
+        let (services, mut twice) = (Named::of(&cluster.services), false);
+        let mut slices: BTreeMap<(String, String), Vec<Arc<EndpointSlice>>> = BTreeMap::new();
+        for slice in cluster.endpoint_slices.arcs() {
+            if let Some(key) = slice_key(slice) {
+                slices.entry(key).or_default().push(slice.clone());
+            }
+        }
+        for list in slices.values_mut() {
+            list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            twice |= list.windows(2).any(|w| w[0].metadata.name == w[1].metadata.name);
+        }
+        Services { services, slices: slices.into_iter().collect(), twice }
+    }
+
+    /// These (made for `old`) made for `new`, by the Services and slices that changed; made
+    /// anew where two slices share a name.
+    pub fn edited(&self, old: &Cluster, new: &Cluster) -> Services {
+        self.edit(old, new).unwrap_or_else(|| Services::of(new))
+    }
+
+    fn edit(&self, old: &Cluster, new: &Cluster) -> Option<Services> {
+        if self.twice {
+            return None;
+        }
+        let mut next = self.clone();
+        next.services = self.services.edited(&old.services, &new.services);
+        for change in Objects::changes(&old.endpoint_slices, &new.endpoint_slices) {
+            let (a, b) = match change {
+                (None, None) => return None,
+                (a, b) => (a, b),
+            };
+            if let Some((key, a)) = a.and_then(|a| Some((slice_key(a)?, a))) {
+                let list = next.slices.get_mut(&key)?;
+                let at = list.iter().position(|s| s.metadata.name == a.metadata.name)?;
+                list.remove(at);
+                if list.is_empty() {
+                    next.slices.remove(&key);
+                }
+            }
+            if let Some((key, b)) = b.and_then(|b| Some((slice_key(b)?, b))) {
+                let list = next.slices.entry(key).or_default();
+                // Of two slices with one name, the order is the cluster's: made anew.
+                let at = match list.binary_search_by(|s| s.metadata.name.cmp(&b.metadata.name)) {
+                    Ok(_) => return None,
+                    Err(at) => at,
+                };
+                list.insert(at, b.clone());
+            }
+        }
+        Some(next)
+    }
+
+    /// The Service `ns/name`.
+    pub fn service(&self, ns: &str, name: &str) -> Option<&Service> {
+        self.services.get(ns, name)
+    }
+
+    /// The slices of Service `ns/name`, in name order.
+    pub fn slices(&self, ns: &str, name: &str) -> &[Arc<EndpointSlice>] {
+        self.slices.get(&(ns.to_string(), name.to_string())).map(Vec::as_slice).unwrap_or_default()
+    }
+}
+
+fn slice_key(s: &EndpointSlice) -> Option<(String, String)> {
+    let svc = s.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some((s.metadata.namespace.clone()?, svc.clone()))
+}
+
+pub struct View<'a> {
+    pub nodes: Arc<BTreeMap<String, KnownNode>>,
+    pub namespaces: BTreeMap<&'a str, &'a Namespace>,
+    pub services: &'a Services,
     pub classes: BTreeMap<String, &'a PortMapClass>,
     /// What vouches for an endpoint (docs/portmap/modes.md, "Which endpoints are believed"),
     /// read on demand: a change places the mappings of a few namespaces.
@@ -227,44 +389,27 @@ pub struct View<'a> {
 }
 
 impl<'a> View<'a> {
-    pub fn new(cluster: &'a Cluster) -> Self {
-        View::with_nodes(cluster, known_nodes(cluster))
+    pub fn new(cluster: &'a Cluster, indexes: &'a Indexes) -> Self {
+        View::with_nodes(cluster, Arc::new(known_nodes(cluster)), indexes)
     }
 
     /// The view of `cluster` whose nodes ([`known_nodes`]) were made already.
-    pub fn with_nodes(cluster: &'a Cluster, nodes: BTreeMap<String, KnownNode>) -> Self {
+    pub fn with_nodes(cluster: &'a Cluster, nodes: Arc<BTreeMap<String, KnownNode>>, indexes: &'a Indexes) -> Self {
         // Keys borrowed from the cluster: a compute reads every object, so no copy per object.
         let namespaces = cluster.namespaces.iter().filter_map(|n| Some((n.metadata.name.as_deref()?, n))).collect();
-        let services = cluster
-            .services
-            .iter()
-            .filter_map(|s| Some(((s.metadata.namespace.as_deref()?, s.metadata.name.as_deref()?), s)))
-            .collect();
-        let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
-        for slice in &cluster.endpoint_slices {
-            let (Some(ns), Some(svc)) = (
-                slice.metadata.namespace.as_deref(),
-                slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL)),
-            ) else {
-                continue;
-            };
-            slices.entry((ns, svc.as_str())).or_default().push(slice);
-        }
-        for list in slices.values_mut() {
-            list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        }
         let classes = cluster.classes.iter().filter_map(|c| Some((c.metadata.name.clone()?, c))).collect();
         // A node's reported ports bound only that node's mappings (portmap::admission).
         let vxlan_ports = cluster.classes.iter().map(|c| c.spec.return_path.vxlan.port).collect();
-        let pods = Pods { all: cluster.pods.arcs(), ..Pods::default() };
-        View { nodes, namespaces, services, slices, classes, pods, vxlan_ports, wireguard_port: None }
+        let pods = Pods { named: &indexes.pods, known: RefCell::default(), addresses: OnceCell::new() };
+        let services = &indexes.services;
+        View { nodes, namespaces, services, classes, pods, vxlan_ports, wireguard_port: None }
     }
 
     /// Whether some Pod holds `address`: then it is never an external endpoint.
     pub fn is_pod_address(&self, address: &IpAddr) -> bool {
         self.pods
             .addresses
-            .get_or_init(|| self.pods.by_name().values().flat_map(|p| p.ips.clone()).collect())
+            .get_or_init(|| self.pods.named.iter().flat_map(|p| KnownPod::of(p).ips).collect())
             .contains(address)
     }
 
@@ -451,6 +596,75 @@ pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each change, edited into the indexes of the cluster before, gives the indexes made anew:
+    /// Services, slices and Pods that come, go, move to another Service, name or namespace, and
+    /// two of one name.
+    #[test]
+    fn indexes_edited_equal_indexes_made_anew() {
+        use crate::compute::testkit::World;
+        fn label(s: &mut EndpointSlice, to: &str) {
+            s.metadata.labels.get_or_insert_default().insert(SERVICE_NAME_LABEL.into(), to.into());
+        }
+        let eps = |ip: &'static str| [("p-0", "n1", ip, true)];
+        let mut c = World::new()
+            .service("a", "web", "TCP", 80, &eps("10.0.0.1"))
+            .service("a", "db", "TCP", 5432, &[("p-1", "n1", "10.0.0.2", true)])
+            .service("b", "web", "TCP", 80, &eps("10.0.1.1"))
+            .cluster();
+        type Change = (&'static str, fn(&mut Cluster));
+        let changes: [Change; 15] = [
+            ("a Service goes", |c| c.services.retain(|s| s.metadata.name.as_deref() != Some("db"))),
+            ("a Service is renamed", |c| c.services[0].metadata.name = Some("www".into())),
+            ("a slice moves to another Service", |c| label(&mut c.endpoint_slices[0], "db")),
+            ("a second slice of one Service", |c| {
+                let mut s = c.endpoint_slices[1].clone();
+                s.metadata.name = Some("db-y".into());
+                c.endpoint_slices.push(s);
+            }),
+            ("a slice is renamed, before the other", |c| c.endpoint_slices[3].metadata.name = Some("a-y".into())),
+            ("the lists are reordered", |c| {
+                let s = c.endpoint_slices.remove(0);
+                c.endpoint_slices.push(s);
+                let p = c.pods.remove(0);
+                c.pods.push(p);
+            }),
+            ("a Pod moves to another namespace", |c| c.pods[0].metadata.namespace = Some("c".into())),
+            ("a Pod is renamed", |c| c.pods[1].metadata.name = Some("p-9".into())),
+            ("two Services of one name", |c| {
+                let s = c.services[0].clone();
+                c.services.push(s);
+            }),
+            ("one of them goes", |c| {
+                c.services.remove(0);
+            }),
+            ("two slices of one name", |c| {
+                let s = c.endpoint_slices[0].clone();
+                c.endpoint_slices.push(s);
+            }),
+            ("one of them goes", |c| {
+                c.endpoint_slices.pop();
+            }),
+            ("two Pods of one name", |c| {
+                let p = c.pods[0].clone();
+                c.pods.push(p);
+            }),
+            ("one of them goes", |c| {
+                c.pods.pop();
+            }),
+            ("a slice and a Pod go", |c| {
+                c.endpoint_slices.remove(0);
+                c.pods.remove(0);
+            }),
+        ];
+        let mut indexes = Indexes::of(&c);
+        for (what, change) in changes {
+            let before = c.clone();
+            change(&mut c);
+            indexes = indexes.edited(&before, &c);
+            assert_eq!(indexes, Indexes::of(&c), "{what}");
+        }
+    }
 
     fn routes(list: &[(&str, &str)]) -> Vec<(Ipv4Net, String)> {
         list.iter().map(|(d, v)| (d.parse().expect("prefix"), (*v).to_string())).collect()

@@ -97,6 +97,60 @@ impl<'a, K: Clone> IntoIterator for &'a mut Objects<K> {
     }
 }
 
+/// One object that changed between two lists ([`Objects::changes`]): before and after, either
+/// None for an object added or removed; both None where two objects share a name.
+pub type Change<'a, K> = (Option<&'a Arc<K>>, Option<&'a Arc<K>>);
+
+impl<K: kube::Resource + PartialEq> Objects<K> {
+    /// The objects that differ between `old` and `new` (by namespace and name, in any order).
+    /// An object the watch cache did not replace is the same allocation, so an unchanged list
+    /// costs a pointer per object. Two objects with one name (a folder's) are compared as lists,
+    /// and a difference is one change of neither.
+    pub fn changes<'a>(old: &'a Objects<K>, new: &'a Objects<K>) -> Vec<Change<'a, K>> {
+        type Key<'a> = (Option<&'a str>, Option<&'a str>);
+        fn key<K: kube::Resource>(o: &K) -> Key<'_> {
+            (o.meta().namespace.as_deref(), o.meta().name.as_deref())
+        }
+        let mut changed = Vec::new();
+        if old.len() == new.len() {
+            let mut aligned = true;
+            for (a, b) in old.arcs().iter().zip(new.arcs()) {
+                if Arc::ptr_eq(a, b) {
+                    continue;
+                }
+                if key(&**a) != key(&**b) {
+                    aligned = false;
+                    break;
+                }
+                if a != b {
+                    changed.push((Some(a), Some(b)));
+                }
+            }
+            if aligned {
+                return changed;
+            }
+            changed.clear();
+        }
+        let mut before: std::collections::HashMap<Key<'a>, &'a Arc<K>> =
+            std::collections::HashMap::with_capacity(old.len());
+        let mut twice = false;
+        for a in old.arcs() {
+            twice |= before.insert(key(&**a), a).is_some();
+        }
+        for b in new.arcs() {
+            match before.remove(&key(&**b)) {
+                Some(a) if Arc::ptr_eq(a, b) || a == b => {}
+                a => changed.push((a, Some(b))),
+            }
+        }
+        changed.extend(before.into_values().map(|a| (Some(a), None)));
+        if twice && changed.is_empty() && old.iter().ne(new.iter()) {
+            changed.push((None, None));
+        }
+        changed
+    }
+}
+
 impl<K> From<Vec<Arc<K>>> for Objects<K> {
     fn from(v: Vec<Arc<K>>) -> Self {
         Objects(Arc::new(v))

@@ -49,7 +49,7 @@ impl Owners {
     /// The mappings every node publishes, from their computed statuses.
     pub fn new<'a>(
         port_maps: impl IntoIterator<Item = &'a PortMap>,
-        statuses: &BTreeMap<MapKey, PortMapStatus>,
+        statuses: &crate::compute::Shared<MapKey, PortMapStatus>,
     ) -> Self {
         let mut owners: HashMap<String, ByInterface> = HashMap::new();
         for pm in port_maps {

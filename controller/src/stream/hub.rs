@@ -256,7 +256,7 @@ struct Inner {
     /// The statuses the last compute decided, fed back as the objects' stored status (slots
     /// and condition times survive recomputes, as they would through the API server).
     class_status: Arc<BTreeMap<String, PortMapClassStatus>>,
-    port_map_status: Arc<BTreeMap<MapKey, PortMapStatus>>,
+    port_map_status: crate::compute::Shared<MapKey, PortMapStatus>,
     outputs: Arc<Outputs>,
     term: u64,
     sequence: u64,

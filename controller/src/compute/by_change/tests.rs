@@ -170,6 +170,10 @@ enum Step {
     /// and web-late; 2, the oldest on UDP 27050, which it takes from games/game (another
     /// namespace).
     Extra(u8),
+    /// What ties web's mappings to their endpoints moves: 0, web's IPv6 slice is relabelled to
+    /// another Service or back; 1, the Service web is renamed or back; 2, web's IPv4 slice is
+    /// made again at the end of the list (the lists no longer align).
+    Service(u8),
     /// The web namespace loses or regains the label the class pair selects.
     Publish,
     /// Another writer moves back the time of the first condition of web/web's status (if
@@ -231,6 +235,7 @@ fn single() -> impl Strategy<Value = Step> {
         Just(Step::Selector),
         Just(Step::PortMap),
         (0u8..3).prop_map(Step::Extra),
+        (0u8..3).prop_map(Step::Service),
         any::<bool>().prop_map(Step::Remade),
         Just(Step::Publish),
         any::<bool>().prop_map(Step::Scribble),
@@ -353,6 +358,26 @@ fn apply(c: &mut Cluster, step: &Step, computer: &mut Computer, settings: &Setti
             if c.port_maps.len() == before {
                 let added = World::new().port_map("web", name, "public", proto, port, None, "web", age);
                 c.port_maps.extend(added.c.port_maps.iter().cloned());
+            }
+        }
+        Step::Service(0) => {
+            if let Some(s) = named(&mut c.endpoint_slices, Some("web"), "v6") {
+                let labels = s.metadata.labels.get_or_insert_default();
+                let svc = labels.entry(crate::observe::index::SERVICE_NAME_LABEL.into()).or_default();
+                *svc = if svc == "web" { "elsewhere".into() } else { "web".into() };
+            }
+        }
+        Step::Service(1) => {
+            let svc = c.services.iter_mut().find(|s| s.metadata.namespace.as_deref() == Some("web"));
+            if let Some(name) = svc.and_then(|s| s.metadata.name.as_mut()) {
+                *name = if name == "web" { "web-old".into() } else { "web".into() };
+            }
+        }
+        Step::Service(_) => {
+            let at = c.endpoint_slices.iter().position(|s| s.metadata.name.as_deref() == Some("web-x"));
+            if let Some(at) = at {
+                let slice = c.endpoint_slices.remove(at);
+                c.endpoint_slices.push(slice);
             }
         }
         Step::Publish => {
@@ -554,9 +579,13 @@ fn settled(mut c: Cluster, settings: &Settings) -> (Cluster, Computer) {
 
 /// The outputs with the times statuses carry cleared: when a change was seen.
 fn without_times(out: &mut Outputs) {
-    for st in Arc::make_mut(&mut out.port_maps).values_mut() {
-        st.conditions.iter_mut().for_each(|c| c.last_transition_time = Time(Timestamp::UNIX_EPOCH));
-    }
+    out.port_maps = std::mem::take(&mut out.port_maps)
+        .into_iter()
+        .map(|(k, mut st)| {
+            st.conditions.iter_mut().for_each(|c| c.last_transition_time = Time(Timestamp::UNIX_EPOCH));
+            (k, st)
+        })
+        .collect();
     for st in Arc::make_mut(&mut out.classes).values_mut() {
         st.conditions.iter_mut().for_each(|c| c.last_transition_time = Time(Timestamp::UNIX_EPOCH));
         st.links.iter_mut().for_each(|l| l.unused_since = l.unused_since.as_ref().map(|_| Time(Timestamp::UNIX_EPOCH)));

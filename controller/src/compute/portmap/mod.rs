@@ -38,7 +38,7 @@ use status::{Refusal, reason};
 
 use super::conditions::condition;
 use super::numbers::Numbers;
-use super::{ObjectKey, Outputs, Tracked};
+use super::{ObjectKey, Outputs, Shared, Tracked};
 use crate::api::{
     ClassNodeStatus, EndpointStatus, InterfaceAddress, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus,
     Protocol, PublishedAddress, ReturnPathMode,
@@ -61,7 +61,7 @@ pub fn compute<'a>(
 ) -> Built {
     let now = cluster.now;
     // Rendering reads a node's addresses, a link end its node's underlay and MTU.
-    let since = since.filter(|s| s.built.nodes == view.nodes);
+    let since = since.filter(|s| s.built.saw_same(&view.nodes));
     let vxlan: ClassVxlans = view.classes.iter().map(|(n, c)| (n.clone(), links::class_vxlan(c, view))).collect();
     if let Some(built) = since.as_ref().and_then(|s| patch::patch(view, cluster, s, &vxlan, out)) {
         return built;
@@ -92,9 +92,9 @@ pub fn compute<'a>(
         (verdicts, Arc::new(owned))
     });
     let mut port_maps = Vec::with_capacity(admitted.len());
-    let mut every_pod = BTreeSet::new();
+    let mut every_pod = imbl::OrdSet::new();
     // How many placements answer from each pod port, cleared or not, for the next compute.
-    let mut pod_ports: HashMap<PodPort, u32> = HashMap::new();
+    let mut pod_ports: Shared<PodPort, u32> = Shared::new();
     for (key, pm, admitted) in admitted {
         port_maps.push(pm);
         let (mut judged, mut linked) = (None, None);
@@ -138,21 +138,20 @@ pub fn compute<'a>(
     }
     // Counted, sorted and built at once: most links serve many mappings.
     needed.sort_unstable();
-    let mut users: BTreeMap<LinkKey, u32> = BTreeMap::new();
+    let mut counted: Vec<(LinkKey, u32)> = Vec::new();
     for key in needed {
-        match users.last_entry().filter(|e| *e.key() == key) {
-            Some(mut e) => *e.get_mut() += 1,
-            None => {
-                users.insert(key, 1);
-            }
+        match counted.last_mut().filter(|(k, _)| *k == key) {
+            Some((_, n)) => *n += 1,
+            None => counted.push((key, 1)),
         }
     }
-    let wanted: BTreeSet<LinkKey> = users.keys().cloned().collect();
+    let wanted: BTreeSet<LinkKey> = counted.iter().map(|(k, _)| k.clone()).collect();
+    let users: Shared<LinkKey, u32> = counted.into_iter().collect();
     let alloc = Arc::new(links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &wanted, now, numbers));
 
     // 4: build the nodes, refusing mappings whose links cannot be built.
     let mut ends_made = HashMap::new();
-    let mut digests: BTreeMap<String, Digest> = seeded(view).map(|n| (n.clone(), Digest::default())).collect();
+    let mut digests: Shared<String, Digest> = seeded(view).map(|n| (n.clone(), Digest::default())).collect();
     let mut built = Vec::with_capacity(verdicts.len());
     for (((key, verdict), (judged, before)), pm) in verdicts.into_iter().zip(judged_and_linked).zip(&port_maps) {
         let cleared = verdict.is_ok();
@@ -189,7 +188,7 @@ pub fn compute<'a>(
         }
     }
 
-    let (mut kept_now, mut statuses_anew) = (HashMap::with_capacity(built.len()), 0);
+    let (mut kept_now, mut statuses_anew) = (imbl::HashMap::new(), 0);
     // Gathered in age order, each map then built at once ([`fill`]).
     let (mut programming, mut tracked, mut statuses) = (Vec::new(), Vec::new(), Vec::with_capacity(built.len()));
     for ((key, judged, cleared, verdict), pm) in built.into_iter().zip(port_maps) {
@@ -223,7 +222,7 @@ pub fn compute<'a>(
         placed: placed_anew,
         statuses_made: statuses_anew,
         rendered,
-        nodes: BTreeMap::new(),
+        nodes: Arc::default(),
     }
 }
 
@@ -514,11 +513,11 @@ pub struct Built {
     /// Every node's host namespace as the port maps need it (empty for a node without any).
     pub hosts: BTreeMap<String, Arc<NetnsState>>,
     /// Each node's digest of what every mapping gave it: the same digest, the same namespace.
-    digests: BTreeMap<String, Digest>,
+    digests: Shared<String, Digest>,
     /// Every link end made, by link and end: the node's view and the link's numbers make it.
     ends: Arc<EndsMade>,
     /// What each mapping was placed, linked and given its status from, for the next compute.
-    kept: HashMap<MapKey, Kept>,
+    kept: imbl::HashMap<MapKey, Kept>,
     made: Made,
     across: Across,
     /// How many admitted mappings this compute placed; it took the others' from `since`.
@@ -529,18 +528,23 @@ pub struct Built {
     pub rendered: usize,
     /// The nodes as the compute saw them (`view.nodes`): the next takes what this one built
     /// only if it sees them the same.
-    nodes: BTreeMap<String, KnownNode>,
+    nodes: Arc<BTreeMap<String, KnownNode>>,
 }
 
 impl Built {
     /// Keeps the nodes the compute saw, given up by its view.
-    pub fn saw(&mut self, nodes: BTreeMap<String, KnownNode>) {
+    pub fn saw(&mut self, nodes: Arc<BTreeMap<String, KnownNode>>) {
         self.nodes = nodes;
     }
 
     /// Whether the compute saw `nodes` as they are.
-    pub fn saw_same(&self, nodes: &BTreeMap<String, KnownNode>) -> bool {
-        self.nodes == *nodes
+    pub fn saw_same(&self, nodes: &Arc<BTreeMap<String, KnownNode>>) -> bool {
+        Arc::ptr_eq(&self.nodes, nodes) || self.nodes == *nodes
+    }
+
+    /// The nodes the compute saw.
+    pub fn nodes(&self) -> Arc<BTreeMap<String, KnownNode>> {
+        self.nodes.clone()
     }
 }
 
@@ -548,9 +552,9 @@ impl Built {
 /// with the entries of the mappings a change reached replaced ([`patch`]).
 #[derive(Default)]
 struct Made {
-    statuses: Arc<BTreeMap<MapKey, PortMapStatus>>,
-    programming: Arc<BTreeMap<MapKey, Vec<String>>>,
-    tracked: Arc<BTreeMap<ObjectKey, Tracked>>,
+    statuses: Shared<MapKey, PortMapStatus>,
+    programming: Shared<MapKey, Vec<String>>,
+    tracked: Shared<ObjectKey, Tracked>,
     classes: Arc<BTreeMap<String, PortMapClassStatus>>,
 }
 
@@ -570,11 +574,11 @@ impl Made {
 struct Across {
     /// The link allocation, and how many cleared mappings need each link.
     alloc: Arc<links::Allocation>,
-    users: BTreeMap<LinkKey, u32>,
+    users: Shared<LinkKey, u32>,
     /// How many placements answer from each pod port (before the one-way-return check).
-    pod_ports: HashMap<PodPort, u32>,
+    pod_ports: Shared<PodPort, u32>,
     /// The mappings whose placement read every Pod ([`Judged::reads_every_pod`]).
-    every_pod: BTreeSet<MapKey>,
+    every_pod: imbl::OrdSet<MapKey>,
 }
 
 /// A node's digest of the mappings that give it something: the sum of their
@@ -609,15 +613,9 @@ fn contribution(pm: &PortMap, fingerprint: u64, route: &RouteTo) -> u64 {
     KEY.get_or_init(std::hash::RandomState::new).hash_one((age, fingerprint, device(route)))
 }
 
-/// Adds `entries` to `map`, built at once from them when it is empty (as it is for every
-/// compute): collected, a map is sorted and built in one pass; inserted one by one, it is
-/// searched for each.
-fn fill<K: Ord + Clone, V: Clone>(map: &mut Arc<BTreeMap<K, V>>, entries: Vec<(K, V)>) {
-    if map.is_empty() {
-        *map = Arc::new(entries.into_iter().collect());
-    } else {
-        Arc::make_mut(map).extend(entries);
-    }
+/// Adds `entries` to `map`.
+fn fill<K: Ord + Clone, V: Clone>(map: &mut Shared<K, V>, entries: Vec<(K, V)>) {
+    map.extend(entries);
 }
 
 /// The interfaces of `node` the port maps read: those any class names on it.

@@ -130,21 +130,23 @@ pub(super) fn patch<'a>(
     let mut pod_ports = last.across.pod_ports.clone();
     for (_, old) in olds() {
         if let Some((accepted, endpoint, _)) = old {
-            let n = pod_ports.get_mut(&(endpoint.address, accepted.protocol))?;
-            *n = n.checked_sub(1)?;
+            let at = (endpoint.address, accepted.protocol);
+            match pod_ports.get(&at)?.checked_sub(1)? {
+                0 => pod_ports.remove(&at),
+                n => pod_ports.insert(at, n),
+            };
         }
     }
     let held: Vec<PodPort> = olds()
         .filter_map(|(_, old)| old.as_ref().map(|(a, e, _)| (e.address, a.protocol)))
         .chain(placements.iter().filter_map(|p| p.as_ref().ok()).map(pod_port))
         .collect();
-    if held.iter().any(|k| pod_ports.get(k).is_some_and(|n| *n > 0)) {
+    if held.iter().any(|k| pod_ports.contains_key(k)) {
         return None;
     }
     for p in placements.iter().filter_map(|p| p.as_ref().ok()) {
         *pod_ports.entry(pod_port(p)).or_default() += 1;
     }
-    pod_ports.retain(|_, n| *n > 0);
     let mut by_pod: HashMap<PodPort, Vec<usize>> = HashMap::new();
     let mut checked: Vec<Result<Placement, Refusal>> = Vec::with_capacity(reached.len());
     for placed in placements {
@@ -207,7 +209,11 @@ pub(super) fn patch<'a>(
     }
     // A node that no mapping reaches and no class or Node names has no namespace.
     let seeds: BTreeSet<&String> = seeded(view).collect();
-    digests.retain(|n, d| d.mappings > 0 || seeds.contains(n));
+    let emptied: Vec<String> =
+        digests.iter().filter(|(n, d)| d.mappings == 0 && !seeds.contains(n)).map(|(n, _)| n.clone()).collect();
+    for n in &emptied {
+        digests.remove(n);
+    }
 
     // The nodes whose digest moved are rendered again, from every mapping that reaches them.
     let again: BTreeSet<String> =
@@ -242,40 +248,42 @@ pub(super) fn patch<'a>(
     // Their statuses and outputs replace the compute before's.
     let mut kept = last.kept.clone();
     let mut statuses_made = 0;
-    let (mut programming, mut tracked, mut statuses) = (None, None, None);
+    let (mut programming, mut tracked, mut statuses) =
+        (last.made.programming.clone(), last.made.tracked.clone(), last.made.statuses.clone());
     for (key, _, _) in &gone {
         kept.remove(*key);
-        let programming = programming.get_or_insert_with(|| BTreeMap::clone(&last.made.programming));
-        let tracked = tracked.get_or_insert_with(|| BTreeMap::clone(&last.made.tracked));
         programming.remove(*key);
         tracked.remove(&crate::compute::ObjectKey::port_map(&key.0, &key.1));
-        statuses.get_or_insert_with(|| BTreeMap::clone(&last.made.statuses)).remove(*key);
+        statuses.remove(*key);
     }
     for (at, judged, cleared, verdict) in built {
         let (key, pm, _) = &verdicts[at];
         let s = stated(view, pm, key, (judged, cleared), verdict, Some(last), now);
         statuses_made += usize::from(s.made);
-        let programming = programming.get_or_insert_with(|| BTreeMap::clone(&last.made.programming));
-        let tracked = tracked.get_or_insert_with(|| BTreeMap::clone(&last.made.tracked));
         let object = crate::compute::ObjectKey::port_map(&key.0, &key.1);
         match s.programmed {
             Some((nodes, t)) => {
-                programming.insert(key.clone(), nodes);
-                tracked.insert(object, t);
+                if programming.get(key) != Some(&nodes) {
+                    programming.insert(key.clone(), nodes);
+                }
+                if tracked.get(&object) != Some(&t) {
+                    tracked.insert(object, t);
+                }
             }
             None => {
                 programming.remove(key);
                 tracked.remove(&object);
             }
         }
-        if last.made.statuses.get(key) != Some(&s.status) {
-            statuses.get_or_insert_with(|| BTreeMap::clone(&last.made.statuses)).insert(key.clone(), s.status);
+        // An equal entry is left in place: its path stays shared with the compute before's.
+        if statuses.get(key) != Some(&s.status) {
+            statuses.insert(key.clone(), s.status);
         }
         kept.insert(key.clone(), s.kept);
     }
-    out.port_maps = statuses.map(Arc::new).unwrap_or_else(|| last.made.statuses.clone());
-    out.programming = programming.map(Arc::new).unwrap_or_else(|| last.made.programming.clone());
-    out.tracked = tracked.map(Arc::new).unwrap_or_else(|| last.made.tracked.clone());
+    out.port_maps = statuses;
+    out.programming = programming;
+    out.tracked = tracked;
     out.classes = last.made.classes.clone();
     // The ends taken from the compute before are there already.
     ends_made.retain(|at, (numbers, _)| last.ends.get(at).is_none_or(|(n, _)| n != numbers));
@@ -299,6 +307,6 @@ pub(super) fn patch<'a>(
         placed: placed_anew,
         statuses_made,
         rendered: again.len(),
-        nodes: BTreeMap::new(),
+        nodes: Arc::default(),
     })
 }

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -145,7 +146,7 @@ pub fn choose_endpoint(view: &View, a: &Admitted) -> Result<Endpoint, Refusal> {
     let (ns, _) = &a.key;
     let svc_ref = &a.pm.spec.service_ref;
     let no_endpoint = |m: String| Refusal::programmed(reason::NO_READY_ENDPOINT, m);
-    let Some(svc) = view.services.get(&(ns.as_str(), svc_ref.name.as_str())) else {
+    let Some(svc) = view.services.service(ns, &svc_ref.name) else {
         return Err(no_endpoint(format!("spec.serviceRef.name: Service {ns}/{} does not exist", svc_ref.name)));
     };
     let ports = svc.spec.as_ref().and_then(|s| s.ports.clone()).unwrap_or_default();
@@ -170,7 +171,7 @@ pub fn choose_endpoint(view: &View, a: &Admitted) -> Result<Endpoint, Refusal> {
         )));
     }
     let port_name = svc_port.name.clone().unwrap_or_default();
-    let slices = view.slices.get(&(ns.as_str(), svc_ref.name.as_str())).map(Vec::as_slice).unwrap_or_default();
+    let slices = view.services.slices(ns, &svc_ref.name);
     let mut candidates = Vec::new();
     // Why endpoints were passed over: not vouched for, and on no Ready Node.
     let (mut unvouched, mut not_ready) = (Vec::new(), Vec::new());
@@ -264,7 +265,7 @@ fn vouch(
 /// port's number (never 0): the one readiness rule both families follow (an endpoint without
 /// a ready condition counts as ready, as Kubernetes says).
 fn ready_endpoints<'s>(
-    slices: &'s [&'s EndpointSlice],
+    slices: &'s [Arc<EndpointSlice>],
     address_type: &'s str,
     port_name: &'s str,
     protocol: Protocol,
@@ -297,7 +298,7 @@ fn ready_endpoints<'s>(
 /// Service's), ready, serving the named port on the same number. None when any of that fails,
 /// and the mapping stays IPv4 only.
 pub fn address6_of(
-    slices: &[&EndpointSlice],
+    slices: &[Arc<EndpointSlice>],
     ns: &str,
     target: &ObjectReference,
     port_name: &str,

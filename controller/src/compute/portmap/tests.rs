@@ -851,7 +851,8 @@ fn slot_s_takes_the_127_at_subnet6_plus_2s_like_its_31() {
     // The numbers each end computes: the pair's first node takes the low address of both.
     let class = &w.c.classes[0];
     let cluster = w.cluster();
-    let view = crate::observe::index::View::new(&cluster);
+    let indexes = crate::observe::index::Indexes::of(&cluster);
+    let view = crate::observe::index::View::new(&cluster, &indexes);
     let v = links::class_vxlan(class, &view).expect("class is valid");
     assert_eq!(v.subnet6.to_string(), "fd64:f5ac:e961::/112");
     for slot in 1..=3u32 {
@@ -893,7 +894,8 @@ fn a_row_without_subnet6_takes_its_slots_127_and_keeps_it() {
 /// The chosen endpoint of mapping `m`, straight from placement.
 fn endpoint_of(w: &World) -> Option<placement::Endpoint> {
     let cluster = w.cluster();
-    let view = crate::observe::index::View::new(&cluster);
+    let indexes = crate::observe::index::Indexes::of(&cluster);
+    let view = crate::observe::index::View::new(&cluster, &indexes);
     admission::admit(&view, &cluster.port_maps)
         .0
         .into_iter()
