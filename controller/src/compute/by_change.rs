@@ -128,7 +128,7 @@ struct Last {
     states: BTreeMap<String, Arc<NodeState>>,
     /// The port maps' and the Intercepts' tracked objects, in one map.
     tracked: Shared<ObjectKey, Tracked>,
-    /// The Services and slices of `inputs`, indexed.
+    /// The Services, slices and Pods of `inputs`, indexed for the port maps' `View`.
     indexes: index::Indexes,
 }
 
@@ -296,7 +296,7 @@ impl Computer {
             Some(l) => l.indexes.edited(&l.inputs, cluster),
             None => index::Indexes::of(cluster),
         };
-        // Made once, and only when read: the port maps' view indexes every Pod.
+        // The nodes as the computation knows them: made once, and only when read.
         let mut known: Option<BTreeMap<String, KnownNode>> = None;
 
         // The mesh first: port maps' links between members ride on it.

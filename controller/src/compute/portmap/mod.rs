@@ -189,7 +189,7 @@ pub fn compute<'a>(
     }
 
     let (mut kept_now, mut statuses_anew) = (imbl::HashMap::new(), 0);
-    // Gathered in age order, each map then built at once ([`fill`]).
+    // Gathered in age order, each map then filled at once.
     let (mut programming, mut tracked, mut statuses) = (Vec::new(), Vec::new(), Vec::with_capacity(built.len()));
     for ((key, judged, cleared, verdict), pm) in built.into_iter().zip(port_maps) {
         let s = stated(view, pm, &key, (judged, cleared), verdict, last, now);
@@ -201,9 +201,9 @@ pub fn compute<'a>(
         statuses.push((key.clone(), s.status));
         kept_now.insert(key, s.kept);
     }
-    fill(&mut out.programming, programming);
-    fill(&mut out.tracked, tracked);
-    fill(&mut out.port_maps, statuses);
+    out.programming.extend(programming);
+    out.tracked.extend(tracked);
+    out.port_maps.extend(statuses);
     for (name, class) in &view.classes {
         let rows = alloc.rows.get(name).cloned().unwrap_or_default();
         Arc::make_mut(&mut out.classes)
@@ -532,7 +532,7 @@ pub struct Built {
 }
 
 impl Built {
-    /// Keeps the nodes the compute saw, given up by its view.
+    /// Keeps the nodes the compute saw, shared with its view.
     pub fn saw(&mut self, nodes: Arc<BTreeMap<String, KnownNode>>) {
         self.nodes = nodes;
     }
@@ -611,11 +611,6 @@ fn contribution(pm: &PortMap, fingerprint: u64, route: &RouteTo) -> u64 {
     let m = &pm.metadata;
     let age = (m.creation_timestamp.as_ref().map(|t| t.0), m.namespace.as_deref(), m.name.as_deref());
     KEY.get_or_init(std::hash::RandomState::new).hash_one((age, fingerprint, device(route)))
-}
-
-/// Adds `entries` to `map`.
-fn fill<K: Ord + Clone, V: Clone>(map: &mut Shared<K, V>, entries: Vec<(K, V)>) {
-    map.extend(entries);
 }
 
 /// The interfaces of `node` the port maps read: those any class names on it.
