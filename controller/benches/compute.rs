@@ -277,6 +277,13 @@ fn with_one_more(cluster: &Cluster) -> Cluster {
     c
 }
 
+/// The by-change line of `changed`: computed whole `reps` times, and by a Computer that
+/// computed `base` before.
+fn compared(what: &str, reps: usize, base: &Cluster, changed: &Cluster, settings: &Settings) -> String {
+    let whole = repeated(reps, || compute(changed, settings)).0;
+    by_change_row(what, median_min(whole), by_change(reps, base, changed, settings))
+}
+
 /// One line of the by-change table: the change, the whole compute's median / min, the
 /// Computer's, what it redid.
 fn by_change_row(
@@ -439,30 +446,15 @@ fn main() {
         // The status writer writes the change's statuses back: a compute the hub makes next.
         let mut written = moved.clone();
         with_statuses(&mut written, &after);
-        let whole = repeated(reps, || compute(&written, &settings)).0;
-        by_change_rows.push(by_change_row(
-            &format!("{size}: its statuses written back"),
-            median_min(whole),
-            by_change(reps, &moved, &written, &settings),
-        ));
+        by_change_rows.push(compared(&format!("{size}: its statuses written back"), reps, &moved, &written, &settings));
         drop(written);
         drop(after);
         drop(moved);
 
         // A PortMap created, the youngest, over links the cluster has; then deleted.
         let created = with_one_more(&cluster);
-        let whole = repeated(reps, || compute(&created, &settings)).0;
-        by_change_rows.push(by_change_row(
-            &format!("{size}: a PortMap created"),
-            median_min(whole),
-            by_change(reps, &cluster, &created, &settings),
-        ));
-        let whole = repeated(reps, || compute(&cluster, &settings)).0;
-        by_change_rows.push(by_change_row(
-            &format!("{size}: that PortMap deleted"),
-            median_min(whole),
-            by_change(reps, &created, &cluster, &settings),
-        ));
+        by_change_rows.push(compared(&format!("{size}: a PortMap created"), reps, &cluster, &created, &settings));
+        by_change_rows.push(compared(&format!("{size}: that PortMap deleted"), reps, &created, &cluster, &settings));
         drop(created);
 
         // A standby endpoint (not the chosen one) of another mapping moves.

@@ -24,7 +24,7 @@ use super::intercept::pods::Decided;
 use super::{ObjectKey, Outputs, Settings, Shared, Tracked, merge, numbers, overlay, portmap};
 use crate::api::{PortMap, PortMapClass};
 use crate::observe::index::{self, KnownNode, View, same_for_port_maps};
-use crate::observe::{Cluster, KnownFacts, Objects};
+use crate::observe::{Change, Cluster, KnownFacts, Objects};
 
 /// What the last compute redid: which capabilities ran and how many node states were
 /// assembled anew (the others kept from the compute before).
@@ -167,12 +167,13 @@ struct Reads {
 
 impl Reads {
     /// `made`: the port maps' outputs from `old`, whose statuses a status writer writes back.
-    fn between(old: &Cluster, new: &Cluster, made: &Outputs) -> Reads {
+    /// `changed`: what the indexes read that changed between `old` and `new`.
+    fn between(old: &Cluster, new: &Cluster, made: &Outputs, changed: &index::Changed) -> Reads {
         let nodes = !diff(&old.nodes, &new.nodes).is_empty();
         let class_changes = diff(&old.classes, &new.classes);
         let classes = !class_changes.is_empty();
         let facts = !same_facts(&old.facts, &new.facts) || old.refused_facts != new.refused_facts;
-        let pods = diff(&old.pods, &new.pods);
+        let pods = refs(&changed.pods);
         let pod_changes: Vec<_> = pods
             .iter()
             .filter(|(a, b)| match (a, b) {
@@ -183,7 +184,7 @@ impl Reads {
             .collect();
         let pods_for_port_maps = !pod_changes.is_empty();
         let mesh = nodes || classes || facts || old.overlay_observed != new.overlay_observed;
-        let (services, slices) = (diff(&old.services, &new.services), diff(&old.endpoint_slices, &new.endpoint_slices));
+        let (services, slices) = (refs(&changed.services), refs(&changed.slices));
         let port_map_changes = diff(&old.port_maps, &new.port_maps);
         // A status written back changes no placement.
         let port_map_specs: Vec<_> = port_map_changes.iter().filter(|c| respecified(c)).copied().collect();
@@ -273,8 +274,10 @@ impl Computer {
             return super::torn_down(cluster);
         }
         let last = self.last.take();
-        let reads = match &last {
-            Some(l) => Reads::between(&l.inputs, cluster, &l.port_maps.out),
+        // Found once: both the reads and the indexes follow them.
+        let changed = last.as_ref().map(|l| index::Changed::between(&l.inputs, cluster));
+        let reads = match last.as_ref().zip(changed.as_ref()) {
+            Some((l, changed)) => Reads::between(&l.inputs, cluster, &l.port_maps.out, changed),
             None => Reads {
                 mesh: true,
                 members: true,
@@ -292,8 +295,8 @@ impl Computer {
             },
         };
         let now = cluster.now;
-        let indexes = match &last {
-            Some(l) => l.indexes.edited(&l.inputs, cluster),
+        let indexes = match last.as_ref().zip(changed.as_ref()) {
+            Some((l, changed)) => l.indexes.edited(cluster, changed),
             None => index::Indexes::of(cluster),
         };
         // The nodes as the computation knows them: made once, and only when read.
@@ -647,5 +650,9 @@ fn namespaces_of<'a, K: Resource>(
 
 /// The objects that differ between `old` and `new` ([`Objects::changes`]), by reference.
 fn diff<'a, K: Resource + PartialEq>(old: &'a Objects<K>, new: &'a Objects<K>) -> Vec<(Option<&'a K>, Option<&'a K>)> {
-    Objects::changes(old, new).into_iter().map(|(a, b)| (a.map(|a| &**a), b.map(|b| &**b))).collect()
+    refs(&Objects::changes(old, new))
+}
+
+fn refs<'a, K>(changes: &[Change<'a, K>]) -> Vec<(Option<&'a K>, Option<&'a K>)> {
+    changes.iter().map(|(a, b)| (a.map(|a| &**a), b.map(|b| &**b))).collect()
 }

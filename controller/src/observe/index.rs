@@ -14,7 +14,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::facts::{self, Refused};
-use super::{Cluster, KnownFacts, Objects};
+use super::{Change, Cluster, KnownFacts, Objects};
 use crate::api::{PortMapClass, PortMapClassStatus};
 use crate::compute::Shared;
 
@@ -204,18 +204,19 @@ impl<K: kube::Resource + PartialEq> Named<K> {
         named
     }
 
-    /// This index (made for `old`) made for `new`.
-    pub fn edited(&self, old: &Objects<K>, new: &Objects<K>) -> Self {
-        self.edit(old, new).unwrap_or_else(|| Named::of(new))
+    /// This index, made for the objects before `changes` ([`Objects::changes`]), made for
+    /// `new`, the objects after.
+    pub fn edited(&self, new: &Objects<K>, changes: &[Change<K>]) -> Self {
+        self.edit(changes).unwrap_or_else(|| Named::of(new))
     }
 
-    fn edit(&self, old: &Objects<K>, new: &Objects<K>) -> Option<Self> {
+    fn edit(&self, changes: &[Change<K>]) -> Option<Self> {
         if self.twice {
             return None;
         }
         let mut next = self.clone();
-        for change in Objects::changes(old, new) {
-            let (a, b) = match change {
+        for change in changes {
+            let (a, b) = match *change {
                 (None, None) => return None,
                 (a, b) => (a, b),
             };
@@ -252,6 +253,23 @@ fn named_key<K: kube::Resource>(o: &K) -> Option<(String, String)> {
     Some((o.meta().namespace.clone()?, o.meta().name.clone()?))
 }
 
+/// The objects the indexes read that changed between two inputs ([`Objects::changes`]).
+pub struct Changed<'a> {
+    pub services: Vec<Change<'a, Service>>,
+    pub slices: Vec<Change<'a, EndpointSlice>>,
+    pub pods: Vec<Change<'a, Pod>>,
+}
+
+impl<'a> Changed<'a> {
+    pub fn between(old: &'a Cluster, new: &'a Cluster) -> Changed<'a> {
+        Changed {
+            services: Objects::changes(&old.services, &new.services),
+            slices: Objects::changes(&old.endpoint_slices, &new.endpoint_slices),
+            pods: Objects::changes(&old.pods, &new.pods),
+        }
+    }
+}
+
 /// What the views of successive computes share: the indexes kept from one to the next.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Indexes {
@@ -264,9 +282,9 @@ impl Indexes {
         Indexes { services: Services::of(cluster), pods: Named::of(&cluster.pods) }
     }
 
-    /// These (made for `old`) made for `new`.
-    pub fn edited(&self, old: &Cluster, new: &Cluster) -> Indexes {
-        Indexes { services: self.services.edited(old, new), pods: self.pods.edited(&old.pods, &new.pods) }
+    /// These, made for the inputs before `changed`, made for `new`.
+    pub fn edited(&self, new: &Cluster, changed: &Changed) -> Indexes {
+        Indexes { services: self.services.edited(new, changed), pods: self.pods.edited(&new.pods, &changed.pods) }
     }
 }
 
@@ -297,8 +315,8 @@ pub struct Services {
     /// Slices by namespace and service name, in name order, of every address type: readers
     /// pick theirs by `addressType` (IPv4 for the endpoint, IPv6 for its IPv6 twin).
     slices: Shared<(String, String), Vec<Arc<EndpointSlice>>>,
-    /// Two objects share a name (a folder's): which one counts follows the cluster's order,
-    /// so these are made anew for every change.
+    /// Two slices of one Service share a name (a folder's): their order is the cluster's, so
+    /// these are made anew for every change.
     twice: bool,
 }
 
@@ -319,20 +337,20 @@ impl Services {
         Services { services, slices: slices.into_iter().collect(), twice }
     }
 
-    /// These (made for `old`) made for `new`, by the Services and slices that changed; made
-    /// anew where two slices share a name.
-    pub fn edited(&self, old: &Cluster, new: &Cluster) -> Services {
-        self.edit(old, new).unwrap_or_else(|| Services::of(new))
+    /// These, made for the inputs before `changed`, made for `new`; made anew where two slices
+    /// share a name.
+    pub fn edited(&self, new: &Cluster, changed: &Changed) -> Services {
+        self.edit(new, changed).unwrap_or_else(|| Services::of(new))
     }
 
-    fn edit(&self, old: &Cluster, new: &Cluster) -> Option<Services> {
+    fn edit(&self, new: &Cluster, changed: &Changed) -> Option<Services> {
         if self.twice {
             return None;
         }
         let mut next = self.clone();
-        next.services = self.services.edited(&old.services, &new.services);
-        for change in Objects::changes(&old.endpoint_slices, &new.endpoint_slices) {
-            let (a, b) = match change {
+        next.services = self.services.edited(&new.services, &changed.services);
+        for change in &changed.slices {
+            let (a, b) = match *change {
                 (None, None) => return None,
                 (a, b) => (a, b),
             };
@@ -661,7 +679,7 @@ mod tests {
         for (what, change) in changes {
             let before = c.clone();
             change(&mut c);
-            indexes = indexes.edited(&before, &c);
+            indexes = indexes.edited(&c, &Changed::between(&before, &c));
             assert_eq!(indexes, Indexes::of(&c), "{what}");
         }
     }
