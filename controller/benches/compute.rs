@@ -18,8 +18,8 @@
 //! - one-endpoint change: the chosen pod of one mapping moves to another node, full recompute,
 //!   and how many node states changed (by `kuport_proto::version`);
 //! - by change: that move, its statuses written back, and a PortMap created (the youngest,
-//!   over links the cluster has) and deleted, each by a `Computer` that computed the cluster
-//!   before, beside the whole compute;
+//!   over links the cluster has; then one that needs links anew) and deleted, each by a
+//!   `Computer` that computed the cluster before, beside the whole compute;
 //! - peak memory (VmHWM, reset through /proc/self/clear_refs) per PortMap;
 //! - node state sizes (prost encoded_len): largest and sum.
 //!
@@ -246,12 +246,23 @@ fn by_change(
 }
 
 /// The cluster with a PortMap after the last: in team-000 and class public as pm-00000, its
-/// pods on the nodes of pm-00000's, so it rides links the cluster has.
-fn with_one_more(cluster: &Cluster) -> Cluster {
+/// pods on the nodes of pm-00000's, so it rides links the cluster has; or, `anew`, one pod on
+/// a node that no link of the class reaches, so it needs a link from each accepting node.
+fn with_one_more(cluster: &Cluster, anew: bool) -> Cluster {
     let mut c = cluster.clone();
     let slice = c.endpoint_slices.iter().find(|s| s.metadata.name.as_deref() == Some(slice_name("pm-00000").as_str()));
-    let nodes: Vec<String> =
+    let mut nodes: Vec<String> =
         slice.and_then(|s| s.endpoints.as_ref()).into_iter().flatten().filter_map(|e| e.node_name.clone()).collect();
+    let class = c.classes.iter().find(|k| k.metadata.name.as_deref() == Some(CLASSES[0].0));
+    if anew && let Some(class) = class {
+        let linked: BTreeSet<&String> = class.status.iter().flat_map(|s| &s.links).flat_map(|r| &r.pair).collect();
+        let unlinked = c
+            .nodes
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .find(|n| !linked.contains(n) && !class.spec.nodes.contains_key(n));
+        nodes = unlinked.into_iter().collect();
+    }
     let pods = nodes
         .into_iter()
         .enumerate()
@@ -451,11 +462,25 @@ fn main() {
         drop(after);
         drop(moved);
 
-        // A PortMap created, the youngest, over links the cluster has; then deleted.
-        let created = with_one_more(&cluster);
+        // A PortMap created, the youngest, over links the cluster has; then deleted. Then one
+        // that needs links anew, and deleted, which leaves them unused.
+        let created = with_one_more(&cluster, false);
         by_change_rows.push(compared(&format!("{size}: a PortMap created"), reps, &cluster, &created, &settings));
         by_change_rows.push(compared(&format!("{size}: that PortMap deleted"), reps, &created, &cluster, &settings));
-        drop(created);
+        let created = with_one_more(&cluster, true);
+        let what = format!("{size}: a PortMap created that needs links anew");
+        by_change_rows.push(compared(&what, reps, &cluster, &created, &settings));
+        // Its statuses and the class rows written back, then it is deleted (its one pod too).
+        let mut written = created.clone();
+        with_statuses(&mut written, &compute(&created, &settings));
+        let mut deleted = written.clone();
+        deleted.port_maps.pop();
+        deleted.services.pop();
+        deleted.endpoint_slices.pop();
+        deleted.pods.pop();
+        let what = format!("{size}: that PortMap deleted, its links held unused");
+        by_change_rows.push(compared(&what, reps, &written, &deleted, &settings));
+        drop((created, written, deleted));
 
         // A standby endpoint (not the chosen one) of another mapping moves.
         let mut standby = cluster.clone();

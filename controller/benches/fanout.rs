@@ -161,9 +161,9 @@ type Log = Arc<Mutex<Vec<Received>>>;
 /// The hub's compute and publish events, timestamped as they happen.
 #[derive(Default)]
 struct HubEvents {
-    /// (when compute_now started, when it ended); the start is the end minus elapsed_ms, so
-    /// compute times have millisecond resolution.
-    computed: Vec<(Instant, Instant)>,
+    /// (when compute_now started, when it ended, how the port maps were made); the start is the
+    /// end minus elapsed_ms, so compute times have millisecond resolution.
+    computed: Vec<Computed>,
     /// (when, how many states were published)
     published: Vec<(Instant, u64)>,
 }
@@ -177,12 +177,33 @@ struct Fields {
     message: String,
     elapsed_ms: Option<u64>,
     published: Option<u64>,
+    port_maps: Way,
+}
+
+/// A compute: when it started and ended, and how it made the port maps.
+type Computed = (Instant, Instant, Way);
+
+/// How a compute made the port maps (the hub's `port_maps` field of "computed").
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+enum Way {
+    #[default]
+    Kept,
+    Patched,
+    Whole,
 }
 
 impl tracing::field::Visit for Fields {
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.message = format!("{value:?}");
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "port_maps" => {
+                self.port_maps = match format!("{value:?}").trim_matches('"') {
+                    "patched" => Way::Patched,
+                    "whole" => Way::Whole,
+                    _ => Way::Kept,
+                }
+            }
+            _ => {}
         }
     }
     fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
@@ -204,7 +225,7 @@ impl<S: tracing::Subscriber> Layer<S> for Capture {
         event.record(&mut f);
         let mut e = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match (f.message.as_str(), f.elapsed_ms, f.published) {
-            ("computed", Some(ms), _) => e.computed.push((at - Duration::from_millis(ms), at)),
+            ("computed", Some(ms), _) => e.computed.push((at - Duration::from_millis(ms), at, f.port_maps)),
             ("node states published", _, Some(n)) => e.published.push((at, n)),
             _ => {}
         }
@@ -254,14 +275,14 @@ struct Settled {
     done: Instant,
     /// How many nodes were sent a state.
     nodes: usize,
-    /// The compute that read the change: (start, end).
-    computed: (Instant, Instant),
+    /// The compute that read the change: (start, end, how it made the port maps).
+    computed: Computed,
     /// When that compute's states were published, and how many.
     published: (Instant, u64),
 }
 
 /// The first publish of a compute that started after `after`.
-fn publish_after(e: &HubEvents, after: Instant) -> Option<((Instant, Instant), (Instant, u64))> {
+fn publish_after(e: &HubEvents, after: Instant) -> Option<(Computed, (Instant, u64))> {
     let c = *e.computed.iter().find(|c| c.0 >= after)?;
     let p = *e.published.iter().find(|p| p.0 >= c.1)?;
     Some((c, p))
@@ -319,6 +340,7 @@ struct Sample {
     /// set_inputs to compute start: the recompute task waking (and the pace, if one is due).
     wait: Duration,
     compute: Duration,
+    way: Way,
     /// compute end to the publish event (versions of every node state, the sends).
     publish: Duration,
     /// publish event to the last ACK.
@@ -453,12 +475,13 @@ async fn run(n_nodes: usize, n_maps: usize, changes: usize, events: Arc<Mutex<Hu
         if computes != 1 {
             notes.push(format!("change {k} ({}): {computes} computes ran", kind.label()));
         }
-        let Settled { done, nodes, computed: (c_start, c_end), published: (p_at, _) } = settled;
+        let Settled { done, nodes, computed: (c_start, c_end, way), published: (p_at, _) } = settled;
         samples.push(Sample {
             kind,
             total: done - t0,
             wait: c_start.saturating_duration_since(t0),
             compute: c_end - c_start,
+            way,
             publish: p_at.saturating_duration_since(c_end),
             delivery: done.saturating_duration_since(p_at),
             nodes,
@@ -620,6 +643,10 @@ fn main() {
         }
         let all: Vec<&Sample> = r.samples.iter().collect();
         row(&mut s, r, "**all**", &all);
+        for (way, label) in [(Way::Patched, "all, port maps patched"), (Way::Whole, "all, port maps whole")] {
+            let of: Vec<&Sample> = r.samples.iter().filter(|x| x.way == way).collect();
+            row(&mut s, r, label, &of);
+        }
     }
     print!("{s}");
     let mut notes: Vec<String> = Vec::new();

@@ -55,7 +55,7 @@ impl Rule {
 /// Used numbers as runs of consecutive numbers (start -> end, inclusive), so that the next free
 /// number at or after any number is one lookup: a first compute claims thousands of links per
 /// class, and scanning slots from 1 for each was quadratic (14.8 s at 5,000 nodes).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Runs(BTreeMap<u32, u32>);
 
 impl Runs {
@@ -87,7 +87,7 @@ impl Runs {
 }
 
 /// The slots one node uses, whatever claimed them.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct NodeNumbers {
     slots: Runs,
 }
@@ -108,10 +108,10 @@ pub fn next_free(nodes: &[&NodeNumbers], from: u32) -> u32 {
     }
 }
 
-/// Every node's numbers, for one compute.
-#[derive(Debug, Default)]
+/// Every node's numbers, for one compute; kept with the port maps' links for the next claim.
+#[derive(Clone, Debug, Default)]
 pub struct Numbers {
-    nodes: BTreeMap<String, NodeNumbers>,
+    nodes: super::Shared<String, NodeNumbers>,
 }
 
 impl Numbers {

@@ -869,9 +869,20 @@ impl Hub {
             (cluster, self.leadership.borrow().term, read)
         };
         cluster.now = Timestamp::now();
-        let outputs = {
+        let (outputs, port_maps) = {
             let mut computer = self.computer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            Arc::new(computer.compute(&cluster))
+            let outputs = Arc::new(computer.compute(&cluster));
+            let r = computer.redone();
+            (
+                outputs,
+                if !r.port_maps {
+                    "kept"
+                } else if r.port_maps_patched {
+                    "patched"
+                } else {
+                    "whole"
+                },
+            )
         };
         if let Some(o) = &self.settings.overlay {
             // Which peers rotate while silent: judged again, which is cheap beside the compute.
@@ -885,7 +896,7 @@ impl Hub {
             self.lock().rotating = rotating;
         }
         self.metrics.observe_reconcile(started.elapsed());
-        tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, "computed");
+        tracing::debug!(elapsed_ms = started.elapsed().as_millis() as u64, port_maps, "computed");
         Some(Computed { outputs, term, read })
     }
 

@@ -750,12 +750,12 @@ fn a_placement_is_kept_until_what_it_read_changes() {
     }
 }
 
-/// A change within the links the mappings have is patched into the compute before, a PortMap
-/// that comes or goes too: only the mappings it reaches are placed and stated again, only the
-/// nodes their parts moved are rendered, and the result is the whole compute's. A change that
-/// needs another link, or frees one, is computed whole.
+/// A change that reaches a few mappings is patched into the compute before, a PortMap that
+/// comes or goes too, and one that needs a link anew or frees one: only the mappings it reaches
+/// are placed and stated again, only the nodes their parts moved are rendered, and the result
+/// is the whole compute's.
 #[test]
-fn a_change_within_the_links_is_patched_into_the_compute_before() {
+fn a_change_that_reaches_a_few_mappings_is_patched_into_the_compute_before() {
     let settings = Settings::default();
     let (mut c, mut computer) = settled(cluster(), &settings);
     // (the change, patched, mappings placed, statuses made, hosts rendered)
@@ -768,10 +768,10 @@ fn a_change_within_the_links_is_patched_into_the_compute_before() {
         (Step::Readdress(3, 9), true, 2, 2, 0),
         // A status another writer moved: stated again, and nothing else.
         (Step::Scribble(true), true, 0, 1, 0),
-        // web-0 not ready: web moves to worker-c, a link no mapping had.
-        (Step::Ready(0), false, 2, 2, 3),
-        // Ready again: back to worker-b, and worker-c's link is free.
-        (Step::Ready(0), false, 2, 2, 3),
+        // web-0 not ready: web moves to worker-c, a link no mapping had (claimed).
+        (Step::Ready(0), true, 2, 2, 3),
+        // Ready again: back to worker-b, and worker-c's link is free (held, unused).
+        (Step::Ready(0), true, 2, 2, 3),
         // web made again, younger than web-late: web-late takes the port, over web's link; web's
         // three (web-pair too) placed again, the two statuses that moved made.
         (Step::Remade(true), true, 1, 2, 2),
@@ -788,9 +788,9 @@ fn a_change_within_the_links_is_patched_into_the_compute_before() {
         // reached from another namespace.
         (Step::Extra(2), true, 3, 4, 1),
         (Step::Extra(2), true, 3, 3, 1),
-        // web-pair deleted frees a link; made again it needs one.
-        (Step::PortMap, false, 1, 1, 2),
-        (Step::PortMap, false, 2, 2, 2),
+        // web-pair deleted frees a link; made again it needs it again.
+        (Step::PortMap, true, 1, 1, 2),
+        (Step::PortMap, true, 2, 2, 2),
     ] {
         apply(&mut c, &step, &mut computer, &settings);
         let out = computer.compute(&c);

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::status::reason;
 use crate::api::{LinkSlot, PortMapClass, PortMapClassStatus};
+use crate::compute::Shared;
 use crate::compute::numbers::{self, MAX_SLOT, Numbers, Runs, Slot};
 use crate::observe::index::View;
 
@@ -194,18 +195,127 @@ pub fn mac_text(mac: [u8; 6]) -> String {
     mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }
 
-/// The slot claims after this pass.
-#[derive(Debug, Default)]
+/// A class's checked link settings, or why its links cannot be built.
+pub type ClassVxlans = BTreeMap<String, Result<ClassVxlan, (&'static str, String)>>;
+
+/// The slot claims after this pass, and what a further claim reads.
+#[derive(Clone, Debug, Default)]
 pub struct Allocation {
     /// Numbers for every link that is needed now, or why it cannot be built.
-    pub needed: BTreeMap<LinkKey, Result<LinkNumbers, (&'static str, String)>>,
+    pub needed: Shared<LinkKey, Result<LinkNumbers, (&'static str, String)>>,
     /// Each class's status rows: links in use, and unused ones still held.
     pub rows: BTreeMap<String, Vec<LinkSlot>>,
+    /// Every link a row holds, in use or not.
+    held: Shared<LinkKey, LinkNumbers>,
+    taken: Taken,
+}
+
+/// What the held links take: a claim must collide with none of it.
+#[derive(Clone, Debug, Default)]
+struct Taken {
+    per_node: Shared<String, NodeUse>,
+    numbers: Numbers,
+    class_slots: Shared<String, Runs>,
+}
+
+impl Taken {
+    fn record(&mut self, key: &LinkKey, n: &LinkNumbers) {
+        for node in [&key.pair.0, &key.pair.1] {
+            self.numbers.take(node, Slot(n.slot));
+            let u = self.per_node.entry(node.clone()).or_default();
+            u.vnis.insert(n.vni);
+            u.add_net(n.net, n.net6);
+        }
+        self.class_slots.entry(key.class.clone()).or_default().insert(n.slot);
+    }
+}
+
+impl Allocation {
+    /// Numbers `key`: its held slot, else a claim (recorded, with a row in use).
+    fn need(&mut self, key: &LinkKey, vxlan: &ClassVxlans) {
+        if let Some(n) = self.held.get(key) {
+            self.needed.insert(key.clone(), Ok(n.clone()));
+            return;
+        }
+        let result = match vxlan.get(&key.class) {
+            None => Err((reason::RETURN_PATH_UNAVAILABLE, format!("PortMapClass {:?} does not exist", key.class))),
+            Some(Err(e)) => Err(e.clone()),
+            Some(Ok(v)) => claim(key, v, &self.taken).ok_or_else(|| {
+                (
+                    reason::SUBNET_EXHAUSTED,
+                    format!(
+                        "PortMapClass {:?} spec.returnPath.vxlan.subnet {} has no free /31 for {} and {}",
+                        key.class, v.subnet, key.pair.0, key.pair.1
+                    ),
+                )
+            }),
+        };
+        if let Ok(n) = &result {
+            self.taken.record(key, n);
+            self.rows.entry(key.class.clone()).or_default().push(LinkSlot {
+                pair: vec![key.pair.0.clone(), key.pair.1.clone()],
+                slot: n.slot,
+                subnet: n.net.to_string(),
+                subnet6: n.net6.to_string(),
+                unused_since: None,
+            });
+            self.held.insert(key.clone(), n.clone());
+        }
+        self.needed.insert(key.clone(), result);
+    }
+
+    fn row_mut(&mut self, key: &LinkKey) -> Option<&mut LinkSlot> {
+        let rows = self.rows.get_mut(&key.class)?;
+        rows.iter_mut().find(|r| matches!(r.pair.as_slice(), [a, b] if *a == key.pair.0 && *b == key.pair.1))
+    }
+
+    /// This allocation with the links of `came` needed too and those of `went` no longer, as
+    /// [`allocate`] makes it from the rows this one made: a link that came takes its held slot
+    /// or claims one, in key order after every held link is recorded; a link that went keeps
+    /// its slot, unused since `now`. None where the two could differ: some link this one could
+    /// not number (allocate tries it again, in key order among the claims), or one that went
+    /// ends on a name that is no Node (allocate drops its row).
+    pub fn changed(
+        &self,
+        is_node: &dyn Fn(&str) -> bool,
+        vxlan: &ClassVxlans,
+        came: &BTreeSet<LinkKey>,
+        went: &BTreeSet<LinkKey>,
+        now: Timestamp,
+    ) -> Option<Allocation> {
+        if self.needed.values().any(Result::is_err) {
+            return None;
+        }
+        let mut a = self.clone();
+        for key in went {
+            if !is_node(&key.pair.0) || !is_node(&key.pair.1) {
+                return None;
+            }
+            a.needed.remove(key)?.ok()?;
+            a.row_mut(key)?.unused_since = Some(Time(now));
+        }
+        for key in came {
+            if a.held.contains_key(key) {
+                a.row_mut(key)?.unused_since = None;
+            }
+            a.need(key, vxlan);
+        }
+        for class in came.iter().map(|k| &k.class).collect::<BTreeSet<_>>() {
+            if let Some(rows) = a.rows.get_mut(class) {
+                sort_rows(rows);
+            }
+        }
+        Some(a)
+    }
+}
+
+fn sort_rows(rows: &mut [LinkSlot]) {
+    rows.sort_by(|a, b| (a.slot, &a.pair).cmp(&(b.slot, &b.pair)));
 }
 
 /// The VNIs, /31s and /127s one node's links already use, across classes (their slots are in
 /// the node's [`Numbers`]).
-#[derive(Default)]
+#[derive(Clone, Debug, Default)]
 struct NodeUse {
     vnis: BTreeSet<u32>,
     /// The /31s (and /32s) in use, by their /31's network address: a candidate /31 overlaps
@@ -257,15 +367,13 @@ pub fn horizon(classes: &BTreeMap<String, PortMapClassStatus>) -> Option<Timesta
 pub fn allocate(
     is_node: &dyn Fn(&str) -> bool,
     classes: &BTreeMap<String, &PortMapClass>,
-    vxlan: &BTreeMap<String, Result<ClassVxlan, (&'static str, String)>>,
+    vxlan: &ClassVxlans,
     needed: &BTreeSet<LinkKey>,
     now: Timestamp,
     numbers: &mut Numbers,
 ) -> Allocation {
     let mut alloc = Allocation::default();
-    let mut per_node: BTreeMap<String, NodeUse> = BTreeMap::new();
-    let mut class_slots: BTreeMap<String, Runs> = BTreeMap::new();
-    let mut existing: BTreeMap<LinkKey, LinkNumbers> = BTreeMap::new();
+    alloc.taken.numbers = std::mem::take(numbers);
 
     for (name, class) in classes {
         let mut rows: Vec<&LinkSlot> = class.status.iter().flat_map(|s| &s.links).collect();
@@ -274,7 +382,7 @@ pub fn allocate(
             let [a, b] = row.pair.as_slice() else { continue };
             let key = LinkKey::new(name, a, b);
             let Ok(net) = row.subnet.parse::<Ipv4Net>() else { continue };
-            if existing.contains_key(&key) || row.slot == 0 {
+            if alloc.held.contains_key(&key) || row.slot == 0 {
                 continue;
             }
             // A row written before dual-stack has no /127: its slot's, in the class's subnet6
@@ -314,7 +422,7 @@ pub fn allocate(
                 net,
                 net6,
             };
-            record(&mut per_node, numbers, &mut class_slots, &key, &link);
+            alloc.taken.record(&key, &link);
             alloc.rows.entry(name.clone()).or_default().push(LinkSlot {
                 pair: vec![key.pair.0.clone(), key.pair.1.clone()],
                 slot: row.slot,
@@ -322,70 +430,23 @@ pub fn allocate(
                 subnet6: net6.to_string(),
                 unused_since,
             });
-            existing.insert(key, link);
+            alloc.held.insert(key, link);
         }
     }
 
     for key in needed {
-        if let Some(n) = existing.get(key) {
-            alloc.needed.insert(key.clone(), Ok(n.clone()));
-            continue;
-        }
-        let result = match vxlan.get(&key.class) {
-            None => Err((reason::RETURN_PATH_UNAVAILABLE, format!("PortMapClass {:?} does not exist", key.class))),
-            Some(Err(e)) => Err(e.clone()),
-            Some(Ok(v)) => claim(key, v, &per_node, numbers, class_slots.get(&key.class)).ok_or_else(|| {
-                (
-                    reason::SUBNET_EXHAUSTED,
-                    format!(
-                        "PortMapClass {:?} spec.returnPath.vxlan.subnet {} has no free /31 for {} and {}",
-                        key.class, v.subnet, key.pair.0, key.pair.1
-                    ),
-                )
-            }),
-        };
-        if let Ok(n) = &result {
-            record(&mut per_node, numbers, &mut class_slots, key, n);
-            alloc.rows.entry(key.class.clone()).or_default().push(LinkSlot {
-                pair: vec![key.pair.0.clone(), key.pair.1.clone()],
-                slot: n.slot,
-                subnet: n.net.to_string(),
-                subnet6: n.net6.to_string(),
-                unused_since: None,
-            });
-        }
-        alloc.needed.insert(key.clone(), result);
+        alloc.need(key, vxlan);
     }
     for rows in alloc.rows.values_mut() {
-        rows.sort_by(|a, b| (a.slot, &a.pair).cmp(&(b.slot, &b.pair)));
+        sort_rows(rows);
     }
+    *numbers = alloc.taken.numbers.clone();
     alloc
 }
 
-fn record(
-    per_node: &mut BTreeMap<String, NodeUse>,
-    numbers: &mut Numbers,
-    class_slots: &mut BTreeMap<String, Runs>,
-    key: &LinkKey,
-    n: &LinkNumbers,
-) {
-    for node in [&key.pair.0, &key.pair.1] {
-        numbers.take(node, Slot(n.slot));
-        let u = per_node.entry(node.clone()).or_default();
-        u.vnis.insert(n.vni);
-        u.add_net(n.net, n.net6);
-    }
-    class_slots.entry(key.class.clone()).or_default().insert(n.slot);
-}
-
 /// The lowest slot that collides with nothing on either node or in the class.
-fn claim(
-    key: &LinkKey,
-    v: &ClassVxlan,
-    per_node: &BTreeMap<String, NodeUse>,
-    numbers: &Numbers,
-    taken: Option<&Runs>,
-) -> Option<LinkNumbers> {
+fn claim(key: &LinkKey, v: &ClassVxlan, t: &Taken) -> Option<LinkNumbers> {
+    let (per_node, numbers, taken) = (&t.per_node, &t.numbers, t.class_slots.get(&key.class));
     let capacity = 1u64 << (31 - u32::from(v.subnet.prefix_len()));
     let last = u32::try_from(capacity - 1).unwrap_or(u32::MAX).min(MAX_SLOT);
     let empty = NodeUse::default();
@@ -423,6 +484,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+    use crate::api::{PortMapClassStatus, ReturnPathMode, ServingMode};
+    use crate::compute::testkit::{World, now};
 
     #[test]
     fn both_ends_compute_the_same_locally_administered_macs_distinct_per_pair() {
@@ -443,5 +506,63 @@ mod tests {
         }
         assert_eq!(seen.len(), 2 * 4 * 3);
         assert_eq!(mac_text([2, 0x6b, 0, 0xa, 0xff, 1]), "02:6b:00:0a:ff:01");
+    }
+
+    fn key(a: &str, b: &str) -> LinkKey {
+        LinkKey::new("public", a, b)
+    }
+
+    fn keys(pairs: &[(&str, &str)]) -> BTreeSet<LinkKey> {
+        pairs.iter().map(|(a, b)| key(a, b)).collect()
+    }
+
+    /// A change's allocation equals the one a whole compute makes from the rows the compute
+    /// before made: a link that comes takes the lowest free slot (here a released link's, below
+    /// the held ones, so its row is sorted in), one that went keeps its slot unused, and one
+    /// needed again takes its held slot.
+    #[test]
+    fn a_changed_allocation_is_the_one_the_rows_made_give() {
+        let class = World::new().class("public", ServingMode::Single, ReturnPathMode::Vxlan, &[]).c.classes[0].clone();
+        let v = &class.spec.return_path.vxlan;
+        let checked = ClassVxlan {
+            vni: v.vni,
+            port: v.port,
+            subnet: v.subnet.parse().expect("default subnet"),
+            subnet6: v.subnet6.parse().expect("default subnet6"),
+        };
+        let vxlan: ClassVxlans = BTreeMap::from([("public".to_string(), Ok(checked))]);
+        let is_node = |_: &str| true;
+        let whole = |rows: &[LinkSlot], needed: &BTreeSet<LinkKey>| {
+            let mut c = class.clone();
+            c.status = Some(PortMapClassStatus { links: rows.to_vec(), ..Default::default() });
+            let classes = BTreeMap::from([("public".to_string(), &c)]);
+            allocate(&is_node, &classes, &vxlan, needed, now(), &mut Numbers::default())
+        };
+        // a-b, a-c and b-c take slots 1, 2 and 3; a-c's row is then released.
+        let first = whole(&[], &keys(&[("a", "b"), ("a", "c"), ("b", "c")]));
+        let slots: Vec<u32> = first.rows["public"].iter().map(|r| r.slot).collect();
+        assert_eq!(slots, [1, 2, 3]);
+        let rows: Vec<LinkSlot> = first.rows["public"].iter().filter(|r| r.slot != 2).cloned().collect();
+        let base = whole(&rows, &keys(&[("a", "b"), ("b", "c")]));
+
+        // a-d and c-d come, a-b goes.
+        let changed = base
+            .changed(&is_node, &vxlan, &keys(&[("a", "d"), ("c", "d")]), &keys(&[("a", "b")]), now())
+            .expect("numbered");
+        let expected = whole(&base.rows["public"], &keys(&[("b", "c"), ("a", "d"), ("c", "d")]));
+        assert_eq!(changed.needed, expected.needed);
+        assert_eq!(changed.rows, expected.rows);
+        assert_eq!(changed.needed[&key("a", "d")].as_ref().map(|n| n.slot), Ok(2));
+        assert!(changed.rows["public"].iter().any(|r| r.pair == ["a", "b"] && r.unused_since.is_some()));
+
+        // a-b needed again: its held slot, in use again.
+        let again = changed.changed(&is_node, &vxlan, &keys(&[("a", "b")]), &BTreeSet::new(), now()).expect("held");
+        let expected = whole(&changed.rows["public"], &keys(&[("a", "b"), ("b", "c"), ("a", "d"), ("c", "d")]));
+        assert_eq!(again.needed, expected.needed);
+        assert_eq!(again.rows, expected.rows);
+        assert_eq!(again.needed[&key("a", "b")].as_ref().map(|n| n.slot), Ok(1));
+
+        // A link that went to a name that is no Node: a whole compute drops its row.
+        assert!(again.changed(&|n| n != "d", &vxlan, &BTreeSet::new(), &keys(&[("a", "d")]), now()).is_none());
     }
 }

@@ -32,7 +32,7 @@ use kuport_proto::v1::NetnsState;
 use admission::Admitted;
 pub use admission::MapKey;
 use datapath::LinkEnd;
-use links::{LinkKey, LinkNumbers, VXLAN_OVERHEAD};
+use links::{ClassVxlans, LinkKey, LinkNumbers, VXLAN_OVERHEAD};
 use placement::{Endpoint, Placement};
 use status::{Refusal, reason};
 
@@ -647,9 +647,6 @@ fn pod_route_unknown(p: &Placement) -> Refusal {
         ),
     )
 }
-
-/// The classes' VXLAN settings, or why each is out of service.
-type ClassVxlans = BTreeMap<String, Result<links::ClassVxlan, (&'static str, String)>>;
 
 /// The end of link `key` that reports its class's VXLAN port for its CNI's VXLAN device, with
 /// the port: that node's CNI socket would take the link's packets, so no link of the class ends

@@ -6,10 +6,10 @@
 //! - admission read no change but in PortMaps ([`Since::judged`]), and no class spec changed;
 //!   a mapping whose verdict is another now is reached too, and a mapping gone is taken away;
 //! - the class rows are as the last compute made them and no link is due for release, so the
-//!   same links needed get the same numbers;
+//!   links needed keep their numbers and a link needed anew is claimed as a whole compute
+//!   claims it ([`links::Allocation::changed`]);
 //! - no other mapping answers from a pod port a reached mapping held or holds (the
-//!   one-way-return check reads across mappings);
-//! - the same links are needed.
+//!   one-way-return check reads across mappings).
 //!
 //! Otherwise [`patch`] gives up and the whole compute runs.
 
@@ -20,8 +20,8 @@ use super::admission::{self, Accepted, MapKey};
 use super::placement::{Endpoint, Placement};
 use super::status::Refusal;
 use super::{
-    Built, ClassVxlans, Judged, Linked, PodPort, Since, cleared, contribution, datapath, device, link, needs, needs_of,
-    place, pod_port, seeded, stated,
+    Built, ClassVxlans, Judged, Linked, PodPort, Since, class_status, cleared, contribution, datapath, device, link,
+    needs, needs_of, place, pod_port, seeded, stated,
 };
 use crate::compute::Outputs;
 use crate::observe::Cluster;
@@ -164,24 +164,40 @@ pub(super) fn patch<'a>(
         checked.push(placed);
     }
 
-    // The same links needed, or the allocation would be another.
+    // The links needed: those that came are numbered, those that went keep their slot unused.
     let mut users = last.across.users.clone();
+    let mut touched = BTreeSet::new();
     for (_, old) in olds().filter(|(was, _)| was.is_some_and(|k| k.cleared)) {
         let (accepted, endpoint, nodes) = old.as_ref()?;
         for key in needs_of(view, vxlan, &accepted.class_name, endpoint, nodes) {
             let n = users.get_mut(&key)?;
             *n = n.checked_sub(1)?;
+            touched.insert(key);
         }
     }
     for p in checked.iter().filter_map(|p| p.as_ref().ok()) {
         for key in needs(view, vxlan, p) {
-            *users.get_mut(&key)? += 1;
+            *users.entry(key.clone()).or_default() += 1;
+            touched.insert(key);
         }
     }
-    if users.values().any(|n| *n == 0) {
-        return None;
+    let (mut came, mut went) = (BTreeSet::new(), BTreeSet::new());
+    for key in touched {
+        match (last.across.users.contains_key(&key), users.get(&key).is_some_and(|n| *n > 0)) {
+            (false, true) => came.insert(key),
+            (true, false) => went.insert(key),
+            _ => false,
+        };
     }
-    let alloc = last.across.alloc.clone();
+    for key in &went {
+        users.remove(key);
+    }
+    let alloc = if came.is_empty() && went.is_empty() {
+        last.across.alloc.clone()
+    } else {
+        let is_node = |n: &str| view.node(n).exists;
+        Arc::new(last.across.alloc.changed(&is_node, vxlan, &came, &went, now)?)
+    };
 
     // Linked, and their contributions moved in the nodes' digests.
     let mut ends_made = HashMap::new();
@@ -285,6 +301,12 @@ pub(super) fn patch<'a>(
     out.programming = programming;
     out.tracked = tracked;
     out.classes = last.made.classes.clone();
+    // A class whose rows moved is stated again, as a whole compute states every class.
+    for class in came.iter().chain(&went).map(|k| &k.class).collect::<BTreeSet<_>>() {
+        let Some(c) = view.classes.get(class) else { continue };
+        let rows = alloc.rows.get(class).cloned().unwrap_or_default();
+        Arc::make_mut(&mut out.classes).insert(class.clone(), class_status(view, c, &vxlan[class], &alloc, rows, now));
+    }
     // The ends taken from the compute before are there already.
     ends_made.retain(|at, (numbers, _)| last.ends.get(at).is_none_or(|(n, _)| n != numbers));
     let ends = if ends_made.is_empty() {
