@@ -198,6 +198,13 @@ pub(super) fn patch<'a>(
         let is_node = |n: &str| view.node(n).exists;
         Arc::new(last.across.alloc.changed(&is_node, vxlan, &came, &went, now)?)
     };
+    // A class whose rows moved is stated again, as a whole compute states every class.
+    let mut classes_stated = Vec::new();
+    for name in came.iter().chain(&went).map(|k| &k.class).collect::<BTreeSet<_>>() {
+        let (class, v) = (view.classes.get(name)?, vxlan.get(name)?);
+        let rows = alloc.rows.get(name).cloned().unwrap_or_default();
+        classes_stated.push((name.clone(), class_status(view, class, v, &alloc, rows, now)));
+    }
 
     // Linked, and their contributions moved in the nodes' digests.
     let mut ends_made = HashMap::new();
@@ -301,11 +308,8 @@ pub(super) fn patch<'a>(
     out.programming = programming;
     out.tracked = tracked;
     out.classes = last.made.classes.clone();
-    // A class whose rows moved is stated again, as a whole compute states every class.
-    for class in came.iter().chain(&went).map(|k| &k.class).collect::<BTreeSet<_>>() {
-        let Some(c) = view.classes.get(class) else { continue };
-        let rows = alloc.rows.get(class).cloned().unwrap_or_default();
-        Arc::make_mut(&mut out.classes).insert(class.clone(), class_status(view, c, &vxlan[class], &alloc, rows, now));
+    if !classes_stated.is_empty() {
+        Arc::make_mut(&mut out.classes).extend(classes_stated);
     }
     // The ends taken from the compute before are there already.
     ends_made.retain(|at, (numbers, _)| last.ends.get(at).is_none_or(|(n, _)| n != numbers));
