@@ -46,7 +46,6 @@ use machine::{cpu_time, loadavg, median_min, ms, proc_status, reset_hwm, timed};
 
 use kuport_controller::api::Protocol;
 use kuport_controller::compute::by_change::Redone;
-use kuport_controller::compute::numbers::Numbers;
 use kuport_controller::compute::portmap::admission::{self, MapKey};
 use kuport_controller::compute::portmap::datapath::{Builder, LinkEnd};
 use kuport_controller::compute::portmap::links::{self, LinkKey};
@@ -139,8 +138,7 @@ fn stages(c: &Cluster) -> Vec<(&'static str, Duration)> {
             }
         }
     }
-    let alloc =
-        links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &needed, c.now, &mut Numbers::default());
+    let alloc = links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &needed, c.now);
     times.push(("links (needed set + allocate)", t.elapsed()));
     let t = Instant::now();
     let all_nodes =

@@ -194,16 +194,17 @@ enum Way {
 
 impl tracing::field::Visit for Fields {
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        match field.name() {
-            "message" => self.message = format!("{value:?}"),
-            "port_maps" => {
-                self.port_maps = match format!("{value:?}").trim_matches('"') {
-                    "patched" => Way::Patched,
-                    "whole" => Way::Whole,
-                    _ => Way::Kept,
-                }
-            }
-            _ => {}
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
+        }
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "port_maps" {
+            self.port_maps = match value {
+                "patched" => Way::Patched,
+                "whole" => Way::Whole,
+                _ => Way::Kept,
+            };
         }
     }
     fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {

@@ -21,7 +21,7 @@ use kube::Resource;
 use kuport_proto::v1::{NetnsState, NodeState};
 
 use super::intercept::pods::Decided;
-use super::{ObjectKey, Outputs, Settings, Shared, Tracked, merge, numbers, overlay, portmap};
+use super::{ObjectKey, Outputs, Settings, Shared, Tracked, merge, overlay, portmap};
 use crate::api::{PortMap, PortMapClass};
 use crate::observe::index::{self, KnownNode, View, same_for_port_maps};
 use crate::observe::{Change, Cluster, KnownFacts, Objects};
@@ -352,7 +352,6 @@ impl Computer {
                         let wireguard_port = self.settings.overlay.as_ref().map(|o| o.listen_port);
                         let v = &mut View::with_nodes(cluster, nodes, &indexes);
                         v.wireguard_port = wireguard_port;
-                        let mut numbers = numbers::Numbers::default();
                         let mut out = Outputs::default();
                         let since = last_pm.as_ref().map(|p| portmap::Since {
                             built: &p.built,
@@ -364,7 +363,7 @@ impl Computer {
                             restated: reads.port_maps_restated.clone(),
                             clock_holds: p.horizon.holds(now),
                         });
-                        let mut built = portmap::compute(v, cluster, &mut numbers, &mut out, since);
+                        let mut built = portmap::compute(v, cluster, &mut out, since);
                         built.saw(v.nodes.clone());
                         let horizon = Horizon { at: now, until: portmap::links::horizon(&out.classes) };
                         Arc::new(PortMapped { built, out, horizon })

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -203,8 +204,9 @@ pub type ClassVxlans = BTreeMap<String, Result<ClassVxlan, (&'static str, String
 pub struct Allocation {
     /// Numbers for every link that is needed now, or why it cannot be built.
     pub needed: Shared<LinkKey, Result<LinkNumbers, (&'static str, String)>>,
-    /// Each class's status rows: links in use, and unused ones still held.
-    pub rows: BTreeMap<String, Vec<LinkSlot>>,
+    /// Each class's status rows: links in use, and unused ones still held. A change copies
+    /// only the rows of the classes it moves.
+    pub rows: BTreeMap<String, Arc<Vec<LinkSlot>>>,
     /// Every link a row holds, in use or not.
     held: Shared<LinkKey, LinkNumbers>,
     taken: Taken,
@@ -252,7 +254,7 @@ impl Allocation {
         };
         if let Ok(n) = &result {
             self.taken.record(key, n);
-            self.rows.entry(key.class.clone()).or_default().push(LinkSlot {
+            Arc::make_mut(self.rows.entry(key.class.clone()).or_default()).push(LinkSlot {
                 pair: vec![key.pair.0.clone(), key.pair.1.clone()],
                 slot: n.slot,
                 subnet: n.net.to_string(),
@@ -265,7 +267,7 @@ impl Allocation {
     }
 
     fn row_mut(&mut self, key: &LinkKey) -> Option<&mut LinkSlot> {
-        let rows = self.rows.get_mut(&key.class)?;
+        let rows = Arc::make_mut(self.rows.get_mut(&key.class)?);
         rows.iter_mut().find(|r| matches!(r.pair.as_slice(), [a, b] if *a == key.pair.0 && *b == key.pair.1))
     }
 
@@ -302,7 +304,7 @@ impl Allocation {
         }
         for class in came.iter().map(|k| &k.class).collect::<BTreeSet<_>>() {
             if let Some(rows) = a.rows.get_mut(class) {
-                sort_rows(rows);
+                sort_rows(Arc::make_mut(rows).as_mut_slice());
             }
         }
         Some(a)
@@ -363,17 +365,15 @@ pub fn horizon(classes: &BTreeMap<String, PortMapClassStatus>) -> Option<Timesta
 
 /// Keeps existing claims, releases those unused for a day (at once when a node of the pair is
 /// no Node: `is_node`), and claims slots for new links, taking each link's slot on both its
-/// nodes in `numbers`.
+/// nodes in the allocation's [`Numbers`] (kept, for the claims of a change).
 pub fn allocate(
     is_node: &dyn Fn(&str) -> bool,
     classes: &BTreeMap<String, &PortMapClass>,
     vxlan: &ClassVxlans,
     needed: &BTreeSet<LinkKey>,
     now: Timestamp,
-    numbers: &mut Numbers,
 ) -> Allocation {
     let mut alloc = Allocation::default();
-    alloc.taken.numbers = std::mem::take(numbers);
 
     for (name, class) in classes {
         let mut rows: Vec<&LinkSlot> = class.status.iter().flat_map(|s| &s.links).collect();
@@ -423,7 +423,7 @@ pub fn allocate(
                 net6,
             };
             alloc.taken.record(&key, &link);
-            alloc.rows.entry(name.clone()).or_default().push(LinkSlot {
+            Arc::make_mut(alloc.rows.entry(name.clone()).or_default()).push(LinkSlot {
                 pair: vec![key.pair.0.clone(), key.pair.1.clone()],
                 slot: row.slot,
                 subnet: net.to_string(),
@@ -438,9 +438,8 @@ pub fn allocate(
         alloc.need(key, vxlan);
     }
     for rows in alloc.rows.values_mut() {
-        sort_rows(rows);
+        sort_rows(Arc::make_mut(rows).as_mut_slice());
     }
-    *numbers = alloc.taken.numbers.clone();
     alloc
 }
 
@@ -536,7 +535,7 @@ mod tests {
             let mut c = class.clone();
             c.status = Some(PortMapClassStatus { links: rows.to_vec(), ..Default::default() });
             let classes = BTreeMap::from([("public".to_string(), &c)]);
-            allocate(&is_node, &classes, &vxlan, needed, now(), &mut Numbers::default())
+            allocate(&is_node, &classes, &vxlan, needed, now())
         };
         // a-b, a-c and b-c take slots 1, 2 and 3; a-c's row is then released.
         let first = whole(&[], &keys(&[("a", "b"), ("a", "c"), ("b", "c")]));

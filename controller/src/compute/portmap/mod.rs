@@ -37,7 +37,6 @@ use placement::{Endpoint, Placement};
 use status::{Refusal, reason};
 
 use super::conditions::condition;
-use super::numbers::Numbers;
 use super::{ObjectKey, Outputs, Shared, Tracked};
 use crate::api::{
     ClassNodeStatus, EndpointStatus, InterfaceAddress, PortMap, PortMapClass, PortMapClassStatus, PortMapStatus,
@@ -48,17 +47,11 @@ use crate::observe::index::{KnownNode, RouteTo, View};
 
 /// Judges, places and builds every mapping: fills `out`'s PortMap and class statuses, the
 /// programming nodes and what each programmed mapping waits for, and returns every node's
-/// host namespace. Link slots are drawn from `numbers`. What `since`'s compute built is taken
+/// host namespace. Link slots are drawn from the node-scoped allocator ([`links::allocate`]). What `since`'s compute built is taken
 /// where it would be built the same, if it saw the same nodes ([`Built::saw`]); its
 /// placements where nothing they read changed ([`Since`]); and the whole of it, with the few
 /// mappings a change reaches made again, where nothing else changed ([`patch`]).
-pub fn compute<'a>(
-    view: &View<'a>,
-    cluster: &'a Cluster,
-    numbers: &mut Numbers,
-    out: &mut Outputs,
-    since: Option<Since>,
-) -> Built {
+pub fn compute<'a>(view: &View<'a>, cluster: &'a Cluster, out: &mut Outputs, since: Option<Since>) -> Built {
     let now = cluster.now;
     // Rendering reads a node's addresses, a link end its node's underlay and MTU.
     let since = since.filter(|s| s.built.saw_same(&view.nodes));
@@ -147,7 +140,7 @@ pub fn compute<'a>(
     }
     let wanted: BTreeSet<LinkKey> = counted.iter().map(|(k, _)| k.clone()).collect();
     let users: Shared<LinkKey, u32> = counted.into_iter().collect();
-    let alloc = Arc::new(links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &wanted, now, numbers));
+    let alloc = Arc::new(links::allocate(&|n| view.node(n).exists, &view.classes, &vxlan, &wanted, now));
 
     // 4: build the nodes, refusing mappings whose links cannot be built.
     let mut ends_made = HashMap::new();
@@ -205,7 +198,7 @@ pub fn compute<'a>(
     out.tracked.extend(tracked);
     out.port_maps.extend(statuses);
     for (name, class) in &view.classes {
-        let rows = alloc.rows.get(name).cloned().unwrap_or_default();
+        let rows = alloc.rows.get(name).map(|r| r.to_vec()).unwrap_or_default();
         Arc::make_mut(&mut out.classes)
             .insert(name.clone(), class_status(view, class, &vxlan[name], &alloc, rows, now));
     }

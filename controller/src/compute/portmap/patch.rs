@@ -202,7 +202,7 @@ pub(super) fn patch<'a>(
     let mut classes_stated = Vec::new();
     for name in came.iter().chain(&went).map(|k| &k.class).collect::<BTreeSet<_>>() {
         let (class, v) = (view.classes.get(name)?, vxlan.get(name)?);
-        let rows = alloc.rows.get(name).cloned().unwrap_or_default();
+        let rows = alloc.rows.get(name).map(|r| r.to_vec()).unwrap_or_default();
         classes_stated.push((name.clone(), class_status(view, class, v, &alloc, rows, now)));
     }
 
