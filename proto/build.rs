@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(descriptors)
         .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
         .type_attribute(".", "#[serde(rename_all = \"camelCase\")]")
+        // Written by hand: its peers are a persistent map, shared between states.
+        .extern_path(".kuport.v1.WireguardDevice", "crate::wireguard::WireguardDevice")
         .compile_with_config(config, &protos, &["."])?;
     for p in protos {
         println!("cargo:rerun-if-changed={p}");

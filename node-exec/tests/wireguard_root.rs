@@ -391,11 +391,7 @@ fn changing_one_peer_leaves_the_others_session_alone_and_a_device_wide_replace_w
 
     // b's allowed IPs change on a: only b's entry is written.
     let mut changed = states[0].clone();
-    for p in &mut changed.wireguard_devices[0].peers {
-        if &p.public_key == b_key {
-            p.allowed_ips.push("10.42.20.0/24".into());
-        }
-    }
+    changed.wireguard_devices[0].peers.update(b_key, |p| p.allowed_ips.push("10.42.20.0/24".into()));
     let report = exs[0].apply(&changed).expect("apply");
     let wg_actions: Vec<&String> = report.actions.iter().filter(|a| a.starts_with("wg set")).collect();
     assert_eq!(wg_actions.len(), 1, "{report}");
@@ -417,7 +413,7 @@ fn changing_one_peer_leaves_the_others_session_alone_and_a_device_wide_replace_w
 
     // The ablation: the same peers set device-wide (`wg setconf`: every peer replaced, on
     // either backend) resets c's session, which is why kuport never does it.
-    let p = &without_b.wireguard_devices[0].peers[0];
+    let p = without_b.wireguard_devices[0].peers.iter().next().expect("a peer");
     let conf = a.dir.join("setconf.conf");
     std::fs::create_dir_all(&a.dir).expect("state dir");
     std::fs::write(
@@ -581,7 +577,8 @@ fn a_peer_with_a_thousand_allowed_ips_is_set_and_read_back_whole() {
     let a = &nodes[0];
     let mut s = state(a, &nodes, &keys);
     let many = (0..1000u32).map(|i| format!("10.{}.{}.0/24", 100 + i / 256, i % 256));
-    s.wireguard_devices[0].peers[0].allowed_ips.extend(many);
+    let first = s.wireguard_devices[0].peers.iter().next().map(|p| p.public_key.clone()).expect("a peer");
+    s.wireguard_devices[0].peers.update(&first, |p| p.allowed_ips.extend(many));
     let mut whole = kuport_proto::v1::NodeState { node: String::new(), netns: vec![s] };
     kuport_proto::canonicalize(&mut whole);
     let s = whole.netns.remove(0);
@@ -615,7 +612,8 @@ fn devices_are_refused_without_a_key_or_outside_kuports_names() {
     let e = nodes[0].executor().apply(&foreign).expect_err("refused").to_string();
     assert!(e.contains("wireguard device wg0") && e.contains("kup-"), "{e}");
     let mut bad_endpoint = s.clone();
-    bad_endpoint.wireguard_devices[0].peers[0].endpoint = "node-2:51820".into();
+    let first = s.wireguard_devices[0].peers.iter().next().map(|p| p.public_key.clone()).expect("a peer");
+    bad_endpoint.wireguard_devices[0].peers.update(&first, |p| p.endpoint = "node-2:51820".into());
     let e = nodes[0].executor().apply(&bad_endpoint).expect_err("refused").to_string();
     assert!(e.contains("is not IP:port") && e.contains(&keys[1]), "{e}");
     // Nothing was made.

@@ -322,8 +322,13 @@ pub fn table(family: NftFamily, name: &str, sets: Vec<NftSet>, chains: Vec<NftCh
 
 /// A WireGuard device `name` (mtu 0 keeps the device's own; listen port 0 lets it choose), no
 /// fwmark; set `fwmark` with struct update.
-pub fn wireguard_device(name: &str, mtu: u32, listen_port: u16, peers: Vec<WireguardPeer>) -> WireguardDevice {
-    WireguardDevice { name: name.to_string(), mtu, listen_port: u32::from(listen_port), fwmark: 0, peers }
+pub fn wireguard_device(
+    name: &str,
+    mtu: u32,
+    listen_port: u16,
+    peers: impl Into<crate::wireguard::Peers>,
+) -> WireguardDevice {
+    WireguardDevice { name: name.to_string(), mtu, listen_port: u32::from(listen_port), fwmark: 0, peers: peers.into() }
 }
 
 /// A peer by its base64 public key; `endpoint` None for none; keepalive 0 for off. Allowed IPs

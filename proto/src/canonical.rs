@@ -14,9 +14,7 @@ use std::net::IpAddr;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::v1::{
-    ElementRun, NetnsState, NftElement, NftSet, NftTable, NftValue, NodeState, Route, WireguardDevice, nft_value,
-};
+use crate::v1::{ElementRun, NetnsState, NftElement, NftSet, NftTable, NftValue, NodeState, Route, nft_value};
 
 /// A run ends after an element whose encoding hashes to 0 modulo this: runs of 128 elements on
 /// average. Smaller runs make a one-element change cheaper to locate and the state larger (36
@@ -47,10 +45,12 @@ pub fn canonicalize_netns_whole(ns: &mut NetnsState) {
 
 /// The version of one namespace: the hex sha256 of its canonical encoding with `version` and
 /// `held` cleared and each set's elements and runs left out, its digest standing for them
-/// (computed here for a set that has none). So a version costs what the namespace holds beside
-/// its elements, and an executor that edited a set's runs needs no pass over its elements
-/// (docs/decisions.md, "A version reads set digests; a delta edits a set where it changed").
-/// [`canonicalize`] sets it.
+/// (computed here for a set that has none), and each WireGuard device's peers left out, their
+/// kept digest ([`crate::wireguard::Peers::digest`], in device order after the encoding)
+/// standing for them. So a version costs what the namespace holds beside its elements and
+/// peers, and an executor that edited a set's runs needs no pass over its elements
+/// (docs/decisions.md, "A version reads set digests; a delta edits a set where it changed",
+/// and "Peers shared between states"). [`canonicalize`] sets it.
 pub fn netns_version(ns: &NetnsState) -> String {
     // Destructured without `..`: a new field does not compile until the version covers it.
     let NetnsState {
@@ -78,10 +78,18 @@ pub fn netns_version(ns: &NetnsState) -> String {
         routes: routes.clone(),
         ip_rules: ip_rules.clone(),
         neighbours: neighbours.clone(),
-        wireguard_devices: wireguard_devices.clone(),
+        wireguard_devices: wireguard_devices
+            .iter()
+            .map(|d| crate::v1::WireguardDevice { peers: Default::default(), ..d.clone() })
+            .collect(),
         delta: delta.clone(),
     };
-    hex::encode(Sha256::digest(outline.encode_to_vec()))
+    let mut h = Sha256::new();
+    h.update(outline.encode_to_vec());
+    for d in wireguard_devices {
+        h.update(d.peers.digest());
+    }
+    hex::encode(h.finalize())
 }
 
 /// A table as its version reads it: each set's digest instead of its elements and runs.
@@ -373,19 +381,16 @@ pub fn order_beside_elements(ns: &mut NetnsState) {
     ns.ip_rules.dedup();
     ns.neighbours.sort_by(|a, b| (&a.dev, &a.address).cmp(&(&b.dev, &b.address)));
     ns.neighbours.dedup();
+    // A device's peers are canonical as held (`crate::wireguard::Peers`).
     ns.wireguard_devices.sort_by(|a, b| a.name.cmp(&b.name));
-    for dev in &mut ns.wireguard_devices {
-        order_peers(dev);
-        for peer in &mut dev.peers {
-            peer.allowed_ips.sort_by_cached_key(|p| prefix_order(p));
-            peer.allowed_ips.dedup();
-        }
-    }
 }
 
-/// A device's peers in canonical order: by public key.
-pub fn order_peers(device: &mut WireguardDevice) {
-    device.peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+/// A peer's allowed IPs in canonical order ([`prefix_order`]), each once.
+pub fn order_prefixes(prefixes: &mut Vec<String>) {
+    if !prefixes.is_sorted_by_key(|p| prefix_order(p)) {
+        prefixes.sort_by_cached_key(|p| prefix_order(p));
+    }
+    prefixes.dedup();
 }
 
 /// Orders prefixes the way a reader expects: IPv4 before IPv6, each by address then length,
@@ -531,7 +536,11 @@ mod tests {
         let dev = |peers: Vec<WireguardPeer>| NodeState {
             node: "n".into(),
             netns: vec![NetnsState {
-                wireguard_devices: vec![WireguardDevice { name: "kup-wg".into(), peers, ..Default::default() }],
+                wireguard_devices: vec![WireguardDevice {
+                    name: "kup-wg".into(),
+                    peers: peers.into(),
+                    ..Default::default()
+                }],
                 ..Default::default()
             }],
         };
@@ -540,8 +549,9 @@ mod tests {
         assert_eq!(version(&a), version(&b));
         canonicalize(&mut a);
         let d = &a.netns[0].wireguard_devices[0];
-        assert_eq!(d.peers[0].public_key, "a");
-        assert_eq!(d.peers[1].allowed_ips, ["10.42.2.0/24", "10.42.10.0/24", "fd00::/64"]);
+        let peers: Vec<&WireguardPeer> = d.peers.iter().collect();
+        assert_eq!(peers[0].public_key, "a");
+        assert_eq!(peers[1].allowed_ips, ["10.42.2.0/24", "10.42.10.0/24", "fd00::/64"]);
         assert_ne!(version(&a), version(&dev(vec![peer("a", &["10.0.0.2/32"])])));
     }
 

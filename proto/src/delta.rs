@@ -13,7 +13,7 @@ use prost::Message;
 use crate::canonical::{element_order, element_runs, netns_version, order_beside_elements, runs_after_edit};
 use crate::v1::{
     NetnsDelta, NetnsItems, NetnsState, NftChain, NftElement, NftSet, NftTable, PeerDelta, SetDelta, TableDelta,
-    WireguardDevice, WireguardPeer,
+    WireguardDevice,
 };
 
 /// How an executor's refusal ends when it refused a namespace sent as a stub or a delta because
@@ -157,25 +157,12 @@ pub fn apply(base: &NetnsState, delta: NetnsState) -> Result<NetnsState, DeltaEr
             .iter_mut()
             .find(|x| x.name == p.device)
             .ok_or_else(|| DeltaError::Missing(format!("WireGuard device {}", p.device)))?;
-        let mut at: HashMap<String, usize> =
-            dev.peers.iter().enumerate().map(|(i, x)| (x.public_key.clone(), i)).collect();
-        let mut gone = vec![false; dev.peers.len()];
         for key in p.removed {
-            let i = at.remove(&key).ok_or_else(|| DeltaError::Missing(format!("peer {key}")))?;
-            gone[i] = true;
+            dev.peers.remove(&key).ok_or_else(|| DeltaError::Missing(format!("peer {key}")))?;
         }
         for peer in p.put {
-            match at.get(&peer.public_key) {
-                Some(&i) => dev.peers[i] = peer,
-                None => {
-                    at.insert(peer.public_key.clone(), dev.peers.len());
-                    gone.push(false);
-                    dev.peers.push(peer);
-                }
-            }
+            dev.peers.insert(peer);
         }
-        let mut keep = gone.into_iter().map(|g| !g);
-        dev.peers.retain(|_| keep.next().unwrap_or(true));
     }
     let NetnsItems { sysctls, nft_tables, links, addresses, routes, ip_rules, neighbours, wireguard_devices } = added;
     ns.sysctls.extend(sysctls);
@@ -423,18 +410,13 @@ fn same_declaration(a: &NftSet, b: &NftSet) -> bool {
         == (&b.name, &b.key, &b.data, &b.interval, &b.counter, &b.udp_flows, &b.dynamic, &b.size, &b.timeout_seconds)
 }
 
+/// Costs what differs: the parts of the peer maps the two devices share are skipped.
 fn peer_delta(old: &WireguardDevice, new: &WireguardDevice) -> PeerDelta {
-    let old_peers: HashMap<&str, &WireguardPeer> = old.peers.iter().map(|p| (p.public_key.as_str(), p)).collect();
-    let new_keys: HashSet<&str> = new.peers.iter().map(|p| p.public_key.as_str()).collect();
+    let (removed, put) = old.peers.changes(&new.peers);
     PeerDelta {
         device: new.name.clone(),
-        removed: old
-            .peers
-            .iter()
-            .filter(|p| !new_keys.contains(p.public_key.as_str()))
-            .map(|p| p.public_key.clone())
-            .collect(),
-        put: new.peers.iter().filter(|p| old_peers.get(p.public_key.as_str()) != Some(p)).cloned().collect(),
+        removed: removed.into_iter().map(|p| p.public_key.clone()).collect(),
+        put: put.into_iter().cloned().collect(),
     }
 }
 

@@ -12,10 +12,13 @@ pub mod delta;
 pub mod netns;
 pub mod owned;
 pub mod text;
+pub mod wireguard;
 
 /// The generated types of package kuport.v1.
 pub mod v1 {
     tonic::include_proto!("kuport.v1");
+
+    pub use crate::wireguard::WireguardDevice;
 
     /// The encoded descriptors of package kuport.v1, for gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("kuport_descriptor");

@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kuport_proto::v1::{NetnsState, NodeState};
+use kuport_proto::wireguard::Peers;
 
 use super::intercept::pods::Decided;
 use super::{ObjectKey, Outputs, Settings, Shared, Tracked, merge, overlay, portmap};
@@ -72,6 +73,8 @@ impl std::fmt::Debug for Computer {
 /// The overlay's result, with what port maps read of it.
 struct Meshed {
     plan: overlay::Plan,
+    /// Every member's peer entry that members' devices share ([`overlay::base_peers`]).
+    base: Peers,
     members: BTreeMap<String, MemberPart>,
     places: Arc<overlay::Places>,
     /// Every node's underlay MTU, as the mesh read it.
@@ -422,8 +425,7 @@ impl Computer {
                             .zip(meshed)
                             .filter(|(m, _)| m.members.get(name).is_some_and(|p| p.patched))?;
                         let settings = self.settings.overlay.as_ref()?;
-                        let state =
-                            overlay::repeer_state(was, settings, &last_mesh?.plan, &m.plan, name, part, &m.repeered)?;
+                        let state = overlay::repeer_state(was, settings, &last_mesh?.plan, &m.plan, part, &m.repeered)?;
                         assembled += 1;
                         patched_states += 1;
                         Some(Arc::new(state))
@@ -504,6 +506,9 @@ fn mesh_by_member(
     let repeered = old.and_then(|(m, _)| overlay::repeered(&m.plan, &plan));
     let old = old.filter(|_| repeered.is_some());
     let repeered = repeered.unwrap_or_default();
+    let base = old
+        .and_then(|(m, _)| overlay::rebase_peers(&m.base, &m.plan.judged, &plan.judged, &repeered))
+        .unwrap_or_else(|| overlay::base_peers(&plan.judged));
     let rerouted = old.map(|(m, _)| m.plan.rerouted(&plan)).unwrap_or_default();
     let observed = &cluster.overlay_observed;
     let mut members = BTreeMap::new();
@@ -525,14 +530,17 @@ fn mesh_by_member(
             if repeered.is_empty() {
                 return Some(MemberPart { patched: false, ..part.clone() });
             }
-            let (netns, place) = overlay::repeer(cluster, &plan, name, (&part.netns, &part.place), &repeered)?;
+            let (netns, place) =
+                overlay::repeer(cluster, (&m.plan, &plan, &base), name, (&part.netns, &part.place), &repeered)?;
             patched += 1;
             Some(MemberPart { netns: Arc::new(netns), place: Arc::new(place), patched: true, ..part.clone() })
         });
         let part = match kept {
             Some(p) => p,
             None => {
-                let Some((netns, place)) = overlay::member(cluster, settings, &plan, name, node_mtu) else { continue };
+                let Some((netns, place)) = overlay::member(cluster, settings, (&plan, &base), name, node_mtu) else {
+                    continue;
+                };
                 remade += 1;
                 let report = observed.reports.get(name).into_iter().flat_map(|r| r.values());
                 let horizon = Horizon { at: now, until: overlay::members::horizon_of(report, now) };
@@ -548,7 +556,7 @@ fn mesh_by_member(
     // Each member's horizon covers its own report, the only reports the mesh reads.
     let until = members.values().filter_map(|p| p.horizon.until).min();
     let horizon = Horizon { at: now, until };
-    Meshed { plan, members, places: Arc::new(places), mtus, addresses, horizon, remade, patched, repeered }
+    Meshed { plan, base, members, places: Arc::new(places), mtus, addresses, horizon, remade, patched, repeered }
 }
 
 /// The same part, kept (one allocation), or none on both sides.

@@ -279,15 +279,8 @@ pub fn parse_devices(state: &v1::NetnsState) -> Result<Vec<DeviceSpec>, Error> {
             0 => None,
             p => Some(u16::try_from(p).map_err(|_| invalid(format!("listen port {p} out of range")))?),
         };
-        let mut peers: Vec<PeerSpec> = Vec::new();
-        for p in &d.peers {
-            let peer = parse_peer(&object, p)?;
-            if peers.iter().any(|o| o.public_key == peer.public_key) {
-                let object = format!("{object} peer {}", p.public_key);
-                return Err(Error::Invalid { object, reason: "listed twice".into() });
-            }
-            peers.push(peer);
-        }
+        // Each key once: a device's peers are a map by key, and a key has one base64 text.
+        let peers = d.peers.iter().map(|p| parse_peer(&object, p)).collect::<Result<Vec<PeerSpec>, Error>>()?;
         out.push(DeviceSpec {
             name: d.name.clone(),
             mtu: (d.mtu != 0).then_some(d.mtu),
@@ -447,8 +440,12 @@ mod tests {
             persistent_keepalive_seconds: 25,
             ..Default::default()
         };
-        let state = |name: &str, peers| v1::NetnsState {
-            wireguard_devices: vec![v1::WireguardDevice { name: name.into(), peers, ..Default::default() }],
+        let state = |name: &str, peers: Vec<v1::WireguardPeer>| v1::NetnsState {
+            wireguard_devices: vec![v1::WireguardDevice {
+                name: name.into(),
+                peers: peers.into(),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         let k = "l3LKPRYYCDZBtZU+TDBSqPB9awxGnj7GcNpPnbcTfiU=";
@@ -457,7 +454,6 @@ mod tests {
         assert!(reason(&state("kup-wg", vec![peer("short", "", &[])])).contains("not a WireGuard key"));
         assert!(reason(&state("kup-wg", vec![peer(k, "host:51820", &[])])).contains("is not IP:port"));
         assert!(reason(&state("kup-wg", vec![peer(k, "", &["10.42.1.1/24"])])).contains("host bits"));
-        assert!(reason(&state("kup-wg", vec![peer(k, "", &[]), peer(k, "", &[])])).contains("listed twice"));
         let ok = parse_devices(&state("kup-wg", vec![peer(k, "[2001:db8::7]:51820", &["10.42.1.0/24", "fd00::/64"])]))
             .expect("valid");
         assert_eq!(ok[0].peers[0].endpoint, "[2001:db8::7]:51820".parse().ok());

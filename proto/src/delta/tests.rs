@@ -3,7 +3,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::build::{accept, addr, chain, counter, member, port, rule, set, table};
 use crate::canonical::canonicalize_netns_whole;
-use crate::v1::{NftFamily, NftSet, NftType, Route, Sysctl};
+use crate::v1::{NftFamily, NftSet, NftType, Route, Sysctl, WireguardPeer};
 
 /// A namespace drawn from small pools, so that two draws share most of their items: sysctls,
 /// routes, one table whose set holds some of 600 ports (and, with `other_chain`, a second

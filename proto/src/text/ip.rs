@@ -144,8 +144,8 @@ mod tests {
              ip link set kup-wg mtu 1420 up\n\
              ip addr add 100.96.0.1/32 dev kup-wg\n\
              wg set kup-wg private-key <node key> listen-port 51820 fwmark 0x6b700001\n\
-             wg set kup-wg peer l3LKPRYYCDZBtZU+TDBSqPB9awxGnj7GcNpPnbcTfiU= endpoint 203.0.113.7:51820 allowed-ips 10.42.1.0/24,100.96.0.2/32 persistent-keepalive 25\n\
-             wg set kup-wg peer IVAkxB4FKNyQvXy5JCIGZ5hVgPzGgHETIT142MedoDg= allowed-ips \"\"\n"
+             wg set kup-wg peer IVAkxB4FKNyQvXy5JCIGZ5hVgPzGgHETIT142MedoDg= allowed-ips \"\"\n\
+             wg set kup-wg peer l3LKPRYYCDZBtZU+TDBSqPB9awxGnj7GcNpPnbcTfiU= endpoint 203.0.113.7:51820 allowed-ips 10.42.1.0/24,100.96.0.2/32 persistent-keepalive 25\n"
         );
     }
 }

@@ -25,8 +25,9 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use kuport_proto::v1::{
     Address, ChainPolicy, ChainType, Hook, NetnsState, NftFamily, NftRule, NftSet, NftTable, NftType, NodeState, Route,
-    Sysctl,
+    Sysctl, WireguardPeer,
 };
+use kuport_proto::wireguard::Peers;
 
 use crate::compute::numbers::MAIN_TABLE;
 use crate::observe::Cluster;
@@ -340,7 +341,7 @@ pub fn refused_place(why: &[Refusal]) -> NodeOverlay {
 pub fn member(
     cluster: &Cluster,
     settings: &OverlaySettings,
-    plan: &Plan,
+    (plan, base): (&Plan, &Peers),
     name: &str,
     node_mtu: u32,
 ) -> Option<(NetnsState, NodeOverlay)> {
@@ -351,19 +352,22 @@ pub fn member(
     let v6 = me.endpoint.iter().chain(others.iter().filter_map(|(_, m)| m.endpoint.as_ref())).any(|e| e.is_ipv6());
     let mtu = node_mtu.saturating_sub(if v6 { OVERHEAD_IPV6 } else { OVERHEAD_IPV4 });
     let entries = relays::entries(name, &judged.members, &plan.routes);
-    let peers = others
-        .iter()
-        .map(|(other, m)| {
-            // Its pod CIDRs, or for a relayed peer its overlay address only, and what it
-            // relays (docs/overlay/relays.md). Its endpoint: a candidate, rotating while
-            // silent (docs/overlay/status.md).
-            let endpoint = members::endpoint_for(cluster, &judged.members, &judged.candidates, name, other);
-            let e = entries.get(other.as_str()).cloned().unwrap_or_default();
-            let mut p = kuport_proto::build::wireguard_peer(&m.public_key, endpoint, &e.allowed_ips, e.keepalive);
-            p.probe_address = e.probe.map(|a| a.to_string()).unwrap_or_default();
-            p
-        })
-        .collect();
+    // Every other member's shared entry, and an own one where it differs.
+    let mut peers = base.clone();
+    peers.remove(&me.public_key)?;
+    for (other, m) in &others {
+        // Its pod CIDRs, or for a relayed peer its overlay address only, and what it
+        // relays (docs/overlay/relays.md). Its endpoint: a candidate, rotating while
+        // silent (docs/overlay/status.md).
+        let endpoint = members::endpoint_for(cluster, &judged.members, &judged.candidates, name, other);
+        let e = entries.get(other.as_str()).cloned().unwrap_or_default();
+        let mut p = kuport_proto::build::wireguard_peer(&m.public_key, endpoint, &e.allowed_ips, e.keepalive);
+        p.probe_address = e.probe.map(|a| a.to_string()).unwrap_or_default();
+        kuport_proto::canonical::order_prefixes(&mut p.allowed_ips);
+        if base.get(&m.public_key) != Some(&p) {
+            peers.insert(p);
+        }
+    }
     let device = kuport_proto::build::wireguard_device(&settings.interface, mtu, settings.listen_port, peers);
     let address = overlay_address(&me.pod_cidrs);
     let mut ns = NetnsState {
@@ -452,7 +456,7 @@ fn any_ipv6_endpoint(judged: &members::Judged) -> bool {
 /// None when a peer is not where `old` should hold it.
 pub fn repeer(
     cluster: &Cluster,
-    plan: &Plan,
+    (last, plan, base): (&Plan, &Plan, &Peers),
     name: &str,
     old: (&NetnsState, &NodeOverlay),
     changed: &BTreeMap<String, usize>,
@@ -460,22 +464,32 @@ pub fn repeer(
     let (mut ns, mut place) = (old.0.clone(), old.1.clone());
     let judged = &plan.judged;
     let report = cluster.overlay_observed.reports.get(name);
+    let peers = &mut ns.wireguard_devices.first_mut()?.peers;
+    // All taken out before any is put back: a member's new key may be another's old one.
+    let mut entries = Vec::with_capacity(changed.len());
     for (other, rank) in changed {
-        let m = judged.members.get(other)?;
-        let at = peer_index(name, other, *rank)?;
-        if place.peers.get(at) != Some(other) {
+        if place.peers.get(peer_index(name, other, *rank)?) != Some(other) {
             return None;
         }
-        let peer = ns.wireguard_devices.first_mut()?.peers.get_mut(at)?;
+        let old_key = &last.judged.members.get(other)?.public_key;
+        entries.push((other, peers.remove(old_key)?));
+    }
+    for (other, entry) in entries {
+        let m = judged.members.get(other)?;
         let endpoint = members::endpoint_for(cluster, &judged.members, &judged.candidates, name, other);
+        let mut peer = Arc::unwrap_or_clone(entry);
         peer.public_key.clone_from(&m.public_key);
         peer.endpoint = endpoint.map(|e| e.to_string()).unwrap_or_default();
+        match base.get_shared(&m.public_key).filter(|b| ***b == peer) {
+            Some(shared) => peers.insert_shared(shared.clone()),
+            None => peers.insert(peer),
+        };
         place.seen.insert(other.clone(), seen(report, &m.public_key));
     }
     Some((ns, place))
 }
 
-/// `state`, the node state that held member `name`'s last part, with the peer entries of the
+/// `state`, the node state that held a member's last part, with the peer entries of the
 /// members in `changed` taken from `part`, its part under `plan` made by [`repeer`] from that
 /// one (under `last`): nothing else in the state differs, so its other namespaces, objects and
 /// set digests stay, and its host namespace's version is made again. Canonical as the state
@@ -485,7 +499,6 @@ pub fn repeer_state(
     settings: &OverlaySettings,
     last: &Plan,
     plan: &Plan,
-    name: &str,
     part: &NetnsState,
     changed: &BTreeMap<String, usize>,
 ) -> Option<NodeState> {
@@ -493,21 +506,15 @@ pub fn repeer_state(
     let mut state = state.clone();
     let host = state.netns.iter_mut().find(|ns| ns.target.is_none())?;
     let device = host.wireguard_devices.iter_mut().find(|d| d.name == settings.interface)?;
-    // All found before any is replaced: a member's new key may be another's old one.
-    let mut found = Vec::with_capacity(changed.len());
-    for (other, rank) in changed {
-        let old_key = last.judged.members.get(other)?.public_key.as_str();
-        let new_key = plan.judged.members.get(other)?.public_key.as_str();
-        let at = device.peers.binary_search_by(|p| p.public_key.as_str().cmp(old_key)).ok()?;
-        let new = new_peers.get(peer_index(name, other, *rank)?).filter(|p| p.public_key == new_key)?;
-        found.push((at, new));
+    // All taken out before any is put back: a member's new key may be another's old one.
+    for other in changed.keys() {
+        device.peers.remove(&last.judged.members.get(other)?.public_key)?;
     }
-    for (at, new) in found {
-        let peer = device.peers.get_mut(at)?;
-        peer.public_key.clone_from(&new.public_key);
-        peer.endpoint.clone_from(&new.endpoint);
+    for other in changed.keys() {
+        let new_key = &plan.judged.members.get(other)?.public_key;
+        // The part's entry itself: the state shares it.
+        device.peers.insert_shared(new_peers.get_shared(new_key)?.clone());
     }
-    kuport_proto::canonical::order_peers(device);
     host.version.clear();
     host.version = kuport_proto::canonical::netns_version(host);
     Some(state)
@@ -517,6 +524,40 @@ pub fn repeer_state(
 /// `rank`: its peers are every member but itself, in name order.
 fn peer_index(name: &str, other: &str, rank: usize) -> Option<usize> {
     if name < other { rank.checked_sub(1) } else { Some(rank) }
+}
+
+/// Every member's peer entry as a member that reaches it directly and has no report of it holds
+/// it: its first endpoint candidate, its pod CIDRs, the keepalive, its overlay address to probe.
+/// Members' devices share these entries and hold their own only where one differs ([`member`]),
+/// so a mesh of N members holds about N entries, not N squared (docs/decisions.md, "Peers
+/// shared between states").
+pub fn base_peers(judged: &members::Judged) -> Peers {
+    judged.members.iter().map(|(name, m)| base_peer(judged, name, m)).collect()
+}
+
+/// `last`, the base entries under plan `was`, with those of the members in `changed` (whose
+/// key or candidates alone differ between the plans, [`repeered`]) made again under `judged`.
+pub fn rebase_peers(
+    last: &Peers,
+    was: &members::Judged,
+    judged: &members::Judged,
+    changed: &BTreeMap<String, usize>,
+) -> Option<Peers> {
+    let mut base = last.clone();
+    for other in changed.keys() {
+        base.remove(&was.members.get(other)?.public_key)?;
+    }
+    for other in changed.keys() {
+        base.insert(base_peer(judged, other, judged.members.get(other)?));
+    }
+    Some(base)
+}
+
+fn base_peer(judged: &members::Judged, name: &str, m: &members::Member) -> WireguardPeer {
+    let endpoint = judged.candidates.get(name).and_then(|c| c.first()).copied();
+    let mut p = kuport_proto::build::wireguard_peer(&m.public_key, endpoint, &m.pod_cidrs, KEEPALIVE_SECONDS);
+    p.probe_address = overlay_address(&m.pod_cidrs).map(|a| a.to_string()).unwrap_or_default();
+    p
 }
 
 /// The overlay's table on a member (docs/overlay/filter.md): one forward chain that

@@ -105,6 +105,28 @@ fn golden_three_sites() {
     insta::assert_snapshot!("three_sites", text(&run(&sites())));
 }
 
+/// Two members that see a third alike hold one entry for it, not two copies; one whose entry
+/// differs (an unreachable peer, docs/overlay/relays.md) holds its own (docs/decisions.md, "Peers
+/// shared between states").
+#[test]
+fn members_that_see_a_peer_alike_share_its_entry() {
+    let out = run(&sites());
+    let entry = |node: &str, peer: u8| {
+        out.node_states[node].netns[0].wireguard_devices[0].peers.get_shared(&key(peer)).cloned().expect("an entry")
+    };
+    assert!(std::sync::Arc::ptr_eq(&entry("cloud", 2), &entry("vm", 2)), "home's entry, shared");
+    assert!(std::sync::Arc::ptr_eq(&entry("home", 3), &entry("cloud", 3)), "vm's entry, shared");
+
+    let mut w = sites();
+    report(&mut w, "home", key(3), None, Reach::Unreachable);
+    let relayed = run(&w);
+    let entry = |node: &str, peer: u8| {
+        relayed.node_states[node].netns[0].wireguard_devices[0].peers.get_shared(&key(peer)).cloned().expect("an entry")
+    };
+    assert_ne!(entry("home", 3), entry("cloud", 3), "home cannot reach vm, and no relay can");
+    assert_eq!(entry("home", 3).persistent_keepalive_seconds, 0, "no keepalive to it");
+}
+
 /// A dual-stack node and an IPv6 endpoint: IPv6 forwarding and the IPv6 overhead; its IPv6 pod
 /// CIDR is routed only by nodes whose pods have IPv6 too (none here), but allowed everywhere.
 #[test]
@@ -554,8 +576,9 @@ wireguardPublicKey: "{}"
     crate::render::load_text(std::path::Path::new("mesh.yaml"), &yaml, &mut c).unwrap();
     let out = compute(&c, &on());
     let home = &out.node_states["home"].netns[0].wireguard_devices[0];
-    assert_eq!(home.peers[0].endpoint, "198.51.100.4:51821");
-    assert_eq!(home.peers[0].allowed_ips, ["10.42.2.0/24"]);
+    let peer = home.peers.iter().next().expect("a peer");
+    assert_eq!(peer.endpoint, "198.51.100.4:51821");
+    assert_eq!(peer.allowed_ips, ["10.42.2.0/24"]);
     assert_eq!(out.overlay["vm"].peers, ["home"]);
 }
 
