@@ -12,7 +12,6 @@ use std::sync::Arc;
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{DecodeContext, WireType, message, skip_field, string, uint32};
 use prost::{DecodeError, Message};
-
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::v1::WireguardPeer;
@@ -115,10 +114,6 @@ impl Peers {
     /// The entry as held, to share with another device.
     pub fn get_shared(&self, public_key: &str) -> Option<&Arc<WireguardPeer>> {
         self.map.get(public_key)
-    }
-
-    pub fn contains(&self, public_key: &str) -> bool {
-        self.map.contains_key(public_key)
     }
 
     /// Puts `peer` in canonical form and holds it, in place of one with the same key.

@@ -265,5 +265,10 @@ mod tests {
         {
             assert!(bad.parse::<PublicKey>().is_err(), "{bad}");
         }
+        // PUBLIC with a trailing bit set (`V` for `U`): a lenient decoder reads the same key.
+        // Refused, so a key has one text, and a device's peers, a map by that text, hold each
+        // key once (docs/overlay/node.md).
+        let trailing = "l3LKPRYYCDZBtZU+TDBSqPB9awxGnj7GcNpPnbcTfiV=";
+        assert!(trailing.parse::<PublicKey>().is_err(), "{trailing}");
     }
 }
