@@ -367,9 +367,12 @@ fn a_node_that_is_not_a_relay_drops_what_would_leave_the_overlay_back_into_it() 
     let lab = Lab::new();
     let (states, mut exs) = lab.up(&dev);
     let (cloud, home, vm) = (lab.node("cloud"), lab.node("home"), lab.node("vm"));
-    let mut cidrs: Vec<ipnet::IpNet> = lab.nodes.iter().map(|n| n.pod_cidr().parse().expect("a pod CIDR")).collect();
-    cidrs.sort();
-    let filter = kuport_proto::text::nft_table(&kuport_controller::compute::overlay::filter_table(&dev, &cidrs));
+    // The members' pod CIDRs, aggregated as the controller's plan does.
+    let cidrs: Vec<ipnet::IpNet> = lab.nodes.iter().map(|n| n.pod_cidr().parse().expect("a pod CIDR")).collect();
+    let filter = kuport_proto::text::nft_table(&kuport_controller::compute::overlay::filter_table(
+        &dev,
+        &ipnet::IpNet::aggregate(&cidrs),
+    ));
     for n in &lab.nodes {
         assert_eq!(overlay_table(&n.ns), filter, "{}: the computed filter, as nft lists it", n.name);
     }

@@ -8,7 +8,7 @@
 //!    told ([`heard`]); and with [`relays`], which pairs go through a relay and which one
 //!    (docs/overlay/relays.md).
 //! 2. [`member`], per member: its device, one peer per other member, its overlay address, the
-//!    routes of the other members' pod CIDRs through the device, and its MTU.
+//!    routes of the other members' pod addresses through the device, and its MTU.
 //!
 //! The executor's half (keys, the device, peer-by-peer changes) is docs/overlay/node.md.
 
@@ -202,10 +202,6 @@ pub fn overlay_address(pod_cidrs: &[IpNet]) -> Option<Ipv4Addr> {
     })
 }
 
-fn same_family(a: &IpNet, b: &IpNet) -> bool {
-    matches!((a, b), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)))
-}
-
 /// What the mesh decides once for all its members: who they are and where each may be reached,
 /// and which pairs go through a relay. Each member's part follows from it and from the member's
 /// own reports ([`member`]).
@@ -215,7 +211,8 @@ pub struct Plan {
     /// What the members' reports told, kept for the next plan ([`replan`]).
     pub heard: heard::Heard,
     pub routes: relays::Routes,
-    /// Every member's pod CIDRs, in order: the filter's sets. Shared like the members.
+    /// Every member's pod addresses, as the fewest prefixes ([`cidrs_of`]): the filter's sets
+    /// and, less a member's own, its routes. Shared like the members.
     pub member_cidrs: Arc<Vec<IpNet>>,
 }
 
@@ -317,11 +314,52 @@ fn candidates_again(
     candidates
 }
 
-/// Every member's pod CIDRs, in order.
+/// Every member's pod addresses as the fewest prefixes, in order (IPv4 first): adjacent pod
+/// CIDRs merged, as a node IPAM that hands them out of one cluster CIDR makes most of them. The
+/// same addresses as the pod CIDRs themselves, in a few entries whatever the mesh's size
+/// (docs/decisions.md, "Routes and sets of the members' aggregated pod CIDRs").
 fn cidrs_of(members: &BTreeMap<String, members::Member>) -> Vec<IpNet> {
-    let mut cidrs: Vec<IpNet> = members.values().flat_map(|m| m.pod_cidrs.iter().copied()).collect();
-    cidrs.sort();
-    cidrs
+    let cidrs: Vec<IpNet> = members.values().flat_map(|m| m.pod_cidrs.iter().copied()).collect();
+    IpNet::aggregate(&cidrs)
+}
+
+/// The IPv4 prefixes of `all` (aggregated, [`cidrs_of`]) less the addresses of `own`, as the
+/// fewest prefixes: the routes of every other member's pods on a member whose pod CIDRs are
+/// `own` (members' pod CIDRs never overlap, so each of `own` lies within one of `all`).
+pub fn others_v4(all: &[IpNet], own: &[IpNet]) -> Vec<ipnet::Ipv4Net> {
+    let mut out: Vec<ipnet::Ipv4Net> = all
+        .iter()
+        .filter_map(|c| match c {
+            IpNet::V4(n) => Some(*n),
+            IpNet::V6(_) => None,
+        })
+        .collect();
+    for hole in own.iter().filter_map(|c| match c {
+        IpNet::V4(n) => Some(*n),
+        IpNet::V6(_) => None,
+    }) {
+        out = out.into_iter().flat_map(|p| without(p, hole)).collect();
+    }
+    out.sort();
+    out
+}
+
+/// `p` less `hole`: `p` itself when it does not contain `hole`, else the halves beside the
+/// path from `p` down to `hole`, the fewest prefixes that cover the rest.
+fn without(p: ipnet::Ipv4Net, hole: ipnet::Ipv4Net) -> Vec<ipnet::Ipv4Net> {
+    if !p.contains(&hole) {
+        return vec![p];
+    }
+    let mut rest = Vec::new();
+    let mut at = p;
+    while at.prefix_len() < hole.prefix_len() {
+        let Ok(mut halves) = at.subnets(at.prefix_len() + 1) else { break };
+        let (Some(a), Some(b)) = (halves.next(), halves.next()) else { break };
+        let (into, beside) = if a.contains(&hole) { (a, b) } else { (b, a) };
+        rest.push(beside);
+        at = into;
+    }
+    rest
 }
 
 /// Every pair's route, from the relay candidates among the members and the broken pairs.
@@ -388,13 +426,14 @@ pub fn member(
     }
     // Routes of the families this node's pods have: no one here could use the others. IPv4
     // only for now: the executor's routes are IPv4 (dual-stack is issue 19), and one IPv6
-    // route would refuse the node's whole state (`overlay_root.rs` found it).
-    for (_, m) in &others {
-        let routed = |c: &&IpNet| matches!(c, IpNet::V4(_)) && me.pod_cidrs.iter().any(|o| same_family(c, o));
-        for c in m.pod_cidrs.iter().filter(routed) {
+    // route would refuse the node's whole state (`overlay_root.rs` found it). Every other
+    // member's pod addresses, as the fewest prefixes: WireGuard's allowed IPs, not the route,
+    // choose the peer.
+    if me.pod_cidrs.iter().any(|c| matches!(c, IpNet::V4(_))) {
+        for dst in others_v4(&plan.member_cidrs, &me.pod_cidrs) {
             ns.routes.push(Route {
                 table: MAIN_TABLE,
-                dst: c.to_string(),
+                dst: dst.to_string(),
                 via: String::new(),
                 dev: settings.interface.clone(),
             });

@@ -466,7 +466,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// A lists B iff B lists A, under the key each reports; allowed IPs never overlap across the
-    /// peers of one node nor the node's own pod CIDRs; every route goes to a peer's prefix; a
+    /// peers of one node nor the node's own pod CIDRs; the routes are the fewest prefixes of
+    /// exactly the IPv4 addresses its peers allow; a
     /// refused node has no device and is no one's peer; and input order does not matter.
     #[test]
     fn peers_are_symmetric_and_allowed_ips_never_overlap(nodes in prop::collection::vec(gen_node(), 0..12)) {
@@ -507,16 +508,26 @@ proptest! {
                     taken.push((r, peer.to_string()));
                 }
             }
-            let allowed: BTreeSet<&str> =
+            let allowed: Vec<IpNet> = devices[0]
+                .peers
+                .iter()
+                .flat_map(|p| p.allowed_ips.iter().filter_map(|a| a.parse().ok()))
                 // IPv4 only: IPv6 pod CIDRs are not routed yet (docs/overlay/mesh.md).
-                devices[0].peers.iter().flat_map(|p| p.allowed_ips.iter().map(String::as_str)).filter(|a| a.contains('.')).collect();
-            let routed: BTreeSet<&str> = state.netns[0]
+                .filter(|a: &IpNet| matches!(a, IpNet::V4(_)))
+                .collect();
+            let mut routed: Vec<IpNet> = state.netns[0]
                 .routes
                 .iter()
                 .filter(|r| r.dev == DEFAULT_INTERFACE)
-                .map(|r| r.dst.as_str())
+                .filter_map(|r| r.dst.parse().ok())
                 .collect();
-            prop_assert_eq!(allowed, routed, "{}: a route for exactly every IPv4 peer prefix", n);
+            routed.sort();
+            prop_assert_eq!(
+                IpNet::aggregate(&allowed),
+                routed,
+                "{}: routes of exactly the IPv4 addresses its peers allow, as the fewest prefixes",
+                n
+            );
             let address = out.overlay[n].address.map(|a| format!("{a}/32"));
             let on_device: Vec<&str> =
                 state.netns[0].addresses.iter().filter(|a| a.dev == DEFAULT_INTERFACE).map(|a| a.cidr.as_str()).collect();
@@ -888,11 +899,45 @@ fn a_relay_gets_pods_v6_only_when_some_pod_cidr_is_ipv6() {
 }
 
 /// Every member's pod CIDRs, sorted: what every member's filter holds in its sets.
+/// A member's routes are the other members' IPv4 pod addresses as the fewest prefixes: a few
+/// routes for a mesh of contiguous pod CIDRs, whatever its size.
+#[test]
+fn routes_are_the_other_members_pod_addresses_as_the_fewest_prefixes() {
+    let nets = |s: &[&str]| -> Vec<IpNet> { s.iter().filter_map(|c| c.parse().ok()).collect() };
+    let text = |v: Vec<ipnet::Ipv4Net>| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+    let four = IpNet::aggregate(&nets(&["10.42.0.0/24", "10.42.1.0/24", "10.42.2.0/24", "10.42.3.0/24"]));
+    assert_eq!(four, nets(&["10.42.0.0/22"]));
+    assert_eq!(text(others_v4(&four, &nets(&["10.42.1.0/24", "fd00::/64"]))), ["10.42.0.0/24", "10.42.2.0/23"]);
+    assert_eq!(text(others_v4(&four, &nets(&["fd00::/64"]))), ["10.42.0.0/22"]);
+    // docs/overlay/mesh.md's example: ten members, 10.42.0.0/24 to 10.42.9.0/24.
+    let ten: Vec<String> = (0..10).map(|i| format!("10.42.{i}.0/24")).collect();
+    let ten = IpNet::aggregate(&ten.iter().filter_map(|c| c.parse().ok()).collect());
+    assert_eq!(
+        text(others_v4(&ten, &nets(&["10.42.3.0/24"]))),
+        ["10.42.0.0/23", "10.42.2.0/24", "10.42.4.0/22", "10.42.8.0/23"]
+    );
+    let apart = nets(&["10.1.0.0/24", "10.3.0.0/24", "fd00::/64"]);
+    assert_eq!(text(others_v4(&apart, &nets(&["10.3.0.0/24"]))), ["10.1.0.0/24"]);
+    // 1,000 members numbered from 10.42.0.0/24: six prefixes in all, at most 6 + 24 routes each.
+    let all: Vec<IpNet> = (0..1000u32)
+        .map(|i| IpNet::V4(ipnet::Ipv4Net::new((0x0a2a_0000 + (i << 8)).into(), 24).expect("a /24")))
+        .collect();
+    let merged = IpNet::aggregate(&all);
+    assert_eq!(merged.len(), 6);
+    for (i, own) in all.iter().enumerate().step_by(37) {
+        let routes = others_v4(&merged, std::slice::from_ref(own));
+        assert!(routes.len() <= 30, "{i}: {routes:?}");
+        let addresses: u64 = routes.iter().map(|r| 1u64 << (32 - r.prefix_len())).sum();
+        assert_eq!(addresses, 999 * 256, "{i}");
+        let apart_from_own = |r: &ipnet::Ipv4Net| !IpNet::V4(*r).contains(own) && !own.contains(&IpNet::V4(*r));
+        assert!(routes.iter().all(apart_from_own), "{i}: {routes:?}");
+    }
+}
+
 fn member_cidrs(out: &crate::compute::Outputs) -> Vec<IpNet> {
-    let mut cidrs: Vec<IpNet> =
+    let cidrs: Vec<IpNet> =
         out.overlay.values().filter(|o| o.refused.is_empty()).flat_map(|o| o.pod_cidrs.clone()).collect();
-    cidrs.sort();
-    cidrs
+    IpNet::aggregate(&cidrs)
 }
 
 /// Tables without the digests the state's canonical form adds to sets, to compare with what the
