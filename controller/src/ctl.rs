@@ -764,7 +764,7 @@ mod tests {
             pod_cidrs: vec!["10.42.1.0/24".parse().expect("cidr"), "fd00:42:1::/64".parse().expect("cidr")],
             address: Some("10.42.1.0".parse().expect("address")),
             mtu: 1420,
-            peers: vec!["b".into()],
+            peers: vec!["b".into()].into(),
             refused: Vec::new(),
             ..Default::default()
         };

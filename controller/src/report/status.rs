@@ -489,7 +489,7 @@ mod tests {
 
     #[test]
     fn a_young_term_writes_a_node_once_it_and_its_peers_were_served() {
-        let place = overlay::NodeOverlay { peers: vec!["cloud".into(), "home-b".into()], ..Default::default() };
+        let place = overlay::NodeOverlay { peers: vec!["cloud".into(), "home-b".into()].into(), ..Default::default() };
         let served = |names: &'static [&'static str]| move |n: &str| names.contains(&n);
         assert!(!settled("home-a", &place, served(&["cloud", "home-b"])), "itself");
         assert!(!settled("home-a", &place, served(&["home-a", "cloud"])), "a peer");

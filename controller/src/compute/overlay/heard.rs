@@ -16,18 +16,24 @@ use super::relays::{Pair, pair};
 use crate::observe::{Cluster, ObservedPeer, SeenPeers};
 
 /// What one member's report tells the plan, read at `at`; it holds until `until`, when the
-/// first of its live sessions turns silent.
+/// first of its live sessions turns silent. Persistent maps: a new key edits every member's
+/// told by one peer, in time that does not grow with the mesh.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Told {
     /// Per peer name, the endpoint a live session with it shows (usable, with a port).
-    learned: BTreeMap<String, SocketAddr>,
+    learned: imbl::OrdMap<String, SocketAddr>,
     /// The peers it reports unreachable.
-    unreachable: BTreeSet<String>,
+    unreachable: imbl::OrdSet<String>,
     at: i64,
     until: Option<i64>,
 }
 
 impl Told {
+    /// The peers it tells anything of (some twice).
+    fn told_of(&self) -> impl Iterator<Item = &String> {
+        self.learned.keys().chain(self.unreachable.iter())
+    }
+
     fn holds(&self, now: i64) -> bool {
         now >= self.at && self.until.is_none_or(|u| now < u)
     }
@@ -57,7 +63,8 @@ impl Heard {
             self.told.keys().filter(|r| !members.contains_key(*r) || !reports.contains_key(*r)).cloned().collect();
         for reporter in gone {
             if let Some((_, old)) = self.told.remove(&reporter) {
-                self.change(&reporter, &old, &Told::default(), &mut touched);
+                let peers: BTreeSet<&String> = old.told_of().collect();
+                self.change(&reporter, (&old, &Told::default()), peers, &mut touched);
             }
         }
         let mut by_key: Option<BTreeMap<&str, &str>> = None;
@@ -70,42 +77,50 @@ impl Heard {
                 .get_or_insert_with(|| members.iter().map(|(n, m)| (m.public_key.as_str(), n.as_str())).collect());
             let new = told(reporter, report, by_key, cluster.now);
             let old = self.told.get(reporter).map(|(_, t)| t.clone()).unwrap_or_default();
-            self.change(reporter, &old, &new, &mut touched);
+            let peers: BTreeSet<&String> = old.told_of().chain(new.told_of()).collect();
+            self.change(reporter, (&old, &new), peers, &mut touched);
             self.told.insert(reporter.clone(), (report.clone(), Arc::new(new)));
         }
         touched
     }
 
     /// Replaces what `reporter` told (`old`) by `new`, noting the peers whose learned
-    /// endpoints changed.
-    fn change(&mut self, reporter: &str, old: &Told, new: &Told, touched: &mut BTreeSet<String>) {
-        let peers: BTreeSet<&String> = old.learned.keys().chain(new.learned.keys()).collect();
+    /// endpoints changed; those told differently of are among `peers` (each once).
+    fn change<'a>(
+        &mut self,
+        reporter: &str,
+        (old, new): (&Told, &Told),
+        peers: impl IntoIterator<Item = &'a String>,
+        touched: &mut BTreeSet<String>,
+    ) {
         for peer in peers {
             let after = new.learned.get(peer);
-            if old.learned.get(peer) == after {
-                continue;
-            }
-            let entry = Arc::make_mut(self.learned.entry(peer.clone()).or_default());
-            match after {
-                Some(e) => entry.insert(reporter.to_string(), *e),
-                None => entry.remove(reporter),
-            };
-            if entry.is_empty() {
-                self.learned.remove(peer);
-            }
-            touched.insert(peer.clone());
-        }
-        for peer in old.unreachable.difference(&new.unreachable) {
-            let p = pair(reporter, peer);
-            if let Some(sides) = self.broken.get_mut(&p) {
-                sides.remove(reporter);
-                if sides.is_empty() {
-                    self.broken.remove(&p);
+            if old.learned.get(peer) != after {
+                let entry = Arc::make_mut(self.learned.entry(peer.clone()).or_default());
+                match after {
+                    Some(e) => entry.insert(reporter.to_string(), *e),
+                    None => entry.remove(reporter),
+                };
+                if entry.is_empty() {
+                    self.learned.remove(peer);
                 }
+                touched.insert(peer.clone());
             }
-        }
-        for peer in new.unreachable.difference(&old.unreachable) {
-            self.broken.entry(pair(reporter, peer)).or_default().insert(reporter.to_string());
+            let p = pair(reporter, peer);
+            match (old.unreachable.contains(peer), new.unreachable.contains(peer)) {
+                (true, false) => {
+                    if let Some(sides) = self.broken.get_mut(&p) {
+                        sides.remove(reporter);
+                        if sides.is_empty() {
+                            self.broken.remove(&p);
+                        }
+                    }
+                }
+                (false, true) => {
+                    self.broken.entry(p).or_default().insert(reporter.to_string());
+                }
+                _ => {}
+            }
         }
     }
 
@@ -132,7 +147,9 @@ impl Heard {
         let reporters: Vec<String> = self.told.keys().cloned().collect();
         for reporter in reporters {
             let Some((report, was)) = self.told.get(&reporter).cloned() else { continue };
+            // A copy in constant time: only the rekeyed peers are edited and compared.
             let mut new = Told::clone(&was);
+            let peers: Vec<&String> = rekeyed.iter().filter(|(p, _)| **p != reporter).map(|(p, _)| *p).collect();
             for (peer, key) in rekeyed.iter().filter(|(p, _)| **p != reporter) {
                 new.learned.remove(*peer);
                 new.unreachable.remove(*peer);
@@ -140,8 +157,12 @@ impl Heard {
                     tell(&mut new, peer, p, cluster.now);
                 }
             }
-            if new != *was {
-                self.change(&reporter, &was, &new, &mut touched);
+            let same = |p: &&String| {
+                was.learned.get(*p) == new.learned.get(*p)
+                    && was.unreachable.contains(*p) == new.unreachable.contains(*p)
+            };
+            if !(peers.iter().all(same) && was.until == new.until) {
+                self.change(&reporter, (&was, &new), peers, &mut touched);
                 self.told.insert(reporter, (report, Arc::new(new)));
             }
         }

@@ -167,15 +167,16 @@ pub struct NodeOverlay {
     pub address: Option<Ipv4Addr>,
     pub mtu: u32,
     /// The other members, which are this node's peers.
-    pub peers: Vec<String>,
+    pub peers: Arc<[String]>,
     /// Empty for a member.
     pub refused: Vec<Refusal>,
     /// A relay candidate ([`relays::is_candidate`]).
     pub relay: bool,
     /// Per peer, how this member's pod traffic reaches it.
-    pub routes: BTreeMap<String, relays::PeerRoute>,
-    /// Per peer, what this member's executor last reported of it.
-    pub seen: BTreeMap<String, PeerSeen>,
+    pub routes: imbl::OrdMap<String, relays::PeerRoute>,
+    /// Per peer, what this member's executor last reported of it. Persistent, like `routes`,
+    /// so a place patched for one peer ([`repeer`]) is a copy in constant time.
+    pub seen: imbl::OrdMap<String, PeerSeen>,
 }
 
 /// What a member's executor last reported of one peer: unknown, with no endpoint, until a
@@ -717,14 +718,14 @@ pub fn labels(nodes: &Places) -> BTreeMap<String, BTreeMap<String, String>> {
 }
 
 /// The [`ROUTES_ANNOTATION`]'s value: `{"cloud":"direct","home-b":"via cloud"}`, in name order.
-pub fn routes_json(routes: &BTreeMap<String, relays::PeerRoute>) -> String {
+pub fn routes_json(routes: &imbl::OrdMap<String, relays::PeerRoute>) -> String {
     let text: BTreeMap<&str, String> = routes.iter().map(|(p, r)| (p.as_str(), r.to_string())).collect();
     serde_json::to_string(&text).unwrap_or_default()
 }
 
 /// The [`PEERS_ANNOTATION`]'s value:
 /// `{"cloud":{"endpoint":"203.0.113.7:51820","state":"direct"},"home-b":{"state":"unknown"}}`.
-pub fn peers_json(seen: &BTreeMap<String, PeerSeen>) -> String {
+pub fn peers_json(seen: &imbl::OrdMap<String, PeerSeen>) -> String {
     use kuport_proto::v1::Reach;
     let text: serde_json::Map<String, serde_json::Value> = seen
         .iter()

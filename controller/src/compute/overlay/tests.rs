@@ -590,7 +590,7 @@ wireguardPublicKey: "{}"
     let peer = home.peers.iter().next().expect("a peer");
     assert_eq!(peer.endpoint, "198.51.100.4:51821");
     assert_eq!(peer.allowed_ips, ["10.42.2.0/24"]);
-    assert_eq!(out.overlay["vm"].peers, ["home"]);
+    assert_eq!(*out.overlay["vm"].peers, ["home"]);
 }
 
 /// What the Kubernetes source digests of a Node changes with what the mesh reads, and not with
