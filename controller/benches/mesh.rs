@@ -160,7 +160,7 @@ fn main() {
         let rss0 = proc_status("VmRSS:");
         let (cold, out) = timed(|| compute(&base, &settings));
         let peak = proc_status("VmHWM:").saturating_sub(rss0);
-        let peers: usize = out.overlay.values().map(|o| o.peers.len()).sum();
+        let peers: usize = out.overlay.values().map(|o| o.peers().count()).sum();
         notes.push(format!(
             "{n} members: cold compute {}; {peers} peer entries; peak memory above the inputs {} MiB ({} KiB per member{})",
             ms(cold),

@@ -764,7 +764,7 @@ mod tests {
             pod_cidrs: vec!["10.42.1.0/24".parse().expect("cidr"), "fd00:42:1::/64".parse().expect("cidr")],
             address: Some("10.42.1.0".parse().expect("address")),
             mtu: 1420,
-            peers: vec!["b".into()].into(),
+            routes: imbl::OrdMap::unit("b".into(), crate::compute::overlay::relays::PeerRoute::Direct),
             refused: Vec::new(),
             ..Default::default()
         };
@@ -804,7 +804,8 @@ mod tests {
                 "endpoint: 203.0.113.1:51820",
                 "podCIDRs: 10.42.1.0/24,fd00:42:1::/64",
                 &format!("publicKey: {KEY}"),
-                "peers: 1"
+                "peers: 1",
+                "routes: b=direct"
             ]
         );
         assert_eq!(
@@ -836,6 +837,8 @@ mod tests {
         let want = "\
 MEMBER           KEY       ENDPOINT               POD CIDRS                    ADDRESS         PEERS
 a                kOzLDlGv  203.0.113.1:51820      10.42.1.0/24,fd00:42:1::/64  10.42.1.0       1
+  PEER           ROUTE            REACH        HANDSHAKE  RX          TX          ENDPOINT
+  b              direct           unreported   -          -           -           -
 
 REFUSED          REASON           FIELD                        MESSAGE
 c                NoPublicKey      wireguardPublicKey           the executor's report was refused: bad: key
@@ -868,6 +871,7 @@ c                NoPodCIDRs       spec.podCIDRs                the Node has no p
 MEMBER           KEY       ENDPOINT               POD CIDRS                    ADDRESS         PEERS
 a                kOzLDlGv  203.0.113.1:51820      10.42.1.0/24,fd00:42:1::/64  10.42.1.0       1
   PEER           ROUTE            REACH        HANDSHAKE  RX          TX          ENDPOINT
+  b              direct           unreported   -          -           -           -
   a              -                unknown      12s ago    1.2 MiB     340 B       198.51.100.7:40211
   l3LKPRYY       -                unknown      never      0 B         0 B         -
 ";
@@ -892,7 +896,6 @@ a                kOzLDlGv  203.0.113.1:51820      10.42.1.0/24,fd00:42:1::/64  1
             pod_cidrs: vec![format!("10.42.{i}.0/24").parse().expect("cidr")],
             address: Some(format!("10.42.{i}.0").parse().expect("address")),
             mtu: 1420,
-            peers: routes.iter().map(|(p, _)| p.to_string()).collect(),
             relay,
             routes: routes.into_iter().map(|(p, r)| (p.to_string(), r)).collect(),
             ..Default::default()

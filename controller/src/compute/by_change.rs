@@ -86,8 +86,8 @@ struct Meshed {
     remade: usize,
     /// How many it made from their last by taking changed peers ([`overlay::repeer`]).
     patched: usize,
-    /// The members whose peer entries those took, with their rank ([`overlay::repeered`]).
-    repeered: BTreeMap<String, usize>,
+    /// The members whose peer entries those took ([`overlay::repeered`]).
+    repeered: BTreeSet<String>,
 }
 
 /// One member's part of its host namespace and its place, with what only it read: its node's
@@ -521,7 +521,7 @@ fn mesh_by_member(
             let same = part.node_mtu == node_mtu
                 && part.horizon.holds(now)
                 && !rerouted.contains(name)
-                && !repeered.contains_key(name)
+                && !repeered.contains(name)
                 && was.reports.get(name) == observed.reports.get(name)
                 && was.last_endpoints.get(name) == observed.last_endpoints.get(name);
             if !same {

@@ -359,7 +359,7 @@ impl Gate for Writer {
 /// executors' reports (docs/overlay/status.md, "A new leader"). Before that, a new leader's
 /// routes and peer states would say direct and unknown for a moment.
 fn settled(name: &str, place: &overlay::NodeOverlay, served: impl Fn(&str) -> bool) -> bool {
-    served(name) && place.peers.iter().all(|p| served(p))
+    served(name) && place.peers().all(|p| served(p))
 }
 
 /// The merge patch of a Node's annotations that takes the published keys from `have` to `want`
@@ -489,7 +489,9 @@ mod tests {
 
     #[test]
     fn a_young_term_writes_a_node_once_it_and_its_peers_were_served() {
-        let place = overlay::NodeOverlay { peers: vec!["cloud".into(), "home-b".into()].into(), ..Default::default() };
+        let routes =
+            ["cloud", "home-b"].map(|p| (p.to_string(), overlay::relays::PeerRoute::Direct)).into_iter().collect();
+        let place = overlay::NodeOverlay { routes, ..Default::default() };
         let served = |names: &'static [&'static str]| move |n: &str| names.contains(&n);
         assert!(!settled("home-a", &place, served(&["cloud", "home-b"])), "itself");
         assert!(!settled("home-a", &place, served(&["home-a", "cloud"])), "a peer");

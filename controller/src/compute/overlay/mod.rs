@@ -166,17 +166,24 @@ pub struct NodeOverlay {
     /// The device's address ([`overlay_address`]); None for a node without an IPv4 pod CIDR.
     pub address: Option<Ipv4Addr>,
     pub mtu: u32,
-    /// The other members, which are this node's peers.
-    pub peers: Arc<[String]>,
     /// Empty for a member.
     pub refused: Vec<Refusal>,
     /// A relay candidate ([`relays::is_candidate`]).
     pub relay: bool,
-    /// Per peer, how this member's pod traffic reaches it.
+    /// Per peer (every other member, [`NodeOverlay::peers`]), how this member's pod traffic
+    /// reaches it. Made from the plan's map of every member, direct, so members share all but
+    /// the entries that differ ([`member`]).
     pub routes: imbl::OrdMap<String, relays::PeerRoute>,
     /// Per peer, what this member's executor last reported of it. Persistent, like `routes`,
     /// so a place patched for one peer ([`repeer`]) is a copy in constant time.
     pub seen: imbl::OrdMap<String, PeerSeen>,
+}
+
+impl NodeOverlay {
+    /// The other members, which are this node's peers, in name order.
+    pub fn peers(&self) -> impl Iterator<Item = &String> {
+        self.routes.keys()
+    }
 }
 
 /// What a member's executor last reported of one peer: unknown, with no endpoint, until a
@@ -215,6 +222,8 @@ pub struct Plan {
     /// Every member's pod addresses, as the fewest prefixes ([`cidrs_of`]): the filter's sets
     /// and, less a member's own, its routes. Shared like the members.
     pub member_cidrs: Arc<Vec<IpNet>>,
+    /// Every member, reached directly: what each member's place's routes are made from.
+    pub all_direct: imbl::OrdMap<String, relays::PeerRoute>,
 }
 
 impl Plan {
@@ -235,7 +244,8 @@ pub fn plan(cluster: &Cluster, settings: &OverlaySettings) -> Plan {
     let (judged, heard) = members::judge_and_hear(cluster, settings);
     let member_cidrs = Arc::new(cidrs_of(&judged.members));
     let routes = routes(&judged, &heard);
-    Plan { judged, heard, routes, member_cidrs }
+    let all_direct = judged.members.keys().map(|n| (n.clone(), relays::PeerRoute::Direct)).collect();
+    Plan { judged, heard, routes, member_cidrs, all_direct }
 }
 
 /// The plan for `cluster` from `last`, the plan for `was`, whose Nodes, facts and refused facts
@@ -257,7 +267,7 @@ pub fn replan(last: &Plan, was: &Cluster, cluster: &Cluster, settings: &OverlayS
     };
     let judged = members::Judged { members: members.clone(), refused: last.judged.refused.clone(), candidates };
     let routes = routes(&judged, &heard);
-    Plan { judged, heard, routes, member_cidrs: last.member_cidrs.clone() }
+    Plan { judged, heard, routes, member_cidrs: last.member_cidrs.clone(), all_direct: last.all_direct.clone() }
 }
 
 /// The plan for `cluster` from `last`, the plan for `was`, when what judges the members
@@ -291,7 +301,8 @@ pub fn rejudge(last: &Plan, was: &Cluster, cluster: &Cluster, settings: &Overlay
         Arc::new(cidrs_of(&judged.members))
     };
     let routes = routes(&judged, &heard);
-    Plan { judged, heard, routes, member_cidrs }
+    // The same members: the same map.
+    Plan { judged, heard, routes, member_cidrs, all_direct: last.all_direct.clone() }
 }
 
 /// `last`'s candidates, made again for the members in `touched`: the others read nothing that
@@ -441,16 +452,36 @@ pub fn member(
         }
     }
     let report = cluster.overlay_observed.reports.get(name);
+    // Every other member direct, then this member's pairs that are not: found among those
+    // pairs or among its peers, whichever are fewer, so a mesh of many relayed pairs costs
+    // each member no more than a lookup per peer.
+    let mut routes = plan.all_direct.clone();
+    routes.remove(name);
+    let not_direct = &plan.routes.not_direct;
+    if not_direct.len() <= others.len() {
+        for ((a, b), route) in not_direct.iter().filter(|((a, b), _)| a == name || b == name) {
+            let other = if a == name { b } else { a };
+            if routes.contains_key(other) {
+                routes.insert(other.clone(), route.clone());
+            }
+        }
+    } else {
+        for (other, _) in &others {
+            let route = plan.routes.route(name, other);
+            if route != relays::PeerRoute::Direct {
+                routes.insert((*other).clone(), route);
+            }
+        }
+    }
     let place = NodeOverlay {
         public_key: Some(me.public_key.clone()),
         endpoint: me.endpoint,
         pod_cidrs: me.pod_cidrs.clone(),
         address,
         mtu,
-        peers: others.iter().map(|(n, _)| (*n).clone()).collect(),
         refused: Vec::new(),
         relay: me.relay,
-        routes: others.iter().map(|(n, _)| ((*n).clone(), plan.routes.route(name, n))).collect(),
+        routes,
         seen: others.iter().map(|(n, m)| ((*n).clone(), seen(report, &m.public_key))).collect(),
     };
     Some((ns, place))
@@ -463,23 +494,23 @@ fn seen(report: Option<&Arc<crate::observe::SeenPeers>>, key: &str) -> PeerSeen 
 }
 
 /// The members whose peer entry is all that differs, in the other members' parts, between
-/// plans `old` and `new`: those whose key, announced endpoint or candidates changed, with their
-/// rank among the members. None when a difference reaches more of every part: another set of
-/// members, a member's pod CIDRs (its peers' allowed IPs, their routes and filter), or an IPv6
-/// endpoint that comes or goes (every device's MTU, [`member`]). Routes, which relay
-/// candidates decide, are the caller's, pair by pair ([`Plan::rerouted`]).
-pub fn repeered(old: &Plan, new: &Plan) -> Option<BTreeMap<String, usize>> {
+/// plans `old` and `new`: those whose key, announced endpoint or candidates changed. None when
+/// a difference reaches more of every part: another set of members, a member's pod CIDRs (its
+/// peers' allowed IPs, their routes and filter), or an IPv6 endpoint that comes or goes (every
+/// device's MTU, [`member`]). Routes, which relay candidates decide, are the caller's, pair by
+/// pair ([`Plan::rerouted`]).
+pub fn repeered(old: &Plan, new: &Plan) -> Option<BTreeSet<String>> {
     let (a, b) = (&old.judged, &new.judged);
     if a.members.len() != b.members.len() || any_ipv6_endpoint(a) != any_ipv6_endpoint(b) {
         return None;
     }
-    let mut changed = BTreeMap::new();
-    for (rank, ((name, was), (other, is))) in a.members.iter().zip(b.members.iter()).enumerate() {
+    let mut changed = BTreeSet::new();
+    for ((name, was), (other, is)) in a.members.iter().zip(b.members.iter()) {
         if name != other || was.pod_cidrs != is.pod_cidrs {
             return None;
         }
         if was != is || a.candidates.get(name) != b.candidates.get(name) {
-            changed.insert(name.clone(), rank);
+            changed.insert(name.clone());
         }
     }
     Some(changed)
@@ -499,7 +530,7 @@ pub fn repeer(
     (last, plan, base): (&Plan, &Plan, &Peers),
     name: &str,
     old: (&NetnsState, &NodeOverlay),
-    changed: &BTreeMap<String, usize>,
+    changed: &BTreeSet<String>,
 ) -> Option<(NetnsState, NodeOverlay)> {
     let (mut ns, mut place) = (old.0.clone(), old.1.clone());
     let judged = &plan.judged;
@@ -507,8 +538,8 @@ pub fn repeer(
     let peers = &mut ns.wireguard_devices.first_mut()?.peers;
     // All taken out before any is put back: a member's new key may be another's old one.
     let mut entries = Vec::with_capacity(changed.len());
-    for (other, rank) in changed {
-        if place.peers.get(peer_index(name, other, *rank)?) != Some(other) {
+    for other in changed {
+        if !place.routes.contains_key(other) {
             return None;
         }
         let old_key = &last.judged.members.get(other)?.public_key;
@@ -540,17 +571,17 @@ pub fn repeer_state(
     last: &Plan,
     plan: &Plan,
     part: &NetnsState,
-    changed: &BTreeMap<String, usize>,
+    changed: &BTreeSet<String>,
 ) -> Option<NodeState> {
     let new_peers = &part.wireguard_devices.first()?.peers;
     let mut state = state.clone();
     let host = state.netns.iter_mut().find(|ns| ns.target.is_none())?;
     let device = host.wireguard_devices.iter_mut().find(|d| d.name == settings.interface)?;
     // All taken out before any is put back: a member's new key may be another's old one.
-    for other in changed.keys() {
+    for other in changed {
         device.peers.remove(&last.judged.members.get(other)?.public_key)?;
     }
-    for other in changed.keys() {
+    for other in changed {
         let new_key = &plan.judged.members.get(other)?.public_key;
         // The part's entry itself: the state shares it.
         device.peers.insert_shared(new_peers.get_shared(new_key)?.clone());
@@ -558,12 +589,6 @@ pub fn repeer_state(
     host.version.clear();
     host.version = kuport_proto::canonical::netns_version(host);
     Some(state)
-}
-
-/// Where member `name`'s part holds the peer entry of `other`, whose rank among all members is
-/// `rank`: its peers are every member but itself, in name order.
-fn peer_index(name: &str, other: &str, rank: usize) -> Option<usize> {
-    if name < other { rank.checked_sub(1) } else { Some(rank) }
 }
 
 /// Every member's peer entry as a member that reaches it directly and has no report of it holds
@@ -581,13 +606,13 @@ pub fn rebase_peers(
     last: &Peers,
     was: &members::Judged,
     judged: &members::Judged,
-    changed: &BTreeMap<String, usize>,
+    changed: &BTreeSet<String>,
 ) -> Option<Peers> {
     let mut base = last.clone();
-    for other in changed.keys() {
+    for other in changed {
         base.remove(&was.members.get(other)?.public_key)?;
     }
-    for other in changed.keys() {
+    for other in changed {
         base.insert(base_peer(judged, other, judged.members.get(other)?));
     }
     Some(base)
@@ -765,7 +790,7 @@ pub fn debug_lines(o: &NodeOverlay) -> Vec<String> {
         format!("endpoint: {}", or_dash(o.endpoint.map(|e| e.to_string()))),
         format!("podCIDRs: {}", or_dash(Some(cidrs.join(",")))),
         format!("publicKey: {}", or_dash(o.public_key.clone())),
-        format!("peers: {}", o.peers.len()),
+        format!("peers: {}", o.routes.len()),
     ];
     if o.relay {
         lines.push("relay: candidate".into());
@@ -791,7 +816,7 @@ pub fn summary(nodes: &Places) -> String {
                 out,
                 "{n}: member address {address} endpoint {endpoint} mtu {} peers {}",
                 o.mtu,
-                if o.peers.is_empty() { "-".to_string() } else { o.peers.join(",") }
+                if o.routes.is_empty() { "-".to_string() } else { o.peers().cloned().collect::<Vec<_>>().join(",") }
             );
             if o.relay {
                 out.push_str(" relay");
