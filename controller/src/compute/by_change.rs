@@ -530,10 +530,9 @@ fn mesh_by_member(
             if repeered.is_empty() {
                 return Some(MemberPart { patched: false, ..part.clone() });
             }
-            let (netns, place) =
-                overlay::repeer(cluster, (&m.plan, &plan, &base), name, (&part.netns, &part.place), &repeered)?;
+            let netns = overlay::repeer(cluster, (&m.plan, &plan, &base), name, (&part.netns, &part.place), &repeered)?;
             patched += 1;
-            Some(MemberPart { netns: Arc::new(netns), place: Arc::new(place), patched: true, ..part.clone() })
+            Some(MemberPart { netns: Arc::new(netns), patched: true, ..part.clone() })
         });
         let part = match kept {
             Some(p) => p,

@@ -13,7 +13,7 @@ use crate::api::{InterceptStatus, PortMapClassStatus, PortMapStatus};
 use crate::compute::intercept::pods::{self as intercept, reason as intercept_reason};
 use crate::compute::overlay::members::REPORT_REFUSED;
 use crate::compute::overlay::relays::PeerRoute;
-use crate::compute::overlay::{Places, Refusal, reason as overlay_reason};
+use crate::compute::overlay::{self, Places, Refusal, reason as overlay_reason};
 use crate::compute::portmap::status::reason;
 use crate::observe::facts::reason as facts_reason;
 
@@ -151,7 +151,7 @@ pub fn of_route_change(node: &str, before: Option<&BTreeMap<String, String>>, no
             continue;
         }
         let reports = |a: &str, b: &str| {
-            let seen = nodes.get(a).and_then(|o| o.seen.get(b));
+            let seen = overlay::seen_of(nodes, a, b);
             seen.is_some_and(|s| s.reach == Reach::Unreachable).then(|| format!("{a} reports {b} unreachable"))
         };
         let why: Vec<String> = [reports(node, peer), reports(peer, node)].into_iter().flatten().collect();
@@ -338,26 +338,27 @@ mod tests {
 
     #[test]
     fn a_route_change_gets_one_event_per_peer_on_the_member_and_none_when_unchanged() {
-        use crate::compute::overlay::PeerSeen;
+        use crate::observe::ObservedPeer;
         use kuport_proto::v1::Reach;
-        let member = |routes: &[(&str, PeerRoute)], seen: &[(&str, Reach)]| {
-            std::sync::Arc::new(crate::compute::overlay::NodeOverlay {
-                public_key: Some("K".into()),
+        // Each member's key is its name, so its report names its peers by theirs.
+        let member = |me: &str, routes: &[(&str, PeerRoute)], seen: &[(&str, Reach)]| {
+            let report = seen.iter().map(|(p, r)| (p.to_string(), ObservedPeer { reach: *r, ..Default::default() }));
+            let place = crate::compute::overlay::NodeOverlay {
+                public_key: Some(me.into()),
                 routes: routes.iter().map(|(p, r)| (p.to_string(), r.clone())).collect(),
-                seen: seen.iter().map(|(p, r)| (p.to_string(), PeerSeen { reach: *r, endpoint: None })).collect(),
+                report: Some(std::sync::Arc::new(report.collect())),
                 ..Default::default()
-            })
+            };
+            (me.to_string(), std::sync::Arc::new(place))
         };
         let via = PeerRoute::Via("cloud".into());
         let relayed = BTreeMap::from([
-            (
-                "home-a".to_string(),
-                member(&[("cloud", PeerRoute::Direct), ("home-b", via.clone())], &[("home-b", Reach::Unreachable)]),
+            member(
+                "home-a",
+                &[("cloud", PeerRoute::Direct), ("home-b", via.clone())],
+                &[("home-b", Reach::Unreachable)],
             ),
-            (
-                "home-b".to_string(),
-                member(&[("cloud", PeerRoute::Direct), ("home-a", via.clone())], &[("home-a", Reach::Unknown)]),
-            ),
+            member("home-b", &[("cloud", PeerRoute::Direct), ("home-a", via.clone())], &[("home-a", Reach::Unknown)]),
         ]);
         let stored = |text: &str| {
             stored_routes(Some(&BTreeMap::from([(
@@ -379,10 +380,10 @@ mod tests {
         let was_relayed = stored(r#"{"cloud":"direct","home-b":"via cloud"}"#);
         assert!(of_route_change("home-a", was_relayed.as_ref(), &relayed).is_empty());
         // Direct again.
-        let direct = BTreeMap::from([(
-            "home-a".to_string(),
-            member(&[("cloud", PeerRoute::Direct), ("home-b", PeerRoute::Direct)], &[]),
-        )]);
+        let direct = BTreeMap::from([
+            member("home-a", &[("cloud", PeerRoute::Direct), ("home-b", PeerRoute::Direct)], &[]),
+            member("home-b", &[("cloud", PeerRoute::Direct), ("home-a", PeerRoute::Direct)], &[]),
+        ]);
         let events = of_route_change("home-a", was_relayed.as_ref(), &direct);
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].reason, route_reason::DIRECT);
@@ -392,10 +393,10 @@ mod tests {
         );
         assert!(of_route_change("home-a", None, &direct).is_empty(), "a new member's direct pairs");
         // Unreachable with no relay: a Warning.
-        let lost = BTreeMap::from([(
-            "home-a".to_string(),
-            member(&[("home-b", PeerRoute::Unreachable)], &[("home-b", Reach::Unreachable)]),
-        )]);
+        let lost = BTreeMap::from([
+            member("home-a", &[("home-b", PeerRoute::Unreachable)], &[("home-b", Reach::Unreachable)]),
+            member("home-b", &[("home-a", PeerRoute::Unreachable)], &[]),
+        ]);
         let events = of_route_change("home-a", was_relayed.as_ref(), &lost);
         assert_eq!((events[0].type_, events[0].reason.as_str()), (EventType::Warning, route_reason::UNREACHABLE));
         assert_eq!(

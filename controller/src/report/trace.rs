@@ -20,7 +20,7 @@ use kuport_proto::v1::{
 
 use crate::api::{Intercept, InterceptStatus, PortMap, PortMapClass, PortMapStatus, Protocol};
 use crate::compute::Outputs;
-use crate::compute::overlay::relays::PeerRoute;
+use crate::compute::overlay::{self, relays::PeerRoute};
 use crate::compute::portmap::admission::{MapKey, key_of, source_ranges};
 use crate::compute::portmap::links::device_name;
 use crate::compute::portmap::placement::l4;
@@ -597,7 +597,7 @@ fn peer_hop(name: &str, node: &str, other: &str, tx: bool, out: &Outputs, seen: 
         t => format!("last handshake {}s ago", read.last.read_unix_seconds.saturating_sub(t)),
     });
     h.details.push(format!("sent {} B, received {} B", p.transmit_bytes, p.receive_bytes));
-    if let Some(seen_) = out.overlay.get(node).and_then(|o| o.seen.get(other)) {
+    if let Some(seen_) = overlay::seen_of(&out.overlay, node, other) {
         h.details.push(format!("reach {}", reach_word(seen_.reach)));
     }
     h
@@ -647,7 +647,7 @@ pub fn mesh(from: &str, to: &str, out: &Outputs, seen: &Seen) -> TraceReport {
         r.details.push(format!("mtu {}", o.mtu));
     }
     for (a, b) in [(from, to), (to, from)] {
-        let reach = out.overlay.get(a).and_then(|o| o.seen.get(b)).map(|s| s.reach).unwrap_or_default();
+        let reach = overlay::seen_of(&out.overlay, a, b).map(|s| s.reach).unwrap_or_default();
         let key = out.overlay.get(b).and_then(|o| o.public_key.as_deref()).unwrap_or_default();
         let since = seen.reach_since.get(a).and_then(|k| k.get(key)).zip(seen.now);
         r.details.push(match since.and_then(|(at, now)| now.duration_since(*at).ok()) {

@@ -174,9 +174,10 @@ pub struct NodeOverlay {
     /// reaches it. Made from the plan's map of every member, direct, so members share all but
     /// the entries that differ ([`member`]).
     pub routes: imbl::OrdMap<String, relays::PeerRoute>,
-    /// Per peer, what this member's executor last reported of it. Persistent, like `routes`,
-    /// so a place patched for one peer ([`repeer`]) is a copy in constant time.
-    pub seen: imbl::OrdMap<String, PeerSeen>,
+    /// This member's executor's last report of its peers, by key, shared with the observed
+    /// cluster: what it says of each peer is read from it by the peer's key when asked
+    /// ([`seen_of`]), so a place holds no entry per peer for it.
+    pub report: Option<Arc<crate::observe::SeenPeers>>,
 }
 
 impl NodeOverlay {
@@ -197,6 +198,14 @@ pub struct PeerSeen {
 /// Every Node's place in the mesh, by name; a member's shared by the computes that did not
 /// change it.
 pub type Places = BTreeMap<String, Arc<NodeOverlay>>;
+
+/// What member `node`'s executor last reported of its peer `peer` (by the key `peer` holds in
+/// `nodes`): unknown, with no endpoint, until a report names it. None unless both are members.
+pub fn seen_of(nodes: &Places, node: &str, peer: &str) -> Option<PeerSeen> {
+    let o = nodes.get(node).filter(|o| o.routes.contains_key(peer))?;
+    let key = nodes.get(peer)?.public_key.as_deref()?;
+    Some(seen(o.report.as_ref(), key))
+}
 
 /// The overlay address of a node with `pod_cidrs`: the first address of its first IPv4 pod
 /// CIDR. Derived, not allocated: nothing to persist, every replica and every failover computes
@@ -482,7 +491,7 @@ pub fn member(
         refused: Vec::new(),
         relay: me.relay,
         routes,
-        seen: others.iter().map(|(n, m)| ((*n).clone(), seen(report, &m.public_key))).collect(),
+        report: report.cloned(),
     };
     Some((ns, place))
 }
@@ -522,19 +531,18 @@ fn any_ipv6_endpoint(judged: &members::Judged) -> bool {
 
 /// Member `name`'s part under `plan` from `old`, its part under an earlier plan from which
 /// only the members in `changed` differ ([`repeered`], none of them `name`), with `name`'s own
-/// reports and routes the same: their peer entries take their new key and endpoint, and its
-/// place what its report says of them. What else the part holds read nothing that changed.
-/// None when a peer is not where `old` should hold it.
+/// reports and routes the same: their peer entries take their new key and endpoint. What else
+/// the part holds read nothing that changed, and its place stays (its report is read by the
+/// peers' keys when asked, [`seen_of`]). None when a peer is not where `old` should hold it.
 pub fn repeer(
     cluster: &Cluster,
     (last, plan, base): (&Plan, &Plan, &Peers),
     name: &str,
-    old: (&NetnsState, &NodeOverlay),
+    (old, place): (&NetnsState, &NodeOverlay),
     changed: &BTreeSet<String>,
-) -> Option<(NetnsState, NodeOverlay)> {
-    let (mut ns, mut place) = (old.0.clone(), old.1.clone());
+) -> Option<NetnsState> {
+    let mut ns = old.clone();
     let judged = &plan.judged;
-    let report = cluster.overlay_observed.reports.get(name);
     let peers = &mut ns.wireguard_devices.first_mut()?.peers;
     // All taken out before any is put back: a member's new key may be another's old one.
     let mut entries = Vec::with_capacity(changed.len());
@@ -555,9 +563,8 @@ pub fn repeer(
             Some(shared) => peers.insert_shared(shared.clone()),
             None => peers.insert(peer),
         };
-        place.seen.insert(other.clone(), seen(report, &m.public_key));
     }
-    Some((ns, place))
+    Some(ns)
 }
 
 /// `state`, the node state that held a member's last part, with the peer entries of the
@@ -718,7 +725,7 @@ pub fn annotations(nodes: &Places) -> BTreeMap<String, BTreeMap<String, String>>
                 a.insert(ENDPOINT_ANNOTATION.to_string(), e.to_string());
             }
             a.insert(ROUTES_ANNOTATION.to_string(), routes_json(&o.routes));
-            a.insert(PEERS_ANNOTATION.to_string(), peers_json(&o.seen));
+            a.insert(PEERS_ANNOTATION.to_string(), peers_json(nodes, n));
             Some((n.clone(), a))
         })
         .collect()
@@ -748,12 +755,14 @@ pub fn routes_json(routes: &imbl::OrdMap<String, relays::PeerRoute>) -> String {
     serde_json::to_string(&text).unwrap_or_default()
 }
 
-/// The [`PEERS_ANNOTATION`]'s value:
+/// The [`PEERS_ANNOTATION`]'s value on member `node`, what its report says of each peer
+/// ([`seen_of`]):
 /// `{"cloud":{"endpoint":"203.0.113.7:51820","state":"direct"},"home-b":{"state":"unknown"}}`.
-pub fn peers_json(seen: &imbl::OrdMap<String, PeerSeen>) -> String {
+pub fn peers_json(nodes: &Places, node: &str) -> String {
     use kuport_proto::v1::Reach;
-    let text: serde_json::Map<String, serde_json::Value> = seen
-        .iter()
+    let peers = nodes.get(node).into_iter().flat_map(|o| o.peers());
+    let text: serde_json::Map<String, serde_json::Value> = peers
+        .filter_map(|p| Some((p, seen_of(nodes, node, p)?)))
         .map(|(p, s)| {
             let state = match s.reach {
                 Reach::Direct => "direct",

@@ -76,9 +76,8 @@ fn a_relayed_pair_is_traced_through_its_relay_and_stops_where_bytes_stop() {
     let since = now - std::time::Duration::from_secs(45);
     seen.reach_since.insert("a".into(), [(key("b"), since)].into());
     if let Some(o) = Arc::make_mut(&mut out.overlay).get_mut("a") {
-        Arc::make_mut(o)
-            .seen
-            .insert("b".into(), crate::compute::overlay::PeerSeen { reach: Reach::Unreachable, endpoint: None });
+        let unreachable = crate::observe::ObservedPeer { reach: Reach::Unreachable, ..Default::default() };
+        Arc::make_mut(o).report = Some(Arc::new([(key("b"), unreachable)].into()));
     }
     let r = mesh("a", "b", &out, &seen);
     assert!(r.hops[0].details.iter().any(|d| d == "a reports b unreachable (since 45s ago)"), "{:?}", r.hops[0]);
