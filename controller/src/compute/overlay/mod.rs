@@ -203,6 +203,11 @@ pub type Places = BTreeMap<String, Arc<NodeOverlay>>;
 /// `nodes`): unknown, with no endpoint, until a report names it. None unless both are members.
 pub fn seen_of(nodes: &Places, node: &str, peer: &str) -> Option<PeerSeen> {
     let o = nodes.get(node).filter(|o| o.routes.contains_key(peer))?;
+    seen_by(nodes, o, peer)
+}
+
+/// What `o`'s report says of its peer `peer`, found by its key in `nodes`.
+fn seen_by(nodes: &Places, o: &NodeOverlay, peer: &str) -> Option<PeerSeen> {
     let key = nodes.get(peer)?.public_key.as_deref()?;
     Some(seen(o.report.as_ref(), key))
 }
@@ -348,17 +353,12 @@ fn cidrs_of(members: &BTreeMap<String, members::Member>) -> Vec<IpNet> {
 /// fewest prefixes: the routes of every other member's pods on a member whose pod CIDRs are
 /// `own` (members' pod CIDRs never overlap, so each of `own` lies within one of `all`).
 pub fn others_v4(all: &[IpNet], own: &[IpNet]) -> Vec<ipnet::Ipv4Net> {
-    let mut out: Vec<ipnet::Ipv4Net> = all
-        .iter()
-        .filter_map(|c| match c {
-            IpNet::V4(n) => Some(*n),
-            IpNet::V6(_) => None,
-        })
-        .collect();
-    for hole in own.iter().filter_map(|c| match c {
+    let v4 = |c: &IpNet| match c {
         IpNet::V4(n) => Some(*n),
         IpNet::V6(_) => None,
-    }) {
+    };
+    let mut out: Vec<ipnet::Ipv4Net> = all.iter().filter_map(v4).collect();
+    for hole in own.iter().filter_map(v4) {
         out = out.into_iter().flat_map(|p| without(p, hole)).collect();
     }
     out.sort();
@@ -760,9 +760,11 @@ pub fn routes_json(routes: &imbl::OrdMap<String, relays::PeerRoute>) -> String {
 /// `{"cloud":{"endpoint":"203.0.113.7:51820","state":"direct"},"home-b":{"state":"unknown"}}`.
 pub fn peers_json(nodes: &Places, node: &str) -> String {
     use kuport_proto::v1::Reach;
-    let peers = nodes.get(node).into_iter().flat_map(|o| o.peers());
+    // The member found once, not again for each of its peers: the status pass runs this for
+    // every member.
+    let peers = nodes.get(node).into_iter().flat_map(|o| o.peers().map(move |p| (o, p)));
     let text: serde_json::Map<String, serde_json::Value> = peers
-        .filter_map(|p| Some((p, seen_of(nodes, node, p)?)))
+        .filter_map(|(o, p)| Some((p, seen_by(nodes, o, p)?)))
         .map(|(p, s)| {
             let state = match s.reach {
                 Reach::Direct => "direct",
