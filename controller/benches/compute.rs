@@ -174,7 +174,7 @@ fn stages(c: &Cluster) -> Vec<(&'static str, Duration)> {
     let states: Vec<NodeState> = builder
         .finish(&view)
         .into_iter()
-        .map(|(node, host)| {
+        .map(|(node, (host, _))| {
             let mut state = NodeState { node, netns: vec![host] };
             kuport_proto::canonicalize(&mut state);
             state

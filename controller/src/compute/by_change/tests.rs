@@ -1006,3 +1006,24 @@ fn a_kept_placement_refused_by_an_older_mapping_claims_no_link() {
     assert!(!out.programming.contains_key(&ext), "ext is refused");
     assert!(!used(&out).iter().any(|p| p.contains(&"worker-d".to_string())), "ext's links: {:?}", links(&out));
 }
+
+/// A patch takes a deleted mapping's parts out of its nodes' kept parts: every golden scenario
+/// (ranges, Multi, dual-stack, allow-lists, rate limits) loses its PortMaps one at a time, youngest
+/// first, each deletion patched (a patch that cannot take what a mapping gave gives up), and
+/// the result is the whole compute's to the last.
+#[test]
+fn each_mapping_deleted_is_taken_out_of_the_kept_parts() {
+    let settings = Settings::default();
+    for (name, world) in crate::compute::testkit::scenarios() {
+        let (mut c, mut computer) = settled(world.cluster(), &settings);
+        while let Some(pm) = c.port_maps.iter().max_by_key(|p| p.metadata.creation_timestamp.clone()) {
+            let gone = (pm.metadata.namespace.clone(), pm.metadata.name.clone());
+            c.port_maps.retain(|p| (p.metadata.namespace.clone(), p.metadata.name.clone()) != gone);
+            let out = computer.compute(&c);
+            assert!(out == compute(&c, &settings), "{name}, {gone:?} deleted: {:?}", computer.redone());
+            assert!(computer.redone().port_maps_patched, "{name}, {gone:?} deleted: {:?}", computer.redone());
+            feed_back(&mut c, &out);
+            computer.compute(&c);
+        }
+    }
+}

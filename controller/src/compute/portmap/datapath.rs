@@ -29,8 +29,10 @@
 //! lookup walked most of the set. At 50,000 mappings new flows ran at 8 to 33 % of the
 //! 10-mapping rate in that order (docs/decisions.md).
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use kuport_proto::v1::{
     Address, BaseChain, ChainType, CmpOp, Compare, Counter, Hook, IpRule, L4Proto, Link, MapLookup, Nat, NatKind,
@@ -207,24 +209,80 @@ impl Family {
     }
 }
 
+/// Whether a mapping's contributions go into a node's parts or come out of them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Edit {
+    Add,
+    Take,
+}
+
+/// Entries as the mappings give them, each with how many give it: a patch takes one mapping's
+/// away and leaves what others give (docs/design.md, "Compute by change"). Mappings that give
+/// one key give it one value: admission lets one mapping publish a port on an interface, and a
+/// link's device names one end of it.
+type Counted<K, V> = BTreeMap<K, (V, u32)>;
+
+/// Port ranges, each with how many mappings give it; read in order, each once.
+type Bag = Counted<Ports, ()>;
+
+/// Adds or takes one mapping's `value` at `key`; the last added is the one rendered. False: a
+/// take found nothing there.
+fn count<K: Ord, V>(map: &mut Counted<K, V>, edit: Edit, key: K, value: V) -> bool {
+    match (map.entry(key), edit) {
+        (Entry::Vacant(e), Edit::Add) => {
+            e.insert((value, 1));
+        }
+        (Entry::Occupied(mut e), Edit::Add) => {
+            let (v, n) = e.get_mut();
+            (*v, *n) = (value, *n + 1);
+        }
+        (Entry::Occupied(mut e), Edit::Take) => match e.get().1 {
+            0 | 1 => {
+                e.remove();
+            }
+            _ => e.get_mut().1 -= 1,
+        },
+        (Entry::Vacant(_), Edit::Take) => return false,
+    }
+    true
+}
+
+/// Adds or takes one mapping's `ports` in `key`'s bag; as [`count`].
+fn bag<K: Ord>(map: &mut BTreeMap<K, Bag>, edit: Edit, key: K, ports: Ports) -> bool {
+    match (map.entry(key), edit) {
+        (Entry::Vacant(e), Edit::Add) => {
+            e.insert(Bag::from([(ports, ((), 1))]));
+            true
+        }
+        (Entry::Occupied(mut e), _) => {
+            let found = count(e.get_mut(), edit, ports, ());
+            if e.get().is_empty() {
+                e.remove();
+            }
+            found
+        }
+        (Entry::Vacant(_), Edit::Take) => false,
+    }
+}
+
 /// What one family of one node's table holds, collected mapping by mapping.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct FamilyParts {
-    publish_port: BTreeMap<(String, L4Proto, u16), (IpAddr, u16)>,
-    publish_range: BTreeMap<(String, L4Proto, Ports), IpAddr>,
+    publish_port: Counted<(String, L4Proto, u16), (IpAddr, u16)>,
+    publish_range: Counted<(String, L4Proto, Ports), IpAddr>,
     /// Keyed by the link device and this end's address; rendered keyed by that address's
     /// stand-in, which the steering chain writes before the DNAT (steer.rs).
-    link_port: BTreeMap<(String, IpAddr, L4Proto, u16), (IpAddr, u16)>,
-    link_range: BTreeMap<(String, IpAddr, L4Proto, Ports), IpAddr>,
-    claim: BTreeMap<(String, IpAddr, L4Proto), Vec<Ports>>,
-    reply_claim: BTreeMap<(IpAddr, L4Proto), Vec<Ports>>,
-    return_mark: BTreeMap<(IpAddr, L4Proto, u32), Vec<Ports>>,
+    link_port: Counted<(String, IpAddr, L4Proto, u16), (IpAddr, u16)>,
+    link_range: Counted<(String, IpAddr, L4Proto, Ports), IpAddr>,
+    claim: BTreeMap<(String, IpAddr, L4Proto), Bag>,
+    reply_claim: BTreeMap<(IpAddr, L4Proto), Bag>,
+    return_mark: BTreeMap<(IpAddr, L4Proto, u32), Bag>,
     /// What this node publishes in this family, for the steering chain (steer.rs).
-    published: super::steer::Published,
+    published: BTreeMap<(String, L4Proto), Bag>,
     /// The published mappings with an allow-list, to its prefixes of this family (steer.rs).
-    guard: BTreeMap<(String, L4Proto, Ports), Vec<ipnet::IpNet>>,
+    guard: Counted<(String, L4Proto, Ports), Vec<ipnet::IpNet>>,
     /// The published mappings with per-source bounds, to them (steer.rs).
-    limit: BTreeMap<(String, L4Proto, Ports), super::admission::SourceLimit>,
+    limit: Counted<(String, L4Proto, Ports), super::admission::SourceLimit>,
 }
 
 /// What a mapping's accepting nodes enforce before the DNAT (docs/portmap/guard.md).
@@ -239,22 +297,29 @@ impl FamilyParts {
     /// Publishes `ports` on `iface` to `to`: the pod or the link's far end, with the port a single
     /// port is rewritten to (a range keeps its ports); behind `guard`'s allow-list and per-source
     /// bounds, if any.
-    fn publish(&mut self, iface: &str, proto: L4Proto, ports: Ports, guard: &Guard, to: (IpAddr, Option<u16>)) {
-        self.published.entry((iface.to_string(), proto)).or_default().push(ports);
+    fn publish(
+        &mut self,
+        edit: Edit,
+        iface: &str,
+        proto: L4Proto,
+        ports: Ports,
+        guard: &Guard,
+        to: (IpAddr, Option<u16>),
+    ) -> bool {
+        let mut found = bag(&mut self.published, edit, (iface.to_string(), proto), ports);
         if let Some(nets) = &guard.allow {
-            self.guard.insert((iface.to_string(), proto, ports), nets.clone());
+            found &= count(&mut self.guard, edit, (iface.to_string(), proto, ports), nets.clone());
         }
         if let Some(l) = guard.limit {
-            self.limit.insert((iface.to_string(), proto, ports), l);
+            found &= count(&mut self.limit, edit, (iface.to_string(), proto, ports), l);
         }
-        match to {
-            (address, Some(port)) => {
-                self.publish_port.insert((iface.to_string(), proto, ports.0), (address, port));
+        found
+            & match to {
+                (address, Some(port)) => {
+                    count(&mut self.publish_port, edit, (iface.to_string(), proto, ports.0), (address, port))
+                }
+                (address, None) => count(&mut self.publish_range, edit, (iface.to_string(), proto, ports), address),
             }
-            (address, None) => {
-                self.publish_range.insert((iface.to_string(), proto, ports), address);
-            }
-        }
     }
 
     fn is_empty(&self) -> bool {
@@ -268,23 +333,24 @@ impl FamilyParts {
     }
 }
 
-/// Everything one node holds, rendered once.
-#[derive(Default)]
-struct NodeParts {
+/// Everything one node holds, rendered once, and kept for the next compute: a patch takes the
+/// mappings it reached out and puts them back as they are now, and renders from the rest.
+#[derive(Clone, Default)]
+pub struct NodeParts {
     v4: FamilyParts,
     v6: FamilyParts,
     /// Every link whose replies this node diverts, to its mark: a request arriving on it saves
     /// the mark in its connection, so only that connection's replies are marked (Single and Multi).
-    ct_mark: BTreeMap<String, u32>,
-    /// Some link here serves Multi: the reply takes the saved mark as it is (Single's replies
-    /// take theirs from the return mark maps, keyed by it).
-    restore: bool,
-    links: BTreeMap<String, LinkEnd>,
+    ct_mark: Counted<String, u32>,
+    /// How many Multi mappings a link here serves: the reply takes the saved mark as it is
+    /// (Single's replies take theirs from the return mark maps, keyed by it).
+    restore: u32,
+    links: Counted<String, LinkEnd>,
     /// Links whose replies this node diverts (it holds the pod).
-    diverted: BTreeSet<String>,
+    diverted: Counted<String, ()>,
     /// Links that carry an IPv6 mapping: only they get IPv6 addresses, so a node with IPv6
     /// disabled keeps working links as long as it serves IPv4 only.
-    carry_v6: BTreeSet<String>,
+    carry_v6: Counted<String, ()>,
 }
 
 impl NodeParts {
@@ -302,21 +368,54 @@ impl NodeParts {
     }
 }
 
+/// What [`Builder::add`] reads of a placement: a patch takes away a mapping's as it was, even
+/// one whose PortMap is gone.
+pub struct Given<'p> {
+    pub admitted: &'p super::admission::Accepted,
+    /// Its class serves Multi.
+    pub multi: bool,
+    pub endpoint: &'p super::placement::Endpoint,
+    pub nodes: &'p BTreeMap<String, Vec<String>>,
+}
+
+impl<'p> Given<'p> {
+    pub fn of(p: &'p Placement) -> Self {
+        let multi = matches!(p.admitted.class.spec.serving_mode, ServingMode::Multi);
+        Given { admitted: &p.admitted, multi, endpoint: &p.endpoint, nodes: &p.nodes }
+    }
+
+    /// [`Placement::pod_ports`].
+    fn pod_ports(&self) -> Ports {
+        if self.admitted.is_range() { self.admitted.ports } else { (self.endpoint.port, self.endpoint.port) }
+    }
+}
+
 /// The nodes' states, built from every programmed mapping.
 pub struct Builder {
     nodes: BTreeMap<String, NodeParts>,
     /// Only the nodes given are built: the others' parts are not written.
     only: bool,
+    missed: bool,
 }
 
 impl Builder {
     pub fn new(all_nodes: impl IntoIterator<Item = String>) -> Self {
-        Builder { nodes: all_nodes.into_iter().map(|n| (n, NodeParts::default())).collect(), only: false }
+        Builder {
+            nodes: all_nodes.into_iter().map(|n| (n, NodeParts::default())).collect(),
+            only: false,
+            missed: false,
+        }
     }
 
     /// A builder of `nodes` alone: what a mapping gives any other node is left out.
     pub fn only(nodes: impl IntoIterator<Item = String>) -> Self {
         Builder { only: true, ..Builder::new(nodes) }
+    }
+
+    /// A builder of `nodes` alone, each from the parts a compute before kept of it (none: empty).
+    pub fn resume(nodes: impl IntoIterator<Item = (String, Option<Arc<NodeParts>>)>) -> Self {
+        let nodes = nodes.into_iter().map(|(n, kept)| (n, kept.map(Arc::unwrap_or_clone).unwrap_or_default()));
+        Builder { nodes: nodes.collect(), only: true, missed: false }
     }
 
     fn parts(&mut self, node: &str) -> Option<&mut NodeParts> {
@@ -365,22 +464,34 @@ impl Builder {
     /// IPv6 is built where the pod has an IPv6 address and, across a link, where the link
     /// carries IPv6 ([`Builder::over_v6`]).
     pub fn add(&mut self, p: &Placement, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>, pod_device: Option<&str>) {
+        self.edit(Edit::Add, &Given::of(p), ends, pod_device);
+    }
+
+    /// Takes away what [`Builder::add`] gave for the same placement, ends and device, leaving
+    /// what other mappings give.
+    pub fn take(&mut self, p: &Given, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>, pod_device: Option<&str>) {
+        self.edit(Edit::Take, p, ends, pod_device);
+    }
+
+    fn edit(&mut self, edit: Edit, p: &Given, ends: &BTreeMap<String, (LinkEnd, LinkEnd)>, dev: Option<&str>) {
         let pods =
             [(Family::V4, Some(IpAddr::V4(p.endpoint.address))), (Family::V6, p.endpoint.address6.map(IpAddr::V6))];
         for (fam, pod) in pods {
             let Some(pod) = pod else { continue };
-            self.add_family(fam, p, pod, ends, pod_device);
+            self.edit_family(edit, fam, p, pod, ends, dev);
         }
     }
 
-    fn add_family(
+    fn edit_family(
         &mut self,
+        edit: Edit,
         fam: Family,
-        p: &Placement,
+        p: &Given,
         pod: IpAddr,
         ends: &BTreeMap<String, (LinkEnd, LinkEnd)>,
         pod_device: Option<&str>,
     ) {
+        let mut found = true;
         let proto = l4(p.admitted.protocol);
         let ports = p.admitted.ports;
         let pod_ports = p.pod_ports();
@@ -392,15 +503,15 @@ impl Builder {
             allow: nets.map(|nets| nets.iter().filter(|n| fam.holds(&n.addr())).copied().collect()),
             limit: p.admitted.rate_limit,
         };
-        for (node, ifaces) in &p.nodes {
+        for (node, ifaces) in p.nodes {
             if *node == p.endpoint.node {
                 let Some(parts) = self.parts(node) else { continue };
                 let parts = parts.family(fam);
                 for iface in ifaces {
-                    parts.publish(iface, proto, ports, &guard, (pod, single.then_some(p.endpoint.port)));
+                    found &= parts.publish(edit, iface, proto, ports, &guard, (pod, single.then_some(p.endpoint.port)));
                 }
                 if let Some(dev) = pod_device {
-                    parts.claim.entry((dev.to_string(), pod, proto)).or_default().push(pod_ports);
+                    found &= bag(&mut parts.claim, edit, (dev.to_string(), pod, proto), pod_ports);
                 }
                 continue;
             }
@@ -408,46 +519,61 @@ impl Builder {
             let Some((far_address, _)) = far.addresses(fam) else { continue };
             // The accepting end: translate to the far end of the link, keep the port.
             if let Some(node_parts) = self.parts(node) {
-                node_parts.links.insert(near.device.clone(), near.clone());
+                found &= count(&mut node_parts.links, edit, near.device.clone(), near.clone());
                 if fam == Family::V6 {
-                    node_parts.carry_v6.insert(near.device.clone());
+                    found &= count(&mut node_parts.carry_v6, edit, near.device.clone(), ());
                 }
                 let parts = node_parts.family(fam);
                 for iface in ifaces {
-                    parts.publish(iface, proto, ports, &guard, (far_address, single.then_some(ports.0)));
+                    found &= parts.publish(edit, iface, proto, ports, &guard, (far_address, single.then_some(ports.0)));
                 }
-                parts.claim.entry((near.device.clone(), far_address, proto)).or_default().push(ports);
+                found &= bag(&mut parts.claim, edit, (near.device.clone(), far_address, proto), ports);
             }
             // The pod's end: finish the translation, claim both directions, return the reply.
             let Some(node_parts) = self.parts(&p.endpoint.node) else { continue };
-            node_parts.links.insert(far.device.clone(), far.clone());
-            node_parts.diverted.insert(far.device.clone());
+            found &= count(&mut node_parts.links, edit, far.device.clone(), far.clone());
+            found &= count(&mut node_parts.diverted, edit, far.device.clone(), ());
             if fam == Family::V6 {
-                node_parts.carry_v6.insert(far.device.clone());
+                found &= count(&mut node_parts.carry_v6, edit, far.device.clone(), ());
             }
-            node_parts.ct_mark.insert(far.device.clone(), far.numbers.mark());
-            if matches!(p.admitted.class.spec.serving_mode, ServingMode::Multi) {
-                node_parts.restore = true;
+            found &= count(&mut node_parts.ct_mark, edit, far.device.clone(), far.numbers.mark());
+            if p.multi {
+                node_parts.restore = match edit {
+                    Edit::Add => node_parts.restore + 1,
+                    Edit::Take => {
+                        found &= node_parts.restore > 0;
+                        node_parts.restore.saturating_sub(1)
+                    }
+                };
             }
             let parts = node_parts.family(fam);
             if single {
-                parts.link_port.insert((far.device.clone(), far_address, proto, ports.0), (pod, p.endpoint.port));
+                let key = (far.device.clone(), far_address, proto, ports.0);
+                found &= count(&mut parts.link_port, edit, key, (pod, p.endpoint.port));
             } else {
-                parts.link_range.insert((far.device.clone(), far_address, proto, ports), pod);
+                found &= count(&mut parts.link_range, edit, (far.device.clone(), far_address, proto, ports), pod);
             }
             if let Some(dev) = pod_device {
-                parts.claim.entry((dev.to_string(), pod, proto)).or_default().push(pod_ports);
+                found &= bag(&mut parts.claim, edit, (dev.to_string(), pod, proto), pod_ports);
             }
-            parts.reply_claim.entry((pod, proto)).or_default().push(pod_ports);
-            if matches!(p.admitted.class.spec.serving_mode, ServingMode::Single) {
-                parts.return_mark.entry((pod, proto, far.numbers.mark())).or_default().push(pod_ports);
+            found &= bag(&mut parts.reply_claim, edit, (pod, proto), pod_ports);
+            if !p.multi {
+                found &= bag(&mut parts.return_mark, edit, (pod, proto, far.numbers.mark()), pod_ports);
             }
         }
+        self.missed |= !found;
     }
 
-    /// Every node's host namespace as the port maps need it (empty for a node without any).
-    /// `view` gives each node's published addresses, for the steering chain.
-    pub fn finish(self, view: &View) -> BTreeMap<String, NetnsState> {
+    /// Whether a take found something missing: the parts it resumed from were not made from
+    /// what it took.
+    pub fn missed(&self) -> bool {
+        self.missed
+    }
+
+    /// Every node's host namespace as the port maps need it (empty for a node without any),
+    /// with the parts it was rendered from. `view` gives each node's published addresses, for
+    /// the steering chain.
+    pub fn finish(self, view: &View) -> BTreeMap<String, (NetnsState, Arc<NodeParts>)> {
         self.nodes
             .into_iter()
             .map(|(node, parts)| {
@@ -458,9 +584,13 @@ impl Builder {
                 let (mut guards, mut limits) = (super::steer::Guards::new(), super::steer::Limits::new());
                 for fam in Family::BOTH {
                     let f = parts.of(fam);
-                    to_node.extend(super::steer::accepting(&f.published, fam, |i| v.addresses_of(i)));
-                    guards.extend(super::steer::per_address(&f.guard, fam, |i| v.addresses_of(i)));
-                    limits.extend(super::steer::per_address(&f.limit, fam, |i| v.addresses_of(i)));
+                    let published: super::steer::Published =
+                        f.published.iter().map(|(k, b)| (k.clone(), b.keys().copied().collect())).collect();
+                    to_node.extend(super::steer::accepting(&published, fam, |i| v.addresses_of(i)));
+                    let guard = f.guard.iter().map(|(k, (nets, _))| (k, nets));
+                    guards.extend(super::steer::per_address(guard, fam, |i| v.addresses_of(i)));
+                    let limit = f.limit.iter().map(|(k, (l, _))| (k, l));
+                    limits.extend(super::steer::per_address(limit, fam, |i| v.addresses_of(i)));
                     for (dev, me, pr, port) in f.link_port.keys() {
                         to_node.entry((dev.clone(), *me, *pr)).or_default().push((*port, *port));
                     }
@@ -478,13 +608,13 @@ impl Builder {
                         ifaces.entry(iface.clone()).or_insert_with(|| super::steer::addresses(v.addresses_of(iface)));
                     }
                 }
-                let mut ns = render(parts, &stand_in, &ifaces);
+                let mut ns = render(&parts, &stand_in, &ifaces);
                 if let (Some(t), Some(s)) = (ns.nft_tables.first_mut(), steer) {
                     t.sets.extend(s.sets);
                     t.chains.push(s.chain);
                     t.chains.extend(s.mapping_chains);
                 }
-                (node, ns)
+                (node, (ns, Arc::new(parts)))
             })
             .collect()
     }
@@ -492,16 +622,16 @@ impl Builder {
 
 /// `stand_in`: the steering chain's stand-in of each address it rewrites (steer.rs); `ifaces`:
 /// each accepting interface's addresses.
-fn render(parts: NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addresses) -> NetnsState {
+fn render(parts: &NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addresses) -> NetnsState {
     let mut ns = NetnsState::default();
-    if let Some(table) = table(&parts, stand_in, ifaces) {
+    if let Some(table) = table(parts, stand_in, ifaces) {
         ns.sysctls.push(Sysctl { key: FORWARDING.into(), value: "1".into() });
         if !parts.v6.is_empty() {
             ns.sysctls.push(Sysctl { key: FORWARDING6.into(), value: "1".into() });
         }
         ns.nft_tables.push(table);
     }
-    for end in parts.links.values() {
+    for (end, _) in parts.links.values() {
         ns.links.push(Link {
             name: end.device.clone(),
             mtu: end.mtu,
@@ -516,7 +646,7 @@ fn render(parts: NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addres
         });
         for fam in Family::BOTH {
             let Some((me, peer)) = end.addresses(fam) else { continue };
-            if fam == Family::V6 && !parts.carry_v6.contains(&end.device) {
+            if fam == Family::V6 && !parts.carry_v6.contains_key(&end.device) {
                 continue;
             }
             let len = if fam == Family::V4 { 31 } else { 127 };
@@ -528,7 +658,7 @@ fn render(parts: NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addres
                 address: peer.to_string(),
                 mac: end.peer_mac.clone(),
             });
-            if !parts.diverted.contains(&end.device) {
+            if !parts.diverted.contains_key(&end.device) {
                 continue;
             }
             let mark = end.numbers.mark();
@@ -586,7 +716,7 @@ fn table(p: &NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addresses)
         pre.push(rule(vec![from_link], vec![counter(), verdict(VerdictKind::Drop)]));
     }
     if !p.ct_mark.is_empty() {
-        let elements = p.ct_mark.iter().map(|(dev, m)| el(vec![ifname(dev)], vec![mark(*m)])).collect();
+        let elements = p.ct_mark.iter().map(|(dev, (m, _))| el(vec![ifname(dev)], vec![mark(*m)])).collect();
         let mut s = set(MAP_CT_MARK, &[NftType::Ifname], &[NftType::Mark], false, elements);
         s.counter = false;
         sets.push(s);
@@ -595,7 +725,7 @@ fn table(p: &NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addresses)
         let save = SetMark { from: Some(set_mark::From::Map(map_lookup(&[Iifname], MAP_CT_MARK))) };
         mangle.push(rule(vec![original], vec![stmt(nft_statement::Kind::CtMarkSet(save))]));
     }
-    if p.restore {
+    if p.restore > 0 {
         let restore = SetMark { from: Some(set_mark::From::Selector(CtMark as i32)) };
         // The replies of connections a link brought in: never the request itself, which is in
         // the original direction, whatever device either arrives on.
@@ -606,7 +736,8 @@ fn table(p: &NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addresses)
     // Each link's VXLAN port takes packets from its peer only (docs/portmap/datapath.md, "kup-links").
     let mut links = Vec::new();
     if !p.links.is_empty() {
-        let peers: BTreeSet<(Ipv4Addr, u16)> = p.links.values().map(|e| (e.peer_underlay, e.numbers.port)).collect();
+        let peers: BTreeSet<(Ipv4Addr, u16)> =
+            p.links.values().map(|(e, _)| (e.peer_underlay, e.numbers.port)).collect();
         let ports: BTreeSet<u16> = peers.iter().map(|(_, port)| *port).collect();
         let elements = ports.iter().map(|x| el(vec![port_v(*x, *x)], vec![])).collect();
         sets.push(NftSet { counter: false, ..set(SET_LINK_PORTS, &[NftType::InetService], &[], false, elements) });
@@ -676,7 +807,7 @@ fn family_rules(
     let elements: Vec<NftElement> = p
         .publish_port
         .iter()
-        .flat_map(|((i, pr, port), (a, to))| {
+        .flat_map(|((i, pr, port), ((a, to), _))| {
             dsts(i).into_iter().map(move |d| {
                 el(vec![ifname(i), addr(d), proto(*pr), port_v(*port, *port)], vec![addr(*a), port_v(*to, *to)])
             })
@@ -691,7 +822,7 @@ fn family_rules(
     let elements: Vec<NftElement> = p
         .publish_range
         .iter()
-        .flat_map(|((i, pr, (a, b)), to)| {
+        .flat_map(|((i, pr, (a, b)), (to, _))| {
             dsts(i).into_iter().map(move |d| el(vec![port_v(*a, *b), ifname(i), addr(d), proto(*pr)], vec![addr(*to)]))
         })
         .collect();
@@ -704,7 +835,7 @@ fn family_rules(
         let elements = p
             .link_port
             .iter()
-            .map(|((i, me, pr, port), (a, to))| {
+            .map(|((i, me, pr, port), ((a, to), _))| {
                 let key = vec![ifname(i), addr(steered(me)), proto(*pr), port_v(*port, *port)];
                 el(key, vec![addr(*a), port_v(*to, *to)])
             })
@@ -718,7 +849,7 @@ fn family_rules(
         let elements = p
             .link_range
             .iter()
-            .map(|((i, me, pr, (a, b)), to)| {
+            .map(|((i, me, pr, (a, b)), (to, _))| {
                 el(vec![port_v(*a, *b), ifname(i), addr(steered(me)), proto(*pr)], vec![addr(*to)])
             })
             .collect();
@@ -777,13 +908,13 @@ fn family_rules(
 /// natural order (the group's fields, then the port) for a hash set, ranges keyed ports first for
 /// an interval set. `fields` gives a group's key fields and data.
 fn split<K>(
-    groups: &BTreeMap<K, Vec<Ports>>,
+    groups: &BTreeMap<K, Bag>,
     fields: impl Fn(&K) -> (Vec<NftValue>, Vec<NftValue>),
 ) -> (Vec<NftElement>, Vec<NftElement>) {
     let (mut port, mut range) = (Vec::new(), Vec::new());
     for (group, ranges) in groups {
         let (key, data) = fields(group);
-        for (a, b) in merge(ranges) {
+        for (a, b) in merge(&ranges.keys().copied().collect::<Vec<_>>()) {
             if a == b {
                 let mut k = key.clone();
                 k.push(port_v(a, b));

@@ -162,7 +162,10 @@ pub fn compute<'a>(view: &View<'a>, cluster: &'a Cluster, out: &mut Outputs, sin
     }
 
     // Only the nodes whose mappings give them something else than before are rendered again.
-    let kept = |n: &String| last.and_then(|l| l.hosts.get(n).filter(|_| l.digests.get(n) == digests.get(n)));
+    let kept = |n: &String| {
+        let l = last.filter(|l| l.digests.get(n) == digests.get(n))?;
+        Some((l.hosts.get(n)?, l.parts.get(n)?))
+    };
     let again: BTreeSet<String> = digests.keys().filter(|n| kept(n).is_none()).cloned().collect();
     let mut builder = datapath::Builder::only(again.iter().cloned());
     for (_, _, _, verdict) in &built {
@@ -173,11 +176,15 @@ pub fn compute<'a>(view: &View<'a>, cluster: &'a Cluster, out: &mut Outputs, sin
         }
     }
     let rendered = again.len();
-    let mut hosts: BTreeMap<String, Arc<NetnsState>> =
-        builder.finish(view).into_iter().map(|(n, ns)| (n, Arc::new(ns))).collect();
+    let (mut hosts, mut parts) = (BTreeMap::new(), BTreeMap::new());
+    for (n, (ns, p)) in builder.finish(view) {
+        hosts.insert(n.clone(), Arc::new(ns));
+        parts.insert(n, p);
+    }
     for n in digests.keys() {
-        if let Some(h) = kept(n) {
+        if let Some((h, p)) = kept(n) {
             hosts.insert(n.clone(), h.clone());
+            parts.insert(n.clone(), p.clone());
         }
     }
 
@@ -207,6 +214,7 @@ pub fn compute<'a>(view: &View<'a>, cluster: &'a Cluster, out: &mut Outputs, sin
         readmitted: readmitted_now,
         patched: false,
         hosts,
+        parts,
         digests,
         ends: Arc::new(ends_made),
         kept: kept_now,
@@ -505,6 +513,9 @@ pub struct Built {
     pub patched: bool,
     /// Every node's host namespace as the port maps need it (empty for a node without any).
     pub hosts: BTreeMap<String, Arc<NetnsState>>,
+    /// What each host namespace was rendered from: a patch edits a node's by the mappings it
+    /// reached.
+    parts: BTreeMap<String, Arc<datapath::NodeParts>>,
     /// Each node's digest of what every mapping gave it: the same digest, the same namespace.
     digests: Shared<String, Digest>,
     /// Every link end made, by link and end: the node's view and the link's numbers make it.

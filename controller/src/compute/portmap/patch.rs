@@ -25,7 +25,7 @@ use super::{
 };
 use crate::compute::Outputs;
 use crate::observe::Cluster;
-use crate::observe::index::{RouteTo, View};
+use crate::observe::index::View;
 
 /// A placement as the compute before made it: what admission accepted, the pod, the
 /// programming nodes.
@@ -218,17 +218,17 @@ pub(super) fn patch<'a>(
         }
     }
     let mut built = Vec::with_capacity(reached.len());
-    for (r, placed) in reached.into_iter().zip(checked) {
+    for (r, placed) in reached.iter().zip(checked) {
         let cleared = placed.is_ok();
         let pm = verdicts[r.at].1;
-        let verdict = placed.and_then(|p| link(view, vxlan, &alloc, p, r.linked, Some(last), &mut ends_made));
+        let verdict = placed.and_then(|p| link(view, vxlan, &alloc, p, r.linked.clone(), Some(last), &mut ends_made));
         if let Ok((p, l, route)) = &verdict {
             let c = contribution(pm, l.fingerprint, route);
             for node in p.nodes_built() {
                 digests.entry(node.clone()).or_default().add(c);
             }
         }
-        built.push((r.at, r.judged, cleared, verdict));
+        built.push((r.at, r.judged.clone(), cleared, verdict));
     }
     // A node that no mapping reaches and no class or Node names has no namespace.
     let seeds: BTreeSet<&String> = seeded(view).collect();
@@ -238,34 +238,42 @@ pub(super) fn patch<'a>(
         digests.remove(n);
     }
 
-    // The nodes whose digest moved are rendered again, from every mapping that reaches them.
+    // The nodes whose digest moved are rendered again: from the parts the compute before kept
+    // of them, less what the reached mappings gave, with what they give now.
     let again: BTreeSet<String> =
         digests.iter().filter(|(n, d)| last.digests.get(*n) != Some(*d)).map(|(n, _)| n.clone()).collect();
-    let mut hosts = last.hosts.clone();
+    let (mut hosts, mut parts) = (last.hosts.clone(), last.parts.clone());
     hosts.retain(|n, _| digests.contains_key(n));
+    parts.retain(|n, _| digests.contains_key(n));
     if !again.is_empty() {
-        let mut builder = datapath::Builder::only(again.iter().cloned());
-        let mut next = built.iter().peekable();
-        for (at, (key, _, admitted)) in verdicts.iter().enumerate() {
-            if let Some((_, _, _, verdict)) = next.next_if(|b| b.0 == at) {
-                if let Ok((p, l, route)) = verdict
-                    && p.nodes_built().any(|n| again.contains(n))
-                {
-                    builder.add(p, &l.ends, device(route));
-                }
-                continue;
-            }
-            let Some(kept) = last.kept.get(key) else { continue };
-            let (Some(l), Some(j), Ok(a)) = (&kept.linked, &kept.judged, admitted) else { continue };
-            let Ok((endpoint, nodes)) = &j.placed else { continue };
-            if !nodes.keys().chain([&endpoint.node]).any(|n| again.contains(n)) {
-                continue;
-            }
-            let p = Placement { admitted: a.clone(), endpoint: endpoint.clone(), nodes: nodes.clone() };
-            let route: RouteTo = view.node(&endpoint.node).route_to(endpoint.address);
-            builder.add(&p, &l.ends, device(&route));
+        // A node the compute before rendered resumes from its parts; a node new to it, from none.
+        let resumed = again.iter().map(|n| match last.parts.get(n) {
+            Some(p) => Some((n.clone(), Some(p.clone()))),
+            None => (!last.digests.contains_key(n)).then(|| (n.clone(), None)),
+        });
+        let mut builder = datapath::Builder::resume(resumed.collect::<Option<Vec<_>>>()?);
+        for (was, old) in olds() {
+            let Some(was) = was.filter(|k| k.added.is_some()) else { continue };
+            let ((accepted, endpoint, nodes), Some(l)) = (old.as_ref()?, &was.linked) else { return None };
+            let class = view.classes.get(&accepted.class_name)?;
+            let multi = matches!(class.spec.serving_mode, crate::api::ServingMode::Multi);
+            let given = datapath::Given { admitted: accepted, multi, endpoint, nodes };
+            let route = view.node(&endpoint.node).route_to(endpoint.address);
+            builder.take(&given, &l.ends, device(&route));
         }
-        hosts.extend(builder.finish(view).into_iter().map(|(n, ns)| (n, Arc::new(ns))));
+        for (_, _, _, verdict) in &built {
+            if let Ok((p, l, route)) = verdict {
+                builder.add(p, &l.ends, device(route));
+            }
+        }
+        // What a mapping gave is there to take, unless the parts were not made from it.
+        if builder.missed() {
+            return None;
+        }
+        for (n, (ns, p)) in builder.finish(view) {
+            hosts.insert(n.clone(), Arc::new(ns));
+            parts.insert(n, p);
+        }
     }
 
     // Their statuses and outputs replace the compute before's.
@@ -325,6 +333,7 @@ pub(super) fn patch<'a>(
         readmitted: !since.admission,
         patched: true,
         hosts,
+        parts,
         digests,
         ends,
         kept,

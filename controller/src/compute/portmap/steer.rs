@@ -201,8 +201,8 @@ pub type Guards = PerMapping<Vec<IpNet>>;
 pub type Limits = PerMapping<SourceLimit>;
 
 /// [`accepting`] for what a mapping enforces: each mapping at each address of its interface.
-pub fn per_address<'a, T: Clone>(
-    by_mapping: &BTreeMap<(String, L4Proto, Ports), T>,
+pub fn per_address<'a, 'm, T: Clone + 'm>(
+    by_mapping: impl IntoIterator<Item = (&'m (String, L4Proto, Ports), &'m T)>,
     fam: Family,
     addresses: impl Fn(&str) -> &'a [String],
 ) -> PerMapping<T> {
