@@ -30,6 +30,63 @@ pub fn canonicalize(state: &mut NodeState) {
     }
 }
 
+/// [`canonicalize`] of a state that follows `last` (the same node's, canonical): a set whose
+/// elements are in canonical order already is not sorted again, and a set of the namespace and
+/// table `last` holds too has only the runs its edit falls in digested again
+/// ([`runs_after_edit`]). The same state as [`canonicalize`], in time that follows the change
+/// rather than the sets' size, beside one walk of each set.
+pub fn canonicalize_after(state: &mut NodeState, last: Option<&NodeState>) {
+    state.netns.sort_by(|a, b| netns_order(a).cmp(&netns_order(b)));
+    for ns in &mut state.netns {
+        let was = last.and_then(|l| l.netns.iter().find(|w| netns_order(w) == netns_order(ns)));
+        order_beside_elements(ns);
+        for table in &mut ns.nft_tables {
+            let was =
+                was.and_then(|w| w.nft_tables.iter().find(|t| (t.family, &t.name) == (table.family, &table.name)));
+            for set in &mut table.sets {
+                if !set.elements.is_sorted_by(|a, b| element_cmp(a, b).is_le()) {
+                    set.elements.sort_by_cached_key(element_order);
+                }
+                set.elements.dedup();
+                let old = was.and_then(|t| t.sets.iter().find(|o| o.name == set.name));
+                (set.runs, set.digest) = match old {
+                    Some(old) => runs_after(old, &set.elements),
+                    None => element_runs(&set.elements),
+                };
+            }
+        }
+        ns.version = netns_version(ns);
+    }
+}
+
+/// The runs of `elements` (canonical) as an edit of `old`'s (canonical, with its runs): the
+/// positions removed and inserted found by one walk of both lists.
+fn runs_after(old: &NftSet, elements: &[NftElement]) -> (Vec<ElementRun>, Vec<u8>) {
+    let (was, mut removed_at, mut inserted_before) = (&old.elements, Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < was.len() || j < elements.len() {
+        match (was.get(i), elements.get(j)) {
+            (Some(a), Some(b)) if a == b => (i, j) = (i + 1, j + 1),
+            (Some(a), Some(b)) if element_cmp(a, b).is_lt() => {
+                removed_at.push(i);
+                i += 1;
+            }
+            (Some(_), None) => {
+                removed_at.push(i);
+                i += 1;
+            }
+            _ => {
+                inserted_before.push(i);
+                j += 1;
+            }
+        }
+    }
+    if removed_at.is_empty() && inserted_before.is_empty() && !old.digest.is_empty() {
+        return (old.runs.clone(), old.digest.clone());
+    }
+    runs_after_edit(&old.runs, was.len(), &removed_at, &inserted_before, elements)
+}
+
 /// [`canonicalize`] for one namespace: ordered, its sets digested, its version set.
 pub fn canonicalize_netns_whole(ns: &mut NetnsState) {
     canonicalize_netns(ns);
@@ -410,15 +467,26 @@ pub fn element_order(e: &NftElement) -> Vec<(u8, u128, u32, String)> {
     e.key.iter().chain(&e.data).map(value_order).collect()
 }
 
+/// Compares two elements in [`element_order`], without making either's.
+fn element_cmp(a: &NftElement, b: &NftElement) -> std::cmp::Ordering {
+    a.key.iter().chain(&a.data).map(value_key).cmp(b.key.iter().chain(&b.data).map(value_key))
+}
+
 /// Sorts the values of a literal set (`meta l4proto { tcp, udp }`) as nft lists them.
 pub fn sort_values(values: &mut [NftValue]) {
     values.sort_by_cached_key(value_order);
 }
 
 fn value_order(v: &NftValue) -> (u8, u128, u32, String) {
+    let (kind, n, m, text) = value_key(v);
+    (kind, n, m, text.to_string())
+}
+
+/// [`value_order`], borrowing the value's text.
+fn value_key(v: &NftValue) -> (u8, u128, u32, &str) {
     match &v.value {
-        None => (0, 0, 0, String::new()),
-        Some(nft_value::Value::Ifname(s)) => (1, 0, 0, s.clone()),
+        None => (0, 0, 0, ""),
+        Some(nft_value::Value::Ifname(s)) => (1, 0, 0, s),
         Some(nft_value::Value::Addr(s)) => {
             let (addr, len) = s.split_once('/').unwrap_or((s.as_str(), ""));
             let n = match addr.parse::<IpAddr>() {
@@ -426,13 +494,13 @@ fn value_order(v: &NftValue) -> (u8, u128, u32, String) {
                 Ok(IpAddr::V6(a)) => u128::from(a),
                 Err(_) => u128::MAX,
             };
-            (2, n, len.parse().unwrap_or(u32::MAX), s.clone())
+            (2, n, len.parse().unwrap_or(u32::MAX), s)
         }
-        Some(nft_value::Value::Proto(p)) => (3, *p as u128, 0, String::new()),
-        Some(nft_value::Value::Port(r)) => (4, u128::from(r.first), r.last, String::new()),
-        Some(nft_value::Value::Mark(m)) => (5, u128::from(*m), 0, String::new()),
-        Some(nft_value::Value::Id(i)) => (6, u128::from(*i), 0, String::new()),
-        Some(nft_value::Value::Verdict(v)) => (7, v.kind as u128, 0, v.chain.clone()),
+        Some(nft_value::Value::Proto(p)) => (3, *p as u128, 0, ""),
+        Some(nft_value::Value::Port(r)) => (4, u128::from(r.first), r.last, ""),
+        Some(nft_value::Value::Mark(m)) => (5, u128::from(*m), 0, ""),
+        Some(nft_value::Value::Id(i)) => (6, u128::from(*i), 0, ""),
+        Some(nft_value::Value::Verdict(v)) => (7, v.kind as u128, 0, &v.chain),
     }
 }
 
@@ -594,6 +662,66 @@ mod tests {
             }
             let edited = runs_after_edit(&old_runs, old.len(), &gone, &before, &new_elements);
             proptest::prop_assert_eq!(edited, element_runs(&new_elements));
+        }
+    }
+
+    /// An element of the sets below: interface, address (text, ordered as a number) and port.
+    fn element3((dev, host, p): (u8, u8, u32)) -> NftElement {
+        let value = |v| NftValue { value: Some(v) };
+        let key = vec![
+            value(nft_value::Value::Ifname(format!("kup-{dev}"))),
+            value(nft_value::Value::Addr(format!("10.0.{host}.1"))),
+            port(p),
+        ];
+        NftElement { key, data: vec![] }
+    }
+
+    /// A state of two sets, `a` and `b`, whose elements are in the order given.
+    fn state3(a: &[(u8, u8, u32)], b: &[(u8, u8, u32)]) -> NodeState {
+        let mut s = state(&[]);
+        s.netns[0].nft_tables[0].sets = [("b", b), ("a", a)]
+            .into_iter()
+            .map(|(name, e)| NftSet {
+                name: name.into(),
+                elements: e.iter().copied().map(element3).collect(),
+                ..Default::default()
+            })
+            .collect();
+        s
+    }
+
+    proptest::proptest! {
+        /// A state canonical after the last one is the state made canonical alone: sets given
+        /// in any order or sorted, edited anywhere, duplicates included, one set new (`b` when
+        /// `last` had none), a last state without runs.
+        #[test]
+        fn canonical_after_the_last_state_is_canonical(
+            old in proptest::collection::vec((0u8..3, 0u8..20, 0u32..300), 0..600),
+            keep in proptest::collection::vec(proptest::prelude::any::<bool>(), 600),
+            added in proptest::collection::vec((0u8..3, 0u8..20, 0u32..300), 0..8),
+            shuffled in proptest::prelude::any::<bool>(),
+            b_new in proptest::prelude::any::<bool>(),
+            stale in proptest::prelude::any::<bool>(),
+        ) {
+            let mut last = state3(&old, if b_new { &[] } else { &old[..old.len() / 2] });
+            if b_new {
+                last.netns[0].nft_tables[0].sets.retain(|s| s.name != "b");
+            }
+            canonicalize(&mut last);
+            if stale {
+                last.netns[0].nft_tables[0].sets.iter_mut().for_each(|s| (s.runs, s.digest) = (vec![], vec![]));
+            }
+            let mut new: Vec<_> = old.iter().zip(&keep).filter(|(_, k)| **k).map(|(e, _)| *e).chain(added).collect();
+            if !shuffled {
+                new.sort_by(|a, b| element_cmp(&element3(*a), &element3(*b)));
+            } else {
+                new.reverse();
+            }
+            let mut after = state3(&new, &new[..new.len() / 3]);
+            let mut whole = after.clone();
+            canonicalize_after(&mut after, Some(&last));
+            canonicalize(&mut whole);
+            proptest::prop_assert_eq!(after, whole);
         }
     }
 

@@ -24,4 +24,4 @@ pub mod v1 {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("kuport_descriptor");
 }
 
-pub use canonical::{canonical_version, canonicalize, route_identity, version};
+pub use canonical::{canonical_version, canonicalize, canonicalize_after, route_identity, version};

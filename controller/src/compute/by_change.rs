@@ -432,7 +432,8 @@ impl Computer {
                     });
                     let state = kept.unwrap_or_else(|| {
                         assembled += 1;
-                        Arc::new(assemble_node(name, host.map(|h| &**h), meshed.map(|m| &**m), pods.map(|p| &**p)))
+                        let was = last.as_ref().and_then(|l| l.states.get(name)).map(|s| &**s);
+                        Arc::new(assemble_node(name, host.map(|h| &**h), meshed.map(|m| &**m), pods.map(|p| &**p), was))
                     });
                     states.insert(name.clone(), state);
                 }
@@ -584,12 +585,14 @@ fn same_arc<T>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
     }
 }
 
-/// One node's state from its capabilities' parts, canonical (ordered, digested, versioned).
+/// One node's state from its capabilities' parts, canonical (ordered, digested, versioned);
+/// the sets it shares with `last`, the node's state before, digested by their edit.
 fn assemble_node(
     node: &str,
     host: Option<&NetnsState>,
     mesh: Option<&NetnsState>,
     pods: Option<&Vec<NetnsState>>,
+    last: Option<&NodeState>,
 ) -> NodeState {
     let mut first = host.cloned().unwrap_or_default();
     if let Some(part) = mesh {
@@ -601,7 +604,7 @@ fn assemble_node(
         super::drop_route_clashes(node, ns);
     }
     let mut state = NodeState { node: node.to_string(), netns };
-    kuport_proto::canonicalize(&mut state);
+    kuport_proto::canonicalize_after(&mut state, last);
     state
 }
 
