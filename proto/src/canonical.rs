@@ -24,10 +24,7 @@ pub const RUN_SPAN: u64 = 128;
 /// Sorts every order-free list in `state` into its canonical order (and drops exact
 /// duplicates), then sets every nftables set's `runs` and `digest` ([`element_runs`]).
 pub fn canonicalize(state: &mut NodeState) {
-    state.netns.sort_by(|a, b| netns_order(a).cmp(&netns_order(b)));
-    for ns in &mut state.netns {
-        canonicalize_netns_whole(ns);
-    }
+    canonicalize_after(state, None);
 }
 
 /// [`canonicalize`] of a state that follows `last` (the same node's, canonical): a set whose
@@ -39,24 +36,28 @@ pub fn canonicalize_after(state: &mut NodeState, last: Option<&NodeState>) {
     state.netns.sort_by(|a, b| netns_order(a).cmp(&netns_order(b)));
     for ns in &mut state.netns {
         let was = last.and_then(|l| l.netns.iter().find(|w| netns_order(w) == netns_order(ns)));
-        order_beside_elements(ns);
-        for table in &mut ns.nft_tables {
-            let was =
-                was.and_then(|w| w.nft_tables.iter().find(|t| (t.family, &t.name) == (table.family, &table.name)));
-            for set in &mut table.sets {
-                if !set.elements.is_sorted_by(|a, b| element_cmp(a, b).is_le()) {
-                    set.elements.sort_by_cached_key(element_order);
-                }
-                set.elements.dedup();
-                let old = was.and_then(|t| t.sets.iter().find(|o| o.name == set.name));
-                (set.runs, set.digest) = match old {
-                    Some(old) => runs_after(old, &set.elements),
-                    None => element_runs(&set.elements),
-                };
-            }
-        }
-        ns.version = netns_version(ns);
+        canonicalize_netns_after(ns, was);
     }
+}
+
+/// [`canonicalize_after`] for one namespace, following `was` (the same namespace before).
+fn canonicalize_netns_after(ns: &mut NetnsState, was: Option<&NetnsState>) {
+    order_beside_elements(ns);
+    for table in &mut ns.nft_tables {
+        let was = was.and_then(|w| w.nft_tables.iter().find(|t| (t.family, &t.name) == (table.family, &table.name)));
+        for set in &mut table.sets {
+            if !set.elements.is_sorted_by(|a, b| element_cmp(a, b).is_le()) {
+                set.elements.sort_by_cached_key(element_order);
+            }
+            set.elements.dedup();
+            let old = was.and_then(|t| t.sets.iter().find(|o| o.name == set.name));
+            (set.runs, set.digest) = match old {
+                Some(old) => runs_after(old, &set.elements),
+                None => element_runs(&set.elements),
+            };
+        }
+    }
+    ns.version = netns_version(ns);
 }
 
 /// The runs of `elements` (canonical) as an edit of `old`'s (canonical, with its runs): the
@@ -89,15 +90,7 @@ fn runs_after(old: &NftSet, elements: &[NftElement]) -> (Vec<ElementRun>, Vec<u8
 
 /// [`canonicalize`] for one namespace: ordered, its sets digested, its version set.
 pub fn canonicalize_netns_whole(ns: &mut NetnsState) {
-    canonicalize_netns(ns);
-    for table in &mut ns.nft_tables {
-        for set in &mut table.sets {
-            let (runs, digest) = element_runs(&set.elements);
-            set.runs = runs;
-            set.digest = digest;
-        }
-    }
-    ns.version = netns_version(ns);
+    canonicalize_netns_after(ns, None);
 }
 
 /// The version of one namespace: the hex sha256 of its canonical encoding with `version` and

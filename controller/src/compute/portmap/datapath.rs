@@ -371,7 +371,7 @@ impl NodeParts {
 /// What [`Builder::add`] reads of a placement: a patch takes away a mapping's as it was, even
 /// one whose PortMap is gone.
 pub struct Given<'p> {
-    pub admitted: &'p super::admission::Accepted,
+    pub accepted: &'p super::admission::Accepted,
     /// Its class serves Multi.
     pub multi: bool,
     pub endpoint: &'p super::placement::Endpoint,
@@ -381,12 +381,12 @@ pub struct Given<'p> {
 impl<'p> Given<'p> {
     pub fn of(p: &'p Placement) -> Self {
         let multi = matches!(p.admitted.class.spec.serving_mode, ServingMode::Multi);
-        Given { admitted: &p.admitted, multi, endpoint: &p.endpoint, nodes: &p.nodes }
+        Given { accepted: &p.admitted, multi, endpoint: &p.endpoint, nodes: &p.nodes }
     }
 
     /// [`Placement::pod_ports`].
     fn pod_ports(&self) -> Ports {
-        if self.admitted.is_range() { self.admitted.ports } else { (self.endpoint.port, self.endpoint.port) }
+        super::placement::pod_ports(self.accepted, self.endpoint)
     }
 }
 
@@ -492,16 +492,16 @@ impl Builder {
         pod_device: Option<&str>,
     ) {
         let mut found = true;
-        let proto = l4(p.admitted.protocol);
-        let ports = p.admitted.ports;
+        let proto = l4(p.accepted.protocol);
+        let ports = p.accepted.ports;
         let pod_ports = p.pod_ports();
-        let single = !p.admitted.is_range();
+        let single = !p.accepted.is_range();
         // This family's prefixes of the allow-list, if the mapping has one: empty closes the
         // family to every client.
-        let nets = p.admitted.source_ranges.as_ref();
+        let nets = p.accepted.source_ranges.as_ref();
         let guard = Guard {
             allow: nets.map(|nets| nets.iter().filter(|n| fam.holds(&n.addr())).copied().collect()),
-            limit: p.admitted.rate_limit,
+            limit: p.accepted.rate_limit,
         };
         for (node, ifaces) in p.nodes {
             if *node == p.endpoint.node {

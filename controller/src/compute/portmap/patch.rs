@@ -257,7 +257,7 @@ pub(super) fn patch<'a>(
             let ((accepted, endpoint, nodes), Some(l)) = (old.as_ref()?, &was.linked) else { return None };
             let class = view.classes.get(&accepted.class_name)?;
             let multi = matches!(class.spec.serving_mode, crate::api::ServingMode::Multi);
-            let given = datapath::Given { admitted: accepted, multi, endpoint, nodes };
+            let given = datapath::Given { accepted, multi, endpoint, nodes };
             let route = view.node(&endpoint.node).route_to(endpoint.address);
             builder.take(&given, &l.ends, device(&route));
         }

@@ -50,10 +50,9 @@ impl Placement<'_> {
         self.nodes.keys().filter(move |n| **n != self.endpoint.node)
     }
 
-    /// The ports the pod serves: a range keeps its numbers; a single port goes to the
-    /// Service's target port.
+    /// The ports the pod serves ([`pod_ports`]).
     pub fn pod_ports(&self) -> (u16, u16) {
-        if self.admitted.is_range() { self.admitted.ports } else { (self.endpoint.port, self.endpoint.port) }
+        pod_ports(&self.admitted, &self.endpoint)
     }
 
     /// The node whose route a reply from this pod port must take, or None under Multi, where
@@ -64,6 +63,12 @@ impl Placement<'_> {
             ServingMode::Multi => None,
         }
     }
+}
+
+/// The ports a mapping's pod serves: a range keeps its numbers; a single port goes to the
+/// Service's target port.
+pub fn pod_ports(accepted: &super::admission::Accepted, endpoint: &Endpoint) -> (u16, u16) {
+    if accepted.is_range() { accepted.ports } else { (endpoint.port, endpoint.port) }
 }
 
 /// Chooses the endpoint and the programming nodes of one accepted mapping.
