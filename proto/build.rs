@@ -12,6 +12,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .type_attribute(".", "#[serde(rename_all = \"camelCase\")]")
         // Written by hand: its peers are a persistent map, shared between states.
         .extern_path(".kuport.v1.WireguardDevice", "crate::wireguard::WireguardDevice")
+        // Written by hand: their large lists are shared between states until one changes.
+        .extern_path(".kuport.v1.NetnsState", "crate::shared::NetnsState")
+        .extern_path(".kuport.v1.NftTable", "crate::shared::NftTable")
+        .extern_path(".kuport.v1.NftSet", "crate::shared::NftSet")
         .compile_with_config(config, &protos, &["."])?;
     for p in protos {
         println!("cargo:rerun-if-changed={p}");

@@ -179,8 +179,8 @@ fn element_lines(base: &NftTable, plus: &NftTable, delete: bool) -> BenchResult<
         for e in set.elements.iter().filter(|e| !have.contains(&e.encode_to_vec())) {
             // A one-element table's text, cut at `elements = {`.
             let one = NftTable {
-                sets: vec![NftSet { elements: vec![e.clone()], counter: false, ..set.clone() }],
-                chains: vec![],
+                sets: vec![NftSet { elements: vec![e.clone()].into(), counter: false, ..set.clone() }].into(),
+                chains: vec![].into(),
                 ..base.clone()
             };
             let text = kuport_proto::text::nft_table(&one);
@@ -255,8 +255,10 @@ impl Row {
 
 /// `kuport_proto::canonicalize` of one table (order, runs, digests), as the controller does.
 fn canonical(t: NftTable) -> NftTable {
-    let mut st =
-        NodeState { node: "bench".into(), netns: vec![NetnsState { nft_tables: vec![t], ..Default::default() }] };
+    let mut st = NodeState {
+        node: "bench".into(),
+        netns: vec![NetnsState { nft_tables: vec![t].into(), ..Default::default() }],
+    };
     kuport_proto::canonicalize(&mut st);
     st.netns.pop().and_then(|mut n| n.nft_tables.pop()).unwrap_or_default()
 }
@@ -276,7 +278,7 @@ fn without_digests(t: &NftTable) -> NftTable {
 fn netns_state(path: &std::path::Path, t: &NftTable) -> Arc<NetnsState> {
     Arc::new(NetnsState {
         target: kuport_proto::netns::path(path.to_string_lossy()),
-        nft_tables: vec![t.clone()],
+        nft_tables: vec![t.clone()].into(),
         ..Default::default()
     })
 }

@@ -110,7 +110,7 @@ fn state(pod: &Pod, dial: &[&str]) -> BenchResult<Arc<NetnsState>> {
     }
     let mut s = NodeState {
         node: "bench".into(),
-        netns: vec![NetnsState { nft_tables: computed.tables, ..Default::default() }],
+        netns: vec![NetnsState { nft_tables: computed.tables.into(), ..Default::default() }],
     };
     kuport_proto::canonicalize(&mut s);
     s.netns.pop().map(Arc::new).ok_or_else(|| "canonicalize dropped the netns".into())

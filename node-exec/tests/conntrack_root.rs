@@ -265,7 +265,7 @@ fn claim_state(claimed: bool, flows: UdpFlows) -> NetnsState {
         ChainPolicy::Accept,
         vec![rule(vec![lookup], vec![nat_to_selector(NatKind::Snat, NftFamily::Ip, Selector::IpSaddr)])],
     );
-    NetnsState { nft_tables: vec![table(NftFamily::Ip, "kuport", vec![set], vec![post])], ..Default::default() }
+    NetnsState { nft_tables: vec![table(NftFamily::Ip, "kuport", vec![set], vec![post])].into(), ..Default::default() }
 }
 
 /// A request claim that lands after the rest of its mapping (the pod's node reported the pod's

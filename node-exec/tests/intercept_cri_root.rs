@@ -140,7 +140,7 @@ impl Drop for Dir {
 
 fn state(pod: &PodRef) -> NodeState {
     let table = NftTable { family: NftFamily::Ip as i32, name: "kuport-intercept".into(), ..Default::default() };
-    let entry = NetnsState { target: netns::pod(pod.clone()), nft_tables: vec![table], ..Default::default() };
+    let entry = NetnsState { target: netns::pod(pod.clone()), nft_tables: vec![table].into(), ..Default::default() };
     let mut s = NodeState { node: "n".into(), netns: vec![entry] };
     kuport_proto::canonicalize(&mut s);
     s

@@ -243,7 +243,7 @@ fn spec(identity: AgentIdentity) -> InterceptSpec {
 
 /// The pod namespace's state as the controller will send it: canonical, tables only.
 fn state(t: Vec<NftTable>) -> NetnsState {
-    let mut s = NodeState { node: "n".into(), netns: vec![NetnsState { nft_tables: t, ..Default::default() }] };
+    let mut s = NodeState { node: "n".into(), netns: vec![NetnsState { nft_tables: t.into(), ..Default::default() }] };
     kuport_proto::canonicalize(&mut s);
     s.netns.pop().unwrap()
 }

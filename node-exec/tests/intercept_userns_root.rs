@@ -200,7 +200,7 @@ fn entry(pod: PodRef) -> NetnsState {
     let t = tables(&spec).unwrap().tables;
     let mut s = NodeState {
         node: "n".into(),
-        netns: vec![NetnsState { target: netns::pod(pod), nft_tables: t, ..Default::default() }],
+        netns: vec![NetnsState { target: netns::pod(pod), nft_tables: t.into(), ..Default::default() }],
     };
     kuport_proto::canonicalize(&mut s);
     s.netns.pop().unwrap()

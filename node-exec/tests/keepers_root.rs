@@ -81,7 +81,7 @@ fn node(netns: Vec<NetnsState>) -> NodeState {
 
 /// The host entry, with a table of its own so that it is not empty.
 fn host_entry() -> NetnsState {
-    NetnsState { target: netns::host(), nft_tables: vec![table(NftFamily::Ip, "kuport")], ..Default::default() }
+    NetnsState { target: netns::host(), nft_tables: vec![table(NftFamily::Ip, "kuport")].into(), ..Default::default() }
 }
 
 fn errors(r: Result<(), Vec<ObjectError>>) -> Vec<ObjectError> {
@@ -104,7 +104,7 @@ async fn a_namespace_that_disappears_ends_its_keeper() {
     let mut keepers = NodeKeepers::new(Some(host.path()));
     let entry = NetnsState {
         target: netns::path(gone.path_string()),
-        nft_tables: vec![table(NftFamily::Inet, "kuport-test")],
+        nft_tables: vec![table(NftFamily::Inet, "kuport-test")].into(),
         ..Default::default()
     };
     let both = node(vec![host_entry(), entry]);
@@ -150,7 +150,7 @@ async fn a_pod_is_found_by_its_address_and_kept_by_version() {
     let pod = PodRef { namespace: "games".into(), name: "game-0".into(), uid: "u-1".into(), addresses: vec![address] };
     let entry = NetnsState {
         target: netns::pod(pod.clone()),
-        nft_tables: vec![table(NftFamily::Inet, "kuport-intercept")],
+        nft_tables: vec![table(NftFamily::Inet, "kuport-intercept")].into(),
         ..Default::default()
     };
     let mut keepers = NodeKeepers::new(Some(host.path()));
@@ -183,7 +183,7 @@ async fn a_pod_is_found_by_its_address_and_kept_by_version() {
     let missing = PodRef { name: "nowhere".into(), uid: "u-2".into(), addresses: vec![pod_address(1)], ..pod };
     let entry = NetnsState {
         target: netns::pod(missing),
-        nft_tables: vec![table(NftFamily::Inet, "kuport-intercept")],
+        nft_tables: vec![table(NftFamily::Inet, "kuport-intercept")].into(),
         ..Default::default()
     };
     let mut host_changed = host_entry();
@@ -215,7 +215,7 @@ async fn a_restarted_pod_is_reprogrammed_within_a_second() {
     };
     let entry = NetnsState {
         target: netns::pod(pod),
-        nft_tables: vec![table(NftFamily::Ip, "kuport-intercept"), table(NftFamily::Ip6, "kuport-intercept")],
+        nft_tables: vec![table(NftFamily::Ip, "kuport-intercept"), table(NftFamily::Ip6, "kuport-intercept")].into(),
         ..Default::default()
     };
     let mut keepers = NodeKeepers::new(Some(host.path()));
@@ -258,7 +258,7 @@ async fn a_pod_with_the_hosts_address_is_refused() {
     };
     let entry = NetnsState {
         target: netns::pod(pod),
-        nft_tables: vec![table(NftFamily::Ip, "kuport-intercept")],
+        nft_tables: vec![table(NftFamily::Ip, "kuport-intercept")].into(),
         ..Default::default()
     };
     let before = run("ip", &["netns", "exec", &host.name, "nft", "list", "ruleset"]);

@@ -197,7 +197,8 @@ fn invalid_desired_state_keeps_the_memory() {
 /// `t` as the controller sends it: canonical order and every set's digest
 /// (`kuport_proto::canonicalize`).
 fn canonical(t: NftTable) -> NftTable {
-    let mut st = NodeState { node: "n".into(), netns: vec![NetnsState { nft_tables: vec![t], ..Default::default() }] };
+    let mut st =
+        NodeState { node: "n".into(), netns: vec![NetnsState { nft_tables: vec![t].into(), ..Default::default() }] };
     kuport_proto::canonicalize(&mut st);
     st.netns.pop().and_then(|mut n| n.nft_tables.pop()).expect("the table")
 }

@@ -213,7 +213,7 @@ async fn a_counter_read_reports_links_and_pod_tables_as_ip_and_nft_show_them() {
     let pod = PodRef { namespace: "apps".into(), name: "web-0".into(), uid: "u-1".into(), addresses: vec![address] };
     let pod_entry = NetnsState {
         target: target::pod(pod.clone()),
-        nft_tables: vec![table(NftFamily::Inet, "kuport-intercept", vec![ports], vec![input])],
+        nft_tables: vec![table(NftFamily::Inet, "kuport-intercept", vec![ports], vec![input])].into(),
         ..Default::default()
     };
     let missing =

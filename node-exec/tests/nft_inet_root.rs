@@ -113,7 +113,7 @@ fn upgrading_to_the_inet_table_deletes_the_ip_table() {
     let ns = Netns::new("inet", "upgrade");
     ns.nft(&["-f", concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/kuport_example.nft")]);
     assert!(ns.nft(&["list", "tables"]).contains("table ip kuport"));
-    let state = NetnsState { nft_tables: vec![kuport_inet_table()], ..Default::default() };
+    let state = NetnsState { nft_tables: vec![kuport_inet_table()].into(), ..Default::default() };
     let mut ex = Executor::new(Some(ns.path()));
     let report = ex.apply(&state).unwrap_or_else(|e| panic!("apply: {e}"));
     assert_eq!(ns.nft(&["list", "tables"]), "table inet kuport\n");
@@ -136,7 +136,7 @@ fn upgrading_to_the_inet_table_deletes_the_ip_table() {
             element(vec![ifname("enp1s0"), proto(L4Proto::Tcp), port(10_000 + i)], vec![addr("fd00::7"), port(3000)])
         })
         .collect();
-    let state = NetnsState { nft_tables: vec![big], ..Default::default() };
+    let state = NetnsState { nft_tables: vec![big].into(), ..Default::default() };
     let mut ex = Executor::new(Some(ns.path()));
     let report = ex.apply(&state).unwrap_or_else(|e| panic!("apply: {e}"));
     assert_eq!(ns.nft(&["list", "tables"]), "table inet kuport\n", "{:?}", report.actions);

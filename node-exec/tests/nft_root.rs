@@ -327,8 +327,9 @@ fn vocabulary() -> kuport_proto::v1::NftTable {
             ),
             set("s4", &[NftType::Ipv4Addr], &[], false, false, vec![elem(vec![addr("10.0.0.1")], vec![])]),
             set("sif", &[NftType::Ifname], &[], false, false, vec![]),
-        ],
-        chains: vec![c, n, p, r, sub],
+        ]
+        .into(),
+        chains: vec![c, n, p, r, sub].into(),
     }
 }
 

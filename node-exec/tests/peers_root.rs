@@ -281,7 +281,7 @@ async fn the_relay_rules_bytes_are_reported_as_they_rise() {
         node: "relay".into(),
         netns: vec![NetnsState {
             wireguard_devices: vec![device],
-            nft_tables: vec![relay_table_on("rl0")],
+            nft_tables: vec![relay_table_on("rl0")].into(),
             ..Default::default()
         }],
     };

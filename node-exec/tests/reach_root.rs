@@ -120,7 +120,8 @@ fn state(
             dst: format!("10.42.{peer_index}.0/24"),
             via: String::new(),
             dev: dev.into(),
-        }],
+        }]
+        .into(),
         ..Default::default()
     }
 }

@@ -114,7 +114,7 @@ fn state(w: &Want) -> NetnsState {
             mac: String::new(),
         }],
         addresses: vec![Address { dev: DEV.into(), cidr: "169.254.77.2/31".into() }],
-        routes: vec![Route { table: 201, dst: "default".into(), via: w.via.into(), dev: DEV.into() }],
+        routes: vec![Route { table: 201, dst: "default".into(), via: w.via.into(), dev: DEV.into() }].into(),
         ip_rules: vec![
             IpRule {
                 pref: 101,

@@ -72,7 +72,8 @@ fn state(me: &End, peer: &End) -> NetnsState {
         routes: vec![
             Route { table: TABLE, dst: "default".into(), via: peer.v4.into(), dev: DEV.into() },
             Route { table: TABLE, dst: "default".into(), via: peer.v6.into(), dev: DEV.into() },
-        ],
+        ]
+        .into(),
         ip_rules: vec![
             rule(101, &format!("{}/32", peer.underlay), 254, false),
             rule(102, "", TABLE, false),

@@ -65,7 +65,7 @@ fn route(table: u32, dst: &str) -> Route {
 /// The host entry kuport may program: a route in slot 1's table and IPv4 forwarding.
 fn base() -> NetnsState {
     NetnsState {
-        routes: vec![route(201, "203.0.113.0/25")],
+        routes: vec![route(201, "203.0.113.0/25")].into(),
         sysctls: vec![Sysctl { key: "net.ipv4.ip_forward".into(), value: "1".into() }],
         ..Default::default()
     }

@@ -326,7 +326,7 @@ async fn a_50000_mapping_state_streams_and_applies() {
     let node = Node::new("big", "lg", &[("wt0", "100.64.0.20"), ("enp1s0", "203.0.113.20")]);
     let mut state = NodeState {
         node: "big".into(),
-        netns: vec![NetnsState { nft_tables: vec![large_table(LARGE)], ..Default::default() }],
+        netns: vec![NetnsState { nft_tables: vec![large_table(LARGE)].into(), ..Default::default() }],
     };
     kuport_proto::canonicalize(&mut state);
     let version = kuport_proto::version(&state);

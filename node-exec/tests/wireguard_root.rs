@@ -234,7 +234,8 @@ fn state(node: &Node, all: &[Node], keys: &[String]) -> NetnsState {
         routes: vec![
             Route { table: 254, dst: "100.96.0.0/24".into(), via: String::new(), dev: node.dev.clone() },
             Route { table: 254, dst: "10.42.0.0/16".into(), via: String::new(), dev: node.dev.clone() },
-        ],
+        ]
+        .into(),
         ..Default::default()
     };
     let mut whole = kuport_proto::v1::NodeState { node: String::new(), netns: vec![s] };

@@ -19,7 +19,8 @@ fn namespace(n: u32, extra: u32) -> NetnsState {
     let mut elements: Vec<_> = (0..n).map(|i| member(vec![port(1000 + i)])).collect();
     elements.push(member(vec![port(extra)]));
     let sets = vec![set("ports", &[NftType::InetService], &[], elements)];
-    let mut ns = NetnsState { nft_tables: vec![table(NftFamily::Inet, "kuport", sets, vec![])], ..Default::default() };
+    let mut ns =
+        NetnsState { nft_tables: vec![table(NftFamily::Inet, "kuport", sets, vec![])].into(), ..Default::default() };
     canonicalize_netns_whole(&mut ns);
     ns
 }

@@ -90,7 +90,13 @@ pub fn selectors(selectors: &[Selector]) -> Vec<i32> {
 /// A hash set (no `data`) or map, without flags or counter; set those with struct update,
 /// `NftSet { interval: true, ..set(...) }`.
 pub fn set(name: &str, key: &[NftType], data: &[NftType], elements: Vec<NftElement>) -> NftSet {
-    NftSet { name: name.to_string(), key: types(key), data: types(data), elements, ..NftSet::default() }
+    NftSet {
+        name: name.to_string(),
+        key: types(key),
+        data: types(data),
+        elements: elements.into(),
+        ..NftSet::default()
+    }
 }
 
 /// A dynamic set (`flags dynamic`, and `flags timeout` with `timeout Ns` when `timeout_seconds`
@@ -315,7 +321,7 @@ pub fn base_chain(
 }
 
 pub fn table(family: NftFamily, name: &str, sets: Vec<NftSet>, chains: Vec<NftChain>) -> NftTable {
-    NftTable { family: family as i32, name: name.to_string(), sets, chains }
+    NftTable { family: family as i32, name: name.to_string(), sets: sets.into(), chains: chains.into() }
 }
 
 // ---- WireGuard -------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ use std::net::IpAddr;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
+use crate::shared::Shared;
 use crate::v1::{ElementRun, NetnsState, NftElement, NftSet, NftTable, NftValue, NodeState, Route, nft_value};
 
 /// A run ends after an element whose encoding hashes to 0 modulo this: runs of 128 elements on
@@ -40,21 +41,43 @@ pub fn canonicalize_after(state: &mut NodeState, last: Option<&NodeState>) {
     }
 }
 
-/// [`canonicalize_after`] for one namespace, following `was` (the same namespace before).
+/// [`canonicalize_after`] for one namespace, following `was` (the same namespace before). It
+/// reads before it writes: a list shared with another state is copied only where it changes
+/// (`crate::shared`).
 fn canonicalize_netns_after(ns: &mut NetnsState, was: Option<&NetnsState>) {
     order_beside_elements(ns);
-    for table in &mut ns.nft_tables {
-        let was = was.and_then(|w| w.nft_tables.iter().find(|t| (t.family, &t.name) == (table.family, &table.name)));
-        for set in &mut table.sets {
-            if !set.elements.is_sorted_by(|a, b| element_cmp(a, b).is_le()) {
-                set.elements.sort_by_cached_key(element_order);
-            }
-            set.elements.dedup();
-            let old = was.and_then(|t| t.sets.iter().find(|o| o.name == set.name));
-            (set.runs, set.digest) = match old {
-                Some(old) => runs_after(old, &set.elements),
-                None => element_runs(&set.elements),
+    for t in 0..ns.nft_tables.len() {
+        let table = &ns.nft_tables[t];
+        let was = was.and_then(|w| w.nft_tables.iter().find(|o| (o.family, &o.name) == (table.family, &table.name)));
+        for i in 0..table.sets.len() {
+            let set = &ns.nft_tables[t].sets[i];
+            let old = was.and_then(|o| o.sets.iter().find(|o| o.name == set.name));
+            // Elements the last state held, as they were: canonical, and their runs are its.
+            let kept = old.filter(|o| Shared::ptr_eq(&o.elements, &set.elements) && !o.digest.is_empty());
+            let ordered = kept.is_some() || set.elements.is_sorted_by(|a, b| element_cmp(a, b).is_le());
+            let repeats = kept.is_none() && set.elements.windows(2).any(|w| w[0] == w[1]);
+            let (runs, digest) = match (ordered && !repeats, kept, old) {
+                (true, Some(o), _) if (&set.runs, &set.digest) == (&o.runs, &o.digest) => continue,
+                (true, Some(o), _) => (o.runs.clone(), o.digest.clone()),
+                (true, None, Some(o)) => runs_after(o, &set.elements),
+                (true, None, None) => element_runs(&set.elements),
+                (false, ..) => {
+                    let elements = &mut ns.nft_tables[t].sets[i].elements;
+                    if !ordered {
+                        elements.sort_by_cached_key(element_order);
+                    }
+                    elements.dedup();
+                    match old {
+                        Some(o) => runs_after(o, elements),
+                        None => element_runs(elements),
+                    }
+                }
             };
+            let set = &ns.nft_tables[t].sets[i];
+            if (&set.runs, &set.digest) != (&runs, &digest) {
+                let set = &mut ns.nft_tables[t].sets[i];
+                (set.runs, set.digest) = (runs, digest);
+            }
         }
     }
     ns.version = netns_version(ns);
@@ -168,7 +191,7 @@ fn table_outline(t: &NftTable) -> NftTable {
                 data: data.clone(),
                 interval: *interval,
                 counter: *counter,
-                elements: Vec::new(),
+                elements: Default::default(),
                 digest: if digest.is_empty() { set_digest(elements) } else { digest.clone() },
                 runs: Vec::new(),
                 udp_flows: *udp_flows,
@@ -415,16 +438,27 @@ pub fn order_beside_elements(ns: &mut NetnsState) {
     } = ns;
     ns.sysctls.sort_by(|a, b| a.key.cmp(&b.key));
     ns.sysctls.dedup_by(|a, b| a.key == b.key);
-    ns.nft_tables.sort_by(|a, b| (a.family, &a.name).cmp(&(b.family, &b.name)));
-    for table in &mut ns.nft_tables {
-        table.sets.sort_by(|a, b| a.name.cmp(&b.name));
-        table.chains.sort_by(|a, b| a.name.cmp(&b.name));
+    // The shared lists are sorted only when they are not in order, so that a copy keeps
+    // sharing them (`crate::shared`).
+    let table_order = |a: &NftTable, b: &NftTable| (a.family, &a.name).cmp(&(b.family, &b.name));
+    sort_shared(&mut ns.nft_tables, table_order);
+    let in_order =
+        |t: &NftTable| t.sets.is_sorted_by(|a, b| a.name <= b.name) && t.chains.is_sorted_by(|a, b| a.name <= b.name);
+    if !ns.nft_tables.iter().all(in_order) {
+        for table in &mut ns.nft_tables {
+            sort_shared(&mut table.sets, |a, b| a.name.cmp(&b.name));
+            sort_shared(&mut table.chains, |a, b| a.name.cmp(&b.name));
+        }
     }
     ns.links.sort_by(|a, b| a.name.cmp(&b.name));
     ns.addresses.sort_by(|a, b| (&a.dev, &a.cidr).cmp(&(&b.dev, &b.cidr)));
     ns.addresses.dedup();
-    ns.routes.sort_by(|a, b| (a.table, &a.dst, &a.dev, &a.via).cmp(&(b.table, &b.dst, &b.dev, &b.via)));
-    ns.routes.dedup();
+    // A route is its four fields: strictly in order is sorted and without repeats.
+    let route_order = |a: &Route, b: &Route| (a.table, &a.dst, &a.dev, &a.via).cmp(&(b.table, &b.dst, &b.dev, &b.via));
+    if !ns.routes.is_sorted_by(|a, b| route_order(a, b).is_lt()) {
+        ns.routes.sort_by(route_order);
+        ns.routes.dedup();
+    }
     ns.ip_rules.sort_by(|a, b| {
         (a.ipv6, a.pref, a.fwmark, a.fwmask, &a.to, a.table).cmp(&(b.ipv6, b.pref, b.fwmark, b.fwmask, &b.to, b.table))
     });
@@ -433,6 +467,14 @@ pub fn order_beside_elements(ns: &mut NetnsState) {
     ns.neighbours.dedup();
     // A device's peers are canonical as held (`crate::wireguard::Peers`).
     ns.wireguard_devices.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+/// Sorts `list` by `cmp` (stably) unless it is in order already: a list shared with another
+/// state stays shared then.
+fn sort_shared<T: Clone>(list: &mut Shared<T>, cmp: impl Fn(&T, &T) -> std::cmp::Ordering) {
+    if !list.is_sorted_by(|a, b| cmp(a, b).is_le()) {
+        list.sort_by(cmp);
+    }
 }
 
 /// A peer's allowed IPs in canonical order ([`prefix_order`]), each once.
@@ -540,9 +582,10 @@ mod tests {
             netns: vec![NetnsState {
                 nft_tables: vec![NftTable {
                     name: "kuport".into(),
-                    sets: vec![NftSet { name: "s".into(), elements, ..Default::default() }],
+                    sets: vec![NftSet { name: "s".into(), elements, ..Default::default() }].into(),
                     ..Default::default()
-                }],
+                }]
+                .into(),
                 ..Default::default()
             }],
         }
@@ -695,6 +738,7 @@ mod tests {
             shuffled in proptest::prelude::any::<bool>(),
             b_new in proptest::prelude::any::<bool>(),
             stale in proptest::prelude::any::<bool>(),
+            shared in proptest::prelude::any::<bool>(),
         ) {
             let mut last = state3(&old, if b_new { &[] } else { &old[..old.len() / 2] });
             if b_new {
@@ -711,11 +755,34 @@ mod tests {
                 new.reverse();
             }
             let mut after = state3(&new, &new[..new.len() / 3]);
+            if shared {
+                // Set `a` as the last state holds it, its list shared.
+                let a = |s: &NodeState| s.netns[0].nft_tables[0].sets.iter().position(|s| s.name == "a");
+                if let (Some(i), Some(j)) = (a(&after), a(&last)) {
+                    after.netns[0].nft_tables[0].sets[i].elements = last.netns[0].nft_tables[0].sets[j].elements.clone();
+                }
+            }
             let mut whole = after.clone();
             canonicalize_after(&mut after, Some(&last));
             canonicalize(&mut whole);
             proptest::prop_assert_eq!(after, whole);
         }
+    }
+
+    #[test]
+    fn a_canonical_state_made_canonical_again_keeps_sharing_its_lists() {
+        let mut last = state3(&[(0, 9, 80), (1, 2, 443)], &[(0, 1, 22)]);
+        last.netns[0].routes = vec![Route { table: 254, dst: "10.42.0.0/16".into(), ..Default::default() }].into();
+        canonicalize(&mut last);
+        let mut again = last.clone();
+        canonicalize_after(&mut again, Some(&last));
+        assert_eq!(again, last);
+        let (a, b) = (&again.netns[0], &last.netns[0]);
+        assert!(Shared::ptr_eq(&a.nft_tables, &b.nft_tables), "tables copied");
+        assert!(Shared::ptr_eq(&a.routes, &b.routes), "routes copied");
+        let mut alone = last.clone();
+        canonicalize(&mut alone);
+        assert!(Shared::ptr_eq(&alone.netns[0].nft_tables, &b.nft_tables), "in order and digested: not copied");
     }
 
     #[test]

@@ -377,7 +377,7 @@ fn edit_set(set: &mut NftSet, removed: Vec<NftElement>, added: Vec<NftElement>) 
     }
     elements.extend(p.map(|(_, x)| x));
     (set.runs, set.digest) = runs_after_edit(&set.runs, old_len, &gone, &before, &elements);
-    set.elements = elements;
+    set.elements = elements.into();
     Ok(())
 }
 

@@ -11,6 +11,7 @@ pub mod channel;
 pub mod delta;
 pub mod netns;
 pub mod owned;
+pub mod shared;
 pub mod text;
 pub mod wireguard;
 
@@ -18,6 +19,7 @@ pub mod wireguard;
 pub mod v1 {
     tonic::include_proto!("kuport.v1");
 
+    pub use crate::shared::{NetnsState, NftSet, NftTable};
     pub use crate::wireguard::WireguardDevice;
 
     /// The encoded descriptors of package kuport.v1, for gRPC reflection.

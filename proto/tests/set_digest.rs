@@ -18,9 +18,11 @@ fn state(elements: Vec<NftElement>) -> NodeState {
             nft_tables: vec![NftTable {
                 family: 1,
                 name: "kuport".into(),
-                sets: vec![set("return_mark", &[NftType::Ipv4Addr, NftType::InetService], &[NftType::Mark], elements)],
+                sets: vec![set("return_mark", &[NftType::Ipv4Addr, NftType::InetService], &[NftType::Mark], elements)]
+                    .into(),
                 ..Default::default()
-            }],
+            }]
+            .into(),
             ..Default::default()
         }],
     }

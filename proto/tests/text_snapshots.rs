@@ -59,7 +59,7 @@ fn host_netns() -> NetnsState {
     NetnsState {
         target: kuport_proto::netns::host(),
         sysctls: vec![Sysctl { key: "net.ipv4.ip_forward".into(), value: "1".into() }],
-        nft_tables: vec![kuport_table()],
+        nft_tables: vec![kuport_table()].into(),
         links: vec![Link {
             name: "kup-wt0".into(),
             mtu: 1450,
@@ -81,7 +81,8 @@ fn host_netns() -> NetnsState {
         routes: vec![
             Route { table: 100, dst: "default".into(), via: "169.254.77.3".into(), dev: "kup-wt0".into() },
             Route { table: 254, dst: "100.64.0.0/10".into(), via: String::new(), dev: "kup-wt0".into() },
-        ],
+        ]
+        .into(),
         ip_rules: vec![
             IpRule {
                 pref: 101,
@@ -107,7 +108,7 @@ fn whole_node_state() {
     let pod = NetnsState {
         target: kuport_proto::netns::path("/var/run/netns/cni-1234"),
         sysctls: vec![Sysctl { key: "net.ipv4.conf.all.rp_filter".into(), value: "0".into() }],
-        nft_tables: vec![table(NftFamily::Ip, "nothing", vec![], vec![])],
+        nft_tables: vec![table(NftFamily::Ip, "nothing", vec![], vec![])].into(),
         ..NetnsState::default()
     };
     let state = NodeState { node: "node-a".into(), netns: vec![host_netns(), pod] };

@@ -141,10 +141,11 @@ fn merge(into: &mut NetnsState, part: NetnsState) {
         delta: _,
     } = part;
     into.sysctls.extend(sysctls);
-    into.nft_tables.extend(nft_tables);
+    // A namespace's one part gives its lists as they are, shared with the part.
+    into.nft_tables.append(nft_tables);
     into.links.extend(links);
     into.addresses.extend(addresses);
-    into.routes.extend(routes);
+    into.routes.append(routes);
     into.ip_rules.extend(ip_rules);
     into.neighbours.extend(neighbours);
     into.wireguard_devices.extend(wireguard_devices);
@@ -154,6 +155,12 @@ fn merge(into: &mut NetnsState, part: NetnsState) {
 /// the executor would refuse the whole state, leaving the node on its last one. Two capabilities
 /// placing such routes is a bug in the computation, so it is logged as an error, not refused.
 fn drop_route_clashes(node: &str, ns: &mut NetnsState) {
+    // Read first: the routes a part shares stay shared when no two share an identity.
+    let mut ids: Vec<(u32, &str)> = ns.routes.iter().map(kuport_proto::route_identity).collect();
+    ids.sort_unstable();
+    if ids.windows(2).all(|w| w[0] != w[1]) {
+        return;
+    }
     let mut seen: BTreeMap<(u32, String), usize> = BTreeMap::new();
     let mut keep = Vec::with_capacity(ns.routes.len());
     for route in std::mem::take(&mut ns.routes) {
@@ -169,7 +176,7 @@ fn drop_route_clashes(node: &str, ns: &mut NetnsState) {
             }
         }
     }
-    ns.routes = keep;
+    ns.routes = keep.into();
 }
 
 /// Of an executor's reported `facts`, what the computation reads given `inputs`: two reports
@@ -225,7 +232,8 @@ mod tests {
                 route("0.0.0.0/0", "169.254.77.3", "kup-b"),
                 first.clone(),
                 route("10.0.0.0/24", "", "kup-b"),
-            ],
+            ]
+            .into(),
             ..Default::default()
         };
         drop_route_clashes("n1", &mut ns);

@@ -358,7 +358,7 @@ fn without_tables(state: &NetnsState) -> NetnsState {
         version: String::new(),
         held: false,
         sysctls: state.sysctls.clone(),
-        nft_tables: Vec::new(),
+        nft_tables: Default::default(),
         links: state.links.clone(),
         addresses: state.addresses.clone(),
         routes: state.routes.clone(),

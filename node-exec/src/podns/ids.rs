@@ -215,7 +215,7 @@ mod tests {
         };
         let chain = NftChain { name: "output".into(), rules: vec![rule], ..Default::default() };
         let state = NetnsState {
-            nft_tables: vec![NftTable { chains: vec![chain], ..Default::default() }],
+            nft_tables: vec![NftTable { chains: vec![chain].into(), ..Default::default() }].into(),
             ..Default::default()
         };
         let range = vec![IdRange { inside: 0, outside: 200_000, count: 65_536 }];

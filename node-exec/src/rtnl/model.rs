@@ -490,7 +490,7 @@ mod tests {
     #[test]
     fn parses_routes_strictly() {
         let route = |dst: &str, via: &str| v1::NetnsState {
-            routes: vec![v1::Route { table: 201, dst: dst.into(), via: via.into(), dev: "kup-1".into() }],
+            routes: vec![v1::Route { table: 201, dst: dst.into(), via: via.into(), dev: "kup-1".into() }].into(),
             ..Default::default()
         };
         let d = Desired::from_proto(&route("default", "169.254.77.3")).expect("valid");
@@ -530,7 +530,7 @@ mod tests {
                 if std::ptr::eq(a, b) {
                     continue;
                 }
-                let state = v1::NetnsState { routes: vec![a.clone(), b.clone()], ..Default::default() };
+                let state = v1::NetnsState { routes: vec![a.clone(), b.clone()].into(), ..Default::default() };
                 let refused = Desired::from_proto(&state).is_err();
                 let same = kuport_proto::route_identity(a) == kuport_proto::route_identity(b);
                 assert_eq!(refused, same, "{a:?} and {b:?}");

@@ -75,7 +75,8 @@ mod tests {
                 Route { table: 254, dst: "10.0.0.0/8".into(), via: String::new(), dev: "kup-wg".into() },
                 Route { table: 100, dst: "default".into(), via: String::new(), dev: "kup-1".into() },
                 Route { table: 254, dst: "default".into(), via: "192.0.2.1".into(), dev: "eth0".into() },
-            ],
+            ]
+            .into(),
             ip_rules: vec![
                 IpRule { pref: 101, fwmark: 0x6b70_0001, fwmask: u32::MAX, table: 254, ..Default::default() },
                 IpRule { pref: 102, fwmark: 0x6b70_0001, fwmask: u32::MAX, table: 255, ..Default::default() },

@@ -44,7 +44,7 @@ pub fn set(
     counter: bool,
     elements: Vec<NftElement>,
 ) -> NftSet {
-    NftSet { name: name.into(), key: types(key), data: types(data), interval, counter, elements, ..Default::default() }
+    NftSet { name: name.into(), key: types(key), data: types(data), interval, counter, elements: elements.into(), ..Default::default() }
 }
 #[allow(dead_code)]
 pub fn elem(key: Vec<NftValue>, data: Vec<NftValue>) -> NftElement {
@@ -210,5 +210,5 @@ pub fn kuport_example() -> NftTable {
             ],
         },
     ];
-    NftTable { family: NftFamily::Ip as i32, name: "kuport".into(), sets, chains }
+    NftTable { family: NftFamily::Ip as i32, name: "kuport".into(), sets: sets.into(), chains: chains.into() }
 }

@@ -70,7 +70,7 @@ fn namespace(s: &Shape) -> NetnsState {
             .into_iter()
             .map(|i| Route { table: 254, dst: format!("10.42.{i}.0/24"), via: String::new(), dev: "kup-wg".into() })
             .collect(),
-        nft_tables: vec![table(NftFamily::Inet, "kuport", sets, chains)],
+        nft_tables: vec![table(NftFamily::Inet, "kuport", sets, chains)].into(),
         wireguard_devices: vec![WireguardDevice {
             name: "kup-wg".into(),
             mtu: s.mtu,

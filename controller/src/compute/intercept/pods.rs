@@ -256,7 +256,7 @@ pub fn compute<'a>(
             claimed.insert(claim, key.clone());
             let target =
                 kuport_proto::netns::pod(PodRef { namespace: key.0.clone(), name: name.clone(), uid, addresses });
-            let ns = NetnsState { target, nft_tables: tables, ..Default::default() };
+            let ns = NetnsState { target, nft_tables: tables.into(), ..Default::default() };
             ns.encode_to_vec().hash(&mut hasher);
             node.hash(&mut hasher);
             nodes.insert(node.clone());

@@ -23,6 +23,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
+use kuport_proto::shared::Shared;
 use kuport_proto::v1::{
     Address, ChainPolicy, ChainType, Hook, NetnsState, NftFamily, NftRule, NftSet, NftTable, NftType, NodeState, Route,
     Sysctl, WireguardPeer,
@@ -236,8 +237,34 @@ pub struct Plan {
     /// Every member's pod addresses, as the fewest prefixes ([`cidrs_of`]): the filter's sets
     /// and, less a member's own, its routes. Shared like the members.
     pub member_cidrs: Arc<Vec<IpNet>>,
+    /// The filter table of a member and of a relay candidate ([`filter_table`],
+    /// [`relay_filter_table`]) over `member_cidrs`, canonical: made once and shared by every
+    /// member's state.
+    pub filters: Filters,
     /// Every member, reached directly: what each member's place's routes are made from.
     pub all_direct: imbl::OrdMap<String, relays::PeerRoute>,
+}
+
+/// A member's filter table, and a relay candidate's, each the one table of a namespace's list
+/// of tables.
+#[derive(Debug, Default, PartialEq, Clone)]
+pub struct Filters {
+    pub member: Shared<NftTable>,
+    pub relay: Shared<NftTable>,
+}
+
+impl Filters {
+    fn new(interface: &str, cidrs: &[IpNet]) -> Filters {
+        let canonical = |table: NftTable| {
+            let mut ns = NetnsState { nft_tables: vec![table].into(), ..Default::default() };
+            kuport_proto::canonical::canonicalize_netns_whole(&mut ns);
+            ns.nft_tables
+        };
+        Filters {
+            member: canonical(filter_table(interface, cidrs)),
+            relay: canonical(relay_filter_table(interface, cidrs)),
+        }
+    }
 }
 
 impl Plan {
@@ -257,9 +284,10 @@ impl Plan {
 pub fn plan(cluster: &Cluster, settings: &OverlaySettings) -> Plan {
     let (judged, heard) = members::judge_and_hear(cluster, settings);
     let member_cidrs = Arc::new(cidrs_of(&judged.members));
+    let filters = Filters::new(&settings.interface, &member_cidrs);
     let routes = routes(&judged, &heard);
     let all_direct = judged.members.keys().map(|n| (n.clone(), relays::PeerRoute::Direct)).collect();
-    Plan { judged, heard, routes, member_cidrs, all_direct }
+    Plan { judged, heard, routes, member_cidrs, filters, all_direct }
 }
 
 /// The plan for `cluster` from `last`, the plan for `was`, whose Nodes, facts and refused facts
@@ -281,7 +309,14 @@ pub fn replan(last: &Plan, was: &Cluster, cluster: &Cluster, settings: &OverlayS
     };
     let judged = members::Judged { members: members.clone(), refused: last.judged.refused.clone(), candidates };
     let routes = routes(&judged, &heard);
-    Plan { judged, heard, routes, member_cidrs: last.member_cidrs.clone(), all_direct: last.all_direct.clone() }
+    Plan {
+        judged,
+        heard,
+        routes,
+        member_cidrs: last.member_cidrs.clone(),
+        filters: last.filters.clone(),
+        all_direct: last.all_direct.clone(),
+    }
 }
 
 /// The plan for `cluster` from `last`, the plan for `was`, when what judges the members
@@ -309,14 +344,16 @@ pub fn rejudge(last: &Plan, was: &Cluster, cluster: &Cluster, settings: &Overlay
     // connect address and what was learned of it, never its key.
     touched.extend(new.keys().filter(|n| a.get(*n) != b.get(*n) || !same_node(n)).cloned());
     judged.candidates = candidates_again(&last.judged.candidates, cluster, &nodes, &heard, settings, new, &touched);
-    let member_cidrs = if old.iter().zip(new.iter()).all(|((_, x), (_, y))| x.pod_cidrs == y.pod_cidrs) {
-        last.member_cidrs.clone()
+    let (member_cidrs, filters) = if old.iter().zip(new.iter()).all(|((_, x), (_, y))| x.pod_cidrs == y.pod_cidrs) {
+        (last.member_cidrs.clone(), last.filters.clone())
     } else {
-        Arc::new(cidrs_of(&judged.members))
+        let cidrs = Arc::new(cidrs_of(&judged.members));
+        let filters = Filters::new(&settings.interface, &cidrs);
+        (cidrs, filters)
     };
     let routes = routes(&judged, &heard);
     // The same members: the same map.
-    Plan { judged, heard, routes, member_cidrs, all_direct: last.all_direct.clone() }
+    Plan { judged, heard, routes, member_cidrs, filters, all_direct: last.all_direct.clone() }
 }
 
 /// `last`'s candidates, made again for the members in `touched`: the others read nothing that
@@ -431,11 +468,7 @@ pub fn member(
     let address = overlay_address(&me.pod_cidrs);
     let mut ns = NetnsState {
         wireguard_devices: vec![device],
-        nft_tables: vec![if me.relay {
-            relay_filter_table(&settings.interface, &plan.member_cidrs)
-        } else {
-            filter_table(&settings.interface, &plan.member_cidrs)
-        }],
+        nft_tables: if me.relay { plan.filters.relay.clone() } else { plan.filters.member.clone() },
         ..Default::default()
     };
     ns.sysctls.push(Sysctl { key: IPV4_FORWARDING.into(), value: "1".into() });

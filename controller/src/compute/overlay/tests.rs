@@ -116,6 +116,13 @@ fn members_that_see_a_peer_alike_share_its_entry() {
     };
     assert!(std::sync::Arc::ptr_eq(&entry("cloud", 2), &entry("vm", 2)), "home's entry, shared");
     assert!(std::sync::Arc::ptr_eq(&entry("home", 3), &entry("cloud", 3)), "vm's entry, shared");
+    // One filter table for every member that is not a relay candidate, made once per plan.
+    let members: Vec<&String> = out.overlay.iter().filter(|(_, o)| !o.relay).map(|(n, _)| n).collect();
+    let tables = |node: &str| &out.node_states[node].netns[0].nft_tables;
+    assert!(members.len() >= 2, "{members:?}");
+    for m in &members[1..] {
+        assert!(kuport_proto::shared::Shared::ptr_eq(tables(members[0]), tables(m)), "{m}'s table, shared");
+    }
 
     let mut w = sites();
     report(&mut w, "home", key(3), None, Reach::Unreachable);
@@ -731,7 +738,7 @@ fn the_homes_go_direct_without_reports_and_stay_on_the_direct_entry_without_a_re
     assert_eq!(out.overlay["home-b"].routes["home-a"], PeerRoute::Unreachable);
     assert!(!out.overlay["cloud"].relay);
     assert_eq!(
-        plain(out.node_states["cloud"].netns[0].nft_tables.clone()),
+        plain(out.node_states["cloud"].netns[0].nft_tables.to_vec()),
         vec![filter_table(DEFAULT_INTERFACE, &member_cidrs(&out))]
     );
     let a = &out.node_states["home-a"].netns[0].wireguard_devices[0];
@@ -809,7 +816,7 @@ proptest! {
             } else {
                 super::filter_table(DEFAULT_INTERFACE, &cidrs)
             };
-            let ns = kuport_proto::v1::NetnsState { nft_tables: vec![want], ..Default::default() };
+            let ns = kuport_proto::v1::NetnsState { nft_tables: vec![want].into(), ..Default::default() };
             let mut want_state = kuport_proto::v1::NodeState { netns: vec![ns], ..Default::default() };
             kuport_proto::canonicalize(&mut want_state);
             prop_assert_eq!(&out.node_states[&names[i]].netns[0].nft_tables, &want_state.netns[0].nft_tables);

@@ -778,7 +778,7 @@ fn table(p: &NodeParts, stand_in: &BTreeMap<IpAddr, IpAddr>, ifaces: &Addresses)
             rules,
         });
     }
-    Some(NftTable { family: NftFamily::Inet as i32, name: TABLE.into(), sets, chains })
+    Some(NftTable { family: NftFamily::Inet as i32, name: TABLE.into(), sets: sets.into(), chains: chains.into() })
 }
 
 /// One family's maps and sets, and the rules that read them, into kup-pre, kup-post and
@@ -949,7 +949,7 @@ fn set(name: &str, key: &[NftType], data: &[NftType], interval: bool, elements: 
         data: data.iter().map(|t| *t as i32).collect(),
         interval,
         counter: true,
-        elements,
+        elements: elements.into(),
         ..Default::default()
     }
 }

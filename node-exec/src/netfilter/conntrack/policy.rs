@@ -222,11 +222,11 @@ mod tests {
             key: types(&[NftType::Ifname, NftType::InetProto, NftType::InetService]),
             data: types(&[NftType::Ipv4Addr, NftType::InetService]),
             udp_flows: UdpFlows::Dnat as i32,
-            elements,
+            elements: elements.into(),
             ..Default::default()
         };
         (set.runs, set.digest) = kuport_proto::canonical::element_runs(&set.elements);
-        NftTable { name: owned::NFT_TABLE.into(), sets: vec![set], ..Default::default() }
+        NftTable { name: owned::NFT_TABLE.into(), sets: vec![set].into(), ..Default::default() }
     }
 
     #[test]
@@ -324,11 +324,11 @@ mod tests {
             name: "claim_port".into(),
             key: types(&[NftType::Ifname, NftType::Ipv4Addr, NftType::InetProto, NftType::InetService]),
             udp_flows: UdpFlows::Claim as i32,
-            elements,
+            elements: elements.into(),
             ..Default::default()
         };
         (set.runs, set.digest) = kuport_proto::canonical::element_runs(&set.elements);
-        NftTable { name: owned::NFT_TABLE.into(), sets: vec![set], ..Default::default() }
+        NftTable { name: owned::NFT_TABLE.into(), sets: vec![set].into(), ..Default::default() }
     }
 
     #[test]

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kuport_proto::canonical::common_ends;
+use kuport_proto::shared::Shared;
 use kuport_proto::v1::{ElementRun, NftChain, NftElement, NftSet, NftTable, nft_value::Value};
 
 use super::NftError;
@@ -96,8 +97,8 @@ struct Memory {
     family: i32,
     name: String,
     sets: Vec<SetMemory>,
-    chains: Vec<NftChain>,
-    raw_chains: Vec<NftChain>,
+    chains: Shared<NftChain>,
+    raw_chains: Shared<NftChain>,
 }
 
 /// Why the fast path cannot answer (then the table is rebuilt or read back).
@@ -208,29 +209,31 @@ impl Applier {
         // On errors, the memory is kept only when nothing can have been written.
         let started = Instant::now();
         match delta(&mut mem, desired) {
-            Ok((deltas, chains)) => match (started.elapsed(), self.write_delta(&mem, &deltas, chains.as_deref())) {
-                (compared, Ok(report)) => {
-                    // Where the time goes (the benchmark's KUPORT_BENCH_TRACE=1 prints it).
-                    let written = started.elapsed() - compared;
-                    tracing::debug!(
-                        table = %mem.name, walked = report.compared, ?compared, ?written, writes = report.writes,
-                        "delta applied from memory"
-                    );
-                    update(&mut mem, deltas);
-                    if let Some(chains) = chains {
-                        mem.chains = chains;
-                        mem.raw_chains = desired.chains.clone();
+            Ok((deltas, chains)) => {
+                match (started.elapsed(), self.write_delta(&mem, &deltas, chains.as_deref().map(Vec::as_slice))) {
+                    (compared, Ok(report)) => {
+                        // Where the time goes (the benchmark's KUPORT_BENCH_TRACE=1 prints it).
+                        let written = started.elapsed() - compared;
+                        tracing::debug!(
+                            table = %mem.name, walked = report.compared, ?compared, ?written, writes = report.writes,
+                            "delta applied from memory"
+                        );
+                        update(&mut mem, deltas);
+                        if let Some(chains) = chains {
+                            mem.chains = chains;
+                            mem.raw_chains = desired.chains.clone();
+                        }
+                        self.memory = Some(mem);
+                        Ok(report)
                     }
-                    self.memory = Some(mem);
-                    Ok(report)
-                }
-                (_, Err(e)) => {
-                    if unwritten(&e) {
-                        self.memory = Some(mem.distrusted());
+                    (_, Err(e)) => {
+                        if unwritten(&e) {
+                            self.memory = Some(mem.distrusted());
+                        }
+                        Err(e)
                     }
-                    Err(e)
                 }
-            },
+            }
             Err(Ok(Slow::Structure)) => {
                 let r = self.rebuild(&mem, desired);
                 if matches!(&r, Err(e) if unwritten(e)) {
@@ -322,7 +325,7 @@ impl Applier {
         dels.extend(adds);
         let batches = match chains {
             Some(chains) => {
-                let want = NftTable { chains: chains.to_vec(), ..mem.skeleton() };
+                let want = NftTable { chains: chains.to_vec().into(), ..mem.skeleton() };
                 report.diffs.extend(diff(&want, Some(&mem.skeleton())));
                 let (head, tail) = chain_changes(fam, &want, &mem.chains)?;
                 assemble(head, dels, tail, budget)
@@ -360,7 +363,7 @@ fn skeleton(t: &NftTable) -> NftTable {
     let sets = t
         .sets
         .iter()
-        .map(|s| NftSet { elements: Vec::new(), digest: Vec::new(), runs: Vec::new(), ..s.clone() })
+        .map(|s| NftSet { elements: Default::default(), digest: Vec::new(), runs: Vec::new(), ..s.clone() })
         .collect();
     NftTable { family: t.family, name: t.name.clone(), sets, chains: t.chains.clone() }
 }
@@ -370,7 +373,7 @@ fn skeleton(t: &NftTable) -> NftTable {
 fn remember(want: NftTable, desired: &NftTable) -> Option<Memory> {
     let mut sets = Vec::with_capacity(want.sets.len());
     for mut s in want.sets {
-        let normal = std::mem::take(&mut s.elements);
+        let normal = std::mem::take(&mut s.elements).into_vec();
         let mut keys = KeySet::with_capacity_and_hasher(normal.len(), Default::default());
         for e in &normal {
             if !keys.insert(key_hash(&e.key)) {
@@ -427,7 +430,7 @@ fn same_header(a: &NftSet, b: &NftSet) -> bool {
 fn delta(
     mem: &mut Memory,
     desired: &NftTable,
-) -> Result<(Vec<SetDelta>, Option<Vec<NftChain>>), Result<Slow, NftError>> {
+) -> Result<(Vec<SetDelta>, Option<Shared<NftChain>>), Result<Slow, NftError>> {
     if desired.sets.len() != mem.sets.len() {
         return Err(Ok(Slow::Structure));
     }

@@ -91,7 +91,7 @@ pub(crate) fn set(payload: &[u8]) -> Result<(String, NftSet, u32), NftError> {
             data: data.iter().map(|t| *t as i32).collect(),
             interval: flags & NFT_SET_INTERVAL != 0,
             counter,
-            elements: Vec::new(),
+            elements: Default::default(),
             digest: Vec::new(),
             runs: Vec::new(),
             // What conntrack flushes is the state's word; the kernel does not hold it.

@@ -66,8 +66,10 @@ pub struct ApplyReport {
 /// without what the executor alone reads (`udp_flows`): a table read back has neither, so
 /// comparing it with a normal form never reports them.
 fn canonical(table: NftTable) -> NftTable {
-    let mut st =
-        NodeState { node: String::new(), netns: vec![NetnsState { nft_tables: vec![table], ..Default::default() }] };
+    let mut st = NodeState {
+        node: String::new(),
+        netns: vec![NetnsState { nft_tables: vec![table].into(), ..Default::default() }],
+    };
     kuport_proto::canonical::order(&mut st);
     let mut table = st.netns.pop().and_then(|mut n| n.nft_tables.pop()).unwrap_or_default();
     for s in &mut table.sets {
@@ -88,9 +90,8 @@ pub fn normalize(table: &NftTable) -> Result<NftTable, NftError> {
     for s in &mut t.sets {
         encode::check_set(s)?;
         let elems = std::mem::take(&mut s.elements);
-        for e in elems {
-            s.elements.push(normalize_element(s, &e)?);
-        }
+        let normal = elems.iter().map(|e| normalize_element(s, e)).collect::<Result<Vec<_>, _>>()?;
+        s.elements = normal.into();
     }
     check_jumps(&t)?;
     let ctx = encode::rule_ctx(&t, false);

@@ -690,7 +690,8 @@ fn guard_vocabulary_refusals() {
 
     let mut listed = guard_inet_table();
     listed.sets[0].elements =
-        vec![kuport_proto::build::member(vec![kuport_proto::build::addr("192.0.2.1"), kuport_proto::build::mark(1)])];
+        vec![kuport_proto::build::member(vec![kuport_proto::build::addr("192.0.2.1"), kuport_proto::build::mark(1)])]
+            .into();
     let e = normalize(&listed).expect_err("a dynamic set with elements").to_string();
     assert!(e.contains("a dynamic set's elements are the kernel's"), "{e}");
     let mut keyed = guard_inet_table();
